@@ -1,0 +1,426 @@
+"""Test volumes for the benchmark: layouts, synthetic data, writing and reuse.
+
+Every volume is written through zarr-python, so its metadata is standard and every
+peer reads it. The data are smooth structure plus 8 bits of noise per voxel, which
+gives a zstd level-1 compression ratio of about 1.35 on uint16 (as in
+``figures.md``). A volume is reused when its stored benchmark attributes match the
+requested layout and say that writing finished.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = [
+    "GENERATOR_VERSION",
+    "Layout",
+    "VolumeInfo",
+    "THROUGHPUT_SHAPES",
+    "BROWSE_SHAPES",
+    "THROUGHPUT_LAYOUTS",
+    "BROWSE_LAYOUTS",
+    "parse_shape",
+    "scaled_layouts",
+    "ensure_volumes",
+    "make_slab",
+    "stored_bytes",
+]
+
+#: bump when the data generator changes, so stale volumes are rewritten
+GENERATOR_VERSION = 1
+
+DTYPE = np.dtype("uint16")
+_AMPLITUDE = 2200.0  # range of the smooth part (tuned for zstd-1 ratio ~1.35)
+_OFFSET = 500.0
+_NOISE_MASK = np.uint16(0xFF)  # 8 random low bits
+
+#: volume shapes per ``--size`` (the full sizes are those of figures.md)
+THROUGHPUT_SHAPES = {
+    "full": (512, 2048, 2048),  # 4 GiB uint16
+    "small": (128, 1024, 1024),  # 256 MiB
+    "tiny": (16, 128, 128),  # 512 KiB, for tests
+}
+BROWSE_SHAPES = {
+    "full": (256, 2048, 2048),  # 2 GiB uint16
+    "small": (64, 1024, 1024),
+    "tiny": (16, 128, 128),
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one test volume is stored.
+
+    ``chunks`` and ``shards`` are given for the full-size volume and scaled with
+    :func:`scaled_layouts` for the other sizes.
+    """
+
+    name: str
+    label: str
+    zarr_format: int
+    chunks: tuple[int, ...]
+    codec: str  # "raw" or "zstd"
+    shards: tuple[int, ...] | None = None
+    level: int = 1
+
+    @property
+    def chunk_bytes(self) -> int:
+        return math.prod(self.chunks) * DTYPE.itemsize
+
+    @property
+    def shard_bytes(self) -> int | None:
+        return None if self.shards is None else math.prod(self.shards) * DTYPE.itemsize
+
+    def spec(self, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
+        """The attributes that identify a finished volume of this layout."""
+        return {
+            "generator": GENERATOR_VERSION,
+            "seed": int(seed),
+            "shape": list(shape),
+            "dtype": DTYPE.str,
+            "zarr_format": self.zarr_format,
+            "chunks": list(self.chunks),
+            "shards": None if self.shards is None else list(self.shards),
+            "codec": self.codec,
+            "level": self.level if self.codec == "zstd" else None,
+        }
+
+
+# Full-size (512, 2048, 2048) layouts of figures.md, plus sharded zstd.
+THROUGHPUT_LAYOUTS: tuple[Layout, ...] = (
+    Layout("raw-v3-32MiB", "raw v3, 32 MiB chunks", 3, (4, 2048, 2048), "raw"),
+    Layout("raw-v2-8MiB", "raw v2, 8 MiB chunks", 2, (1, 2048, 2048), "raw"),
+    Layout("zstd-v3-32MiB", "zstd v3, 32 MiB chunks", 3, (4, 2048, 2048), "zstd"),
+    Layout("zstd-v3-4MiB", "zstd v3, 4 MiB chunks", 3, (1, 1024, 2048), "zstd"),
+    Layout("zstd-v3-1MiB", "zstd v3, 1 MiB chunks", 3, (1, 512, 1024), "zstd"),
+    Layout(
+        "sharded-zstd-v3-64MiB-1MiB",
+        "sharded zstd v3, 64 MiB shards of 1 MiB chunks",
+        3,
+        (1, 512, 1024),
+        "zstd",
+        shards=(16, 1024, 2048),
+    ),
+)
+
+# Full-size (256, 2048, 2048) layouts of figures.md's browsing table.
+BROWSE_LAYOUTS: tuple[Layout, ...] = (
+    Layout("zstd-32x256x256", "zstd chunks 32x256x256 (4 MiB)", 3, (32, 256, 256), "zstd"),
+    Layout("zstd-1x512x1024", "zstd chunks 1x512x1024 (1 MiB)", 3, (1, 512, 1024), "zstd"),
+    Layout(
+        "sharded-zstd-64MiB-1MiB",
+        "sharded zstd: 64 MiB shards of 1 MiB chunks",
+        3,
+        (1, 512, 1024),
+        "zstd",
+        shards=(16, 1024, 2048),
+    ),
+)
+
+
+@dataclass
+class VolumeInfo:
+    """A test volume on disk."""
+
+    layout: Layout
+    path: Path
+    shape: tuple[int, ...]
+    reused: bool
+    write_s: float
+    stored_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPE.itemsize
+
+    @property
+    def ratio(self) -> float:
+        return self.nbytes / self.stored_bytes if self.stored_bytes else float("nan")
+
+    def to_json(self) -> dict[str, Any]:
+        lay = self.layout
+        return {
+            "name": lay.name,
+            "label": lay.label,
+            "path": str(self.path),
+            "shape": list(self.shape),
+            "dtype": DTYPE.name,
+            "zarr_format": lay.zarr_format,
+            "chunks": list(lay.chunks),
+            "shards": None if lay.shards is None else list(lay.shards),
+            "codec": lay.codec if lay.codec == "raw" else f"zstd-{lay.level}",
+            "chunk_bytes": lay.chunk_bytes,
+            "shard_bytes": lay.shard_bytes,
+            "nbytes": self.nbytes,
+            "stored_bytes": self.stored_bytes,
+            "compression_ratio": round(self.ratio, 4),
+            "reused": self.reused,
+            "write_s": round(self.write_s, 3),
+        }
+
+
+def parse_shape(size: str, table: dict[str, tuple[int, int, int]]) -> tuple[int, int, int]:
+    """``full``/``small``/``tiny`` or an explicit ``Z,Y,X``."""
+    if size in table:
+        return table[size]
+    try:
+        shape = tuple(int(s) for s in size.replace("x", ",").split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        raise ValueError(
+            f"--size expects one of {sorted(table)} or 'Z,Y,X' with positive integers, got {size!r}"
+        )
+    return shape  # type: ignore[return-value]
+
+
+def _scale(full: tuple[int, ...], full_shape: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(
+        max(1, min(s, round(c * s / fs))) for c, fs, s in zip(full, full_shape, shape, strict=True)
+    )
+
+
+def scaled_layouts(
+    layouts: tuple[Layout, ...], full_shape: tuple[int, ...], shape: tuple[int, ...]
+) -> list[Layout]:
+    """Scale each layout's chunks (and shards) in proportion to ``shape / full_shape``.
+
+    Shards are rounded up to a whole number of inner chunks (capped at the array
+    extent rounded up), so the sharding codec accepts them.
+    """
+    out = []
+    for lay in layouts:
+        if tuple(shape) == tuple(full_shape):
+            out.append(lay)
+            continue
+        chunks = _scale(lay.chunks, full_shape, shape)
+        shards = None
+        if lay.shards is not None:
+            raw = _scale(lay.shards, full_shape, shape)
+            shards = tuple(max(c, -(-r // c) * c) for r, c in zip(raw, chunks, strict=True))
+        out.append(
+            Layout(lay.name, lay.label, lay.zarr_format, chunks, lay.codec, shards, lay.level)
+        )
+    return out
+
+
+# ---------------------------------------------------------------- data
+
+
+class _Pattern:
+    """Two smooth 2-D fields, mixed with a weight that varies slowly along z."""
+
+    def __init__(self, yx: tuple[int, int], seed: int) -> None:
+        self.a = self._field(yx, seed * 2 + 1)
+        self.b = self._field(yx, seed * 2 + 2)
+
+    @staticmethod
+    def _field(yx: tuple[int, int], seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        y = np.linspace(0.0, 1.0, yx[0], dtype=np.float32)[:, None]
+        x = np.linspace(0.0, 1.0, yx[1], dtype=np.float32)[None, :]
+        f = np.zeros(yx, np.float32)
+        for _ in range(6):
+            fy, fx, ph = rng.uniform(1, 6), rng.uniform(1, 6), rng.uniform(0, 2 * np.pi)
+            f += np.sin(2 * np.pi * fy * y + ph) * np.cos(2 * np.pi * fx * x + 0.5 * ph)
+        f -= f.min()
+        f /= max(float(f.max()), 1e-12)
+        return f * np.float32(_AMPLITUDE)
+
+    def plane(self, z: int, seed: int, out: np.ndarray) -> None:
+        w = np.float32(0.5 + 0.5 * math.sin(z / 40.0))
+        tmp = self.a * w
+        tmp += self.b * (np.float32(1.0) - w)
+        tmp += np.float32(_OFFSET)
+        out[...] = tmp  # float32 -> uint16 (values in [500, 2700])
+        rng = np.random.default_rng([seed, z])
+        noise = np.frombuffer(rng.bytes(out.size * 2), np.uint16).reshape(out.shape)
+        out += noise & _NOISE_MASK
+
+
+_PATTERNS: dict[tuple[int, int, int], _Pattern] = {}
+_PATTERN_LOCK = threading.Lock()
+
+
+def make_slab(shape: tuple[int, int, int], z0: int, z1: int, seed: int = 0) -> np.ndarray:
+    """Planes ``z0:z1`` of the deterministic test volume of ``shape`` (uint16).
+
+    Each plane depends only on ``(shape[1:], seed, z)``, so the volume is the same
+    whatever the slab size.
+    """
+    key = (shape[1], shape[2], seed)
+    with _PATTERN_LOCK:
+        pat = _PATTERNS.get(key)
+        if pat is None:
+            pat = _PATTERNS[key] = _Pattern((shape[1], shape[2]), seed)
+    slab = np.empty((z1 - z0, shape[1], shape[2]), DTYPE)
+    for i, z in enumerate(range(z0, z1)):
+        pat.plane(z, seed, slab[i])
+    return slab
+
+
+# ---------------------------------------------------------------- writing
+
+
+def stored_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
+def _is_complete(path: Path, spec: dict[str, Any]) -> bool:
+    import zarr
+
+    try:
+        arr = zarr.open_array(str(path), mode="r")
+        got = dict(arr.attrs.get("gpu_zarr_bench", {}))
+    except Exception:
+        return False
+    return bool(got.pop("complete", False)) and got == spec
+
+
+def _create(path: Path, lay: Layout, shape: tuple[int, ...], spec: dict[str, Any]):
+    import zarr
+    from zarr.codecs import ZstdCodec
+
+    if path.exists():
+        shutil.rmtree(path)
+    kwargs: dict[str, Any] = {}
+    if lay.zarr_format == 2:
+        if lay.codec == "zstd":
+            import numcodecs
+
+            kwargs["compressors"] = numcodecs.Zstd(level=lay.level)
+        else:
+            kwargs["compressors"] = None
+        kwargs["filters"] = None
+    else:
+        kwargs["compressors"] = ZstdCodec(level=lay.level) if lay.codec == "zstd" else None
+        if lay.shards is not None:
+            kwargs["shards"] = lay.shards
+    return zarr.create_array(
+        store=str(path),
+        shape=shape,
+        chunks=lay.chunks,
+        dtype=DTYPE,
+        fill_value=0,
+        zarr_format=lay.zarr_format,
+        attributes={"gpu_zarr_bench": {**spec, "complete": False}},
+        overwrite=True,
+        **kwargs,
+    )
+
+
+def _slab_planes(layouts: list[Layout], shape: tuple[int, ...], target_bytes: int) -> int:
+    """Planes per slab: a multiple of every layout's z-extent of a chunk or shard."""
+    step = 1
+    for lay in layouts:
+        zc = (lay.shards or lay.chunks)[0]
+        step = step * zc // math.gcd(step, zc)
+    plane_bytes = shape[1] * shape[2] * DTYPE.itemsize
+    n = max(1, target_bytes // max(1, plane_bytes * step))
+    return min(step * n, max(step, shape[0]))
+
+
+def ensure_volumes(
+    workdir: Path,
+    group: str,
+    layouts: list[Layout],
+    shape: tuple[int, int, int],
+    *,
+    seed: int = 0,
+    rewrite: bool = False,
+    log: Callable[[str], None] = print,
+    progress: Callable[[int, int], None] | None = None,
+    threads: int | None = None,
+) -> list[VolumeInfo]:
+    """Create (or reuse) one zarr array per layout under ``workdir/group``.
+
+    All missing volumes are written in one pass over the data: each slab of planes
+    is generated once and written to every layout that needs it.
+
+    Parameters
+    ----------
+    progress
+        Called as ``progress(done_bytes, total_bytes)`` while writing.
+    """
+    import zarr
+
+    base = Path(workdir) / group / "x".join(str(s) for s in shape)
+    base.mkdir(parents=True, exist_ok=True)
+    infos: dict[str, VolumeInfo] = {}
+    todo: list[tuple[Layout, Path, dict[str, Any]]] = []
+    for lay in layouts:
+        path = base / f"{lay.name}.zarr"
+        spec = lay.spec(shape, seed)
+        if not rewrite and _is_complete(path, spec):
+            infos[lay.name] = VolumeInfo(lay, path, tuple(shape), True, 0.0, stored_bytes(path))
+        else:
+            todo.append((lay, path, spec))
+
+    if todo:
+        nbytes = math.prod(shape) * DTYPE.itemsize
+        need = sum(nbytes * (1.0 if lay.codec == "raw" else 0.8) for lay, _, _ in todo)
+        free = shutil.disk_usage(base).free
+        if need > free * 0.95:
+            raise RuntimeError(
+                f"not enough disk space in {base}: the volumes need about {need / 2**30:.1f} GiB, "
+                f"{free / 2**30:.1f} GiB free; choose another --workdir or a smaller --size"
+            )
+        log(
+            f"writing {len(todo)} volume(s) of shape {tuple(shape)} uint16 "
+            f"({nbytes / 2**30:.2f} GiB each) under {base}: "
+            + ", ".join(lay.name for lay, _, _ in todo)
+        )
+        t0 = time.perf_counter()
+        arrays = [(lay, path, spec, _create(path, lay, shape, spec)) for lay, path, spec in todo]
+        planes = _slab_planes([lay for lay, *_ in todo], shape, 256 << 20)
+        slabs = [(z, min(z + planes, shape[0])) for z in range(0, shape[0], planes)]
+        ncpu = os.cpu_count() or 4
+        workers = threads or max(2, min(8, ncpu // 2))
+        total = nbytes * len(arrays)
+        done = 0
+        lock = threading.Lock()
+
+        def write_slab(z0: int, z1: int) -> int:
+            slab = make_slab(shape, z0, z1, seed)
+            for _lay, _path, _spec, arr in arrays:
+                arr[z0:z1] = slab
+            return slab.nbytes * len(arrays)
+
+        with zarr.config.set(
+            {"async.concurrency": max(64, 4 * ncpu), "threading.max_workers": max(8, ncpu)}
+        ):
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                for n in pool.map(lambda s: write_slab(*s), slabs):
+                    with lock:
+                        done += n
+                    if progress is not None:
+                        progress(done, total)
+            for _lay, _path, spec, arr in arrays:
+                arr.attrs["gpu_zarr_bench"] = {**spec, "complete": True}
+        dt = time.perf_counter() - t0
+        log(f"wrote {total / 2**30:.2f} GiB in {dt:.1f} s ({total / 2**30 / dt:.2f} GiB/s)")
+        for lay, path, _spec, _arr in arrays:
+            infos[lay.name] = VolumeInfo(lay, path, tuple(shape), False, dt, stored_bytes(path))
+
+    return [infos[lay.name] for lay in layouts]
+
+
+def layout_dict(lay: Layout) -> dict[str, Any]:
+    return asdict(lay)

@@ -1,0 +1,397 @@
+"""Lazy, GPU-backed array-like for viewers (napari) and headless tile access.
+
+napari calls ``np.asarray`` on whatever ``data[key]`` returns, so a :class:`GpuLazyArray`
+reads and decodes the requested region with the chosen backend (on the GPU when there
+is one) and returns host numpy; :meth:`GpuLazyArray.get_gpu` returns the device tile.
+In GPU-resident mode the whole level lives in device memory and each slice is a device
+slice plus one device-to-host copy.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import zarr
+
+from .errors import GPUUnavailable, OutOfGPUMemory
+
+__all__ = ["BACKENDS", "GpuLazyArray", "check_fits_on_gpu", "normalize_key"]
+
+BACKENDS = ("auto", "kvikio", "zarr-gpu", "cpu")
+_MIN_HEADROOM = 512 * 2**20  # bytes kept free on the device after a resident load
+_HEADROOM_FRACTION = 0.10  # ... or this fraction of the device, whichever is larger
+
+
+def normalize_key(key: Any, shape: tuple[int, ...]) -> tuple[int | slice, ...] | None:
+    """Normalise a basic-indexing key to one int or slice per axis, like numpy.
+
+    Parameters
+    ----------
+    key : int, slice, Ellipsis or tuple of them
+    shape : tuple of int
+
+    Returns
+    -------
+    tuple or None
+        One entry per axis: a non-negative in-range int, or a slice with explicit
+        ``start, stop, step`` as returned by ``slice.indices`` (step may be negative).
+        None when ``key`` is not basic indexing (arrays, booleans, ``None``...).
+
+    Raises
+    ------
+    IndexError
+        Too many indices, more than one Ellipsis, or an integer out of range.
+    """
+    if not isinstance(key, tuple):
+        key = (key,)
+    if any(k is Ellipsis for k in key):
+        if sum(k is Ellipsis for k in key) > 1:
+            raise IndexError("an index can only have a single ellipsis ('...')")
+        i = next(j for j, k in enumerate(key) if k is Ellipsis)
+        fill = len(shape) - (len(key) - 1)
+        key = key[:i] + (slice(None),) * max(fill, 0) + key[i + 1 :]
+    if len(key) > len(shape):
+        raise IndexError(
+            f"too many indices for array: array is {len(shape)}-dimensional, "
+            f"but {len(key)} were indexed"
+        )
+    key = key + (slice(None),) * (len(shape) - len(key))
+    out: list[int | slice] = []
+    for axis, (k, n) in enumerate(zip(key, shape, strict=True)):
+        if isinstance(k, slice):
+            out.append(slice(*k.indices(n)))
+            continue
+        if isinstance(k, (bool, np.bool_)) or k is None:
+            return None
+        try:
+            idx = operator.index(k)
+        except TypeError:
+            return None
+        if not -n <= idx < n:
+            raise IndexError(f"index {idx} is out of bounds for axis {axis} with size {n}")
+        out.append(idx % n)
+    return tuple(out)
+
+
+def _slice_len(s: slice) -> int:
+    return len(range(s.start, s.stop, s.step))
+
+
+def _forward(sel: tuple[int | slice, ...]) -> tuple[tuple[int | slice, ...], tuple[int | slice, ...]]:
+    """Split a normalised selection into a positive-step read and a host-side flip."""
+    read: list[int | slice] = []
+    flip: list[int | slice] = []
+    for s in sel:
+        if isinstance(s, int):
+            read.append(s)
+            continue
+        if s.step > 0:
+            read.append(s)
+            flip.append(slice(None))
+            continue
+        r = range(s.start, s.stop, s.step)
+        if len(r) == 0:
+            read.append(slice(0, 0, 1))
+        else:
+            read.append(slice(r[-1], r[0] + 1, -s.step))
+        flip.append(slice(None, None, -1))
+    return tuple(read), tuple(flip)
+
+
+class _Source:
+    """State shared by a level array and the channel views taken from it."""
+
+    def __init__(self, array: zarr.Array, backend: str) -> None:
+        self.array = array
+        self.backend = backend
+        self.resident: Any = None  # cupy array of the whole level, or None
+        self.resident_backend: str | None = None
+        self.lock = threading.RLock()
+
+
+class GpuLazyArray:
+    """Read-on-demand view of a zarr array, decoded on the GPU when one is present.
+
+    Parameters
+    ----------
+    zarr_array : zarr.Array
+        The array (open it read-only, e.g. with :func:`gpu_zarr.omezarr.read_omezarr`).
+    backend : {"auto", "kvikio", "zarr-gpu", "cpu"}
+        How regions are read (see :func:`gpu_zarr.engine.read_region`).
+
+    Attributes
+    ----------
+    shape, dtype, ndim, size, nbytes
+        As for a numpy array of the same data (of this view, if it is a channel view).
+
+    Notes
+    -----
+    Indexing supports numpy basic indexing: integers (negative too), slices with any
+    step (negative steps included) and ``...``; the result equals ``zarr_array[key]``
+    in dtype, shape and values. Other keys (integer arrays, booleans, ``None``) fall
+    back to zarr's own CPU indexing.
+
+    Views from :meth:`index_axis` share the resident level with their parent, so
+    loading one channel layer's level makes all channels of that level resident.
+    """
+
+    def __init__(self, zarr_array: zarr.Array | _Source, backend: str = "auto", *,
+                 _fixed: tuple[tuple[int, int], ...] = ()) -> None:
+        if isinstance(zarr_array, _Source):
+            self._src = zarr_array
+        else:
+            if not isinstance(zarr_array, zarr.Array):
+                raise TypeError(f"expected a zarr.Array, got {type(zarr_array).__name__}")
+            _check_backend(backend)
+            self._src = _Source(zarr_array, backend)
+        self._fixed = tuple(sorted(_fixed))  # (axis in the base array, index)
+        fixed_axes = {a for a, _ in self._fixed}
+        base = tuple(int(s) for s in self._src.array.shape)
+        self._free_axes = tuple(i for i in range(len(base)) if i not in fixed_axes)
+        self._shape = tuple(base[i] for i in self._free_axes)
+
+    # -- array protocol ------------------------------------------------------------
+    @property
+    def zarr_array(self) -> zarr.Array:
+        """The underlying zarr array (whole level, all channels)."""
+        return self._src.array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self._src.array.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self._shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of unsized object")
+        return self._shape[0]
+
+    def __repr__(self) -> str:
+        res = ", resident" if self.is_resident else ""
+        return (f"GpuLazyArray(shape={self.shape}, dtype={self.dtype}, backend={self.backend!r}"
+                f"{res}, store={self._src.array.store_path})")
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        out = self[...]
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    # -- backend -------------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        """Requested backend (shared with views of the same level); settable."""
+        return self._src.backend
+
+    @backend.setter
+    def backend(self, value: str) -> None:
+        _check_backend(value)
+        self._src.backend = value
+
+    def backend_choice(self):
+        """The concrete backend the core would use now, and why.
+
+        Returns
+        -------
+        gpu_zarr.zarr_io.BackendChoice
+        """
+        from .zarr_io import choose_backend
+
+        return choose_backend(self._src.array, prefer=self._src.backend)
+
+    # -- views ---------------------------------------------------------------------
+    def index_axis(self, axis: int, index: int) -> GpuLazyArray:
+        """A lazy view with ``axis`` fixed at ``index`` (like ``np.take(a, index, axis)``).
+
+        The view shares backend and resident state with this array.
+        """
+        axis = operator.index(axis)
+        if not -self.ndim <= axis < self.ndim:
+            raise IndexError(f"axis {axis} out of range for a {self.ndim}-d array")
+        axis %= self.ndim
+        n = self._shape[axis]
+        index = operator.index(index)
+        if not -n <= index < n:
+            raise IndexError(f"index {index} is out of bounds for axis {axis} with size {n}")
+        fixed = (*self._fixed, (self._free_axes[axis], index % n))
+        return GpuLazyArray(self._src, _fixed=fixed)
+
+    def _full_key(self, sel: tuple[int | slice, ...]) -> tuple[int | slice, ...]:
+        """Selection on the base array for a normalised selection on this view."""
+        if not self._fixed:
+            return sel
+        full: list[int | slice] = [slice(None)] * len(self._src.array.shape)
+        for a, i in self._fixed:
+            full[a] = i
+        for a, s in zip(self._free_axes, sel, strict=True):
+            full[a] = s
+        return tuple(full)
+
+    # -- reading -------------------------------------------------------------------
+    def _read(self, key: Any, *, gpu: bool):
+        sel = normalize_key(key, self._shape)
+        if sel is None:
+            if gpu:
+                raise IndexError(f"get_gpu supports basic indexing only (ints, slices, ...), got {key!r}")
+            if self._fixed:
+                raise IndexError(
+                    f"channel views support basic indexing only (ints, slices, ...), got {key!r}"
+                )
+            return np.asarray(self._src.array[key])  # zarr's own (CPU) fancy indexing
+        read, flip = _forward(sel)
+        out_shape = tuple(_slice_len(s) for s in read if isinstance(s, slice))
+        full = self._full_key(read)
+        with self._src.lock:
+            resident = self._src.resident
+        needs_flip = any(f.step == -1 for f in flip)
+        if resident is not None:
+            tile = resident[full]
+            tile = tile[flip] if needs_flip else tile
+            return tile if gpu else tile.get()
+        if 0 in out_shape:
+            if gpu:
+                import cupy
+
+                return cupy.empty(out_shape, self.dtype)
+            return np.empty(out_shape, self.dtype)
+        from .engine import read_region
+
+        tile = read_region(self._src.array, full, backend=self._src.backend)
+        if gpu:
+            if not hasattr(tile, "__cuda_array_interface__"):
+                raise GPUUnavailable(
+                    f"get_gpu needs a GPU backend, but backend {self._src.backend!r} "
+                    f"served this read on the CPU ({self.backend_choice().reason})"
+                )
+            return tile[flip] if needs_flip else tile
+        tile = tile.get() if hasattr(tile, "__cuda_array_interface__") else np.asarray(tile)
+        return tile[flip] if needs_flip else tile
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        """Read ``key`` and return host numpy (decoded on the GPU when there is one)."""
+        return self._read(key, gpu=False)
+
+    def get_gpu(self, key: Any = Ellipsis):
+        """Read ``key`` and return the region as a cupy array, in device memory.
+
+        Raises
+        ------
+        GPUUnavailable
+            The backend serves this array on the CPU (no GPU, or ``backend="cpu"``).
+        """
+        return self._read(key, gpu=True)
+
+    # -- GPU-resident mode ---------------------------------------------------------
+    @property
+    def is_resident(self) -> bool:
+        """True while the whole level is held in device memory."""
+        return self._src.resident is not None
+
+    @property
+    def resident_bytes(self) -> int:
+        """Device memory held by the resident level (0 when not resident)."""
+        r = self._src.resident
+        return 0 if r is None else int(r.nbytes)
+
+    def load_resident(self, *, progress: Callable[[int, int], None] | None = None,
+                      cancel: Any = None):
+        """Read the whole level (all channels of it) into GPU memory and keep it there.
+
+        Afterwards ``self[key]`` (and every view of the same level) is a device slice
+        plus one device-to-host copy.
+
+        Parameters
+        ----------
+        progress : callable, optional
+            ``progress(done_bytes, total_bytes)``, called from the reading thread.
+        cancel : threading.Event, optional
+            When set, the read stops with :class:`~gpu_zarr.errors.ReadCancelled`.
+
+        Returns
+        -------
+        gpu_zarr.zarr_io.ReadResult
+            Backend used and why, bytes, seconds, GiB/s, device bytes.
+
+        Raises
+        ------
+        GPUUnavailable
+            No GPU, or the backend serves on the CPU.
+        OutOfGPUMemory
+            The level plus headroom does not fit in free device memory.
+        """
+        from .zarr_io import read_zarr
+
+        choice = self.backend_choice()
+        if choice.backend == "cpu":
+            raise GPUUnavailable(
+                "GPU-resident mode needs a GPU backend; backend "
+                f"{self._src.backend!r} resolves to the CPU here: {choice.reason}"
+            )
+        arr = self._src.array
+        need = int(np.prod(arr.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.release_resident()
+        check_fits_on_gpu(need, what=f"level {arr.store_path} {tuple(arr.shape)} {self.dtype}")
+        result = read_zarr(arr, prefer=self._src.backend, progress=progress, cancel=cancel)
+        if isinstance(result.data, np.ndarray):
+            raise GPUUnavailable(f"backend {result.backend!r} returned host memory: {result.reason}")
+        with self._src.lock:
+            self._src.resident = result.data
+            self._src.resident_backend = result.backend
+        return result
+
+    def release_resident(self) -> None:
+        """Drop the resident level (for this array and all its views) and free it."""
+        with self._src.lock:
+            had = self._src.resident is not None
+            self._src.resident = None
+            self._src.resident_backend = None
+        if had:
+            import cupy
+
+            cupy.get_default_memory_pool().free_all_blocks()
+
+
+def check_fits_on_gpu(nbytes: int, *, what: str = "the read") -> None:
+    """Raise OutOfGPUMemory unless ``nbytes`` plus headroom fits in free device memory.
+
+    Headroom is the larger of 512 MiB and 10 % of the device, so that napari, the
+    CUDA context and decode buffers still have room.
+    """
+    try:
+        import cupy
+    except ImportError as exc:
+        from .errors import INSTALL_HINT
+
+        raise GPUUnavailable(f"cupy is not installed: {INSTALL_HINT}") from exc
+    free, total = cupy.cuda.runtime.memGetInfo()
+    free += cupy.get_default_memory_pool().free_bytes()  # cached blocks are reusable
+    headroom = max(_MIN_HEADROOM, int(total * _HEADROOM_FRACTION))
+    if nbytes + headroom > free:
+        gib = 2**30
+        raise OutOfGPUMemory(
+            f"{what} needs {nbytes / gib:.2f} GiB of GPU memory plus {headroom / gib:.2f} GiB "
+            f"headroom, but only {free / gib:.2f} GiB of {total / gib:.2f} GiB is free; "
+            "pick a coarser level or browse without GPU-resident mode"
+        )
+
+
+def _check_backend(name: str) -> None:
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")

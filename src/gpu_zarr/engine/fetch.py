@@ -1,0 +1,163 @@
+"""Stage 2, fetch: read a batch's byte ranges, many at a time.
+
+Two readers with one interface: :class:`ThreadReader` (a pool of threads calling
+``os.preadv``, which releases the GIL) and :class:`KvikioReader` (kvikio's own C++ thread
+pool, several threads; kvikio's default is one). Both fill a host staging buffer (pinned
+memory on the GPU path); kvikio can also fill device memory directly.
+Large ranges are split into parts so that all threads work on a batch of few big chunks.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from gpu_zarr.errors import CorruptChunkError
+
+__all__ = ["KvikioReader", "ThreadReader", "make_reader", "read_tasks"]
+
+PART_BYTES = 4 << 20
+
+
+def read_tasks(batch, part: int = PART_BYTES) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """Vectored read tasks for a batch: (file id, file offset, [(dest offset, length), ...]).
+
+    Each coalesced run of adjacent pieces becomes tasks of about ``part`` bytes, cut at piece
+    boundaries; a piece larger than ``part`` is cut into byte ranges of its own.
+    """
+    tasks = []
+    fid, foff, src, size = (batch.file_id.tolist(), batch.file_offset.tolist(),
+                            batch.src_offsets.tolist(), batch.src_sizes.tolist())
+    for a, b in batch.runs.tolist():
+        cur: list[tuple[int, int]] = []
+        cur_off, cur_len = foff[a], 0
+        for k in range(a, b):
+            if size[k] > part:
+                if cur:
+                    tasks.append((fid[a], cur_off, cur))
+                    cur, cur_len = [], 0
+                for o in range(0, size[k], part):
+                    tasks.append((fid[k], foff[k] + o, [(src[k] + o, min(part, size[k] - o))]))
+                cur_off = foff[k] + size[k]
+                continue
+            if cur and cur_len + size[k] > part:
+                tasks.append((fid[a], cur_off, cur))
+                cur, cur_len, cur_off = [], 0, foff[k]
+            cur.append((src[k], size[k]))
+            cur_len += size[k]
+        if cur:
+            tasks.append((fid[a], cur_off, cur))
+    return tasks
+
+
+def _read_task(path: Path, offset: int, dest: memoryview, spans: list[tuple[int, int]]) -> None:
+    """One vectored read of adjacent file bytes into (possibly separate) staging spans."""
+    total = sum(n for _, n in spans)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = 0
+        bufs = [dest[d:d + n] for d, n in spans]
+        while got < total:
+            n = os.preadv(fd, bufs, offset + got)
+            if n == 0:
+                raise CorruptChunkError(
+                    f"{path}: expected {total} bytes at offset {offset}, the file ends after {got}; "
+                    "it was truncated (or is being written). Re-run once the writer has finished."
+                )
+            got += n
+            # drop what was filled, keep reading into the rest
+            while bufs and n >= len(bufs[0]):
+                n -= len(bufs[0])
+                bufs.pop(0)
+            if n:
+                bufs[0] = bufs[0][n:]
+    finally:
+        os.close(fd)
+
+
+class ThreadReader:
+    """Read byte ranges with a pool of Python threads (``os.preadv``, GIL released)."""
+
+    name = "threads"
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="gpu-zarr-read")
+
+    def read(self, files: list[Path], batch, dest: np.ndarray) -> None:
+        """Fill ``dest`` (host uint8) with the encoded bytes of every piece of ``batch``."""
+        mv = memoryview(dest).cast("B")
+        futs = [self._pool.submit(_read_task, files[f], o, mv, spans) for f, o, spans in read_tasks(batch)]
+        for fut in futs:
+            fut.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class KvikioReader:
+    """Read byte ranges with kvikio (``CuFile.pread``), into host or device memory.
+
+    Notes
+    -----
+    Without nvidia-fs kvikio runs in POSIX compat mode: it reads through its own bounce
+    buffers with its thread pool, which we size to ``threads`` (kvikio's default is 1).
+    """
+
+    name = "kvikio"
+
+    def __init__(self, threads: int):
+        import kvikio
+        import kvikio.defaults
+
+        self.threads = threads
+        self._kvikio = kvikio
+        try:
+            kvikio.defaults.set({"num_threads": threads, "task_size": PART_BYTES})
+        except Exception:
+            setter = getattr(kvikio.defaults, "set_num_threads", None) or getattr(
+                kvikio.defaults, "num_threads_reset", None)
+            if setter is not None:
+                setter(threads)
+
+    def read(self, files: list[Path], batch, dest) -> None:
+        """Fill ``dest`` (host or device uint8) with the encoded bytes of every piece of ``batch``."""
+        handles: dict[int, object] = {}
+        futs = []
+        try:
+            for f, o, n, d in zip(batch.file_id.tolist(), batch.file_offset.tolist(),
+                                  batch.src_sizes.tolist(), batch.src_offsets.tolist()):
+                fh = handles.get(f)
+                if fh is None:
+                    fh = handles[f] = self._kvikio.CuFile(files[f], "r")
+                futs.append((f, o, n, fh.pread(dest[d:d + n], n, o)))
+            for f, o, n, fut in futs:
+                got = fut.get()
+                if got != n:
+                    raise CorruptChunkError(
+                        f"{files[f]}: expected {n} bytes at offset {o}, read {got}; the file was "
+                        "truncated (or is being written)."
+                    )
+        finally:
+            for fh in handles.values():
+                fh.close()
+
+    def close(self) -> None:
+        pass
+
+
+def make_reader(kind: str, threads: int):
+    """``kind`` "kvikio", "threads" or "auto" (kvikio when importable)."""
+    if kind == "auto":
+        try:
+            import kvikio  # noqa: F401
+
+            kind = "kvikio"
+        except ImportError:
+            kind = "threads"
+    if kind == "kvikio":
+        return KvikioReader(threads)
+    return ThreadReader(threads)

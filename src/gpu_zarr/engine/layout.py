@@ -1,0 +1,201 @@
+"""What the engine needs to know about an array, read from zarr-python's own metadata.
+
+:func:`layout_of` turns a read-only ``zarr.Array`` into a :class:`Layout`, or raises
+:class:`~gpu_zarr.errors.UnsupportedArrayError` naming what the direct engine cannot serve
+(``auto`` then falls back to the zarr-gpu path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from gpu_zarr.errors import UnsupportedArrayError
+
+__all__ = ["Layout", "layout_of"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Geometry, codec and files of one zarr array, as the engine reads it.
+
+    Attributes
+    ----------
+    shape : tuple of int
+    disk_dtype : numpy.dtype
+        Element type of decoded chunk bytes, with the byte order on disk.
+    out_dtype : numpy.dtype
+        Native-order dtype of what the engine returns (cupy has no big-endian arrays).
+    fill_value : numpy scalar
+        Value of never-written chunks, as zarr-python reads them.
+    chunk_shape : tuple of int
+        Shape of one stored object (a shard when sharded).
+    inner_shape : tuple of int
+        Shape of one decodable chunk (equal to ``chunk_shape`` unless sharded).
+    codec : {"raw", "zstd"}
+        Codec of each (inner) chunk's bytes.
+    sharded : bool
+    index_at_end : bool
+        Shard index position (``index_location``).
+    index_crc : bool
+        Shard index followed by a crc32c checksum.
+    root : pathlib.Path
+        Directory of the array on the local file system.
+    chunk_key : callable
+        Chunk-grid coordinates -> key relative to ``root`` (zarr's own encoder).
+    zarr_format : int
+    """
+
+    shape: tuple[int, ...]
+    disk_dtype: np.dtype
+    out_dtype: np.dtype
+    fill_value: Any
+    chunk_shape: tuple[int, ...]
+    inner_shape: tuple[int, ...]
+    codec: str
+    sharded: bool
+    index_at_end: bool
+    index_crc: bool
+    root: Path
+    chunk_key: Callable[[tuple[int, ...]], str]
+    zarr_format: int
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def inner_nbytes(self) -> int:
+        """Decoded size of one (inner) chunk in bytes (edge chunks are stored whole)."""
+        return int(np.prod(self.inner_shape, dtype=np.int64)) * self.disk_dtype.itemsize
+
+    @property
+    def inner_per_shard(self) -> tuple[int, ...]:
+        return tuple(c // i for c, i in zip(self.chunk_shape, self.inner_shape))
+
+    def path_of(self, coords: tuple[int, ...]) -> Path:
+        return self.root / self.chunk_key(tuple(int(c) for c in coords))
+
+
+def _unsupported(what: str, found: str) -> UnsupportedArrayError:
+    return UnsupportedArrayError(
+        f"the direct (kvikio) engine reads {what}; this array has {found}. "
+        "Use prefer='zarr-gpu' (or 'auto', which falls back to it)."
+    )
+
+
+def _local_root(arr) -> Path:
+    store = arr.store
+    root = getattr(store, "root", None)
+    if root is None or type(store).__name__ != "LocalStore":
+        raise _unsupported("arrays in a local directory store", f"a {type(store).__name__}")
+    return Path(root) / arr.path if arr.path else Path(root)
+
+
+def _native(dtype: np.dtype) -> np.dtype:
+    if dtype.kind not in "biufc" or dtype.itemsize > 16:
+        raise _unsupported("numeric and bool arrays", f"dtype {dtype}")
+    return dtype.newbyteorder("=") if dtype.byteorder not in ("=", "|") else dtype
+
+
+def _regular_chunks(meta) -> tuple[int, ...]:
+    grid = getattr(meta, "chunk_grid", None)
+    shape = getattr(grid, "chunk_shape", None)
+    if shape is None:
+        raise _unsupported("regular chunk grids", f"chunk grid {grid!r}")
+    return tuple(int(c) for c in shape)
+
+
+def _fill(arr, dtype: np.dtype):
+    fv = arr.fill_value
+    if fv is None:  # zarr v2 ``fill_value: null``: zarr-python reads missing chunks as zeros
+        fv = 0
+    return np.array(fv, dtype=dtype)[()]
+
+
+def _codec_of_chain(codecs, where: str) -> tuple[str, str | None]:
+    """(codec, endian) for a v3 chain [bytes, (zstd)]; anything else is unsupported."""
+    from zarr.codecs import BytesCodec, ZstdCodec
+
+    if not codecs or not isinstance(codecs[0], BytesCodec):
+        names = [type(c).__name__ for c in codecs]
+        raise _unsupported("chains [bytes] or [bytes, zstd]", f"{where} codecs {names}")
+    endian = codecs[0].endian
+    endian = getattr(endian, "value", endian)
+    rest = list(codecs[1:])
+    if not rest:
+        return "raw", endian
+    if len(rest) == 1 and (isinstance(rest[0], ZstdCodec) or type(rest[0]).__name__ == "NvcompZstdCodec"):
+        return "zstd", endian
+    names = [type(c).__name__ for c in codecs]
+    raise _unsupported("chains [bytes] or [bytes, zstd]", f"{where} codecs {names}")
+
+
+def layout_of(arr) -> Layout:
+    """Describe a zarr array for the direct engine.
+
+    Parameters
+    ----------
+    arr : zarr.Array
+        Opened read-only.
+
+    Returns
+    -------
+    Layout
+
+    Raises
+    ------
+    UnsupportedArrayError
+        For what the engine does not read: non-local stores, F order, filters, codecs
+        other than zstd, transposes, irregular chunk grids, non-numeric dtypes.
+    """
+    meta = arr.metadata
+    root = _local_root(arr)
+    shape = tuple(int(s) for s in arr.shape)
+    chunks = _regular_chunks(meta)
+    dtype = np.dtype(meta.dtype.to_native_dtype() if hasattr(meta, "dtype") else arr.dtype)
+    if meta.zarr_format == 2:
+        if meta.order != "C":
+            raise _unsupported("C-order chunks", f"order {meta.order!r}")
+        if meta.filters:
+            raise _unsupported("arrays without filters", f"filters {[f.codec_id for f in meta.filters]}")
+        comp = meta.compressor
+        if comp is None:
+            codec = "raw"
+        elif getattr(comp, "codec_id", None) == "zstd":
+            codec = "zstd"
+        else:
+            raise _unsupported("raw or zstd chunks", f"compressor {comp.get_config() if hasattr(comp, 'get_config') else comp!r}")
+        disk = dtype
+        return Layout(shape, disk, _native(disk), _fill(arr, _native(disk)), chunks, chunks, codec,
+                      False, True, False, root, meta.encode_chunk_key, 2)
+
+    dtype = np.dtype(meta.data_type.to_native_dtype())
+    codecs = tuple(meta.codecs)
+    sharded = len(codecs) == 1 and type(codecs[0]).__name__ == "ShardingCodec"
+    if sharded:
+        sc = codecs[0]
+        inner = tuple(int(c) for c in sc.chunk_shape)
+        codec, endian = _codec_of_chain(tuple(sc.codecs), "inner")
+        idx = tuple(sc.index_codecs)
+        idx_names = [type(c).__name__ for c in idx]
+        if idx_names not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]):
+            raise _unsupported("shard indexes [bytes] or [bytes, crc32c]", f"index codecs {idx_names}")
+        idx_endian = getattr(idx[0].endian, "value", idx[0].endian)
+        if idx_endian not in ("little", None):
+            raise _unsupported("little-endian shard indexes", f"{idx_endian}-endian")
+        index_at_end = getattr(sc.index_location, "value", sc.index_location) == "end"
+        index_crc = len(idx) == 2
+    else:
+        inner = chunks
+        codec, endian = _codec_of_chain(codecs, "array")
+        index_at_end, index_crc = True, False
+    disk = dtype if dtype.itemsize == 1 else dtype.newbyteorder("<" if endian in ("little", None) else ">")
+    if dtype.kind == "c":
+        disk = np.dtype(disk)
+    out = _native(disk)
+    return Layout(shape, disk, out, _fill(arr, out), chunks, inner, codec, sharded, index_at_end,
+                  index_crc, root, meta.encode_chunk_key, 3)

@@ -1,0 +1,150 @@
+"""Between plan and fetch: find each piece's bytes on disk.
+
+Unsharded arrays: one file per chunk (its size from ``stat``; no file = fill value).
+Sharded arrays: each needed shard's index is read once (crc32c checked), and every inner
+chunk becomes a byte range of its shard file. Only small reads happen here.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gpu_zarr.engine.layout import Layout
+from gpu_zarr.engine.plan import Pieces
+from gpu_zarr.errors import CorruptChunkError
+
+__all__ = ["Located", "locate"]
+
+_MISSING = np.uint64(2**64 - 1)
+
+
+@dataclass
+class Located:
+    """Where each piece's encoded bytes are.
+
+    Attributes
+    ----------
+    files : list of pathlib.Path
+        Files holding data; ``file_id`` indexes it.
+    file_id, offset, nbytes : ndarray of int64
+        Per piece; ``nbytes == -1`` when the piece was never written (fill value).
+    names : list of str
+        Per piece, a name for error messages ("c/0/1/2", "c/0/0 inner chunk (1, 3)").
+    """
+
+    files: list[Path]
+    file_id: np.ndarray
+    offset: np.ndarray
+    nbytes: np.ndarray
+    names: list[str]
+
+
+def _stat_size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return -1
+
+
+def locate(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) -> Located:
+    """Locate the bytes of every piece (see module docstring)."""
+    if layout.sharded:
+        return _locate_sharded(layout, pieces, pool)
+    keys = [layout.chunk_key(tuple(c)) for c in pieces.coords.tolist()]
+    files = [layout.root / k for k in keys]
+    sizes = np.fromiter(pool.map(_stat_size, files), np.int64, len(files))
+    if layout.codec == "raw":
+        bad = np.flatnonzero((sizes >= 0) & (sizes != layout.inner_nbytes))
+        if len(bad):
+            k = int(bad[0])
+            raise CorruptChunkError(
+                f"chunk {keys[k]} of {layout.root} has {int(sizes[k])} bytes; an uncompressed chunk "
+                f"of shape {layout.inner_shape} and dtype {layout.disk_dtype} has {layout.inner_nbytes}. "
+                "The file is truncated or was written with other metadata; rewrite or delete that chunk."
+            )
+    empty = np.flatnonzero(sizes == 0)
+    if len(empty):
+        raise CorruptChunkError(f"chunk {keys[int(empty[0])]} of {layout.root} is an empty file; "
+                                "expected a zstd frame. Rewrite or delete that chunk.")
+    ids = np.arange(len(files), dtype=np.int64)
+    return Located(files, ids, np.zeros(len(files), np.int64), sizes, keys)
+
+
+def _read_index(layout: Layout, path: Path) -> np.ndarray | None:
+    """The (n_inner, 2) uint64 index of one shard, or None when the shard does not exist."""
+    n = int(np.prod(layout.inner_per_shard))
+    size = n * 16 + (4 if layout.index_crc else 0)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fsize = os.fstat(fd).st_size
+        if fsize < size:
+            raise CorruptChunkError(
+                f"shard {path} has {fsize} bytes, fewer than its index alone ({size} bytes for "
+                f"{n} inner chunks): the shard is truncated. Rewrite or delete it."
+            )
+        raw = os.pread(fd, size, fsize - size if layout.index_at_end else 0)
+    finally:
+        os.close(fd)
+    body = raw[: n * 16]
+    if layout.index_crc:
+        import google_crc32c
+
+        want = int.from_bytes(raw[n * 16:], "little")
+        got = google_crc32c.value(body)
+        if want != got:
+            raise CorruptChunkError(
+                f"shard {path}: index checksum mismatch (stored crc32c {want:#010x}, computed "
+                f"{got:#010x}); the shard is corrupt or truncated. Rewrite or delete it."
+            )
+    index = np.frombuffer(body, "<u8").reshape(n, 2)
+    data_lo = 0 if layout.index_at_end else size
+    data_hi = fsize - size if layout.index_at_end else fsize
+    present = index[:, 0] != _MISSING
+    off, nb = index[present, 0], index[present, 1]
+    if np.any(off < data_lo) or np.any(off + nb > data_hi) or np.any(nb == 0):
+        raise CorruptChunkError(
+            f"shard {path}: its index points outside the shard's data ({data_lo}..{data_hi} bytes); "
+            "the shard is truncated or corrupt. Rewrite or delete it."
+        )
+    return index
+
+
+def _locate_sharded(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) -> Located:
+    per = np.asarray(layout.inner_per_shard, np.int64)
+    shard_coords = pieces.coords // per
+    inner_coords = pieces.coords % per
+    inner_lin = np.ravel_multi_index(inner_coords.T, tuple(per)) if len(pieces) else np.zeros(0, np.int64)
+    uniq, shard_of = np.unique(shard_coords, axis=0, return_inverse=True)
+    shard_of = shard_of.reshape(-1)
+    keys = [layout.chunk_key(tuple(c)) for c in uniq.tolist()]
+    files = [layout.root / k for k in keys]
+    indexes = list(pool.map(lambda p: _read_index(layout, p), files))
+    n = len(pieces)
+    offset = np.zeros(n, np.int64)
+    nbytes = np.full(n, -1, np.int64)
+    for s, index in enumerate(indexes):
+        if index is None:
+            continue
+        sel = np.flatnonzero(shard_of == s)
+        entries = index[inner_lin[sel]]
+        ok = entries[:, 0] != _MISSING
+        offset[sel[ok]] = entries[ok, 0].astype(np.int64)
+        nbytes[sel[ok]] = entries[ok, 1].astype(np.int64)
+    if layout.codec == "raw":
+        bad = np.flatnonzero((nbytes >= 0) & (nbytes != layout.inner_nbytes))
+        if len(bad):
+            k = int(bad[0])
+            raise CorruptChunkError(
+                f"shard {keys[shard_of[k]]}: inner chunk {tuple(inner_coords[k])} has {int(nbytes[k])} "
+                f"bytes; an uncompressed inner chunk has {layout.inner_nbytes}. The shard is corrupt."
+            )
+    names = [f"{keys[shard_of[k]]} inner chunk {tuple(int(v) for v in inner_coords[k])}" for k in range(n)]
+    return Located(files, shard_of.astype(np.int64), offset, nbytes, names)

@@ -1,0 +1,138 @@
+"""The device calls of the engine, for the GPU (cupy, nvCOMP) and for its CPU twin (numpy).
+
+The pipeline is written once against this small interface; only these calls differ
+between the GPU path and the CPU twin that CI runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpu_zarr.engine.decode import decode_zstd_cpu, decode_zstd_gpu
+from gpu_zarr.engine.place import place_cpu, place_gpu
+from gpu_zarr.errors import INSTALL_HINT, GPUUnavailable
+
+__all__ = ["CpuOps", "GpuOps", "ops_for"]
+
+
+class CpuOps:
+    """numpy buffers, numcodecs decode, numpy placement."""
+
+    name = "cpu"
+    xp = np
+    overlap = False
+
+    def empty(self, shape, dtype):
+        return np.empty(shape, dtype)
+
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        return np.empty(nbytes, np.uint8)
+
+    def device_buffer(self, nbytes: int) -> np.ndarray:
+        return np.empty(nbytes, np.uint8)
+
+    def upload(self, host: np.ndarray, dev: np.ndarray, nbytes: int):
+        dev[:nbytes] = host[:nbytes]
+        return None
+
+    def wait(self, event) -> None:
+        pass
+
+    def decode_zstd(self, src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names) -> None:
+        decode_zstd_cpu(src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names)
+
+    def place(self, src, src_offsets, table, out, disk_dtype) -> None:
+        place_cpu(src, src_offsets, table, out, disk_dtype)
+
+    def fill(self, out, table, value) -> None:
+        for t in table:
+            out[tuple(slice(int(a), int(a + n)) for a, n in zip(t[:, 3], t[:, 2]))] = value
+
+    def sync(self) -> None:
+        pass
+
+    def free_bytes(self) -> int | None:
+        return None
+
+    def finish(self, out, post):
+        return np.ascontiguousarray(out[post]) if post is not None else out
+
+
+class GpuOps:
+    """cupy device buffers on one non-blocking stream, pinned host staging, nvCOMP decode."""
+
+    name = "gpu"
+    overlap = True
+
+    def __init__(self):
+        try:
+            import cupy
+        except ImportError as exc:
+            raise GPUUnavailable(f"the GPU path needs cupy, which is not installed: {INSTALL_HINT}") from exc
+        try:
+            if cupy.cuda.runtime.getDeviceCount() < 1:
+                raise GPUUnavailable("cupy found no CUDA device; use backend 'cpu' on this machine")
+        except cupy.cuda.runtime.CUDARuntimeError as exc:
+            raise GPUUnavailable(f"cupy cannot reach a CUDA device ({exc}); check the NVIDIA driver "
+                                 "(nvidia-smi) or use backend 'cpu'") from exc
+        self.xp = cupy
+        self._cupy = cupy
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._pinned = []
+
+    def empty(self, shape, dtype):
+        with self.stream:
+            return self._cupy.empty(shape, dtype)
+
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        mem = self._cupy.cuda.alloc_pinned_memory(max(nbytes, 1))
+        self._pinned.append(mem)
+        return np.frombuffer(mem, np.uint8, nbytes)
+
+    def device_buffer(self, nbytes: int):
+        with self.stream:
+            return self._cupy.empty(max(nbytes, 1), np.uint8)
+
+    def upload(self, host: np.ndarray, dev, nbytes: int):
+        if nbytes:
+            dev[:nbytes].set(host[:nbytes], stream=self.stream)
+        return self.stream.record()
+
+    def wait(self, event) -> None:
+        if event is not None:
+            event.synchronize()
+
+    def decode_zstd(self, src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names) -> None:
+        decode_zstd_gpu(src, src_offsets, src_sizes, dst, dst_offsets, dst_size, self.stream, names)
+
+    def place(self, src, src_offsets, table, out, disk_dtype) -> None:
+        place_gpu(src, src_offsets, table, out, disk_dtype, self.stream)
+
+    def fill(self, out, table, value) -> None:
+        with self.stream:
+            for t in table:
+                out[tuple(slice(int(a), int(a + n)) for a, n in zip(t[:, 3], t[:, 2]))] = value
+
+    def sync(self) -> None:
+        self.stream.synchronize()
+
+    def free_bytes(self) -> int:
+        free, _ = self._cupy.cuda.runtime.memGetInfo()
+        return int(free) + int(self._cupy.get_default_memory_pool().free_bytes())
+
+    def finish(self, out, post):
+        if post is None:
+            return out
+        with self.stream:
+            res = self._cupy.ascontiguousarray(out[post])
+        self.stream.synchronize()
+        return res
+
+
+def ops_for(device: str):
+    """``"gpu"`` or ``"cpu"``."""
+    if device == "gpu":
+        return GpuOps()
+    if device == "cpu":
+        return CpuOps()
+    raise ValueError(f"device must be 'gpu' or 'cpu', not {device!r}")

@@ -1,0 +1,150 @@
+"""Stage 4, place: scatter decoded chunks into the preallocated output.
+
+One kernel launch places a whole batch (every piece, every row) using the placement
+table from :mod:`gpu_zarr.engine.plan`; it also swaps bytes for big-endian data, since
+cupy has no big-endian arrays. :func:`place_cpu` is its numpy twin, reading the same table.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+__all__ = ["place_cpu", "place_gpu", "unit_layout"]
+
+_KERNEL = r"""
+__device__ __forceinline__ unsigned char bswap_(unsigned char v) { return v; }
+__device__ __forceinline__ unsigned short bswap_(unsigned short v) { return (unsigned short)((v >> 8) | (v << 8)); }
+__device__ __forceinline__ unsigned int bswap_(unsigned int v) { return __byte_perm(v, 0, 0x0123); }
+__device__ __forceinline__ unsigned long long bswap_(unsigned long long v) {
+    unsigned int lo = (unsigned int)v, hi = (unsigned int)(v >> 32);
+    return ((unsigned long long)__byte_perm(lo, 0, 0x0123) << 32) | __byte_perm(hi, 0, 0x0123);
+}
+
+template <typename T>
+__device__ void place_body(const unsigned char* __restrict__ src, T* __restrict__ dst,
+                           const long long* __restrict__ tab, const long long* __restrict__ src_off,
+                           const long long* __restrict__ ostride, int ndim, int swap, int piece0)
+{
+    const int piece = piece0 + blockIdx.y;
+    const long long* t = tab + (long long)piece * ndim * 4;
+    const int L = ndim - 1;
+    const long long last_len = t[L * 4 + 2];
+    long long rows = 1;
+    for (int d = 0; d < L; ++d) rows *= t[d * 4 + 2];
+    const T* s = (const T*)(src + src_off[piece]);
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        long long rem = r, soff = t[L * 4 + 1], doff = t[L * 4 + 3] * ostride[L];
+        long long sstride = t[L * 4 + 0];
+        for (int d = L - 1; d >= 0; --d) {
+            const long long len = t[d * 4 + 2];
+            const long long c = rem % len;
+            rem /= len;
+            soff += (t[d * 4 + 1] + c) * sstride;
+            sstride *= t[d * 4 + 0];
+            doff += (t[d * 4 + 3] + c) * ostride[d];
+        }
+        const long long os = ostride[L];
+        for (long long i = threadIdx.x; i < last_len; i += blockDim.x) {
+            T v = s[soff + i];
+            if (swap) v = bswap_(v);
+            dst[doff + i * os] = v;
+        }
+    }
+}
+
+#define PLACE(NAME, T) \
+extern "C" __global__ void NAME(const unsigned char* src, T* dst, const long long* tab, \
+    const long long* src_off, const long long* ostride, int ndim, int swap, int piece0) \
+{ place_body<T>(src, dst, tab, src_off, ostride, ndim, swap, piece0); }
+
+PLACE(place_1, unsigned char)
+PLACE(place_2, unsigned short)
+PLACE(place_4, unsigned int)
+PLACE(place_8, unsigned long long)
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _module():
+    import cupy
+
+    return cupy.RawModule(code=_KERNEL, options=("-std=c++14",))
+
+
+def unit_layout(dtype: np.dtype) -> tuple[int, int]:
+    """(unit bytes, units per element): complex numbers are two units, swapped separately."""
+    if dtype.kind == "c":
+        return dtype.itemsize // 2, 2
+    return dtype.itemsize, 1
+
+
+def _with_units(table: np.ndarray, out_shape: tuple[int, ...], per: int):
+    """Append a unit dimension for multi-unit elements; return table and output strides."""
+    if per > 1:
+        extra = np.zeros(table.shape[:1] + (1, 4), np.int64)
+        extra[:, 0, 0] = per
+        extra[:, 0, 2] = per
+        table = np.concatenate([table, extra], axis=1)
+        out_shape = tuple(out_shape) + (per,)
+    strides = np.ones(len(out_shape), np.int64)
+    for d in range(len(out_shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * out_shape[d + 1]
+    return np.ascontiguousarray(table), strides
+
+
+def place_gpu(src, src_offsets: np.ndarray, table: np.ndarray, out, disk_dtype: np.dtype, stream=None) -> None:
+    """Scatter pieces of ``src`` (device uint8) into ``out`` (C-contiguous cupy array).
+
+    Parameters
+    ----------
+    src : cupy.ndarray of uint8
+        Decoded pieces; piece k starts at byte ``src_offsets[k]`` (aligned to the unit).
+    src_offsets : ndarray of int64
+    table : ndarray, shape (n, ndim, 4)
+        Placement table (see :class:`gpu_zarr.engine.plan.Pieces`).
+    out : cupy.ndarray
+        Output box, native byte order.
+    disk_dtype : numpy.dtype
+        dtype of the decoded bytes; big-endian data are swapped while placing.
+    """
+    import cupy
+
+    n = len(src_offsets)
+    if n == 0:
+        return
+    unit, per = unit_layout(disk_dtype)
+    swap = int(disk_dtype.byteorder == ">" or (disk_dtype.byteorder == "=" and np.little_endian is False))
+    swap = swap if unit > 1 else 0
+    tab, strides = _with_units(table, out.shape, per)
+    ndim = tab.shape[1]
+    kern = _module().get_function(f"place_{unit}")
+    tab_d = cupy.asarray(tab)
+    off_d = cupy.asarray(np.asarray(src_offsets, np.int64))
+    str_d = cupy.asarray(strides)
+    rows = np.prod(tab[:, :-1, 2], axis=1) if ndim > 1 else np.ones(n, np.int64)
+    grid_x = int(min(max(int(rows.max()), 1), 4096))
+    block = 256 if int(tab[:, -1, 2].max()) >= 256 else 64
+    view = out.view(np.dtype(f"u{unit}")) if out.size else out
+    for p0 in range(0, n, 65535):
+        cnt = min(65535, n - p0)
+        with (stream if stream is not None else cupy.cuda.get_current_stream()):
+            kern((grid_x, cnt), (block,), (src, view, tab_d, off_d, str_d, np.int32(ndim),
+                                           np.int32(swap), np.int32(p0)))
+
+
+def place_cpu(src: np.ndarray, src_offsets: np.ndarray, table: np.ndarray, out: np.ndarray,
+              disk_dtype: np.dtype) -> None:
+    """numpy twin of :func:`place_gpu` (same table, one slice assignment per piece)."""
+    inner = None
+    for k in range(len(src_offsets)):
+        t = table[k]
+        if inner is None:
+            inner = tuple(int(v) for v in t[:, 0])
+            nbytes = int(np.prod(inner)) * disk_dtype.itemsize
+        off = int(src_offsets[k])
+        chunk = src[off:off + nbytes].view(disk_dtype).reshape(inner)
+        sin = tuple(slice(int(a), int(a + n)) for a, n in zip(t[:, 1], t[:, 2]))
+        sout = tuple(slice(int(a), int(a + n)) for a, n in zip(t[:, 3], t[:, 2]))
+        out[sout] = chunk[sin]

@@ -1,0 +1,209 @@
+"""Stage 1, plan: which (inner) chunks a selection needs and where each one lands.
+
+Pure Python and numpy: no I/O, no GPU. The placement table built here is what the GPU
+scatter kernel and its CPU twin both consume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpu_zarr.engine.layout import Layout
+
+__all__ = ["Batch", "Pieces", "Region", "make_batches", "normalize_selection", "plan_pieces"]
+
+
+@dataclass(frozen=True)
+class Region:
+    """A numpy basic-indexing selection, as a step-1 box plus what to apply to it.
+
+    Attributes
+    ----------
+    start, stop : tuple of int
+        Bounding box read from the array.
+    post : tuple
+        Index applied to the box result (steps, integer dimensions dropped).
+    out_shape : tuple of int
+        Shape of the final result (equal to ``array[selection].shape``).
+    """
+
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+    post: tuple
+    out_shape: tuple[int, ...]
+
+    @property
+    def box_shape(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in zip(self.start, self.stop))
+
+    @property
+    def is_box(self) -> bool:
+        """True when the result is the box itself (no steps, no dropped dimensions)."""
+        return all(p == slice(None) for p in self.post)
+
+
+def normalize_selection(shape: tuple[int, ...], selection=Ellipsis) -> Region:
+    """Normalise ints, slices (any step) and Ellipsis the way numpy does.
+
+    Raises
+    ------
+    IndexError
+        Out-of-range integers, too many indices.
+    TypeError
+        Fancy indexing (arrays, lists), newaxis.
+    """
+    sel = selection if isinstance(selection, tuple) else (selection,)
+    if sum(s is Ellipsis for s in sel) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if Ellipsis in sel:
+        i = next(k for k, s in enumerate(sel) if s is Ellipsis)
+        fill = len(shape) - (len(sel) - 1)
+        sel = sel[:i] + (slice(None),) * fill + sel[i + 1:]
+    if len(sel) > len(shape):
+        raise IndexError(f"too many indices: array is {len(shape)}-dimensional, {len(sel)} were indexed")
+    sel = sel + (slice(None),) * (len(shape) - len(sel))
+    start, stop, post, out_shape = [], [], [], []
+    for dim, (s, n) in enumerate(zip(sel, shape)):
+        if isinstance(s, (int, np.integer)) and not isinstance(s, bool):
+            i = int(s)
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for axis {dim} with size {n}")
+            i %= n
+            start.append(i), stop.append(i + 1), post.append(0)
+        elif isinstance(s, slice):
+            r = range(*s.indices(n))
+            if len(r) == 0:
+                start.append(0), stop.append(0), post.append(slice(None)), out_shape.append(0)
+                continue
+            lo, hi = min(r[0], r[-1]), max(r[0], r[-1]) + 1
+            start.append(lo), stop.append(hi), out_shape.append(len(r))
+            if r.step == 1:
+                post.append(slice(None))
+            elif r.step > 0:
+                post.append(slice(0, None, r.step))
+            else:
+                post.append(slice(hi - 1 - lo, None, r.step))
+        else:
+            raise TypeError(
+                f"only integers, slices and Ellipsis are supported (basic indexing); got {type(s).__name__} "
+                f"for axis {dim}"
+            )
+    return Region(tuple(start), tuple(stop), tuple(post), tuple(out_shape))
+
+
+@dataclass
+class Pieces:
+    """The (inner) chunks a box needs.
+
+    Attributes
+    ----------
+    coords : ndarray, shape (n, ndim), int64
+        Inner-chunk grid coordinates.
+    table : ndarray, shape (n, ndim, 4), int64
+        Per piece and dimension: chunk extent, selection start within the chunk,
+        selection length, start in the output box. The place stage reads this table.
+    """
+
+    coords: np.ndarray
+    table: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.coords)
+
+
+def plan_pieces(layout: Layout, start: tuple[int, ...], stop: tuple[int, ...]) -> Pieces:
+    """Every (inner) chunk that intersects the box ``[start, stop)``, with its placement."""
+    ndim = layout.ndim
+    inner = np.asarray(layout.inner_shape, dtype=np.int64)
+    if any(b <= a for a, b in zip(start, stop)):
+        return Pieces(np.zeros((0, ndim), np.int64), np.zeros((0, ndim, 4), np.int64))
+    ranges = [np.arange(a // c, (b - 1) // c + 1, dtype=np.int64) for a, b, c in zip(start, stop, inner)]
+    grids = np.meshgrid(*ranges, indexing="ij")
+    coords = np.stack([g.ravel() for g in grids], axis=1) if ndim else np.zeros((1, 0), np.int64)
+    origin = coords * inner
+    lo = np.maximum(origin, np.asarray(start, np.int64))
+    hi = np.minimum(origin + inner, np.asarray(stop, np.int64))
+    table = np.empty((len(coords), ndim, 4), np.int64)
+    table[:, :, 0] = inner
+    table[:, :, 1] = lo - origin
+    table[:, :, 2] = hi - lo
+    table[:, :, 3] = lo - np.asarray(start, np.int64)
+    return Pieces(coords, table)
+
+
+@dataclass
+class Batch:
+    """Pieces read, decoded and placed together.
+
+    Attributes
+    ----------
+    pieces : ndarray of int
+        Indices into the located pieces, in file order.
+    file_id, file_offset : ndarray of int64
+        Where each piece's encoded bytes are.
+    src_offsets : ndarray of int64
+        Each piece's offset in the staging buffer (aligned, so decoders and the place
+        kernel never see a misaligned piece).
+    src_sizes : ndarray of int64
+        Each piece's encoded size.
+    runs : ndarray, shape (r, 2), int64
+        Coalesced reads: [first, last) positions in this batch of pieces whose bytes are
+        adjacent in one file, fetched by one vectored read.
+    staging_bytes : int
+        Staging bytes this batch uses.
+    """
+
+    pieces: np.ndarray
+    file_id: np.ndarray
+    file_offset: np.ndarray
+    src_offsets: np.ndarray
+    src_sizes: np.ndarray
+    runs: np.ndarray
+    staging_bytes: int
+
+
+def make_batches(file_id: np.ndarray, offset: np.ndarray, nbytes: np.ndarray, decoded_nbytes: int,
+                 batch_bytes: int, *, align: int = 16) -> list[Batch]:
+    """Group present pieces into batches and find the runs of adjacent byte ranges.
+
+    Parameters
+    ----------
+    file_id, offset, nbytes : ndarray of int64
+        Location of each piece's encoded bytes; ``nbytes < 0`` marks a missing piece,
+        which no batch contains.
+    decoded_nbytes : int
+        Decoded size of one piece: a batch holds at most ``batch_bytes`` of encoded and
+        of decoded bytes (and at least one piece).
+    batch_bytes : int
+        Staging size of a batch.
+    align : int
+        Alignment of each piece in the staging buffer.
+
+    Returns
+    -------
+    list of Batch
+        In file order, which is also the order reads are issued.
+    """
+    present = np.flatnonzero(nbytes >= 0)
+    order = present[np.lexsort((offset[present], file_id[present]))]
+    sizes = nbytes[order].astype(np.int64)
+    padded = (sizes + (align - 1)) // align * align
+    per_batch = max(1, batch_bytes // max(decoded_nbytes, 1))
+    batches: list[Batch] = []
+    i, n = 0, len(order)
+    while i < n:
+        # as many pieces as fit in batch_bytes (encoded) and per_batch (decoded); at least one
+        ends = np.cumsum(padded[i:i + per_batch])
+        j = i + max(1, int(np.searchsorted(ends, batch_bytes, side="right")))
+        idx = order[i:j]
+        src = np.concatenate([[0], ends[: j - i - 1]]).astype(np.int64)
+        fid, off, sz = file_id[idx], offset[idx], sizes[i:j]
+        brk = np.flatnonzero((fid[1:] != fid[:-1]) | (off[1:] != off[:-1] + sz[:-1])) + 1
+        bounds = np.concatenate([[0], brk, [j - i]]).astype(np.int64)
+        runs = np.stack([bounds[:-1], bounds[1:]], axis=1)
+        batches.append(Batch(idx, fid.astype(np.int64), off.astype(np.int64), src, sz, runs,
+                             int(ends[j - i - 1])))
+        i = j
+    return batches

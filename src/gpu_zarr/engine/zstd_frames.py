@@ -1,0 +1,132 @@
+"""Check zstd frames on the host before nvCOMP sees them.
+
+nvCOMP's behaviour on corrupt input is undefined, so every frame is walked first: magic
+number, frame header, every block header up to the last block, the optional checksum, and
+the frame must end exactly where the chunk ends. The walk is vectorised over all frames of
+a batch (one numpy step per block position, not one Python call per chunk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpu_zarr.errors import CorruptChunkError
+
+__all__ = ["FrameInfo", "check_frames"]
+
+_MAGIC = 0xFD2FB528
+_MAX_BLOCK = 128 * 1024
+
+
+@dataclass
+class FrameInfo:
+    """Per-frame facts found in the headers.
+
+    Attributes
+    ----------
+    content_size : ndarray of int64
+        Frame content size from the header, -1 when the header omits it.
+    """
+
+    content_size: np.ndarray
+
+
+def _u(buf: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
+    """Little-endian unsigned integers of n bytes at byte positions pos."""
+    out = np.zeros(len(pos), np.uint64)
+    for k in range(n):
+        out |= buf[pos + k].astype(np.uint64) << np.uint64(8 * k)
+    return out
+
+
+def _fail(names, k: int, what: str) -> CorruptChunkError:
+    return CorruptChunkError(
+        f"chunk {names[k]}: {what}. Expected one standard zstd frame; the chunk is corrupt or "
+        "truncated. Nothing was decoded from it; rewrite or delete that chunk."
+    )
+
+
+def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expected: int,
+                 names) -> FrameInfo:
+    """Validate the zstd frames ``buf[offsets[i] : offsets[i] + sizes[i]]``.
+
+    Parameters
+    ----------
+    buf : ndarray of uint8
+        Host staging buffer.
+    offsets, sizes : ndarray of int64
+    expected : int
+        Decoded size of each chunk; a header that states another content size is refused.
+    names : sequence of str
+        Chunk names for error messages, in the order of ``offsets``.
+
+    Raises
+    ------
+    CorruptChunkError
+        Naming the first bad chunk and what is wrong with it.
+    """
+    offsets = np.asarray(offsets, np.int64)
+    sizes = np.asarray(sizes, np.int64)
+    end = offsets + sizes
+    n = len(offsets)
+    if n == 0:
+        return FrameInfo(np.zeros(0, np.int64))
+    short = np.flatnonzero(sizes < 6)
+    if len(short):
+        raise _fail(names, int(short[0]), f"{int(sizes[short[0]])} bytes is too short for a zstd frame")
+    magic = _u(buf, offsets, 4)
+    bad = np.flatnonzero(magic != _MAGIC)
+    if len(bad):
+        k = int(bad[0])
+        raise _fail(names, k, f"starts with bytes {bytes(buf[offsets[k]:offsets[k] + 4]).hex()}, not the "
+                              "zstd magic number 28b52ffd")
+    fhd = buf[offsets + 4].astype(np.int64)
+    fcs_flag, single, reserved, has_ck, dict_flag = fhd >> 6, (fhd >> 5) & 1, (fhd >> 3) & 1, (fhd >> 2) & 1, fhd & 3
+    bad = np.flatnonzero(reserved != 0)
+    if len(bad):
+        raise _fail(names, int(bad[0]), "frame header has its reserved bit set")
+    bad = np.flatnonzero(dict_flag != 0)
+    if len(bad):
+        raise _fail(names, int(bad[0]), "frame needs a zstd dictionary, which zarr never uses")
+    fcs_size = np.choose(fcs_flag, [single, np.full(n, 2), np.full(n, 4), np.full(n, 8)])
+    pos = offsets + 5 + (1 - single)
+    fcs = np.full(n, -1, np.int64)
+    for nb in (1, 2, 4, 8):
+        m = fcs_size == nb
+        if m.any():
+            fcs[m] = _u(buf, pos[m], nb).astype(np.int64) + (256 if nb == 2 else 0)
+    pos = pos + fcs_size
+    bad = np.flatnonzero((fcs >= 0) & (fcs != expected))
+    if len(bad):
+        k = int(bad[0])
+        raise _fail(names, k, f"frame header says {int(fcs[k])} decoded bytes; the array metadata "
+                              f"says a chunk holds {expected}")
+    active = np.ones(n, bool)
+    while True:
+        idx = np.flatnonzero(active)
+        if len(idx) == 0:
+            break
+        p = pos[idx]
+        over = idx[p + 3 > end[idx]]
+        if len(over):
+            raise _fail(names, int(over[0]), "frame ends inside a block header (truncated)")
+        h = _u(buf, p, 3).astype(np.int64)
+        last, btype, bsize = h & 1, (h >> 1) & 3, h >> 3
+        bad = idx[(btype == 3) | (bsize > _MAX_BLOCK)]
+        if len(bad):
+            raise _fail(names, int(bad[0]), "invalid zstd block header")
+        p = p + 3 + np.where(btype == 1, 1, bsize)
+        over = idx[p > end[idx]]
+        if len(over):
+            raise _fail(names, int(over[0]), "frame is truncated inside a block")
+        pos[idx] = p
+        active[idx[last == 1]] = False
+    pos = pos + 4 * has_ck
+    bad = np.flatnonzero(pos != end)
+    if len(bad):
+        k = int(bad[0])
+        what = "truncated before its checksum" if pos[k] > end[k] else f"{int(end[k] - pos[k])} bytes follow the frame"
+        raise _fail(names, k, what)
+    return FrameInfo(fcs)

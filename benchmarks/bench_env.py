@@ -73,6 +73,10 @@ def environment(device: str) -> dict[str, Any]:
             }
         except Exception as exc:
             env["gpu"] = {"error": f"{type(exc).__name__}: {exc}"}
+    if device == "gpu":
+        from bench_readers import kvikio_settings
+
+        env["kvikio_settings_at_start"] = kvikio_settings()
     env["kvikio_env"] = {k: v for k, v in os.environ.items() if k.startswith("KVIKIO_")}
     return env
 

@@ -23,6 +23,7 @@ __all__ = [
     "gpu_available",
     "synchronize",
     "to_host",
+    "kvikio_settings",
 ]
 
 
@@ -157,9 +158,34 @@ def _gdsstore_class():
 def _kvikio_gds(path: str):
     import zarr
 
-    store = _gdsstore_class()(path)
+    cls = _gdsstore_class()
+    try:
+        store = cls(path, read_only=True)
+    except TypeError:  # an older GDSStore without read_only
+        store = cls(path)
     with _zarr_default_codecs(), zarr.config.enable_gpu():
         return zarr.open_array(store, mode="r")[...]
+
+
+def kvikio_settings() -> dict[str, Any]:
+    """kvikio's global settings now (thread count, compat mode, task size)."""
+    try:
+        import kvikio.defaults as kd
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    out: dict[str, Any] = {}
+    for key in ("num_threads", "compat_mode", "task_size", "gds_threshold", "bounce_buffer_size"):
+        val = None
+        try:
+            val = kd.get(key)
+        except Exception:
+            fn = getattr(kd, key, None)
+            try:
+                val = fn() if callable(fn) else None
+            except Exception:
+                val = None
+        out[key] = val if isinstance(val, (int, float, bool, str)) or val is None else str(val)
+    return out
 
 
 def _probe_import(module: str, attr: str | None = None) -> str | None:
@@ -214,6 +240,7 @@ def throughput_readers(device: str) -> list[Reader]:
             "kvikio.zarr.GDSStore + zarr.config.enable_gpu()",
             _kvikio_gds,
             skip_reason=gds_skip,
+            info=lambda _path: {"kvikio_settings": kvikio_settings()},
         ),
     ]
 

@@ -162,6 +162,10 @@ def throughput_markdown(result: dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
+def _ms(v: float) -> str:
+    return f"{v:.2f}" if v >= 1 else f"{v:.3g}"
+
+
 def browse_markdown(result: dict[str, Any]) -> str:
     names = _reader_names(result)
     header = ["layout"] + names
@@ -178,7 +182,7 @@ def browse_markdown(result: dict[str, Any]) -> str:
             elif "error" in r:
                 row.append("error")
             else:
-                s = f"{r['p50_ms']:.2f} / {r['p95_ms']:.2f}"
+                s = f"{_ms(r['p50_ms'])} / {_ms(r['p95_ms'])}"
                 if r.get("correct") is False:
                     s += " (wrong)"
                 row.append(s)

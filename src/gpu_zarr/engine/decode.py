@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import functools
 import threading
 
 import numpy as np
@@ -28,22 +27,17 @@ def _nvcomp():
     return nvcomp
 
 
-@functools.lru_cache(maxsize=1)
-def _route_allocations_through_cupy() -> None:
-    """nvCOMP's scratch goes through cupy's memory pool, so it is counted and reused."""
-    import cupy
-
-    nvcomp = _nvcomp()
-    try:
-        nvcomp.set_device_allocator(lambda nbytes, stream: cupy.cuda.alloc(max(int(nbytes), 1)))
-    except Exception:  # older nvCOMP without allocator hooks: its own allocator is fine
-        pass
-
-
 def nvcomp_codec(stream):
-    """A RAW-bitstream zstd nvCOMP codec bound to ``stream`` (cached per thread and stream)."""
+    """A RAW-bitstream zstd nvCOMP codec bound to ``stream`` (cached per thread and stream).
+
+    Notes
+    -----
+    Codecs are kept for the life of the process: nvCOMP keeps its decode scratch (about
+    3x the decoded bytes of a batch) with the codec and reuses it, and a codec's first
+    decode is slow (~10 ms). A second decode on a busy codec blocks the host, so the
+    engine gives each stream its own codec.
+    """
     nvcomp = _nvcomp()
-    _route_allocations_through_cupy()
     cache = getattr(_local, "codecs", None)
     if cache is None:
         cache = _local.codecs = {}

@@ -28,20 +28,20 @@ class CpuOps:
     def host_buffer(self, nbytes: int) -> np.ndarray:
         return np.empty(nbytes, np.uint8)
 
-    def device_buffer(self, nbytes: int) -> np.ndarray:
+    def device_buffer(self, nbytes: int, slot: int = 0) -> np.ndarray:
         return np.empty(nbytes, np.uint8)
 
-    def upload(self, host: np.ndarray, dev: np.ndarray, nbytes: int):
+    def upload(self, host: np.ndarray, dev: np.ndarray, nbytes: int, slot: int = 0):
         dev[:nbytes] = host[:nbytes]
         return None
 
     def wait(self, event) -> None:
         pass
 
-    def decode_zstd(self, src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names) -> None:
+    def decode_zstd(self, src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names, slot: int = 0) -> None:
         decode_zstd_cpu(src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names)
 
-    def place(self, src, src_offsets, table, out, disk_dtype) -> None:
+    def place(self, src, src_offsets, table, out, disk_dtype, slot: int = 0) -> None:
         place_cpu(src, src_offsets, table, out, disk_dtype)
 
     def fill(self, out, table, value) -> None:
@@ -58,13 +58,29 @@ class CpuOps:
         return np.ascontiguousarray(out[post]) if post is not None else out
 
 
+_STREAMS: list = []
+
+
+def _streams(n: int) -> list:
+    """Process-wide, long-lived non-blocking streams (each gets one long-lived nvCOMP codec)."""
+    import cupy
+
+    while len(_STREAMS) < n:
+        _STREAMS.append(cupy.cuda.Stream(non_blocking=True))
+    return _STREAMS[:n]
+
+
 class GpuOps:
-    """cupy device buffers on one non-blocking stream, pinned host staging, nvCOMP decode."""
+    """cupy device buffers, pinned host staging, nvCOMP decode; one CUDA stream per slot.
+
+    Slot k's copy, decode and placement are ordered on stream k, so the work of different
+    batches overlaps on the GPU while later batches are still being read.
+    """
 
     name = "gpu"
     overlap = True
 
-    def __init__(self):
+    def __init__(self, slots: int = 3):
         try:
             import cupy
         except ImportError as exc:
@@ -77,36 +93,43 @@ class GpuOps:
                                  "(nvidia-smi) or use backend 'cpu'") from exc
         self.xp = cupy
         self._cupy = cupy
-        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.streams = _streams(max(1, slots))
+        self.stream = self.streams[0]
         self._pinned = []
+
+    def _s(self, slot: int):
+        return self.streams[slot % len(self.streams)]
 
     def empty(self, shape, dtype):
         with self.stream:
-            return self._cupy.empty(shape, dtype)
+            out = self._cupy.empty(shape, dtype)
+        self.stream.synchronize()  # other streams write into it
+        return out
 
     def host_buffer(self, nbytes: int) -> np.ndarray:
         mem = self._cupy.cuda.alloc_pinned_memory(max(nbytes, 1))
         self._pinned.append(mem)
         return np.frombuffer(mem, np.uint8, nbytes)
 
-    def device_buffer(self, nbytes: int):
-        with self.stream:
+    def device_buffer(self, nbytes: int, slot: int = 0):
+        with self._s(slot):
             return self._cupy.empty(max(nbytes, 1), np.uint8)
 
-    def upload(self, host: np.ndarray, dev, nbytes: int):
+    def upload(self, host: np.ndarray, dev, nbytes: int, slot: int = 0):
+        s = self._s(slot)
         if nbytes:
-            dev[:nbytes].set(host[:nbytes], stream=self.stream)
-        return self.stream.record()
+            dev[:nbytes].set(host[:nbytes], stream=s)
+        return s.record()
 
     def wait(self, event) -> None:
         if event is not None:
             event.synchronize()
 
-    def decode_zstd(self, src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names) -> None:
-        decode_zstd_gpu(src, src_offsets, src_sizes, dst, dst_offsets, dst_size, self.stream, names)
+    def decode_zstd(self, src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names, slot: int = 0) -> None:
+        decode_zstd_gpu(src, src_offsets, src_sizes, dst, dst_offsets, dst_size, self._s(slot), names)
 
-    def place(self, src, src_offsets, table, out, disk_dtype) -> None:
-        place_gpu(src, src_offsets, table, out, disk_dtype, self.stream)
+    def place(self, src, src_offsets, table, out, disk_dtype, slot: int = 0) -> None:
+        place_gpu(src, src_offsets, table, out, disk_dtype, self._s(slot))
 
     def fill(self, out, table, value) -> None:
         with self.stream:
@@ -114,7 +137,8 @@ class GpuOps:
                 out[tuple(slice(int(a), int(a + n)) for a, n in zip(t[:, 3], t[:, 2]))] = value
 
     def sync(self) -> None:
-        self.stream.synchronize()
+        for s in self.streams:
+            s.synchronize()
 
     def free_bytes(self) -> int:
         free, _ = self._cupy.cuda.runtime.memGetInfo()
@@ -123,16 +147,17 @@ class GpuOps:
     def finish(self, out, post):
         if post is None:
             return out
+        self.sync()
         with self.stream:
             res = self._cupy.ascontiguousarray(out[post])
         self.stream.synchronize()
         return res
 
 
-def ops_for(device: str):
+def ops_for(device: str, slots: int = 3):
     """``"gpu"`` or ``"cpu"``."""
     if device == "gpu":
-        return GpuOps()
+        return GpuOps(slots)
     if device == "cpu":
         return CpuOps()
     raise ValueError(f"device must be 'gpu' or 'cpu', not {device!r}")

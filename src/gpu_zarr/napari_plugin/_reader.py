@@ -1,0 +1,255 @@
+"""napari reader: OME-Zarr 0.4/0.5 images and labels, plain zarr v2/v3 arrays and groups.
+
+Layer data are :class:`gpu_zarr.lazy.GpuLazyArray` (lists of them for pyramids), so
+every slice napari asks for is read and decoded on the GPU when there is one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import zarr
+
+from gpu_zarr.errors import NotAZarrError
+from gpu_zarr.lazy import GpuLazyArray
+from gpu_zarr.omezarr import (
+    Channel,
+    OmeImage,
+    _ome_attrs,
+    find_zarr_node,
+    is_ome_zarr,
+    open_ome,
+)
+
+__all__ = ["napari_get_reader", "read_zarr_layers"]
+
+LayerData = tuple[Any, dict[str, Any], str]
+
+# napari's own names for the colours OME files most often use.
+_NAMED = {
+    "#FF0000": "red", "#00FF00": "green", "#0000FF": "blue", "#FF00FF": "magenta",
+    "#00FFFF": "cyan", "#FFFF00": "yellow", "#FFFFFF": "gray",
+}
+_cpu_notice_shown = False
+
+
+def napari_get_reader(path: str | list[str]) -> Callable[[Any], list[LayerData]] | None:
+    """npe2 reader hook: a reader function for zarr paths, None for anything else.
+
+    Never raises: any problem while sniffing means "not ours".
+    """
+    try:
+        target = _resolve(path)
+    except Exception:  # noqa: BLE001 - sniffing must never raise
+        return None
+    return None if target is None else partial(_read_for_napari, target)
+
+
+def _resolve(path: Any) -> str | None:
+    if isinstance(path, (list, tuple)):
+        if len(path) != 1:
+            return None
+        path = path[0]
+    p = os.fspath(path)
+    if "://" in p:  # remote store: accept only what zarr can open as a node
+        zarr.open(p, mode="r")
+        return p
+    node = find_zarr_node(p)
+    return None if node is None else str(node)
+
+
+def _read_for_napari(path: str, _paths: Any = None) -> list[LayerData]:
+    layers = read_zarr_layers(path)
+    _notify_if_cpu(layers)
+    return layers
+
+
+def read_zarr_layers(path: str | os.PathLike[str]) -> list[LayerData]:
+    """Layer data tuples for a zarr path, as napari's ``viewer.open`` would add them.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        An OME-Zarr image (channels become separate layers, ``labels/`` hidden Labels
+        layers), a label image or ``labels/`` group, a plain zarr array, or a plain
+        group (each array in it becomes a layer).
+
+    Returns
+    -------
+    list of (data, kwargs, layer_type)
+
+    Raises
+    ------
+    NotAZarrError
+        Not a zarr node, or a group holding nothing displayable.
+    """
+    p = os.fspath(path)
+    if is_ome_zarr(p):
+        img = open_ome(p)
+        if img.is_label:
+            return _label_layers(img, visible=True)
+        return _image_layers(img)
+    node = zarr.open(p, mode="r")
+    name = _name_of(p)
+    if isinstance(node, zarr.Array):
+        return [_plain_layer(node, name)]
+    labels = _labels_group_layers(node, p)
+    if labels:
+        return labels
+    out = []
+    for key, arr in sorted(node.arrays()):
+        if arr.ndim >= 2:
+            out.append(_plain_layer(arr, f"{name}/{key}"))
+    if not out:
+        kinds = sorted(node.attrs) or "no attributes"
+        raise NotAZarrError(
+            f"{p} is a zarr group without OME-NGFF multiscales ({kinds}) and without arrays of "
+            "2 or more dimensions to show; open one of its arrays or images instead"
+        )
+    return out
+
+
+def _name_of(p: str) -> str:
+    name = Path(p.rstrip("/")).name
+    for suffix in (".zarr", ".ome"):
+        name = name.removesuffix(suffix)
+    return name or p
+
+
+def _plain_layer(arr: zarr.Array, name: str) -> LayerData:
+    if arr.ndim < 2:
+        raise NotAZarrError(
+            f"{name}: napari shows arrays of 2 or more dimensions; this array has shape {arr.shape}"
+        )
+    kwargs: dict[str, Any] = {"name": name, "metadata": {"gpu_zarr": {"path": str(arr.store_path)}}}
+    dims = getattr(arr.metadata, "dimension_names", None)
+    if dims and all(d for d in dims):
+        kwargs["axis_labels"] = tuple(str(d) for d in dims)
+    return GpuLazyArray(arr), kwargs, "image"
+
+
+def _pick(values, axes: list[int]) -> tuple:
+    return tuple(values[i] for i in axes)
+
+
+def _napari_unit(unit: str | None) -> str:
+    """The OME unit if pint (napari's unit library) knows it, else napari's default."""
+    if not unit:
+        return "pixel"
+    try:
+        import pint
+
+        pint.get_application_registry().Unit(unit)
+        return unit
+    except Exception:  # noqa: BLE001 - unknown unit names must not break opening
+        return "pixel"
+
+
+def _colormap(ch: Channel):
+    named = _NAMED.get(ch.color.upper())
+    if named:
+        return named
+    from napari.utils.colormaps import Colormap
+
+    r, g, b = (int(ch.color[i : i + 2], 16) / 255 for i in (1, 3, 5))
+    return Colormap([[0, 0, 0, 1], [r, g, b, 1]], name=ch.color.upper(), display_name=ch.color.upper())
+
+
+def _spatial(img: OmeImage, drop: int | None) -> dict[str, Any]:
+    keep = [i for i in range(img.ndim) if i != drop]
+    lvl0 = img.levels[0]
+    return {
+        "scale": _pick(lvl0.scale, keep),
+        "translate": _pick(lvl0.translation, keep),
+        "axis_labels": tuple(img.axes[i].name for i in keep),
+        "units": tuple(_napari_unit(img.axes[i].unit) for i in keep),
+    }
+
+
+def _levels(img: OmeImage, channel_axis: int | None, index: int | None) -> Any:
+    arrays = [GpuLazyArray(img.open_level(i)) for i in range(len(img.levels))]
+    if channel_axis is not None:
+        arrays = [a.index_axis(channel_axis, index) for a in arrays]
+    return arrays if len(arrays) > 1 else arrays[0]
+
+
+def _image_layers(img: OmeImage) -> list[LayerData]:
+    c = img.channel_axis
+    n = img.levels[0].shape[c] if c is not None else 1
+    common = _spatial(img, c)
+    layers: list[LayerData] = []
+    for i in range(n):
+        ch = img.channels[i] if i < len(img.channels) else None
+        kwargs: dict[str, Any] = dict(common)
+        kwargs["multiscale"] = len(img.levels) > 1
+        kwargs["blending"] = "translucent_no_depth" if i == 0 else "additive"
+        kwargs["metadata"] = {"gpu_zarr": {"path": img.path, "version": img.version, "channel": i}}
+        if ch is not None:
+            kwargs["name"] = ch.name if n > 1 else ch.name or img.name
+            kwargs["colormap"] = _colormap(ch)
+            kwargs["visible"] = ch.active
+            if ch.start is not None and ch.end is not None and ch.end > ch.start:
+                kwargs["contrast_limits"] = (ch.start, ch.end)
+        else:
+            kwargs["name"] = f"{img.name} c{i}" if n > 1 else img.name
+            if n > 1:
+                kwargs["colormap"] = ("magenta", "green", "cyan", "yellow", "red", "blue")[i % 6]
+        layers.append((_levels(img, c, i if c is not None else None), kwargs, "image"))
+    for lab in img.labels.values():
+        layers.extend(_label_layers(lab, visible=False))
+    return layers
+
+
+def _label_layers(img: OmeImage, *, visible: bool) -> list[LayerData]:
+    c = img.channel_axis
+    kwargs: dict[str, Any] = dict(_spatial(img, c))
+    kwargs["name"] = img.name
+    kwargs["visible"] = visible
+    kwargs["multiscale"] = len(img.levels) > 1
+    kwargs["metadata"] = {"gpu_zarr": {"path": img.path, "version": img.version}}
+    if img.label_colors:
+        from napari.utils.colormaps import DirectLabelColormap
+
+        colors: dict[int | None, Any] = {None: (0, 0, 0, 0), 0: (0, 0, 0, 0)}
+        colors.update(img.label_colors)
+        kwargs["colormap"] = DirectLabelColormap(color_dict=colors)
+    return [(_levels(img, c, 0 if c is not None else None), kwargs, "labels")]
+
+
+def _labels_group_layers(node: zarr.Group, path: str) -> list[LayerData]:
+    """A ``labels/`` group opened directly: each listed label image, shown."""
+    ome, _ = _ome_attrs(node.attrs)
+    names = ome.get("labels")
+    if not isinstance(names, list):
+        return []
+    out: list[LayerData] = []
+    for name in names:
+        sub = os.path.join(path, str(name)) if "://" not in path else f"{path.rstrip('/')}/{name}"
+        if is_ome_zarr(sub):
+            out.extend(_label_layers(open_ome(sub, with_labels=False), visible=True))
+    return out
+
+
+def _notify_if_cpu(layers: list[LayerData]) -> None:
+    """Once per session: say that reads go through the CPU when there is no GPU."""
+    global _cpu_notice_shown
+    if _cpu_notice_shown or not layers:
+        return
+    data = layers[0][0]
+    first = data[0] if isinstance(data, list) else data
+    if not isinstance(first, GpuLazyArray):
+        return
+    choice = first.backend_choice()
+    if choice.backend != "cpu":
+        return
+    _cpu_notice_shown = True
+    from napari.utils.notifications import show_info
+
+    show_info(
+        f"GPU Zarr: reading on the CPU ({choice.reason}). Layers work as usual; "
+        'for GPU decode install the CUDA extra: pip install "napari-gpu-zarr[cuda13]".'
+    )

@@ -1,0 +1,96 @@
+"""Real zarr stores written by zarr-python, in the layouts the engine must read.
+
+Used by the CPU-twin tests (CI) and the GPU tests (H200 machine) alike.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numcodecs
+import numpy as np
+import zarr
+from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
+
+SHAPE = (37, 50, 23)
+CHUNKS = (8, 16, 7)  # edge chunks on every axis
+
+
+def data(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        return rng.random(shape) > 0.5
+    if dt.kind == "c":
+        return (rng.normal(size=shape) * 50 + 1j * rng.normal(size=shape)).astype(dt)
+    if dt.kind == "f":
+        return (rng.normal(size=shape) * 100).astype(dt)
+    info = np.iinfo(dt)
+    return rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dt.newbyteorder("="))
+
+
+def write(path: Path, *, fmt: int = 3, codec: str = "raw", dtype="<u2", shape=SHAPE, chunks=CHUNKS,
+          shards=None, fill_value=0, partial: bool = True, seed: int = 0, index_location="end",
+          separator=None, chunk_key_encoding=None, checksum=False, endian=None) -> tuple[zarr.Array, np.ndarray]:
+    """Write an array; with ``partial`` some chunks (and shards) are never written."""
+    kw: dict = {}
+    if fmt == 2:
+        kw["compressors"] = numcodecs.Zstd(level=1, checksum=checksum) if codec == "zstd" else None
+        if separator:
+            kw["chunk_key_encoding"] = {"name": "v2", "separator": separator}
+    else:
+        if shards is not None:
+            inner = [BytesCodec()] + ([ZstdCodec(level=1, checksum=checksum)] if codec == "zstd" else [])
+            kw["serializer"] = ShardingCodec(chunk_shape=chunks, codecs=inner,
+                                             index_codecs=[BytesCodec(), Crc32cCodec()],
+                                             index_location=index_location)
+            kw["compressors"] = None
+            chunks = shards
+        else:
+            kw["compressors"] = ZstdCodec(level=1, checksum=checksum) if codec == "zstd" else None
+            if endian:
+                kw["serializer"] = BytesCodec(endian=endian)
+        if chunk_key_encoding:
+            kw["chunk_key_encoding"] = chunk_key_encoding
+    arr = zarr.create_array(str(path), shape=shape, chunks=chunks, dtype=dtype, zarr_format=fmt,
+                            fill_value=fill_value, overwrite=True, **kw)
+    values = data(shape, dtype, seed)
+    if partial:
+        half = shape[0] // 2
+        arr[:half] = values[:half]
+        arr[-3:, : shape[1] // 3] = values[-3:, : shape[1] // 3]
+    else:
+        arr[...] = values
+    return zarr.open_array(str(path), mode="r"), values
+
+
+# (id, kwargs) of every layout the engine serves
+LAYOUTS = [
+    ("v3-raw", dict(fmt=3, codec="raw")),
+    ("v3-zstd", dict(fmt=3, codec="zstd")),
+    ("v3-zstd-checksum", dict(fmt=3, codec="zstd", checksum=True)),
+    ("v2-raw", dict(fmt=2, codec="raw")),
+    ("v2-zstd", dict(fmt=2, codec="zstd")),
+    ("v2-raw-slash", dict(fmt=2, codec="raw", separator="/")),
+    ("v2-fill-null", dict(fmt=2, codec="zstd", fill_value=None)),
+    ("v3-v2keys", dict(fmt=3, codec="raw", chunk_key_encoding={"name": "v2", "separator": "."})),
+    ("v3-raw-bigendian", dict(fmt=3, codec="raw", dtype=">i2", endian="big")),
+    ("v3-zstd-bigendian", dict(fmt=3, codec="zstd", dtype=">f8", endian="big")),
+    ("v3-fill-7", dict(fmt=3, codec="zstd", fill_value=7)),
+    ("v3-shard-raw", dict(fmt=3, codec="raw", chunks=(4, 8, 7), shards=(8, 16, 14))),
+    ("v3-shard-zstd", dict(fmt=3, codec="zstd", chunks=(4, 8, 7), shards=(8, 16, 14))),
+    ("v3-shard-zstd-start", dict(fmt=3, codec="zstd", chunks=(4, 8, 7), shards=(8, 16, 14),
+                                 index_location="start")),
+]
+
+DTYPES = ["|u1", "<u2", "<i2", "<f4", ">u2", ">f4", "<i8", "<c8", "|b1"]
+
+SELECTIONS = [
+    Ellipsis,
+    (5,),
+    (slice(3, 30, 4), slice(None, None, -3), 7),
+    (slice(None), slice(10, 40), slice(0, 23, 2)),
+    (slice(7, 9), slice(15, 17), slice(6, 8)),  # crosses chunk edges in every axis
+    (-1, Ellipsis, 3),
+    (slice(5, 5),),
+]

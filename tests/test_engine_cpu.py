@@ -1,0 +1,145 @@
+"""The engine's CPU twin against zarr-python's own read: same plan, batches and placement."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from stores import DTYPES, LAYOUTS, SELECTIONS, write
+
+from gpu_zarr.engine import EngineOptions, last_read_stats, read
+from gpu_zarr.errors import CorruptChunkError, UnsupportedArrayError
+
+
+def _expect(arr, sel):
+    return arr[...][sel]  # zarr itself has no negative steps: apply the selection in numpy
+
+
+def _check(arr, sel, **kw):
+    got = read(arr, sel, device="cpu", **kw)
+    want = _expect(arr, sel)
+    assert got.shape == want.shape
+    assert got.dtype == want.dtype.newbyteorder("=")
+    assert got.dtype.isnative
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name,kw", LAYOUTS, ids=[n for n, _ in LAYOUTS])
+@pytest.mark.parametrize("sel", SELECTIONS, ids=range(len(SELECTIONS)))
+def test_layouts_match_zarr(tmp_path, name, kw, sel):
+    arr, _ = write(tmp_path / "a.zarr", **kw)
+    _check(arr, sel)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt,codec", [(2, "raw"), (2, "zstd"), (3, "raw"), (3, "zstd")])
+def test_dtypes_match_zarr(tmp_path, dtype, fmt, codec):
+    arr, _ = write(tmp_path / "a.zarr", fmt=fmt, codec=codec, dtype=dtype,
+                   fill_value=False if dtype == "|b1" else 0)
+    _check(arr, Ellipsis)
+    _check(arr, (slice(2, 30, 3), 11))
+
+
+def test_small_batches_many_slots(tmp_path):
+    """Batches of one chunk: the batching and slot rotation paths all run."""
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", chunks=(4, 8, 7), shards=(8, 16, 14))
+    _check(arr, Ellipsis, options=EngineOptions(batch_bytes=1, slots=2, threads=3))
+    stats = last_read_stats()
+    assert stats["batches"] == stats["pieces"] - stats["missing"] > 10
+
+
+def test_missing_everything_is_fill(tmp_path):
+    import zarr
+
+    arr = zarr.create_array(str(tmp_path / "e.zarr"), shape=(10, 10), chunks=(3, 3), dtype="f4", fill_value=2.5)
+    got = read(arr, Ellipsis, device="cpu")
+    assert (got == 2.5).all() and last_read_stats()["batches"] == 0
+
+
+def test_read_never_writes(tmp_path):
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", chunks=(4, 8, 7), shards=(8, 16, 14))
+    before = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in (tmp_path / "a.zarr").rglob("*")}
+    read(arr, Ellipsis, device="cpu")
+    after = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in (tmp_path / "a.zarr").rglob("*")}
+    assert before == after
+
+
+def _chunk_file(root, key="c/0/0/0"):
+    return root / key
+
+
+def test_truncated_raw_chunk(tmp_path):
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="raw")
+    f = _chunk_file(tmp_path / "a.zarr")
+    f.write_bytes(f.read_bytes()[:100])
+    with pytest.raises(CorruptChunkError, match=r"c/0/0/0.*100 bytes.*truncated"):
+        read(arr, Ellipsis, device="cpu")
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda b: b[:len(b) // 2], "truncated"),
+    (lambda b: b"\x00" * 4 + b[4:], "magic"),
+    (lambda b: b + b"junk", "follow the frame"),
+    (lambda b: b[:3], "too short"),
+])
+def test_corrupt_zstd_chunk_named(tmp_path, damage, match):
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd")
+    f = _chunk_file(tmp_path / "a.zarr", "c/1/1/1")
+    f.write_bytes(damage(f.read_bytes()))
+    with pytest.raises(CorruptChunkError, match=match) as info:
+        read(arr, Ellipsis, device="cpu")
+    assert "c/1/1/1" in str(info.value)
+
+
+def test_corrupt_shard_index(tmp_path):
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", chunks=(4, 8, 7), shards=(8, 16, 14))
+    f = _chunk_file(tmp_path / "a.zarr", "c/0/0/0")
+    b = bytearray(f.read_bytes())
+    b[-10] ^= 0xFF
+    f.write_bytes(bytes(b))
+    with pytest.raises(CorruptChunkError, match="checksum mismatch"):
+        read(arr, Ellipsis, device="cpu")
+    f.write_bytes(bytes(b[:20]))
+    with pytest.raises(CorruptChunkError, match="truncated"):
+        read(arr, Ellipsis, device="cpu")
+
+
+@pytest.mark.parametrize("make", ["blosc", "gzip", "transpose", "order-F", "filters", "string"])
+def test_unsupported_arrays_say_why(tmp_path, make):
+    import numcodecs
+    import zarr
+    from zarr.codecs import BloscCodec, GzipCodec, TransposeCodec
+
+    p = str(tmp_path / "u.zarr")
+    if make == "blosc":
+        zarr.create_array(p, shape=(4, 4), chunks=(2, 2), dtype="u2", compressors=BloscCodec())
+    elif make == "gzip":
+        zarr.create_array(p, shape=(4, 4), chunks=(2, 2), dtype="u2", compressors=GzipCodec())
+    elif make == "transpose":
+        zarr.create_array(p, shape=(4, 4), chunks=(2, 2), dtype="u2", filters=[TransposeCodec(order=(1, 0))])
+    elif make == "order-F":
+        zarr.create_array(p, shape=(4, 4), chunks=(2, 2), dtype="u2", zarr_format=2, order="F")
+    elif make == "filters":
+        zarr.create_array(p, shape=(4, 4), chunks=(2, 2), dtype="u2", zarr_format=2,
+                          filters=[numcodecs.Delta(dtype="u2")])
+    else:
+        zarr.create_array(p, shape=(4,), chunks=(2,), dtype=str)
+    with pytest.raises(UnsupportedArrayError, match="zarr-gpu"):
+        read(zarr.open_array(p, mode="r"), Ellipsis, device="cpu")
+
+
+def test_bad_selection_errors(tmp_path):
+    arr, _ = write(tmp_path / "a.zarr")
+    with pytest.raises(IndexError, match="out of bounds"):
+        read(arr, (100,), device="cpu")
+    with pytest.raises(IndexError, match="too many indices"):
+        read(arr, (1, 2, 3, 4), device="cpu")
+    with pytest.raises(TypeError, match="basic indexing"):
+        read(arr, ([1, 2],), device="cpu")
+
+
+def test_path_input_is_opened_read_only(tmp_path):
+    arr, values = write(tmp_path / "a.zarr", partial=False)
+    np.testing.assert_array_equal(read(str(tmp_path / "a.zarr"), Ellipsis, device="cpu"), values)
+    assert os.access(tmp_path / "a.zarr", os.W_OK)  # we did not need to change permissions

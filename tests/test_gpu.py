@@ -1,0 +1,222 @@
+"""GPU tests (H200 machine): every backend pixel-exact against zarr's CPU read.
+
+Run with ``pytest -m gpu``; they skip cleanly without cupy and a CUDA device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from stores import DTYPES, LAYOUTS, SELECTIONS, data, write
+
+pytestmark = pytest.mark.gpu
+
+
+def _cpu(arr, sel=Ellipsis):
+    return arr[...][sel]
+
+
+def _eq(got, want):
+    import cupy
+
+    assert isinstance(got, cupy.ndarray)
+    assert got.shape == want.shape
+    assert got.dtype == want.dtype.newbyteorder("=")
+    np.testing.assert_array_equal(got.get(), want)
+
+
+@pytest.mark.parametrize("name,kw", LAYOUTS, ids=[n for n, _ in LAYOUTS])
+@pytest.mark.parametrize("prefer", ["kvikio", "zarr-gpu", "auto"])
+def test_backends_match_zarr_cpu(tmp_path, name, kw, prefer):
+    from gpu_zarr.zarr_io import read_zarr_to_gpu
+
+    arr, _ = write(tmp_path / "a.zarr", **kw)
+    _eq(read_zarr_to_gpu(tmp_path / "a.zarr", prefer=prefer), _cpu(arr))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt,codec", [(2, "raw"), (2, "zstd"), (3, "raw"), (3, "zstd")])
+def test_dtypes_kvikio(tmp_path, dtype, fmt, codec):
+    from gpu_zarr.zarr_io import read_zarr_to_gpu
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=fmt, codec=codec, dtype=dtype,
+                   fill_value=False if dtype == "|b1" else 0)
+    _eq(read_zarr_to_gpu(tmp_path / "a.zarr", prefer="kvikio"), _cpu(arr))
+
+
+@pytest.mark.parametrize("name,kw", LAYOUTS, ids=[n for n, _ in LAYOUTS])
+@pytest.mark.parametrize("sel", SELECTIONS, ids=range(len(SELECTIONS)))
+def test_regions_kvikio(tmp_path, name, kw, sel):
+    from gpu_zarr.engine import read_region
+
+    arr, _ = write(tmp_path / "a.zarr", **kw)
+    _eq(read_region(arr, sel, backend="kvikio"), _cpu(arr, sel))
+
+
+def test_threads_reader_and_tiny_batches(tmp_path):
+    from gpu_zarr.engine import EngineOptions, last_read_stats, read
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", chunks=(4, 8, 7), shards=(8, 16, 14))
+    for reader in ("threads", "kvikio"):
+        got = read(arr, Ellipsis, device="gpu", options=EngineOptions(batch_bytes=1, slots=3, reader=reader))
+        _eq(got, _cpu(arr))
+        assert last_read_stats()["reader"] == reader and last_read_stats()["batches"] > 10
+
+
+def test_auto_falls_back_for_blosc(tmp_path):
+    import zarr
+    from zarr.codecs import BloscCodec
+
+    from gpu_zarr.errors import UnsupportedArrayError
+    from gpu_zarr.zarr_io import choose_backend, last_choice, read_zarr_to_gpu
+
+    p = tmp_path / "b.zarr"
+    a = zarr.create_array(str(p), shape=(20, 20), chunks=(7, 7), dtype="u2", compressors=BloscCodec())
+    a[...] = np.arange(400, dtype="u2").reshape(20, 20)
+    assert choose_backend(p).backend == "zarr-gpu"
+    _eq(read_zarr_to_gpu(p), a[...])
+    assert last_choice().backend == "zarr-gpu" and "Blosc" in last_choice().reason
+    with pytest.raises(UnsupportedArrayError, match="Blosc"):
+        read_zarr_to_gpu(p, prefer="kvikio")
+
+
+def test_auto_chooses_direct_engine(tmp_path):
+    from gpu_zarr.zarr_io import choose_backend
+
+    write(tmp_path / "a.zarr", fmt=3, codec="zstd")
+    c = choose_backend(tmp_path / "a.zarr")
+    assert c.backend == "kvikio" and "zstd" in c.reason
+
+
+def test_corrupt_frame_never_reaches_nvcomp(tmp_path):
+    from gpu_zarr.errors import CorruptChunkError
+    from gpu_zarr.zarr_io import read_zarr_to_gpu
+
+    write(tmp_path / "a.zarr", fmt=3, codec="zstd")
+    f = tmp_path / "a.zarr" / "c" / "0" / "1" / "2"
+    f.write_bytes(f.read_bytes()[:-7])
+    with pytest.raises(CorruptChunkError, match="c/0/1/2"):
+        read_zarr_to_gpu(tmp_path / "a.zarr", prefer="kvikio")
+    # the device is still healthy afterwards
+    write(tmp_path / "b.zarr", fmt=3, codec="zstd")
+    read_zarr_to_gpu(tmp_path / "b.zarr", prefer="kvikio")
+
+
+def test_out_of_gpu_memory_raises_before_allocating(tmp_path, monkeypatch):
+    from gpu_zarr.engine import ops
+    from gpu_zarr.errors import OutOfGPUMemory
+    from gpu_zarr.zarr_io import read_zarr_to_gpu
+
+    write(tmp_path / "a.zarr", fmt=3, codec="raw")
+    monkeypatch.setattr(ops.GpuOps, "free_bytes", lambda self: 1000)
+    with pytest.raises(OutOfGPUMemory, match="read_region"):
+        read_zarr_to_gpu(tmp_path / "a.zarr", prefer="kvikio")
+
+
+# --- the nvCOMP codec ------------------------------------------------------------------
+
+
+def _frame_without_content_size(frame: bytes) -> bytes:
+    """Rewrite a zstd frame header to omit the content size (as streaming writers do)."""
+    fhd = frame[4]
+    fcs_flag, single, ck = fhd >> 6, (fhd >> 5) & 1, (fhd >> 2) & 1
+    fcs_size = {0: single, 1: 2, 2: 4, 3: 8}[fcs_flag]
+    pos = 5 + (1 - single)
+    size = int.from_bytes(frame[pos:pos + fcs_size], "little") + (256 if fcs_size == 2 else 0)
+    e = 0
+    while (1 << (10 + e)) < size:
+        e += 1
+    return frame[:4] + bytes([ck << 2, e << 3]) + frame[pos + fcs_size:]
+
+
+@pytest.mark.parametrize("checksum", [False, True])
+@pytest.mark.parametrize("no_content_size", [False, True])
+def test_codec_reads_cpu_written_chunks(tmp_path, checksum, no_content_size):
+    import zarr
+
+    from gpu_zarr.zarr_io import gpu_zarr_context
+
+    arr, values = write(tmp_path / "a.zarr", fmt=3, codec="zstd", checksum=checksum, partial=False)
+    if no_content_size:
+        for f in (tmp_path / "a.zarr" / "c").rglob("*"):
+            if f.is_file():
+                f.write_bytes(_frame_without_content_size(f.read_bytes()))
+        np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[...], values)
+    with gpu_zarr_context():
+        got = zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[...]
+    _eq(got, values)
+    if no_content_size:
+        from gpu_zarr.zarr_io import read_zarr_to_gpu
+
+        _eq(read_zarr_to_gpu(tmp_path / "a.zarr", prefer="kvikio"), values)
+
+
+@pytest.mark.parametrize("checksum", [False, True])
+def test_codec_writes_chunks_cpu_reads(tmp_path, checksum):
+    import cupy
+    import zarr
+
+    from gpu_zarr.nvcomp_zstd import NvcompZstdCodec
+    from gpu_zarr.zarr_io import gpu_zarr_context
+
+    values = data((40, 30, 20), "<u2", seed=3)
+    with gpu_zarr_context():
+        a = zarr.create_array(str(tmp_path / "w.zarr"), shape=values.shape, chunks=(16, 16, 16), dtype="u2",
+                              compressors=NvcompZstdCodec(level=1, checksum=checksum))
+        a[...] = cupy.asarray(values)
+    meta = zarr.open_array(str(tmp_path / "w.zarr"), mode="r").metadata.to_dict()
+    assert {"name": "zstd", "configuration": {"level": 1, "checksum": checksum}} in meta["codecs"]
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "w.zarr"), mode="r")[...], values)
+
+
+def test_codec_batches_one_nvcomp_call(tmp_path, monkeypatch):
+    import zarr
+
+    from gpu_zarr.engine import decode
+    from gpu_zarr.zarr_io import gpu_zarr_context
+
+    write(tmp_path / "a.zarr", fmt=3, codec="zstd", partial=False)
+    calls = []
+    real = decode.decode_zstd_gpu
+
+    def spy(src, offs, *a, **k):
+        calls.append(len(offs))
+        return real(src, offs, *a, **k)
+
+    monkeypatch.setattr(decode, "decode_zstd_gpu", spy)
+    with gpu_zarr_context():
+        zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[...]
+    n_chunks = 5 * 4 * 4
+    assert sum(calls) == n_chunks and len(calls) < n_chunks / 8
+
+
+def test_seed_example_runs_with_our_names(tmp_path):
+    from gpu_zarr.omezarr import read_omezarr
+    from gpu_zarr.sample import write_sample_omezarr
+    from gpu_zarr.zarr_io import gpu_zarr_context
+
+    import cupy
+
+    path = write_sample_omezarr(tmp_path / "s.ome.zarr")
+    cpu, _ = read_omezarr(path, level=0)
+    regions = [(0, slice(0, 8)), (1, 3, slice(10, 40))]
+    with gpu_zarr_context():
+        vol, _ = read_omezarr(path, level=0)
+        for tile_region in regions:
+            tile_gpu = vol[tile_region]  # already cupy
+            assert isinstance(tile_gpu, cupy.ndarray)
+            np.testing.assert_array_equal(tile_gpu.get(), cpu[tile_region])
+
+
+def test_context_restores_config():
+    import zarr
+
+    from gpu_zarr.zarr_io import gpu_zarr_context
+
+    before = (zarr.config.get("buffer"), zarr.config.get("codecs.zstd"))
+    with gpu_zarr_context():
+        assert zarr.config.get("codecs.zstd") == "gpu_zarr.nvcomp_zstd.NvcompZstdCodec"
+        with gpu_zarr_context():
+            pass
+        assert zarr.config.get("buffer") == "zarr.buffer.gpu.Buffer"
+    assert (zarr.config.get("buffer"), zarr.config.get("codecs.zstd")) == before

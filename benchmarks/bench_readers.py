@@ -155,7 +155,63 @@ def _gdsstore_class():
     return cls
 
 
+#: kvikio's settings before any read of this process (our engine may change them)
+_KVIKIO_BASELINE: dict[str, Any] | None = None
+_KVIKIO_KEYS = ("num_threads", "task_size")
+
+
+def _kvikio_get(kd, key: str):
+    try:
+        return kd.get(key)
+    except Exception:
+        fn = getattr(kd, key, None) or getattr(kd, f"get_{key}", None)
+        return fn() if callable(fn) else None
+
+
+def _kvikio_put(kd, key: str, value) -> None:
+    try:
+        kd.set({key: value})
+    except Exception:
+        fn = getattr(kd, f"{key}_reset", None)
+        if callable(fn):
+            fn(value)
+
+
+@contextlib.contextmanager
+def _kvikio_settings(settings: dict[str, Any] | None):
+    """kvikio's global settings set to ``settings`` for the block, then restored."""
+    if not settings:
+        yield
+        return
+    import kvikio.defaults as kd
+
+    old = {k: _kvikio_get(kd, k) for k in settings}
+    for k, v in settings.items():
+        if v is not None and v != old.get(k):
+            _kvikio_put(kd, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is not None and v != _kvikio_get(kd, k):
+                _kvikio_put(kd, k, v)
+
+
+def capture_kvikio_baseline() -> dict[str, Any] | None:
+    """Remember kvikio's settings now (call before any read); returns them."""
+    global _KVIKIO_BASELINE
+    if _KVIKIO_BASELINE is None:
+        try:
+            import kvikio.defaults as kd
+
+            _KVIKIO_BASELINE = {k: _kvikio_get(kd, k) for k in _KVIKIO_KEYS}
+        except Exception:
+            _KVIKIO_BASELINE = {}
+    return _KVIKIO_BASELINE
+
+
 def _kvikio_gds(path: str):
+    """GDSStore with kvikio's settings as they were before our engine ran (its defaults)."""
     import zarr
 
     cls = _gdsstore_class()
@@ -163,7 +219,7 @@ def _kvikio_gds(path: str):
         store = cls(path, read_only=True)
     except TypeError:  # an older GDSStore without read_only
         store = cls(path)
-    with _zarr_default_codecs(), zarr.config.enable_gpu():
+    with _kvikio_settings(_KVIKIO_BASELINE), _zarr_default_codecs(), zarr.config.enable_gpu():
         return zarr.open_array(store, mode="r")[...]
 
 
@@ -212,6 +268,8 @@ def throughput_readers(device: str) -> list[Reader]:
             ),
         ]
     gds_skip = _probe_import("kvikio.zarr", "GDSStore")
+    if gds_skip is None:
+        capture_kvikio_baseline()
     return [
         Reader("zarr-cpu+cupy", "peer", "zarr CPU read, then cupy.asarray", _zarr_cpu_cupy),
         Reader(
@@ -237,10 +295,10 @@ def throughput_readers(device: str) -> list[Reader]:
         Reader(
             "kvikio-gds",
             "peer",
-            "kvikio.zarr.GDSStore + zarr.config.enable_gpu()",
+            "kvikio.zarr.GDSStore + zarr.config.enable_gpu(), kvikio settings as at start",
             _kvikio_gds,
             skip_reason=gds_skip,
-            info=lambda _path: {"kvikio_settings": kvikio_settings()},
+            info=lambda _path: {"kvikio_settings": dict(_KVIKIO_BASELINE or {})},
         ),
     ]
 

@@ -15,7 +15,13 @@ GiB = 1 << 30
 def _console():
     from rich.console import Console
 
-    return Console()
+    return Console(highlight=False)
+
+
+def _esc(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(str(text))
 
 
 def _resolve_array(path: Path, level: int):
@@ -35,7 +41,7 @@ def _print_result(con, label: str, res) -> None:
 
     t = Table(title=label, show_header=False, box=None)
     t.add_row("backend", f"[bold]{res.backend}[/bold]")
-    t.add_row("why", res.reason)
+    t.add_row("why", _esc(res.reason))
     t.add_row("read", f"{res.nbytes / 2**20:.1f} MiB in {res.seconds * 1e3:.1f} ms")
     t.add_row("throughput", f"[bold green]{res.gib_per_s:.2f} GiB/s[/bold green]")
     if res.gpu_bytes:
@@ -65,16 +71,16 @@ def cmd_demo(args) -> int:
     con = _console()
     caps = probe()
     con.print("[bold]napari-gpu-zarr demo[/bold]")
-    con.print(caps.report())
+    con.print(caps.report(), markup=False)
     path = sample_path()
-    con.print(f"sample OME-Zarr: {path}")
+    con.print(_esc(f"sample OME-Zarr: {path}"))
     arr, resolution = read_omezarr(path, level=0)
     con.print(f"level 0: shape {arr.shape}, {arr.dtype}, chunks {arr.chunks}, "
               f"{arr.nbytes / 2**20:.1f} MiB decoded, resolution {resolution}")
     backend = args.backend
     if not caps.gpu and backend == "auto":
         con.print("[yellow]No usable NVIDIA GPU here: using the CPU path (numpy via zarr-python).[/yellow] "
-                  "On a GPU machine: pip install \"napari-gpu-zarr[cuda13]\".")
+                  + _esc('On a GPU machine: pip install "napari-gpu-zarr[cuda13]".'))
     _read_with_progress(con, arr, backend)  # warm-up: page cache, kernels, codecs
     res = _read_with_progress(con, arr, backend)
     _print_result(con, "result", res)
@@ -95,7 +101,7 @@ def cmd_read(args) -> int:
     con = _console()
     arr = _resolve_array(Path(args.path), args.level)
     choice = choose_backend(arr, args.backend)
-    con.print(f"{args.path}: shape {arr.shape}, {arr.dtype}, chunks {arr.chunks}; backend {choice}")
+    con.print(_esc(f"{args.path}: shape {arr.shape}, {arr.dtype}, chunks {arr.chunks}; backend {choice}"))
     res = None
     for _ in range(max(1, args.repeat)):
         res = _read_with_progress(con, arr, args.backend)

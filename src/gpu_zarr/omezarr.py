@@ -36,6 +36,7 @@ __all__ = [
     "find_zarr_node",
     "is_ome_zarr",
     "is_zarr_node",
+    "open_node",
     "open_ome",
     "read_omezarr",
 ]
@@ -229,7 +230,8 @@ def _open_array(path: str) -> zarr.Array:
         ) from exc
 
 
-def _open_node(path: str | os.PathLike[str]) -> zarr.Group | zarr.Array:
+def open_node(path: str | os.PathLike[str]) -> zarr.Group | zarr.Array:
+    """Open a zarr group or array read-only; NotAZarrError (saying what was found) otherwise."""
     p = os.fspath(path)
     if "://" not in p and not os.path.exists(p):
         raise NotAZarrError(f"expected a zarr group or array at {p}, but nothing exists there")
@@ -304,7 +306,7 @@ def is_ome_zarr(path: str | os.PathLike[str]) -> bool:
     """True when ``path`` is a zarr group with OME-NGFF ``multiscales`` (or a
     bioformats2raw layout whose series 0 has them). Never raises."""
     try:
-        node = _open_node(path)
+        node = open_node(path)
         if not isinstance(node, zarr.Group):
             return False
         ome, _ = _ome_attrs(node.attrs)
@@ -454,7 +456,7 @@ def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True) -> OmeIm
         Metadata present but malformed, or inconsistent with the arrays.
     """
     p = os.fspath(path)
-    node = _open_node(p)
+    node = open_node(p)
     if not isinstance(node, zarr.Group):
         raise NotOmeZarrError(
             f"expected an OME-Zarr image group at {p}, found a zarr array "

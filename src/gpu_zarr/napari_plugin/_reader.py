@@ -22,6 +22,7 @@ from gpu_zarr.omezarr import (
     _ome_attrs,
     find_zarr_node,
     is_ome_zarr,
+    open_node,
     open_ome,
 )
 
@@ -93,7 +94,7 @@ def read_zarr_layers(path: str | os.PathLike[str]) -> list[LayerData]:
         if img.is_label:
             return _label_layers(img, visible=True)
         return _image_layers(img)
-    node = zarr.open(p, mode="r")
+    node = open_node(p)
     name = _name_of(p)
     if isinstance(node, zarr.Array):
         return [_plain_layer(node, name)]

@@ -95,6 +95,8 @@ class _Measured:
 
 def _load(lazy: GpuLazyArray, backend: str, resident: bool, cancel, progress) -> _Measured:
     """Worker-thread body: one measured read of the whole level (all its channels)."""
+    if cancel.is_set():
+        raise ReadCancelled("load cancelled before it started")
     if resident:
         r = lazy.load_resident(progress=progress, cancel=cancel)
     else:
@@ -300,11 +302,17 @@ class GpuZarrWidget(QWidget):
     # -- loading -------------------------------------------------------------------
     def start_load(self) -> None:
         """Load (or reload) the selected layer's level in a worker thread."""
+        worker = self._prepare_load()
+        if worker is not None:
+            worker.start()
+
+    def _prepare_load(self):
+        """Set up (but do not start) the worker for a load; None when there is nothing to do."""
         from napari.qt.threading import create_worker
 
         sel = self._selected()
         if sel is None or self._worker is not None:
-            return
+            return None
         layer, levels, i = sel
         backend = self.backend
         for lv in levels:  # browsing follows the chosen backend
@@ -324,7 +332,7 @@ class GpuZarrWidget(QWidget):
         self._worker = worker
         self.load_button.setEnabled(False)
         self.cancel_button.setEnabled(True)
-        worker.start()
+        return worker
 
     def cancel_load(self) -> None:
         """Ask the running load to stop (it raises ReadCancelled at its next check)."""

@@ -1,0 +1,162 @@
+"""Backend choice, its reasons and errors; config switching; reads on a machine without a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+from stores import write
+
+from gpu_zarr import capabilities, zarr_io
+from gpu_zarr.capabilities import Capabilities
+from gpu_zarr.errors import BackendUnavailable, GPUUnavailable, NotAZarrError, ReadCancelled
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    caps = Capabilities(notes=["cupy is not installed; for GPU reads: pip install ..."])
+    monkeypatch.setattr(zarr_io, "probe", lambda: caps)
+    return caps
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A probe that reports a GPU with kvikio and nvCOMP: exercises the decision logic only."""
+    caps = Capabilities(cupy=True, gpu=True, device_name="Test GPU", kvikio=True, kvikio_compat=True,
+                        nvcomp=True)
+    monkeypatch.setattr(zarr_io, "probe", lambda: caps)
+    return caps
+
+
+def test_no_gpu_auto_uses_cpu_and_says_why(tmp_path, no_gpu):
+    write(tmp_path / "a.zarr")
+    c = zarr_io.choose_backend(tmp_path / "a.zarr")
+    assert c.backend == "cpu" and "no usable GPU" in c.reason
+
+
+@pytest.mark.parametrize("prefer", ["kvikio", "zarr-gpu"])
+def test_no_gpu_forced_backend_raises_with_fix(tmp_path, no_gpu, prefer):
+    write(tmp_path / "a.zarr")
+    with pytest.raises(GPUUnavailable, match=r"pip install"):
+        zarr_io.choose_backend(tmp_path / "a.zarr", prefer)
+
+
+def test_read_zarr_to_gpu_without_gpu(tmp_path, no_gpu):
+    write(tmp_path / "a.zarr")
+    with pytest.raises(GPUUnavailable, match=r"napari-gpu-zarr\[cuda13\].*prefer='cpu'"):
+        zarr_io.read_zarr_to_gpu(tmp_path / "a.zarr")
+    with pytest.raises(BackendUnavailable, match="numpy"):
+        zarr_io.read_zarr_to_gpu(tmp_path / "a.zarr", prefer="cpu")
+
+
+def test_read_zarr_cpu_measures(tmp_path, no_gpu):
+    arr, _ = write(tmp_path / "a.zarr", codec="zstd")
+    seen = []
+    res = zarr_io.read_zarr(tmp_path / "a.zarr", progress=lambda d, t: seen.append((d, t)))
+    np.testing.assert_array_equal(res.data, arr[...])
+    assert res.backend == "cpu" and res.nbytes == arr.nbytes and res.gib_per_s > 0 and res.gpu_bytes == 0
+    assert seen[-1] == (arr.nbytes, arr.nbytes)
+    assert zarr_io.last_choice().backend == "cpu"
+
+
+def test_big_endian_cpu_result_is_native(tmp_path, no_gpu):
+    arr, values = write(tmp_path / "a.zarr", fmt=2, dtype=">u2", partial=False)
+    res = zarr_io.read_zarr(tmp_path / "a.zarr", prefer="cpu")
+    assert res.data.dtype.isnative
+    np.testing.assert_array_equal(res.data, values)
+
+
+def test_cancel_before_start(tmp_path, no_gpu):
+    import threading
+
+    write(tmp_path / "a.zarr")
+    ev = threading.Event()
+    ev.set()
+    with pytest.raises(ReadCancelled):
+        zarr_io.read_zarr(tmp_path / "a.zarr", cancel=ev)
+
+
+@pytest.mark.parametrize("kw,backend,words", [
+    (dict(codec="zstd"), "kvikio", ["fastest path", "zstd zarr v3", "compat"]),
+    (dict(codec="raw", fmt=2), "kvikio", ["uncompressed zarr v2"]),
+    (dict(codec="zstd", chunks=(4, 8, 7), shards=(8, 16, 14)), "kvikio", ["sharded"]),
+])
+def test_auto_reasons(tmp_path, fake_gpu, kw, backend, words):
+    write(tmp_path / "a.zarr", **kw)
+    c = zarr_io.choose_backend(tmp_path / "a.zarr")
+    assert c.backend == backend
+    for w in words:
+        assert w in c.reason
+
+
+def test_auto_zstd_without_nvcomp_goes_zarr_gpu(tmp_path, monkeypatch):
+    caps = Capabilities(cupy=True, gpu=True, kvikio=True, nvcomp=False)
+    monkeypatch.setattr(zarr_io, "probe", lambda: caps)
+    write(tmp_path / "a.zarr", codec="zstd")
+    c = zarr_io.choose_backend(tmp_path / "a.zarr")
+    assert c.backend == "zarr-gpu" and "nvCOMP is not installed" in c.reason
+    with pytest.raises(BackendUnavailable, match="nvCOMP"):
+        zarr_io.choose_backend(tmp_path / "a.zarr", "kvikio")
+
+
+def test_auto_blosc_goes_zarr_gpu(tmp_path, fake_gpu):
+    from zarr.codecs import BloscCodec
+
+    zarr.create_array(str(tmp_path / "b.zarr"), shape=(4,), chunks=(2,), dtype="u1", compressors=BloscCodec())
+    c = zarr_io.choose_backend(tmp_path / "b.zarr")
+    assert c.backend == "zarr-gpu" and "BloscCodec" in c.reason
+    with pytest.raises(BackendUnavailable, match="BloscCodec"):
+        zarr_io.choose_backend(tmp_path / "b.zarr", "kvikio")
+
+
+def test_bad_backend_name(tmp_path):
+    write(tmp_path / "a.zarr")
+    with pytest.raises(ValueError, match="one of auto, kvikio, zarr-gpu, cpu"):
+        zarr_io.choose_backend(tmp_path / "a.zarr", "gds")
+
+
+def test_not_a_zarr(tmp_path):
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(NotAZarrError, match="zarr.json"):
+        zarr_io.open_array(tmp_path / "plain")
+    with pytest.raises(NotAZarrError, match="does not exist"):
+        zarr_io.open_array(tmp_path / "missing")
+    g = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    g.create_array("img", shape=(2,), dtype="u1")
+    with pytest.raises(NotAZarrError, match="group.*img.*read_omezarr"):
+        zarr_io.open_array(tmp_path / "g.zarr")
+
+
+def test_context_switches_and_restores(fake_gpu, monkeypatch):
+    """Config switching logic (no GPU needed to set config): restored on exit, error, nesting."""
+    from gpu_zarr import nvcomp_zstd
+
+    monkeypatch.setattr(nvcomp_zstd, "register_nvcomp_zstd", lambda: True)
+    before = dict(zarr.config.get("codecs")), zarr.config.get("buffer"), zarr.config.get("ndbuffer")
+    with zarr_io.gpu_zarr_context():
+        assert zarr.config.get("buffer") == "zarr.buffer.gpu.Buffer"
+        assert zarr.config.get("codecs.zstd") == nvcomp_zstd.QUALNAME
+        with zarr_io.gpu_zarr_context():
+            assert zarr.config.get("ndbuffer") == "zarr.buffer.gpu.NDBuffer"
+        assert zarr.config.get("codecs.zstd") == nvcomp_zstd.QUALNAME
+    assert (dict(zarr.config.get("codecs")), zarr.config.get("buffer"), zarr.config.get("ndbuffer")) == before
+    with pytest.raises(KeyError):
+        with zarr_io.gpu_zarr_context():
+            raise KeyError("boom")
+    assert (dict(zarr.config.get("codecs")), zarr.config.get("buffer"), zarr.config.get("ndbuffer")) == before
+
+
+def test_context_without_gpu_raises(no_gpu):
+    with pytest.raises(GPUUnavailable, match="pip install"):
+        with zarr_io.gpu_zarr_context():
+            pass
+
+
+def test_capabilities_report_without_gpu():
+    caps = capabilities.probe()
+    text = caps.report()
+    assert "GPU:" in text and "nvCOMP:" in text and "backends:" in text
+    assert caps.backend_status("cpu")[0]
+    if not caps.gpu:
+        ok, why = caps.backend_status("kvikio")
+        assert not ok and ("cupy" in why or "CUDA" in why)

@@ -1,0 +1,74 @@
+"""Host-side zstd frame checks: what nvCOMP must never see."""
+
+from __future__ import annotations
+
+import numcodecs
+import numpy as np
+import pytest
+from test_gpu import _frame_without_content_size
+
+from gpu_zarr.engine.zstd_frames import check_frames
+from gpu_zarr.errors import CorruptChunkError
+
+N = 300_000  # several zstd blocks
+
+
+def _frames(checksum=False, n=3):
+    rng = np.random.default_rng(1)
+    raw = [(np.cumsum(rng.integers(-3, 4, N // 2)) % 5000).astype("u2").tobytes() for _ in range(n)]
+    return [numcodecs.Zstd(level=1, checksum=checksum).encode(r) for r in raw], raw
+
+
+def _pack(frames):
+    offs, pos = [], 0
+    for f in frames:
+        offs.append(pos)
+        pos += -(-len(f) // 16) * 16
+    buf = np.zeros(pos, np.uint8)
+    for o, f in zip(offs, frames):
+        buf[o:o + len(f)] = np.frombuffer(f, np.uint8)
+    return buf, np.array(offs), np.array([len(f) for f in frames])
+
+
+@pytest.mark.parametrize("checksum", [False, True])
+@pytest.mark.parametrize("strip", [False, True])
+def test_valid_frames_pass(checksum, strip):
+    frames, raw = _frames(checksum)
+    if strip:
+        frames = [_frame_without_content_size(f) for f in frames]
+        # still a valid zstd frame for the reference decoder
+        assert numcodecs.Zstd().decode(frames[0]) == raw[0]
+    info = check_frames(*_pack(frames), N, ["a", "b", "c"])
+    assert list(info.content_size) == ([-1] * 3 if strip else [N] * 3)
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda f: f[:-1], "truncated"),
+    (lambda f: f[: len(f) // 3], "truncated"),
+    (lambda f: b"\xff" + f[1:], "magic"),
+    (lambda f: f + b"\x00", "follow the frame"),
+    (lambda f: f[:4] + bytes([f[4] | 0x08]) + f[5:], "reserved"),
+    (lambda f: f[:4] + bytes([f[4] | 0x01]) + f[5:], "dictionary"),
+])
+def test_damaged_frame_is_named(damage, match):
+    frames, _ = _frames()
+    frames[1] = damage(frames[1])
+    with pytest.raises(CorruptChunkError, match=match) as info:
+        check_frames(*_pack(frames), N, ["c/0", "c/1", "c/2"])
+    assert "c/1" in str(info.value)
+
+
+def test_wrong_content_size_refused():
+    frames, _ = _frames()
+    with pytest.raises(CorruptChunkError, match="metadata"):
+        check_frames(*_pack(frames), N * 2, ["x", "y", "z"])
+
+
+def test_block_header_corruption():
+    frames, _ = _frames(n=1)
+    f = bytearray(frames[0])
+    # first block header sits after magic + FHD + FCS (4 bytes for this size, single segment)
+    hdr = 4 + 1 + 4
+    f[hdr:hdr + 3] = (3 << 1).to_bytes(3, "little")  # reserved block type
+    with pytest.raises(CorruptChunkError, match="block header"):
+        check_frames(*_pack([bytes(f)]), N, ["only"])

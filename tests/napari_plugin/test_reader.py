@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import zarr
 
+from gpu_zarr.errors import NotAZarrError
 from gpu_zarr.lazy import GpuLazyArray
 from gpu_zarr.napari_plugin._reader import napari_get_reader
 
@@ -158,7 +159,11 @@ def test_unreadable_store_gives_a_clear_error(make_napari_viewer, tmp_path):
     viewer = make_napari_viewer()
     with pytest.raises(Exception, match="bad.zarr") as info:
         viewer.open(str(bad), plugin=PLUGIN)
-    assert "expected a zarr group or array" in str(info.value.__cause__ or info.value)
+    err = info.value
+    while err is not None and not isinstance(err, NotAZarrError):  # napari may wrap it
+        err = err.__cause__
+    assert err is not None, info.value
+    assert "expected a zarr group or array" in str(err) and "JSONDecodeError" in str(err)
 
 
 def test_cpu_path_is_announced_once(make_napari_viewer, small_stores, reset_cpu_notice):

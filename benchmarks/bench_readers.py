@@ -124,6 +124,12 @@ def _ours_cpu(path: str):
     return read_zarr(path, prefer="cpu").data
 
 
+def _ours_engine_cpu(path: str):
+    from gpu_zarr.engine import read
+
+    return read(path, device="cpu")
+
+
 def _zarr_cpu(path: str):
     import zarr
 
@@ -266,6 +272,12 @@ def throughput_readers(device: str) -> list[Reader]:
                 _ours_cpu,
                 info=_ours_info("cpu"),
             ),
+            Reader(
+                "ours-engine-cpu",
+                "ours",
+                'gpu_zarr.engine.read(path, device="cpu"): the CPU twin of the GPU engine',
+                _ours_engine_cpu,
+            ),
         ]
     gds_skip = _probe_import("kvikio.zarr", "GDSStore")
     if gds_skip is None:
@@ -401,6 +413,22 @@ class _OursLazyPlanes(PlaneReader):
         return to_host(out)
 
 
+class _OursEngineCpuPlanes(PlaneReader):
+    kind = "ours"
+    name = "ours-engine-cpu"
+    description = 'gpu_zarr.engine.read(arr, (z, :, :), device="cpu"): the engine\'s CPU twin'
+
+    def open(self, path: str) -> None:
+        import zarr
+
+        self.arr = zarr.open_array(path, mode="r")
+
+    def plane(self, z: int):
+        from gpu_zarr.engine import read
+
+        return read(self.arr, (z, slice(None), slice(None)), device="cpu")
+
+
 class _OursResidentPlanes(PlaneReader):
     kind = "ours"
 
@@ -450,6 +478,7 @@ def browse_readers(device: str) -> list[PlaneReader]:
         return [
             _ZarrCpuPlanes(),
             _OursLazyPlanes("cpu", "cpu"),
+            _OursEngineCpuPlanes(),
             _OursResidentPlanes("cpu"),
             _DaskPlanes(),
         ]

@@ -56,7 +56,7 @@ def test_throughput_tiny_cpu(bench, tmp_path):
     assert {lay["name"] for lay in data["layouts"]} == THROUGHPUT_LAYOUTS
     for lay in data["layouts"]:
         assert lay["stored_bytes"] > 0
-        assert set(lay["readers"]) == {"zarr-cpu", "ours-cpu"}
+        assert set(lay["readers"]) == {"zarr-cpu", "ours-cpu", "ours-engine-cpu"}
         for name, rec in lay["readers"].items():
             assert "error" not in rec, (lay["name"], name, rec.get("error"))
             assert rec["gib_per_s"] > 0
@@ -65,7 +65,10 @@ def test_throughput_tiny_cpu(bench, tmp_path):
             assert rec["correct"] is True, rec.get("correct_detail")
             assert rec["output_bytes"] == 16 * 128 * 128 * 2
         assert lay["ratios"]["ours-cpu"]["zarr-cpu"] > 0
+        assert lay["ratios"]["ours-engine-cpu"]["zarr-cpu"] > 0
         assert lay["readers"]["ours-cpu"]["backend"] == "cpu"
+        stages = lay["readers"]["ours-engine-cpu"]["stages"]
+        assert stages and stages[0]["decoded_bytes"] == 16 * 128 * 128 * 2
         if lay["codec"] != "raw":
             assert 1.1 < lay["compression_ratio"] < 1.6
     assert (out / "throughput-tiny-cpu.png").stat().st_size > 0
@@ -92,7 +95,9 @@ def test_browse_tiny_cpu(bench, tmp_path):
     for lay in data["layouts"]:
         assert len(lay["planes"]) == 5
         readers = lay["readers"]
-        assert {"zarr-cpu", "ours-lazy-cpu", "ours-resident-cpu", "dask-zarr"} <= set(readers)
+        assert {
+            "zarr-cpu", "ours-lazy-cpu", "ours-engine-cpu", "ours-resident-cpu", "dask-zarr"
+        } <= set(readers)
         for name, rec in readers.items():
             if "skipped" in rec:
                 assert name == "dask-zarr"

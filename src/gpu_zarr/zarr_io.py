@@ -263,15 +263,27 @@ def read_zarr_via_zarr_gpu(array_path):
 def _zarr_gpu_read(arr, selection):
     import zarr
 
+    meta = arr.metadata
+    if meta.zarr_format == 2 and (meta.compressor is not None or meta.filters):
+        # zarr-python hands device buffers to numcodecs for v2 compressors, which fails:
+        # decode on the host, then one copy to the device
+        import cupy
+
+        return cupy.asarray(_native(np.asarray(arr[selection])))
     with gpu_zarr_context():
         a = zarr.open_array(store=arr.store, path=arr.path, mode="r") if arr.store is not None else arr
         out = a[selection]
     import cupy
 
-    out = cupy.asarray(out)
-    if out.dtype.byteorder == ">":
+    if not isinstance(out, cupy.ndarray):
+        out = cupy.asarray(_native(np.asarray(out)))
+    elif not out.dtype.isnative:
         out = out.astype(out.dtype.newbyteorder("="))
     return out
+
+
+def _native(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
 
 
 def read_selection(array_or_path, selection=Ellipsis, *, prefer: Backend = "auto", options=None,
@@ -316,9 +328,7 @@ def read_selection(array_or_path, selection=Ellipsis, *, prefer: Backend = "auto
     elif choice.backend == "zarr-gpu":
         data = _zarr_gpu_read(arr, selection)
     else:
-        data = np.asarray(arr[selection])
-        if data.dtype.byteorder == ">":
-            data = data.astype(data.dtype.newbyteorder("="))
+        data = _native(np.asarray(arr[selection]))
     if hasattr(data, "__cuda_array_interface__"):
         import cupy
 

@@ -120,16 +120,18 @@ def place_gpu(src, src_offsets: np.ndarray, table: np.ndarray, out, disk_dtype: 
     tab, strides = _with_units(table, out.shape, per)
     ndim = tab.shape[1]
     kern = _module().get_function(f"place_{unit}")
-    tab_d = cupy.asarray(tab)
-    off_d = cupy.asarray(np.asarray(src_offsets, np.int64))
-    str_d = cupy.asarray(strides)
     rows = np.prod(tab[:, :-1, 2], axis=1) if ndim > 1 else np.ones(n, np.int64)
     grid_x = int(min(max(int(rows.max()), 1), 4096))
     block = 256 if int(tab[:, -1, 2].max()) >= 256 else 64
     view = out.view(np.dtype(f"u{unit}")) if out.size else out
-    for p0 in range(0, n, 65535):
-        cnt = min(65535, n - p0)
-        with (stream if stream is not None else cupy.cuda.get_current_stream()):
+    # the tables are allocated and copied on the launch stream: stream-ordered with the kernel,
+    # and their memory goes back to that stream's pool only after it
+    with (stream if stream is not None else cupy.cuda.get_current_stream()):
+        tab_d = cupy.asarray(tab)
+        off_d = cupy.asarray(np.asarray(src_offsets, np.int64))
+        str_d = cupy.asarray(strides)
+        for p0 in range(0, n, 65535):
+            cnt = min(65535, n - p0)
             kern((grid_x, cnt), (block,), (src, view, tab_d, off_d, str_d, np.int32(ndim),
                                            np.int32(swap), np.int32(p0)))
 

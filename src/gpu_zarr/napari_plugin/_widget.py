@@ -323,7 +323,7 @@ class GpuZarrWidget(QWidget):
         self.result_label.setText(f"Reading {layer.name} level {i} with {backend}…")
         worker = create_worker(
             _load, levels[i], backend, resident, self._cancel, self._relay,
-            _start_thread=False,
+            _start_thread=False, _ignore_errors=True,  # errors become history rows
             _progress={"desc": f"GPU Zarr: {layer.name} level {i} ({backend})"},
         )
         worker.returned.connect(lambda res, _l=layer, _i=i, _b=backend: self._on_done(_l, _i, _b, res))

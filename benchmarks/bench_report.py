@@ -89,7 +89,7 @@ def _throughput_rows(result: dict[str, Any], key: str) -> tuple[list[str], list[
     header = ["layout", "ratio"] + names
     if ours:
         header += [f"{ours} / {p}" for p in peers]
-    has_target = key == "gib_per_s" and result.get("targets")
+    has_target = key == "gib_per_s" and result.get("device") == "gpu"
     if has_target:
         header += ["target", "peak extra GiB"]
     rows = []
@@ -103,7 +103,7 @@ def _throughput_rows(result: dict[str, Any], key: str) -> tuple[list[str], list[
                 pv = recs.get(p, {}).get(key)
                 row.append(f"{o / pv:.1f}x" if o and pv else "")
         if has_target:
-            tgt = result["targets"].get(lay["name"])
+            tgt = (result.get("targets") or {}).get(lay["name"])
             o = recs.get(ours, {}).get(key) if ours else None
             if tgt is None:
                 row.append("")
@@ -113,7 +113,9 @@ def _throughput_rows(result: dict[str, Any], key: str) -> tuple[list[str], list[
                 row.append(f">= {tgt:g}: {'met' if o >= tgt else 'MISSED'}")
             extra = [r.get("extra_gpu_bytes") for r in recs.values() if r.get("kind") == "ours"]
             extra = [e for e in extra if e is not None]
-            row.append(f"{max(extra) / 2**30:.2f}" if extra else "")
+            limit = result.get("extra_gpu_target_bytes")
+            over = extra and limit is not None and max(extra) > limit
+            row.append((f"{max(extra) / 2**30:.2f}" + (" OVER" if over else "")) if extra else "")
         rows.append(row)
     return header, rows
 
@@ -209,7 +211,7 @@ def print_tables(markdown: str) -> None:
     except Exception:
         print(markdown, flush=True)
         return
-    console = Console(width=max(160, _term_width()), soft_wrap=False)
+    console = Console(width=max(240, _term_width()), soft_wrap=False)
     block: list[str] = []
 
     def flush() -> None:
@@ -218,7 +220,7 @@ def print_tables(markdown: str) -> None:
         rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in block]
         table = Table(show_lines=False)
         for i, h in enumerate(rows[0]):
-            table.add_column(h, justify="left" if i == 0 else "right")
+            table.add_column(h, justify="left" if i == 0 else "right", no_wrap=i == 0)
         for r in rows[2:]:
             table.add_row(*r)
         console.print(table)

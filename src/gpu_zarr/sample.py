@@ -38,7 +38,7 @@ def _blobs(shape: Sequence[int], n: int, rng: np.random.Generator, labels: np.nd
     vol = np.zeros(shape, np.float32)
     for k in range(n):
         c = rng.uniform(0, 1, 3) * (z, y, x)
-        sig = rng.uniform(0.03, 0.08) * min(y, x) * np.array([0.35, 1.0, 1.0])
+        sig = rng.uniform(0.008, 0.025) * min(y, x) * np.array([0.3, 1.0, 1.0])
         sig = np.maximum(sig, 1.0)
         amp = rng.uniform(0.4, 1.0)
         lo = np.maximum(np.floor(c - 3 * sig), 0).astype(int)
@@ -85,7 +85,7 @@ def make_volume(
     rng = np.random.default_rng(seed)
     dt = np.dtype(dtype)
     labels = np.zeros((z, y, x), np.uint32)
-    n_blobs = max(8, round(40 * (y * x) / (512 * 512) * max(1.0, z / 32)))
+    n_blobs = max(8, round(300 * (y * x) / (512 * 512) * max(1.0, z / 32)))
     top = float(np.iinfo(dt).max) * 0.25 if dt.kind in "iu" else 1.0
     image = np.empty((c, z, y, x), dt)
     for ch in range(c):

@@ -87,6 +87,7 @@ def test_displayed_planes_match_zarr(make_napari_viewer, small_stores, version):
         level = nuclei.data_level
         cpu = zarr.open_array(str(path / str(level)), mode="r")[0, z]
         shown = np.asarray(nuclei._slice.image.raw)
+        assert shown.ndim == 2 and shown.size > 0
         corner = nuclei.corner_pixels[:, 1:]  # the displayed region of (y, x) at this level
         want = cpu[corner[0, 0] : corner[1, 0] + 1, corner[0, 1] : corner[1, 1] + 1]
         np.testing.assert_array_equal(shown, want)

@@ -173,6 +173,7 @@ class GpuZarrWidget(QWidget):
         buttons = QHBoxLayout()
         for b in (self.load_button, self.cancel_button, self.release_button):
             buttons.addWidget(b)
+        self.setMinimumWidth(460)
         layout = QVBoxLayout(self)
         layout.addWidget(self.device_label)
         layout.addLayout(form)
@@ -229,7 +230,8 @@ class GpuZarrWidget(QWidget):
                 best[r.backend] = max(best.get(r.backend, 0.0), r.gib_per_s)
         names = [b for b in ("kvikio", "zarr-gpu", "cpu") if b in best]
         colors = {"kvikio": "#76b900", "zarr-gpu": "#1f77b4", "cpu": "#888888"}
-        bars = ax.bar(names, [best[n] for n in names], color=[colors[n] for n in names])
+        bars = ax.bar(names, [best[n] for n in names], color=[colors[n] for n in names], width=0.6)
+        ax.set_xlim(-0.6, max(len(names), 3) - 0.4)
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
         ax.set_ylabel("GiB/s (best)", fontsize=8)
         ax.tick_params(labelsize=8)
@@ -389,6 +391,7 @@ class GpuZarrWidget(QWidget):
             item = QTableWidgetItem(text)
             item.setToolTip(rec.reason)
             self.table.setItem(row, col, item)
+        self.table.resizeColumnsToContents()
         self.table.scrollToBottom()
         self._draw_chart(self._axes)
         self.canvas.draw_idle()

@@ -213,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             if device == "gpu" and tuple(shape) == bench_volumes.THROUGHPUT_SHAPES["full"]:
                 result["targets"] = bench_throughput.TARGETS  # they are for the 4 GiB volume
                 result["extra_gpu_target_bytes"] = bench_throughput.EXTRA_GPU_TARGET
+            if not args.no_cold:
+                log("cold cache: trying `sync; echo 3 > /proc/sys/vm/drop_caches` (sync flushes new volumes)")
             cold = (False, "disabled (--no-cold)") if args.no_cold else bench_env.can_drop_caches()
             result["cold"] = {"measured": cold[0], "reason": cold[1] if not cold[0] else "caches dropped before each cold run"}
             log(f"cold cache: {'measured' if cold[0] else cold[1]}")

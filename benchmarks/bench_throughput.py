@@ -183,6 +183,7 @@ def time_volume(
                     del out
                     out = None
                     _free_device_memory(device)
+                before = _stats() if is_ours else None
                 out, dt, mem = _run_one(reader, path, device, measure_mem=is_ours, sample_mem=False)
                 times.append(dt)
                 if "pool_peak_bytes" in mem:
@@ -190,7 +191,7 @@ def time_volume(
                     rec["pool_held_before_bytes"] = mem["pool_held_before_bytes"]
                 if is_ours:
                     st = _stats()
-                    if st is not None:
+                    if st is not None and st != before:  # else this read did not use the engine
                         stages.append(st)
             med = statistics.median(times)
             rec["warm_s"] = times

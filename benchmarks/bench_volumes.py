@@ -185,8 +185,11 @@ def parse_shape(size: str, table: dict[str, tuple[int, int, int]]) -> tuple[int,
 
 
 def _scale(full: tuple[int, ...], full_shape: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    # an axis long enough to hold four full-size chunks keeps the full-size chunk, so a
+    # shorter stack of the same planes (e.g. 128 x 2048 x 2048) keeps the chunk bytes
     return tuple(
-        max(1, min(s, round(c * s / fs))) for c, fs, s in zip(full, full_shape, shape, strict=True)
+        c if s >= 4 * c else max(1, min(s, round(c * s / fs)))
+        for c, fs, s in zip(full, full_shape, shape, strict=True)
     )
 
 

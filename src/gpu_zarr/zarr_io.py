@@ -264,9 +264,10 @@ def _zarr_gpu_read(arr, selection):
     import zarr
 
     meta = arr.metadata
-    if meta.zarr_format == 2 and (meta.compressor is not None or meta.filters):
-        # zarr-python hands device buffers to numcodecs for v2 compressors, which fails:
-        # decode on the host, then one copy to the device
+    if (meta.zarr_format == 2 and (meta.compressor is not None or meta.filters)) or _big_endian(arr):
+        # zarr-python 3.4's GPU buffers fail here: v2 compressors get device buffers numcodecs
+        # cannot read, and big-endian data come back with their bytes unswapped.
+        # Decode on the host, then one copy to the device.
         import cupy
 
         return cupy.asarray(_native(np.asarray(arr[selection])))
@@ -280,6 +281,17 @@ def _zarr_gpu_read(arr, selection):
     elif not out.dtype.isnative:
         out = out.astype(out.dtype.newbyteorder("="))
     return out
+
+
+def _big_endian(arr) -> bool:
+    if arr.dtype.byteorder == ">":
+        return True
+    for codec in getattr(arr.metadata, "codecs", ()):
+        inner = getattr(codec, "codecs", ())  # sharding
+        for c in (codec, *inner):
+            if type(c).__name__ == "BytesCodec" and getattr(c.endian, "value", c.endian) == "big":
+                return True
+    return False
 
 
 def _native(a: np.ndarray) -> np.ndarray:

@@ -41,9 +41,10 @@ def gui_problem() -> str | None:
     return None
 
 
-@pytest.fixture(autouse=True)
-def _require_gui(request):
-    if GUI_FIXTURES.isdisjoint(request.fixturenames):
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before any fixture (pytest-qt's session QApplication aborts the process without a display)."""
+    if GUI_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
         return
     problem = gui_problem()
     if problem is None:

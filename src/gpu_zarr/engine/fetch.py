@@ -95,7 +95,7 @@ class ThreadReader:
             fut.result()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Readers are kept for the life of the process; nothing to release per read."""
 
 
 class KvikioReader:
@@ -115,13 +115,9 @@ class KvikioReader:
 
         self.threads = threads
         self._kvikio = kvikio
-        try:
-            kvikio.defaults.set({"num_threads": threads, "task_size": PART_BYTES})
-        except Exception:
-            setter = getattr(kvikio.defaults, "set_num_threads", None) or getattr(
-                kvikio.defaults, "num_threads_reset", None)
-            if setter is not None:
-                setter(threads)
+        # resizing kvikio's pool rebuilds it: only when it differs
+        if kvikio.defaults.get("num_threads") != threads:
+            kvikio.defaults.set("num_threads", threads)
 
     def read(self, files: list[Path], batch, dest) -> None:
         """Fill ``dest`` (host or device uint8) with the encoded bytes of every piece of ``batch``."""
@@ -149,8 +145,18 @@ class KvikioReader:
         pass
 
 
+_READERS: dict = {}
+
+
 def make_reader(kind: str, threads: int):
-    """``kind`` "kvikio", "threads" or "auto" (kvikio when importable)."""
+    """``kind`` "kvikio", "threads" or "auto" (kvikio when importable); kept for reuse."""
+    key = (kind, threads)
+    if key not in _READERS:
+        _READERS[key] = _make_reader(kind, threads)
+    return _READERS[key]
+
+
+def _make_reader(kind: str, threads: int):
     if kind == "auto":
         try:
             import kvikio  # noqa: F401

@@ -74,6 +74,17 @@ def last_read_stats() -> dict | None:
         return dict(_last_stats) if _last_stats else None
 
 
+_POOLS: dict = {}
+
+
+def _pool(name: str, n: int) -> ThreadPoolExecutor:
+    """Thread pools kept for the life of the process (starting threads per read costs)."""
+    key = (name, n)
+    if key not in _POOLS:
+        _POOLS[key] = ThreadPoolExecutor(n, thread_name_prefix=f"gpu-zarr-{name}")
+    return _POOLS[key]
+
+
 def _open(arr):
     if isinstance(arr, (str, os.PathLike)):
         from gpu_zarr.zarr_io import open_array
@@ -142,13 +153,15 @@ def read(arr, selection=Ellipsis, *, device: str = "gpu", options: EngineOptions
             )
     stats["plan_s"] = time.perf_counter() - t0
 
-    io_pool = ThreadPoolExecutor(min(opts.threads, 64), thread_name_prefix="gpu-zarr-locate")
+    io_pool = _pool("locate", min(opts.threads, 64))
     reader = make_reader(opts.reader if device == "gpu" else "threads", opts.threads)
     try:
         t = time.perf_counter()
         loc = locate(lay, pieces, io_pool)
         stats["locate_s"] = time.perf_counter() - t
+        t = time.perf_counter()
         out = ops.empty(box_shape, lay.out_dtype)
+        stats["alloc_s"] = time.perf_counter() - t
         missing = np.flatnonzero(loc.nbytes < 0)
         if len(missing):
             ops.fill(out, pieces.table[missing], lay.fill_value)
@@ -159,7 +172,6 @@ def read(arr, selection=Ellipsis, *, device: str = "gpu", options: EngineOptions
         result = ops.finish(out, None if region.is_box else region.post)
         ops.sync()
     finally:
-        io_pool.shutdown(wait=True)
         reader.close()
     stats["total_s"] = time.perf_counter() - t0
     global _last_stats
@@ -171,12 +183,13 @@ def read(arr, selection=Ellipsis, *, device: str = "gpu", options: EngineOptions
 def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> None:
     if not batches:
         return
+    t_setup = time.perf_counter()
     nslots = min(max(1, opts.slots), len(batches))
     cap = max(b.staging_bytes for b in batches)
     per = max(len(b.pieces) for b in batches)
     dstride = -(-lay.inner_nbytes // 16) * 16
     zstd = lay.codec == "zstd"
-    host = [ops.host_buffer(cap) for _ in range(nslots)]
+    host = [ops.host_buffer(cap, s) for s in range(nslots)]
     dev_in = [ops.device_buffer(cap, s) for s in range(nslots)]
     dev_out = [ops.device_buffer(per * dstride, s) for s in range(nslots)] if zstd else [None] * nslots
     uploaded = [None] * nslots  # CUDA event: the slot's host buffer has been copied
@@ -185,6 +198,7 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
     done = 0
     timings = dict(read_s=0.0, wait_read_s=0.0, check_s=0.0, upload_s=0.0, decode_s=0.0, place_s=0.0)
     read_lock = threading.Lock()
+    stats["setup_s"] = time.perf_counter() - t_setup
 
     def fetch(k: int) -> None:
         s = k % nslots
@@ -195,7 +209,7 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
             timings["read_s"] += time.perf_counter() - t
 
     # one coordinator per slot keeps `nslots` batches being read while the GPU works
-    coord = ThreadPoolExecutor(nslots, thread_name_prefix="gpu-zarr-fetch")
+    coord = _pool("fetch", nslots)
     futures = {}
     try:
         ahead = nslots if ops.overlap else 1
@@ -239,7 +253,12 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
     finally:
         for f in futures.values():
             f.cancel()
-        coord.shutdown(wait=True)
+        for f in futures.values():
+            if not f.cancelled():
+                try:
+                    f.result()
+                except Exception:
+                    pass
         ops.sync()
     stats.update(timings)
     stats["reader"] = reader.name

@@ -46,6 +46,8 @@ def pytest_runtest_setup(item):
     """Before any fixture (pytest-qt's session QApplication aborts the process without a display)."""
     if GUI_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
         return
+    if item.get_closest_marker("skip") is not None:  # e.g. a gpu test on a machine without one
+        return
     problem = gui_problem()
     if problem is None:
         return

@@ -131,7 +131,7 @@ def _compressors(compressor: str | None, zarr_format: int):
     raise ValueError(f"compressor must be 'zstd', 'blosc' or None, got {compressor!r}")
 
 
-def _multiscales(names: Sequence[str], levels: int, version: str, name: str, ndim: int) -> dict:
+def _multiscales(levels: int, version: str, name: str, ndim: int) -> dict:
     all_axes = [
         {"name": "c", "type": "channel"},
         {"name": "z", "type": "space", "unit": "micrometer"},
@@ -278,7 +278,7 @@ def write_sample_omezarr(
 
     root = zarr.open_group(str(path), mode="w-", zarr_format=zarr_format)
     _set_ome_attrs(root, version, {
-        "multiscales": [_multiscales([], levels, version, name, 4)],
+        "multiscales": [_multiscales(levels, version, name, 4)],
         "omero": _omero(image, version),
     })
     _write_pyramid(root, image, levels, mean=True, zarr_format=zarr_format, chunks=chunks,
@@ -297,7 +297,7 @@ def write_sample_omezarr(
         if version == "0.4":
             image_label["version"] = "0.4"
         _set_ome_attrs(cells, version, {
-            "multiscales": [_multiscales([], levels, version, _LABEL_NAME, 3)],
+            "multiscales": [_multiscales(levels, version, _LABEL_NAME, 3)],
             "image-label": image_label,
         })
         _write_pyramid(cells, lab, levels, mean=False, zarr_format=zarr_format, chunks=chunks,

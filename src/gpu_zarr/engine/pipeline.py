@@ -180,6 +180,19 @@ def read(arr, selection=Ellipsis, *, device: str = "gpu", options: EngineOptions
     return result
 
 
+class _Names:
+    """Chunk names of a batch, looked up only when an error message needs one."""
+
+    def __init__(self, names: list[str], pieces: np.ndarray):
+        self._names, self._pieces = names, pieces
+
+    def __len__(self) -> int:
+        return len(self._pieces)
+
+    def __getitem__(self, k: int) -> str:
+        return self._names[int(self._pieces[k])]
+
+
 def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> None:
     if not batches:
         return
@@ -222,7 +235,7 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
             t = time.perf_counter()
             futures.pop(k).result()
             timings["wait_read_s"] += time.perf_counter() - t
-            names = [loc.names[i] for i in b.pieces] if zstd else None
+            names = _Names(loc.names, b.pieces) if zstd else None
             if zstd:
                 t = time.perf_counter()
                 check_frames(host[s], b.src_offsets, b.src_sizes, lay.inner_nbytes, names)

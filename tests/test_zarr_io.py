@@ -66,6 +66,37 @@ def test_big_endian_cpu_result_is_native(tmp_path, no_gpu):
     np.testing.assert_array_equal(res.data, values)
 
 
+@pytest.mark.parametrize("sel", [Ellipsis, (slice(3, 30, 4), slice(None, None, -2), 5), (7,), (slice(5, 5),)])
+def test_cpu_reads_report_progress_in_slabs(tmp_path, no_gpu, sel):
+    arr, _ = write(tmp_path / "a.zarr", codec="zstd", chunks=(2, 16, 7))
+    seen = []
+    res = zarr_io.read_selection(tmp_path / "a.zarr", sel, progress=lambda d, t: seen.append((d, t)))
+    want = arr[...][sel]
+    np.testing.assert_array_equal(res.data, want)
+    assert res.data.shape == want.shape
+    if want.size and (sel is Ellipsis or not isinstance(sel[0], int)):
+        assert len(seen) > 3
+        assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+        assert seen[-1] == (want.nbytes, want.nbytes)
+
+
+def test_cancel_during_cpu_read(tmp_path, no_gpu):
+    import threading
+
+    write(tmp_path / "a.zarr", chunks=(2, 16, 7))
+    ev = threading.Event()
+    calls = []
+
+    def progress(done, total):
+        calls.append(done)
+        if len(calls) == 2:
+            ev.set()
+
+    with pytest.raises(ReadCancelled, match="discarded"):
+        zarr_io.read_zarr(tmp_path / "a.zarr", progress=progress, cancel=ev)
+    assert len(calls) == 2
+
+
 def test_cancel_before_start(tmp_path, no_gpu):
     import threading
 

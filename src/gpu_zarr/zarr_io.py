@@ -338,9 +338,9 @@ def read_selection(array_or_path, selection=Ellipsis, *, prefer: Backend = "auto
             choice = BackendChoice("zarr-gpu", f"direct engine cannot serve: {exc}")
             data = _zarr_gpu_read(arr, selection)
     elif choice.backend == "zarr-gpu":
-        data = _zarr_gpu_read(arr, selection)
+        data = _in_slabs(arr, selection, lambda sel: _zarr_gpu_read(arr, sel), "gpu", progress, cancel)
     else:
-        data = _native(np.asarray(arr[selection]))
+        data = _in_slabs(arr, selection, lambda sel: _native(np.asarray(arr[sel])), "cpu", progress, cancel)
     if hasattr(data, "__cuda_array_interface__"):
         import cupy
 
@@ -350,11 +350,45 @@ def read_selection(array_or_path, selection=Ellipsis, *, prefer: Backend = "auto
         gpu_bytes = 0
     seconds = time.perf_counter() - t0
     nbytes = int(data.nbytes)
-    if progress is not None and choice.backend != "kvikio":
-        progress(nbytes, nbytes)
     _last.choice = choice
     return ReadResult(data, choice.backend, choice.reason, nbytes, seconds,
                       nbytes / GiB / seconds if seconds > 0 else float("inf"), gpu_bytes, stats)
+
+
+def _in_slabs(arr, selection, read, device: str, progress, cancel, parts: int = 16):
+    """``read(selection)`` in chunk-aligned slabs along the first axis, so that zarr-python
+    reads report progress and can be cancelled between slabs. Without a progress callback
+    or cancel event it is one plain read."""
+    if progress is None and cancel is None or arr.ndim == 0:
+        return read(selection)
+    from gpu_zarr.engine.plan import normalize_selection
+
+    region = normalize_selection(tuple(arr.shape), selection)
+    box = region.box_shape
+    total = int(np.prod(region.out_shape, dtype=np.int64)) * np.dtype(arr.dtype).itemsize
+    outer = (getattr(arr, "shards", None) or arr.chunks)[0]
+    z0, z1 = region.start[0], region.stop[0]
+    step = max(outer, -(-(z1 - z0) // parts) // outer * outer)
+    rest = tuple(slice(a, b) for a, b in zip(region.start[1:], region.stop[1:]))
+    out = None
+    edges = [z0] + [e for e in range((z0 // step + 1) * step, z1, step)] + [z1]
+    for a, b in zip(edges[:-1], edges[1:]):
+        if cancel is not None and cancel.is_set():
+            raise ReadCancelled("read cancelled: the partial result was discarded")
+        slab = read((slice(a, b),) + rest)
+        if out is None:
+            if device == "gpu":
+                import cupy
+
+                out = cupy.empty(box, slab.dtype)
+            else:
+                out = np.empty(box, slab.dtype)
+        out[a - z0:b - z0] = slab
+        if progress is not None:
+            progress(min(total, total * (b - z0) // max(z1 - z0, 1)), total)
+    if out is None:  # empty selection
+        return read(selection)
+    return out if region.is_box else out[region.post].copy()
 
 
 def read_zarr(array_or_path, *, prefer: Backend = "auto", options=None, progress=None, cancel=None) -> ReadResult:

@@ -57,7 +57,8 @@ def locate(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) -> Located:
         return _locate_sharded(layout, pieces, pool)
     keys = [layout.chunk_key(tuple(c)) for c in pieces.coords.tolist()]
     files = [layout.root / k for k in keys]
-    sizes = np.fromiter(pool.map(_stat_size, files), np.int64, len(files))
+    # a stat of a cached inode takes microseconds: a plain loop beats a task per file
+    sizes = np.fromiter((_stat_size(f) for f in files), np.int64, len(files))
     if layout.codec == "raw":
         bad = np.flatnonzero((sizes >= 0) & (sizes != layout.inner_nbytes))
         if len(bad):

@@ -40,6 +40,9 @@ class CpuOps:
     def wait(self, event) -> None:
         pass
 
+    def record(self, slot: int = 0):
+        return None
+
     def decode_zstd(self, src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names, slot: int = 0) -> None:
         decode_zstd_cpu(src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names)
 
@@ -132,6 +135,10 @@ class GpuOps:
     def wait(self, event) -> None:
         if event is not None:
             event.synchronize()
+
+    def record(self, slot: int = 0):
+        """An event after the work queued so far on the slot's stream."""
+        return self._s(slot).record()
 
     def decode_zstd(self, src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names, slot: int = 0) -> None:
         decode_zstd_gpu(src, src_offsets, src_sizes, dst, dst_offsets, dst_size, self._s(slot), names)

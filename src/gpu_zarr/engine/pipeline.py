@@ -47,7 +47,12 @@ class EngineOptions:
     threads : int
         Read threads (kvikio's pool or ours). kvikio's own default is 1; we use >= 8.
     reader : {"auto", "kvikio", "threads"}
-        "auto" uses kvikio when installed on the GPU path, threads otherwise.
+        "auto" uses kvikio when installed on the GPU path, threads otherwise
+        (environment: ``GPU_ZARR_READER``).
+    direct_raw : bool
+        Uncompressed arrays read by kvikio go straight into device memory (no pinned
+        staging, no separate copy); zstd always stages on the host, where frames are
+        checked before nvCOMP sees them (environment: ``GPU_ZARR_DIRECT_RAW=0`` turns it off).
     pinned_limit : int
         Upper bound of pinned host staging (slots * batch_bytes is reduced to fit).
     headroom : int
@@ -61,7 +66,8 @@ class EngineOptions:
     batch_bytes: int = field(default_factory=lambda: int(os.environ.get("GPU_ZARR_BATCH_MIB", 128)) * MiB)
     slots: int = field(default_factory=lambda: int(os.environ.get("GPU_ZARR_SLOTS", 3)))
     threads: int = field(default_factory=lambda: max(8, min(32, os.cpu_count() or 8)))
-    reader: str = "auto"
+    reader: str = field(default_factory=lambda: os.environ.get("GPU_ZARR_READER", "auto"))
+    direct_raw: bool = field(default_factory=lambda: os.environ.get("GPU_ZARR_DIRECT_RAW", "1") != "0")
     pinned_limit: int = 1 * GiB
     headroom: int = 256 * MiB
     progress: Callable[[int, int], None] | None = None
@@ -202,10 +208,12 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
     per = max(len(b.pieces) for b in batches)
     dstride = -(-lay.inner_nbytes // 16) * 16
     zstd = lay.codec == "zstd"
-    host = [ops.host_buffer(cap, s) for s in range(nslots)]
+    # raw chunks read by kvikio land in device memory directly: nothing to check on the host
+    direct = (not zstd) and ops.name == "gpu" and reader.name == "kvikio" and opts.direct_raw
+    host = [None] * nslots if direct else [ops.host_buffer(cap, s) for s in range(nslots)]
     dev_in = [ops.device_buffer(cap, s) for s in range(nslots)]
     dev_out = [ops.device_buffer(per * dstride, s) for s in range(nslots)] if zstd else [None] * nslots
-    uploaded = [None] * nslots  # CUDA event: the slot's host buffer has been copied
+    released = [None] * nslots  # CUDA event: the slot's read buffer may be refilled
     dst_offsets = np.arange(per, dtype=np.int64) * dstride
     total = int(np.prod(out.shape, dtype=np.int64)) * out.dtype.itemsize
     done = 0
@@ -215,9 +223,9 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
 
     def fetch(k: int) -> None:
         s = k % nslots
-        ops.wait(uploaded[s])  # the slot's previous batch has left the staging buffer
+        ops.wait(released[s])  # the slot's previous batch has left its read buffer
         t = time.perf_counter()
-        reader.read(loc.files, batches[k], host[s])
+        reader.read(loc.files, batches[k], dev_in[s] if direct else host[s])
         with read_lock:
             timings["read_s"] += time.perf_counter() - t
 
@@ -241,7 +249,8 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
                 check_frames(host[s], b.src_offsets, b.src_sizes, lay.inner_nbytes, names)
                 timings["check_s"] += time.perf_counter() - t
             t = time.perf_counter()
-            uploaded[s] = ops.upload(host[s], dev_in[s], b.staging_bytes, s)
+            if not direct:
+                released[s] = ops.upload(host[s], dev_in[s], b.staging_bytes, s)
             timings["upload_s"] += time.perf_counter() - t
             nxt = k + ahead
             if nxt < len(batches):
@@ -256,6 +265,8 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
                 src, src_off = dev_in[s], b.src_offsets
             t = time.perf_counter()
             ops.place(src, src_off, pieces.table[b.pieces], out, lay.disk_dtype, s)
+            if direct:
+                released[s] = ops.record(s)
             timings["place_s"] += time.perf_counter() - t
             done += int(np.prod(pieces.table[b.pieces][:, :, 2], axis=1).sum()) * out.dtype.itemsize
             if opts.progress is not None:
@@ -274,7 +285,7 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
                     pass
         ops.sync()
     stats.update(timings)
-    stats["reader"] = reader.name
+    stats["reader"] = reader.name + (" (into device memory)" if direct else " (pinned staging)")
     stats["threads"] = getattr(reader, "threads", None)
     stats["slots"] = nslots
     stats["batch_bytes"] = cap

@@ -8,6 +8,8 @@ asks for is a device slice plus one copy to the host.
 
 from __future__ import annotations
 
+import dataclasses
+
 import threading
 import time
 from dataclasses import dataclass
@@ -82,18 +84,7 @@ def _lazy_levels(layer) -> list[GpuLazyArray] | None:
     return None
 
 
-@dataclass(frozen=True)
-class _Measured:
-    backend: str
-    reason: str
-    nbytes: int
-    seconds: float
-    gib_per_s: float
-    gpu_bytes: int
-    resident: bool
-
-
-def _load(lazy: GpuLazyArray, backend: str, resident: bool, cancel, progress) -> _Measured:
+def _load(lazy: GpuLazyArray, backend: str, resident: bool, cancel, progress):
     """Worker-thread body: one measured read of the whole level (all its channels)."""
     if cancel.is_set():
         raise ReadCancelled("load cancelled before it started")
@@ -105,8 +96,7 @@ def _load(lazy: GpuLazyArray, backend: str, resident: bool, cancel, progress) ->
         lazy.release_resident()
         r = read_zarr(lazy.zarr_array, prefer=backend, progress=progress, cancel=cancel)
     # the data itself is dropped here unless resident: browsing reads tiles on demand
-    return _Measured(r.backend, r.reason, int(r.nbytes), float(r.seconds), float(r.gib_per_s),
-                     int(r.gpu_bytes), resident)
+    return dataclasses.replace(r, data=None), resident
 
 
 class GpuZarrWidget(QWidget):
@@ -353,10 +343,10 @@ class GpuZarrWidget(QWidget):
     def _on_progress(self, done: int, total: int) -> None:
         self.progress_bar.setValue(int(1000 * done / total) if total else 1000)
 
-    def _on_done(self, layer, level: int, requested: str, m: _Measured) -> None:
-        rec = RunRecord(layer.name, level, requested, m.backend, m.reason, m.nbytes, m.seconds,
-                        m.gib_per_s, m.gpu_bytes, m.resident, "ok")
-        resident = m.resident
+    def _on_done(self, layer, level: int, requested: str, done) -> None:
+        m, resident = done  # (ReadResult without its data, kept resident?)
+        rec = RunRecord(layer.name, level, requested, m.backend, m.reason, int(m.nbytes), float(m.seconds),
+                        float(m.gib_per_s), int(m.gpu_bytes), resident, "ok")
         kept = "kept on the GPU" if resident else ("freed" if rec.gpu_bytes else "host memory")
         self.result_label.setText(
             f"<b>{rec.backend}</b> ({rec.reason})<br>{rec.nbytes / _MIB:,.1f} MiB in "

@@ -33,7 +33,7 @@ class CpuOps:
     def device_buffer(self, nbytes: int, slot: int = 0) -> np.ndarray:
         return np.empty(nbytes, np.uint8)
 
-    def upload(self, host: np.ndarray, dev: np.ndarray, nbytes: int, slot: int = 0):
+    def upload(self, host: np.ndarray, dev: np.ndarray, nbytes: int, slot: int = 0, after=None):
         dev[:nbytes] = host[:nbytes]
         return None
 
@@ -43,10 +43,11 @@ class CpuOps:
     def record(self, slot: int = 0):
         return None
 
-    def decode_zstd(self, src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names, slot: int = 0) -> None:
+    def decode_zstd(self, src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names, slot: int = 0,
+                    wait=None) -> None:
         decode_zstd_cpu(src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names)
 
-    def place(self, src, src_offsets, table, out, disk_dtype, slot: int = 0) -> None:
+    def place(self, src, src_offsets, table, out, disk_dtype, slot: int = 0, wait=None) -> None:
         place_cpu(src, src_offsets, table, out, disk_dtype)
 
     def fill(self, out, table, value) -> None:
@@ -68,19 +69,21 @@ _PINNED: dict = {}
 
 
 def _streams(n: int) -> list:
-    """Process-wide, long-lived non-blocking streams (each gets one long-lived nvCOMP codec)."""
+    """Process-wide, long-lived non-blocking streams: n copy streams, then the work stream."""
     import cupy
 
-    while len(_STREAMS) < n:
+    while len(_STREAMS) < n + 1:
         _STREAMS.append(cupy.cuda.Stream(non_blocking=True))
-    return _STREAMS[:n]
+    return _STREAMS[1:n + 1], _STREAMS[0]
 
 
 class GpuOps:
-    """cupy device buffers, pinned host staging, nvCOMP decode; one CUDA stream per slot.
+    """cupy device buffers, pinned host staging, nvCOMP decode.
 
-    Slot k's copy, decode and placement are ordered on stream k, so the work of different
-    batches overlaps on the GPU while later batches are still being read.
+    Each slot copies on its own stream; decoding and placing happen in order on ONE work
+    stream with one long-lived nvCOMP codec, so nvCOMP's scratch (about 3x the decoded
+    bytes of a batch) exists once, and one decoded buffer serves every batch. CUDA events
+    order a slot's copy before its decode, and the decode before the slot is refilled.
     """
 
     name = "gpu"
@@ -99,17 +102,18 @@ class GpuOps:
                                  "(nvidia-smi) or use backend 'cpu'") from exc
         self.xp = cupy
         self._cupy = cupy
-        self.streams = _streams(max(1, slots))
-        self.stream = self.streams[0]
-        self._pinned = []
+        self.copy_streams, self.stream = _streams(max(1, slots))
 
-    def _s(self, slot: int):
-        return self.streams[slot % len(self.streams)]
+    def _copy(self, slot: int):
+        return self.copy_streams[slot % len(self.copy_streams)]
+
+    def _after(self, event) -> None:
+        if event is not None:
+            self.stream.wait_event(event)
 
     def empty(self, shape, dtype):
         with self.stream:
             out = self._cupy.empty(shape, dtype)
-        self.stream.synchronize()  # other streams write into it
         return out
 
     def host_buffer(self, nbytes: int, slot: int = 0) -> np.ndarray:
@@ -123,11 +127,16 @@ class GpuOps:
         return cur[:nbytes]
 
     def device_buffer(self, nbytes: int, slot: int = 0):
-        with self._s(slot):
-            return self._cupy.empty(max(nbytes, 1), np.uint8)
+        with self.stream:
+            buf = self._cupy.empty(max(nbytes, 1), np.uint8)
+        self.stream.synchronize()  # copy streams and kvikio write into it
+        return buf
 
-    def upload(self, host: np.ndarray, dev, nbytes: int, slot: int = 0):
-        s = self._s(slot)
+    def upload(self, host: np.ndarray, dev, nbytes: int, slot: int = 0, after=None):
+        """Copy staging to the device on the slot's stream, once ``after`` has happened."""
+        s = self._copy(slot)
+        if after is not None:
+            s.wait_event(after)
         if nbytes:
             dev[:nbytes].set(host[:nbytes], stream=s)
         return s.record()
@@ -137,14 +146,17 @@ class GpuOps:
             event.synchronize()
 
     def record(self, slot: int = 0):
-        """An event after the work queued so far on the slot's stream."""
-        return self._s(slot).record()
+        """An event after the work queued so far on the work stream."""
+        return self.stream.record()
 
-    def decode_zstd(self, src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names, slot: int = 0) -> None:
-        decode_zstd_gpu(src, src_offsets, src_sizes, dst, dst_offsets, dst_size, self._s(slot), names)
+    def decode_zstd(self, src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names, slot: int = 0,
+                    wait=None) -> None:
+        self._after(wait)
+        decode_zstd_gpu(src, src_offsets, src_sizes, dst, dst_offsets, dst_size, self.stream, names)
 
-    def place(self, src, src_offsets, table, out, disk_dtype, slot: int = 0) -> None:
-        place_gpu(src, src_offsets, table, out, disk_dtype, self._s(slot))
+    def place(self, src, src_offsets, table, out, disk_dtype, slot: int = 0, wait=None) -> None:
+        self._after(wait)
+        place_gpu(src, src_offsets, table, out, disk_dtype, self.stream)
 
     def fill(self, out, table, value) -> None:
         with self.stream:
@@ -152,8 +164,9 @@ class GpuOps:
                 out[tuple(slice(int(a), int(a + n)) for a, n in zip(t[:, 3], t[:, 2]))] = value
 
     def sync(self) -> None:
-        for s in self.streams:
+        for s in self.copy_streams:
             s.synchronize()
+        self.stream.synchronize()
 
     def free_bytes(self) -> int:
         free, _ = self._cupy.cuda.runtime.memGetInfo()
@@ -162,7 +175,6 @@ class GpuOps:
     def finish(self, out, post):
         if post is None:
             return out
-        self.sync()
         with self.stream:
             res = self._cupy.ascontiguousarray(out[post])
         self.stream.synchronize()

@@ -41,9 +41,13 @@ class EngineOptions:
     Attributes
     ----------
     batch_bytes : int
-        Encoded (and decoded) bytes per batch; one nvCOMP call and one copy per batch.
+        Encoded (and decoded) bytes per batch; one nvCOMP call and one copy per batch
+        (environment: ``GPU_ZARR_BATCH_MIB``). GPU memory beyond the output is about
+        ``slots * batch`` (read buffers) plus ``4.1 * batch`` for zstd (decoded buffer and
+        nvCOMP's scratch); larger batches decode faster.
     slots : int
-        Batches in flight (staging buffers); 2 is double buffering, 3 lets reads run ahead.
+        Batches in flight (staging buffers); 2 is double buffering, 3 lets reads run ahead
+        (environment: ``GPU_ZARR_SLOTS``).
     threads : int
         Read threads (kvikio's pool or ours). kvikio's own default is 1; we use >= 8.
     reader : {"auto", "kvikio", "threads"}
@@ -63,7 +67,7 @@ class EngineOptions:
         Checked between batches; raises :class:`~gpu_zarr.errors.ReadCancelled`.
     """
 
-    batch_bytes: int = field(default_factory=lambda: int(os.environ.get("GPU_ZARR_BATCH_MIB", 128)) * MiB)
+    batch_bytes: int = field(default_factory=lambda: int(os.environ.get("GPU_ZARR_BATCH_MIB", 192)) * MiB)
     slots: int = field(default_factory=lambda: int(os.environ.get("GPU_ZARR_SLOTS", 3)))
     threads: int = field(default_factory=lambda: max(8, min(32, os.cpu_count() or 8)))
     reader: str = field(default_factory=lambda: os.environ.get("GPU_ZARR_READER", "auto"))
@@ -144,8 +148,9 @@ def read(arr, selection=Ellipsis, *, device: str = "gpu", options: EngineOptions
     batch = max(lay.inner_nbytes, min(opts.batch_bytes, opts.pinned_limit // slots))
     per_batch = max(1, batch // lay.inner_nbytes)
     dec_cap = per_batch * (-(-lay.inner_nbytes // 16) * 16) if lay.codec == "zstd" else 0
-    # our staging plus nvCOMP's own decode scratch (measured: about 3x the decoded batch)
-    scratch = slots * (batch + dec_cap + (dec_cap * 31 // 10 if device == "gpu" else 0))
+    # per slot a device read buffer; one decoded buffer; nvCOMP's own decode scratch for
+    # one batch (measured: about 3x the decoded batch), kept by its codec
+    scratch = slots * batch + dec_cap + (dec_cap * 31 // 10 if device == "gpu" else 0)
     free = ops.free_bytes()
     if free is not None:
         extra = out_nbytes if not region.is_box else 0
@@ -212,8 +217,9 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
     direct = (not zstd) and ops.name == "gpu" and reader.name == "kvikio" and opts.direct_raw
     host = [None] * nslots if direct else [ops.host_buffer(cap, s) for s in range(nslots)]
     dev_in = [ops.device_buffer(cap, s) for s in range(nslots)]
-    dev_out = [ops.device_buffer(per * dstride, s) for s in range(nslots)] if zstd else [None] * nslots
-    released = [None] * nslots  # CUDA event: the slot's read buffer may be refilled
+    dev_out = ops.device_buffer(per * dstride) if zstd else None  # one: decode and place are in order
+    released = [None] * nslots  # event: the slot's read buffer (pinned, or device when direct) is free
+    consumed = [None] * nslots  # event: the work stream is done with the slot's device buffer
     dst_offsets = np.arange(per, dtype=np.int64) * dstride
     total = int(np.prod(out.shape, dtype=np.int64)) * out.dtype.itemsize
     done = 0
@@ -249,24 +255,27 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
                 check_frames(host[s], b.src_offsets, b.src_sizes, lay.inner_nbytes, names)
                 timings["check_s"] += time.perf_counter() - t
             t = time.perf_counter()
+            uploaded = None
             if not direct:
-                released[s] = ops.upload(host[s], dev_in[s], b.staging_bytes, s)
+                uploaded = released[s] = ops.upload(host[s], dev_in[s], b.staging_bytes, s, after=consumed[s])
             timings["upload_s"] += time.perf_counter() - t
             nxt = k + ahead
             if nxt < len(batches):
                 futures[nxt] = coord.submit(fetch, nxt)
             if zstd:
                 t = time.perf_counter()
-                ops.decode_zstd(dev_in[s], b.src_offsets, b.src_sizes, dev_out[s], dst_offsets[:len(b.pieces)],
-                                lay.inner_nbytes, names, s)
+                ops.decode_zstd(dev_in[s], b.src_offsets, b.src_sizes, dev_out, dst_offsets[:len(b.pieces)],
+                                lay.inner_nbytes, names, s, wait=uploaded)
                 timings["decode_s"] += time.perf_counter() - t
-                src, src_off = dev_out[s], dst_offsets[:len(b.pieces)]
+                src, src_off = dev_out, dst_offsets[:len(b.pieces)]
             else:
                 src, src_off = dev_in[s], b.src_offsets
             t = time.perf_counter()
-            ops.place(src, src_off, pieces.table[b.pieces], out, lay.disk_dtype, s)
+            ops.place(src, src_off, pieces.table[b.pieces], out, lay.disk_dtype, s,
+                      wait=None if zstd else uploaded)
+            consumed[s] = ops.record(s)
             if direct:
-                released[s] = ops.record(s)
+                released[s] = consumed[s]
             timings["place_s"] += time.perf_counter() - t
             done += int(np.prod(pieces.table[b.pieces][:, :, 2], axis=1).sum()) * out.dtype.itemsize
             if opts.progress is not None:

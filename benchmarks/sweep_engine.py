@@ -1,0 +1,109 @@
+"""Sweep the direct engine's knobs (batch size, slots, reader) on existing volumes.
+
+Each configuration runs in a fresh process, so GPU memory is measured from before the
+first read: the peak includes nvCOMP's decode scratch, which its codec keeps between
+reads (cupy's pool does not see it). Prints one JSON line per (configuration, volume)
+and a Markdown table.
+
+    python benchmarks/sweep_engine.py VOLUME.zarr [...] [--configs 192x3,256x2,...] [--repeat 3]
+
+A configuration is ``BATCHxSLOTS`` (batch in MiB) optionally followed by ``:threads``
+(the threaded reader instead of kvikio) or ``:staged`` (raw chunks through pinned
+staging instead of straight into device memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+GiB = 1 << 30
+
+_CHILD = r"""
+import json, sys, threading, time
+import cupy
+from gpu_zarr.zarr_io import read_zarr_to_gpu
+from gpu_zarr.engine import last_read_stats
+
+GiB = 1 << 30
+paths, repeat = sys.argv[1:-1], int(sys.argv[-1])
+cupy.cuda.Device().synchronize()
+pool = cupy.get_default_memory_pool()
+free0, total = cupy.cuda.runtime.memGetInfo()
+low = [free0]
+stop = threading.Event()
+
+def sample():
+    while not stop.is_set():
+        low[0] = min(low[0], cupy.cuda.runtime.memGetInfo()[0])
+        time.sleep(0.001)
+
+for path in paths:
+    low[0] = cupy.cuda.runtime.memGetInfo()[0]
+    base = free0  # before any read in this process: nvCOMP scratch counts
+    t = threading.Thread(target=sample, daemon=True)
+    stop.clear(); t.start()
+    times, out_bytes = [], 0
+    for i in range(repeat + 1):
+        t0 = time.perf_counter()
+        a = read_zarr_to_gpu(path, prefer="kvikio")
+        cupy.cuda.Device().synchronize()
+        dt = time.perf_counter() - t0
+        out_bytes = a.nbytes
+        if i:
+            times.append(dt)
+        del a
+        pool.free_all_blocks()
+    stop.set(); t.join()
+    times.sort()
+    med = times[len(times) // 2]
+    st = last_read_stats() or {}
+    print(json.dumps({"path": path, "gib_per_s": out_bytes / GiB / med,
+                      "median_s": med, "peak_extra_gib": (base - low[0] - out_bytes) / GiB,
+                      "stages_ms": {k: round(v * 1e3, 1) for k, v in st.items() if k.endswith("_s")},
+                      "reader": st.get("reader")}), flush=True)
+"""
+
+
+def _env(config: str) -> dict:
+    spec, _, flag = config.partition(":")
+    batch, slots = spec.split("x")
+    env = dict(os.environ, GPU_ZARR_BATCH_MIB=batch, GPU_ZARR_SLOTS=slots)
+    if flag == "threads":
+        env["GPU_ZARR_READER"] = "threads"
+    if flag == "staged":
+        env["GPU_ZARR_DIRECT_RAW"] = "0"
+    return env
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("volumes", nargs="+")
+    p.add_argument("--configs", default="192x3,128x3,256x2,256x3,192x3:threads,192x3:staged")
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args(argv)
+    rows = []
+    for config in args.configs.split(","):
+        out = subprocess.run([sys.executable, "-c", _CHILD, *args.volumes, str(args.repeat)],
+                             capture_output=True, text=True, env=_env(config), timeout=600)
+        if out.returncode != 0:
+            print(f"{config}: FAILED\n{out.stderr[-2000:]}", flush=True)
+            continue
+        for line in out.stdout.splitlines():
+            if line.startswith("{"):
+                rec = dict(json.loads(line), config=config)
+                rows.append(rec)
+                print(json.dumps(rec), flush=True)
+    print("\n| config | volume | GiB/s | peak GPU memory beyond output (GiB) | reader |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        name = os.path.basename(r["path"].rstrip("/"))
+        print(f"| {r['config']} | {name} | {r['gib_per_s']:.1f} | {r['peak_extra_gib']:.2f} | {r['reader']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

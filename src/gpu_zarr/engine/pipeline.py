@@ -238,6 +238,11 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
     # one coordinator per slot keeps `nslots` batches being read while the GPU works
     coord = _pool("fetch", nslots)
     futures = {}
+
+    def _submit(k: int) -> None:
+        # a slot's next read is submitted only after `released` holds the event that frees it
+        if k < len(batches):
+            futures[k] = coord.submit(fetch, k)
     try:
         ahead = nslots if ops.overlap else 1
         for k in range(min(ahead, len(batches))):
@@ -259,9 +264,8 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
             if not direct:
                 uploaded = released[s] = ops.upload(host[s], dev_in[s], b.staging_bytes, s, after=consumed[s])
             timings["upload_s"] += time.perf_counter() - t
-            nxt = k + ahead
-            if nxt < len(batches):
-                futures[nxt] = coord.submit(fetch, nxt)
+            if not direct:  # the pinned slot is free once its copy is done: read ahead now
+                _submit(k + ahead)
             if zstd:
                 t = time.perf_counter()
                 ops.decode_zstd(dev_in[s], b.src_offsets, b.src_sizes, dev_out, dst_offsets[:len(b.pieces)],
@@ -274,8 +278,9 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
             ops.place(src, src_off, pieces.table[b.pieces], out, lay.disk_dtype, s,
                       wait=None if zstd else uploaded)
             consumed[s] = ops.record(s)
-            if direct:
+            if direct:  # the device slot is free only once this batch is placed
                 released[s] = consumed[s]
+                _submit(k + ahead)
             timings["place_s"] += time.perf_counter() - t
             done += int(np.prod(pieces.table[b.pieces][:, :, 2], axis=1).sum()) * out.dtype.itemsize
             if opts.progress is not None:

@@ -123,9 +123,13 @@ class KvikioReader:
         """Fill ``dest`` (host or device uint8) with the encoded bytes of every piece of ``batch``."""
         handles: dict[int, object] = {}
         futs = []
+        fid, foff, src, size = (batch.file_id.tolist(), batch.file_offset.tolist(),
+                                batch.src_offsets.tolist(), batch.src_sizes.tolist())
         try:
-            for f, o, n, d in zip(batch.file_id.tolist(), batch.file_offset.tolist(),
-                                  batch.src_sizes.tolist(), batch.src_offsets.tolist()):
+            # one pread per run of adjacent pieces (kvikio splits it into tasks for its pool)
+            for a, b in batch.runs.tolist():
+                f, o, d = fid[a], foff[a], src[a]
+                n = foff[b - 1] + size[b - 1] - o
                 fh = handles.get(f)
                 if fh is None:
                     fh = handles[f] = self._kvikio.CuFile(files[f], "r")

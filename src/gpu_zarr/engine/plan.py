@@ -166,7 +166,12 @@ class Batch:
 
 def make_batches(file_id: np.ndarray, offset: np.ndarray, nbytes: np.ndarray, decoded_nbytes: int,
                  batch_bytes: int, *, align: int = 16) -> list[Batch]:
-    """Group present pieces into batches and find the runs of adjacent byte ranges.
+    """Group present pieces into batches; pieces adjacent in one file form a run.
+
+    A run lies contiguously in the staging buffer exactly as in the file, so it is fetched
+    by ONE read call; each run starts aligned. (Pieces inside a run need no alignment of
+    their own: nvCOMP reads frames at any byte offset, and raw pieces in a run are whole
+    multiples of the element size apart.)
 
     Parameters
     ----------
@@ -179,7 +184,7 @@ def make_batches(file_id: np.ndarray, offset: np.ndarray, nbytes: np.ndarray, de
     batch_bytes : int
         Staging size of a batch.
     align : int
-        Alignment of each piece in the staging buffer.
+        Alignment of each run in the staging buffer.
 
     Returns
     -------
@@ -188,22 +193,30 @@ def make_batches(file_id: np.ndarray, offset: np.ndarray, nbytes: np.ndarray, de
     """
     present = np.flatnonzero(nbytes >= 0)
     order = present[np.lexsort((offset[present], file_id[present]))]
-    sizes = nbytes[order].astype(np.int64)
-    padded = (sizes + (align - 1)) // align * align
     per_batch = max(1, batch_bytes // max(decoded_nbytes, 1))
+    fids, offs, sizes = file_id[order].tolist(), offset[order].tolist(), nbytes[order].tolist()
     batches: list[Batch] = []
-    i, n = 0, len(order)
-    while i < n:
-        # as many pieces as fit in batch_bytes (encoded) and per_batch (decoded); at least one
-        ends = np.cumsum(padded[i:i + per_batch])
-        j = i + max(1, int(np.searchsorted(ends, batch_bytes, side="right")))
-        idx = order[i:j]
-        src = np.concatenate([[0], ends[: j - i - 1]]).astype(np.int64)
-        fid, off, sz = file_id[idx], offset[idx], sizes[i:j]
-        brk = np.flatnonzero((fid[1:] != fid[:-1]) | (off[1:] != off[:-1] + sz[:-1])) + 1
-        bounds = np.concatenate([[0], brk, [j - i]]).astype(np.int64)
-        runs = np.stack([bounds[:-1], bounds[1:]], axis=1)
-        batches.append(Batch(idx, fid.astype(np.int64), off.astype(np.int64), src, sz, runs,
-                             int(ends[j - i - 1])))
-        i = j
+    first, src, starts = 0, [], []
+    used, prev = 0, None
+
+    def flush(last: int) -> None:
+        idx = order[first:last]
+        b = np.asarray(starts + [last - first], np.int64)
+        batches.append(Batch(idx, file_id[idx].astype(np.int64), offset[idx].astype(np.int64),
+                             np.asarray(src, np.int64), nbytes[idx].astype(np.int64),
+                             np.stack([b[:-1], b[1:]], axis=1), used))
+
+    for k, (f, o, n) in enumerate(zip(fids, offs, sizes)):
+        cont = prev is not None and prev[0] == f and prev[1] + prev[2] == o
+        pos = used if cont else -(-used // align) * align
+        if k > first and (pos + n > batch_bytes or k - first >= per_batch):
+            flush(k)
+            first, src, starts, used, cont, pos = k, [], [], 0, False, 0
+        if not cont:
+            starts.append(k - first)
+        src.append(pos)
+        used = pos + n
+        prev = (f, o, n)
+    if first < len(order):
+        flush(len(order))
     return batches

@@ -1,0 +1,48 @@
+"""Planning and batching (pure: no I/O, no GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpu_zarr.engine.plan import make_batches, normalize_selection
+
+
+@pytest.mark.parametrize("batch_bytes", [1, 100, 1000, 10**6])
+def test_batches_cover_every_present_piece_once_with_contiguous_runs(batch_bytes):
+    rng = np.random.default_rng(0)
+    n = 200
+    file_id = rng.integers(0, 5, n)
+    nbytes = rng.integers(1, 90, n)
+    nbytes[rng.random(n) < 0.1] = -1  # missing pieces
+    offset = np.zeros(n, np.int64)
+    for f in range(5):  # pieces of one file packed back to back, like a shard
+        m = np.flatnonzero(file_id == f)
+        sizes = np.maximum(nbytes[m], 0)
+        offset[m] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        offset[m[rng.random(len(m)) < 0.2]] += 7  # some gaps break runs
+    batches = make_batches(file_id, offset, nbytes, decoded_nbytes=50, batch_bytes=batch_bytes)
+    seen = np.concatenate([b.pieces for b in batches])
+    assert sorted(seen.tolist()) == sorted(np.flatnonzero(nbytes >= 0).tolist())
+    for b in batches:
+        assert len(b.pieces) == 1 or b.staging_bytes <= batch_bytes
+        assert len(b.pieces) <= max(1, batch_bytes // 50)
+        assert b.runs[0, 0] == 0 and b.runs[-1, 1] == len(b.pieces)
+        for a, e in b.runs.tolist():
+            assert b.src_offsets[a] % 16 == 0
+            for k in range(a + 1, e):  # a run mirrors the file: contiguous in staging
+                assert b.file_id[k] == b.file_id[a]
+                assert b.file_offset[k] == b.file_offset[k - 1] + b.src_sizes[k - 1]
+                assert b.src_offsets[k] == b.src_offsets[k - 1] + b.src_sizes[k - 1]
+        ends = b.src_offsets + b.src_sizes
+        assert np.all(b.src_offsets[1:] >= ends[:-1]) and ends.max() == b.staging_bytes
+
+
+@pytest.mark.parametrize("sel", [Ellipsis, 3, -1, slice(None, None, -1), (slice(2, 9, 3), 4), (Ellipsis, 0),
+                                 (slice(8, 2, -2), slice(None)), (slice(100, 200),)])
+def test_normalize_selection_matches_numpy(sel):
+    a = np.arange(10 * 6).reshape(10, 6)
+    r = normalize_selection(a.shape, sel)
+    box = a[tuple(slice(x, y) for x, y in zip(r.start, r.stop))]
+    assert np.array_equal(box[r.post], a[sel])
+    assert a[sel].shape == r.out_shape

@@ -130,6 +130,24 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+
+def _harness_error(v, exc: Exception, log) -> dict:
+    """A volume whose timing loop itself failed: recorded, and the run goes on."""
+    log(f"  FAILED: {exc}")
+    return {**v.to_json(), "readers": {}, "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(limit=8)}
+
+
+def _any_failed(layouts: list[dict]) -> bool:
+    """True when one of our readers failed or returned wrong data, or a volume failed."""
+    for rec in layouts:
+        if "error" in rec:
+            return True
+        for r in rec.get("readers", {}).values():
+            if r.get("kind") == "ours" and ("error" in r or r.get("correct") is False):
+                return True
+    return False
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns 0, or 1 when one of our readers failed or was wrong."""
     args = build_parser().parse_args(argv)
@@ -228,17 +246,10 @@ def main(argv: list[str] | None = None) -> int:
                         log=log, advance=lambda: prog.advance(ttask),
                     )
                 except Exception as exc:  # the harness itself: record and go on
-                    rec = {**v.to_json(), "readers": {}, "error": f"{type(exc).__name__}: {exc}",
-                           "traceback": traceback.format_exc(limit=8)}
-                    log(f"  FAILED: {exc}")
+                    rec = _harness_error(v, exc, log)
                 result["layouts"].append(rec)
                 bench_report.write_json(result, json_path)
-            for rec in result["layouts"]:
-                for r in rec.get("readers", {}).values():
-                    if r.get("kind") == "ours" and ("error" in r or r.get("correct") is False):
-                        failed = True
-                if "error" in rec:
-                    failed = True
+            failed = failed or _any_failed(result["layouts"])
         else:
             n_readers = len(bench_browse.default_plane_readers(device, _split(args.readers)))
             ttask = prog.task("timing planes", len(vols) * n_readers, plain_lines=False)
@@ -252,17 +263,10 @@ def main(argv: list[str] | None = None) -> int:
                         log=log, advance=lambda: prog.advance(ttask),
                     )
                 except Exception as exc:
-                    rec = {**v.to_json(), "readers": {}, "error": f"{type(exc).__name__}: {exc}",
-                           "traceback": traceback.format_exc(limit=8)}
-                    log(f"  FAILED: {exc}")
+                    rec = _harness_error(v, exc, log)
                 result["layouts"].append(rec)
                 bench_report.write_json(result, json_path)
-            for rec in result["layouts"]:
-                for r in rec.get("readers", {}).values():
-                    if r.get("kind") == "ours" and ("error" in r or r.get("correct") is False):
-                        failed = True
-                if "error" in rec:
-                    failed = True
+            failed = failed or _any_failed(result["layouts"])
 
     # 3. report
     result["complete"] = True

@@ -131,13 +131,6 @@ def _free_gpu() -> None:
 
 
 def default_plane_readers(device: str, only: list[str] | None) -> list[PlaneReader]:
-    readers = browse_readers(device)
-    if only:
-        unknown = set(only) - {r.name for r in readers}
-        if unknown:
-            raise ValueError(
-                f"unknown reader(s) {sorted(unknown)} for device {device}; "
-                f"choose from {[r.name for r in readers]}"
-            )
-        readers = [r for r in readers if r.name in only]
-    return readers
+    from bench_throughput import select_readers
+
+    return select_readers(browse_readers(device), device, only)

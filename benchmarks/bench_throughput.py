@@ -267,7 +267,11 @@ def summarise(record: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def default_readers(device: str, only: list[str] | None) -> list[Reader]:
-    readers = throughput_readers(device)
+    return select_readers(throughput_readers(device), device, only)
+
+
+def select_readers(readers: list, device: str, only: list[str] | None) -> list:
+    """``readers`` restricted to the names in ``only`` (all when empty); unknown names raise."""
     if only:
         unknown = set(only) - {r.name for r in readers}
         if unknown:

@@ -52,22 +52,32 @@ def _stat_size(path: Path) -> int:
 
 
 def locate(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) -> Located:
-    """Locate the bytes of every piece (see module docstring)."""
-    if layout.sharded:
-        return _locate_sharded(layout, pieces, pool)
+    """Locate the bytes of every piece (see module docstring).
+
+    Raises
+    ------
+    CorruptChunkError
+        An uncompressed chunk whose stored size is not its decoded size, an empty chunk
+        file, or a shard whose index is truncated, corrupt or points outside the shard.
+    """
+    loc = _locate_sharded(layout, pieces, pool) if layout.sharded else _locate_files(layout, pieces)
+    if layout.codec == "raw":
+        bad = np.flatnonzero((loc.nbytes >= 0) & (loc.nbytes != layout.inner_nbytes))
+        if len(bad):
+            k = int(bad[0])
+            raise CorruptChunkError(
+                f"chunk {loc.names[k]} of {layout.root} has {int(loc.nbytes[k])} bytes; an uncompressed "
+                f"chunk of shape {layout.inner_shape} and dtype {layout.disk_dtype} has {layout.inner_nbytes}. "
+                "It is truncated or corrupt, or was written with other metadata; rewrite or delete it."
+            )
+    return loc
+
+
+def _locate_files(layout: Layout, pieces: Pieces) -> Located:
     keys = [layout.chunk_key(tuple(c)) for c in pieces.coords.tolist()]
     files = [layout.root / k for k in keys]
     # a stat of a cached inode takes microseconds: a plain loop beats a task per file
     sizes = np.fromiter((_stat_size(f) for f in files), np.int64, len(files))
-    if layout.codec == "raw":
-        bad = np.flatnonzero((sizes >= 0) & (sizes != layout.inner_nbytes))
-        if len(bad):
-            k = int(bad[0])
-            raise CorruptChunkError(
-                f"chunk {keys[k]} of {layout.root} has {int(sizes[k])} bytes; an uncompressed chunk "
-                f"of shape {layout.inner_shape} and dtype {layout.disk_dtype} has {layout.inner_nbytes}. "
-                "The file is truncated or was written with other metadata; rewrite or delete that chunk."
-            )
     empty = np.flatnonzero(sizes == 0)
     if len(empty):
         raise CorruptChunkError(f"chunk {keys[int(empty[0])]} of {layout.root} is an empty file; "
@@ -139,13 +149,5 @@ def _locate_sharded(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) ->
         ok = entries[:, 0] != _MISSING
         offset[sel[ok]] = entries[ok, 0].astype(np.int64)
         nbytes[sel[ok]] = entries[ok, 1].astype(np.int64)
-    if layout.codec == "raw":
-        bad = np.flatnonzero((nbytes >= 0) & (nbytes != layout.inner_nbytes))
-        if len(bad):
-            k = int(bad[0])
-            raise CorruptChunkError(
-                f"shard {keys[shard_of[k]]}: inner chunk {tuple(inner_coords[k])} has {int(nbytes[k])} "
-                f"bytes; an uncompressed inner chunk has {layout.inner_nbytes}. The shard is corrupt."
-            )
     names = [f"{keys[shard_of[k]]} inner chunk {tuple(int(v) for v in inner_coords[k])}" for k in range(n)]
     return Located(files, shard_of.astype(np.int64), offset, nbytes, names)

@@ -223,7 +223,7 @@ class LoadJob:
                             int(self.result.gpu_bytes), self.resident, "ok")
         except ReadCancelled as exc:
             rec = self._failed("cancelled", exc)
-        except Exception as exc:  # a failed load is a history row, not a crash of the GUI
+        except Exception as exc:  # noqa: BLE001 - a failed load is a history row, not a crash of the GUI
             rec = self._failed(f"error: {exc}", exc)
         self.record = rec
         self.controller._finished(self)

@@ -104,6 +104,17 @@ class ReadResult:
     gpu_bytes: int
     stats: dict = field(default_factory=dict)
 
+    # notebook display (gpu_zarr.reprs): never touches the data
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from gpu_zarr import reprs
+
+        return reprs.bundle(reprs.read_result_text(self), reprs.read_result_html(self))
+
+    def _repr_html_(self) -> str:
+        from gpu_zarr import reprs
+
+        return reprs.read_result_html(self)
+
 
 _last = threading.local()
 
@@ -298,8 +309,9 @@ def _native(a: np.ndarray) -> np.ndarray:
     return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
 
 
+# -- progress and interrupts (gpu_zarr.progress): begin --------------------------------------
 def read_selection(array_or_path, selection=Ellipsis, *, prefer: Backend = "auto", options=None,
-                   progress=None, cancel=None) -> ReadResult:
+                   progress="auto", cancel=None) -> ReadResult:
     """Read ``array[selection]`` with the chosen backend and measure it.
 
     Parameters
@@ -308,14 +320,36 @@ def read_selection(array_or_path, selection=Ellipsis, *, prefer: Backend = "auto
     selection : basic index
     prefer : {"auto", "kvikio", "zarr-gpu", "cpu"}
     options : gpu_zarr.engine.EngineOptions, optional
-    progress : callable, optional
-        ``progress(done_bytes, total_bytes)``.
+    progress : callable, bool, "auto" or None
+        ``progress(done_bytes, total_bytes)``; ``"auto"`` (default) shows a bar (notebook
+        or terminal) for reads longer than about a second, ``True`` always, ``False`` /
+        ``None`` never; ``GPU_ZARR_PROGRESS=0`` turns "auto" off (see :mod:`gpu_zarr.progress`).
     cancel : object with ``is_set()``, optional
 
     Returns
     -------
     ReadResult
+
+    Notes
+    -----
+    An interrupted read (KeyboardInterrupt, e.g. a notebook's kernel interrupt, or a cancel)
+    stops at its next batch, waits for the reads in flight, frees its partial buffers and
+    re-raises.
     """
+    from gpu_zarr.progress import progress_callback, release_after_interrupt
+
+    try:
+        with progress_callback(progress) as callback:
+            return _read_selection(array_or_path, selection, prefer=prefer, options=options,
+                                   progress=callback, cancel=cancel)
+    except (KeyboardInterrupt, ReadCancelled) as exc:
+        release_after_interrupt(exc)
+        raise
+# -- progress and interrupts: end -------------------------------------------------------------
+
+
+def _read_selection(array_or_path, selection=Ellipsis, *, prefer: Backend = "auto", options=None,
+                    progress=None, cancel=None) -> ReadResult:
     arr = open_array(array_or_path)
     choice = choose_backend(arr, prefer)
     if cancel is not None and cancel.is_set():
@@ -391,7 +425,7 @@ def _in_slabs(arr, selection, read, device: str, progress, cancel, parts: int = 
     return out if region.is_box else out[region.post].copy()
 
 
-def read_zarr(array_or_path, *, prefer: Backend = "auto", options=None, progress=None, cancel=None) -> ReadResult:
+def read_zarr(array_or_path, *, prefer: Backend = "auto", options=None, progress="auto", cancel=None) -> ReadResult:
     """Read a whole array with the chosen backend and measure it (see :func:`read_selection`)."""
     return read_selection(array_or_path, Ellipsis, prefer=prefer, options=options, progress=progress,
                           cancel=cancel)

@@ -11,7 +11,7 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
     code = textwrap.dedent(f"""
         import sys, importlib.abc
         BLOCK = ("cupy", "cupyx", "kvikio", "nvidia", "napari", "qtpy", "PyQt5", "PyQt6", "PySide2",
-                 "PySide6", "magicgui", "vispy")
+                 "PySide6", "magicgui", "vispy", "ipywidgets", "IPython", "tqdm", "dask")
         class Blocker(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
                 if name.split(".")[0] in BLOCK:
@@ -19,6 +19,13 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
         sys.meta_path.insert(0, Blocker())
         import gpu_zarr, gpu_zarr.zarr_io, gpu_zarr.engine, gpu_zarr.omezarr, gpu_zarr.nvcomp_zstd
         import gpu_zarr.kvikio_zarr, gpu_zarr.capabilities, gpu_zarr.cli, gpu_zarr.lazy, gpu_zarr.sample
+        import gpu_zarr.controller, gpu_zarr.reprs, gpu_zarr.progress, gpu_zarr.jupyter
+        try:
+            gpu_zarr.jupyter.LoaderWidget
+        except ImportError as e:
+            assert "napari-gpu-zarr[jupyter]" in str(e), e
+        else:
+            raise AssertionError("no error without ipywidgets")
         from gpu_zarr.errors import GPUUnavailable
         caps = gpu_zarr.probe()
         assert not caps.gpu and not caps.kvikio and not caps.nvcomp, caps
@@ -27,6 +34,8 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
         arr, res = gpu_zarr.read_omezarr(path, level=0)
         r = gpu_zarr.read_zarr(arr)
         assert r.backend == "cpu" and r.data.shape == arr.shape
+        assert "cpu" in r._repr_html_() and "GPU" in caps._repr_html_()
+        assert "zstd" in gpu_zarr.omezarr.open_ome(path)._repr_html_()
         try:
             gpu_zarr.read_zarr_to_gpu(arr.store.root / arr.path)
         except GPUUnavailable as e:
@@ -43,6 +52,7 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
 
 
 def test_plain_import_is_light():
-    code = "import sys, gpu_zarr; bad=[m for m in ('cupy','kvikio','napari','qtpy','zarr') if m in sys.modules]; print(bad)"
+    code = ("import sys, gpu_zarr; bad=[m for m in ('cupy','kvikio','napari','qtpy','zarr','ipywidgets','tqdm',"
+            "'IPython') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -11,7 +11,7 @@ from gpu_zarr.controller import LoaderController
 from gpu_zarr.sample import write_sample_omezarr
 
 pytest.importorskip("ipywidgets")
-from gpu_zarr.jupyter import LoaderWidget  # noqa: E402
+from gpu_zarr.jupyter import LoaderWidget
 
 
 @pytest.fixture(scope="module")

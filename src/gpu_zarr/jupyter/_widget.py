@@ -58,7 +58,8 @@ class LoaderWidget(W.VBox):
         self._job: LoadJob | None = None
 
         caps = ctl.caps
-        self.header = W.HTML(f"<b>GPU Zarr loader</b> &mdash; {html.escape(ctl.device_text())}")
+        self.header = W.HTML(f"<div style='line-height:1.4'><b>GPU Zarr loader</b> &mdash; "
+                             f"{html.escape(ctl.device_text())}</div>")
         self.header.add_class("gpu-zarr-header")
         opts = ctl.backend_options()
         self.backend_select = W.Dropdown(
@@ -66,7 +67,7 @@ class LoaderWidget(W.VBox):
             description="Backend:", layout=W.Layout(width="260px"))
         missing = [o for o in opts if not o.available]
         self.unavailable = W.HTML(
-            "<div style='font-size:12px;opacity:.65'>" + "<br>".join(
+            "<div style='font-size:12px;opacity:.65;line-height:1.4'>" + "<br>".join(
                 f"<code>{html.escape(o.name)}</code> unavailable here: {html.escape(o.reason)}" for o in missing)
             + "</div>" if missing else "")
         self.unavailable.add_class("gpu-zarr-unavailable")
@@ -140,7 +141,7 @@ class LoaderWidget(W.VBox):
 
     def _update_reason(self) -> None:
         text = self.controller.choice_text() if self.controller.levels else "open an image to load"
-        self.reason.value = f"<span style='font-size:12px'>{html.escape(text)}</span>"
+        self.reason.value = f"<div style='font-size:12px;line-height:1.4'>{html.escape(text)}</div>"
 
     # -- loading --------------------------------------------------------------------------
     def load(self) -> LoadJob | None:

@@ -16,6 +16,13 @@ batch_bytes    ``GPU_ZARR_BATCH_MIB``      encoded (and decoded) bytes per engin
                                            batch: one read, one copy and one batched
                                            decode per batch (default 192 MiB)
 slots          ``GPU_ZARR_SLOTS``          batches in flight (default 3)
+lanes          ``GPU_ZARR_LANES``          GPU work streams decoding at once (default 3;
+                                           at most ``slots``): nvCOMP is latency-bound,
+                                           so calls in flight add up
+budget_bytes   ``GPU_ZARR_BUDGET_MIB``     GPU memory a read may use beyond its result
+                                           (staging, decoded buffers, nvCOMP scratch);
+                                           default 0: a quarter of the free memory, at
+                                           most 3 GiB
 threads        ``GPU_ZARR_THREADS``        read threads (default: cores, 8..32)
 reader         ``GPU_ZARR_READER``         "auto", "kvikio" or "threads"
 direct_raw     ``GPU_ZARR_DIRECT_RAW``     raw chunks read by kvikio straight into
@@ -61,6 +68,8 @@ def _defaults() -> dict[str, Any]:
     return {
         "batch_bytes": _env_int("GPU_ZARR_BATCH_MIB", 192 * MiB, MiB),
         "slots": _env_int("GPU_ZARR_SLOTS", 3),
+        "lanes": _env_int("GPU_ZARR_LANES", 3),
+        "budget_bytes": _env_int("GPU_ZARR_BUDGET_MIB", 0, MiB),  # 0: automatic
         "threads": _env_int("GPU_ZARR_THREADS", max(8, min(32, os.cpu_count() or 8))),
         "reader": os.environ.get("GPU_ZARR_READER", "auto"),
         "direct_raw": os.environ.get("GPU_ZARR_DIRECT_RAW", "1") != "0",
@@ -73,6 +82,8 @@ def _defaults() -> dict[str, Any]:
 _CHECKS: dict[str, Callable[[Any], bool]] = {
     "batch_bytes": lambda v: isinstance(v, int) and v >= MiB,
     "slots": lambda v: isinstance(v, int) and 1 <= v <= 64,
+    "lanes": lambda v: isinstance(v, int) and 1 <= v <= 64,
+    "budget_bytes": lambda v: isinstance(v, int) and v >= 0,
     "threads": lambda v: isinstance(v, int) and 1 <= v <= 256,
     "reader": lambda v: v in ("auto", "kvikio", "threads"),
     "direct_raw": lambda v: isinstance(v, bool),

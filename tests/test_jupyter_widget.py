@@ -1,4 +1,4 @@
-"""The notebook loader widget without a browser (the browser test is tests/test_browser.py)."""
+"""The notebook loader widget without a browser (the browser test is tests/test_jupyter_browser.py)."""
 
 from __future__ import annotations
 

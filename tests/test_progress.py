@@ -10,11 +10,11 @@ import tracemalloc
 import numpy as np
 import pytest
 import zarr
-from stores import write
 
 from gpu_zarr import progress as gp
 from gpu_zarr.errors import ReadCancelled
 from gpu_zarr.zarr_io import read_zarr
+from stores import write
 
 
 @pytest.fixture(scope="module")

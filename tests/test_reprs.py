@@ -8,7 +8,6 @@ import html.parser
 import numpy as np
 import pytest
 import zarr
-from stores import write
 
 from gpu_zarr import reprs
 from gpu_zarr.capabilities import Capabilities, probe
@@ -16,6 +15,7 @@ from gpu_zarr.controller import RunRecord
 from gpu_zarr.omezarr import open_ome
 from gpu_zarr.sample import write_sample_omezarr
 from gpu_zarr.zarr_io import ReadResult, read_zarr
+from stores import write
 
 
 class _Checker(html.parser.HTMLParser):

@@ -26,9 +26,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_zarr.backends import BACKENDS, check_backend
 from gpu_zarr.capabilities import Capabilities, probe
 from gpu_zarr.errors import GpuZarrError, ReadCancelled
-from gpu_zarr.lazy import BACKENDS, GpuLazyArray
+from gpu_zarr.lazy import GpuLazyArray
 
 __all__ = ["CHART_BACKENDS", "BackendOption", "LevelOption", "LoadJob", "LoaderController", "RunRecord"]
 
@@ -214,7 +215,7 @@ class LoadJob:
                 r = self.lazy.load_resident(progress=self._progress, cancel=self.cancel_event)
             else:
                 self.lazy.release_resident()
-                r = read_zarr(self.lazy.zarr_array, prefer=self.backend, progress=self._progress,
+                r = read_zarr(self.lazy.zarr_array, prefer=check_backend(self.backend), progress=self._progress,
                               cancel=self.cancel_event)
             self.result = r if self.controller.keep_data and not self.resident else dataclasses.replace(r, data=None)
             del r
@@ -367,7 +368,7 @@ class LoaderController:
         from gpu_zarr.zarr_io import choose_backend
 
         try:
-            choice = choose_backend(self.levels[self.level].zarr_array, prefer=self.backend)
+            choice = choose_backend(self.levels[self.level].zarr_array, prefer=check_backend(self.backend))
         except GpuZarrError as exc:
             return f"cannot serve this level: {exc}"
         return f"→ {choice.backend}: {choice.reason}"

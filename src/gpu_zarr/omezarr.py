@@ -490,7 +490,7 @@ def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True) -> OmeIm
                 scale=scale,
                 translation=translation,
                 codecs=codec_names(arr),
-                shards=_as_tuple(arr.shards) if getattr(arr, "shards", None) else None,
+                shards=_as_tuple(sh) if (sh := getattr(arr, "shards", None)) else None,
             )
         )
 

@@ -188,7 +188,7 @@ def _scale_text(level: Any, axes: Sequence[Any]) -> str:
 
 
 def _level_rows(img: Any) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for i, lv in enumerate(img.levels):
         chunks = _shape(lv.chunks)
         shards = getattr(lv, "shards", None)

@@ -83,17 +83,6 @@ def test_auto_bar_waits_a_second(arr, capsys, monkeypatch):
     assert "gpu_zarr read" in capsys.readouterr().err
 
 
-def _busy_engine_pools() -> list[str]:
-    from gpu_zarr.engine import fetch, pipeline
-
-    busy = []
-    pools = list(pipeline._POOLS.values()) + [r._pool for r in fetch._READERS.values() if hasattr(r, "_pool")]
-    for p in pools:
-        if not p._work_queue.empty():
-            busy.append(repr(p))
-    return busy
-
-
 def _interrupting(after: int):
     seen = []
 
@@ -158,14 +147,13 @@ def test_keyboard_interrupt_in_the_engine_waits_for_reads_in_flight(arr, monkeyp
     with lock:
         running, done = active
     assert running == 0  # every read in flight finished before the interrupt went on
-    assert _busy_engine_pools() == []  # and nothing is left queued
-    time.sleep(0.05)
-    assert active[1] == done  # no read started afterwards
+    time.sleep(0.3)
+    assert active[1] == done  # and no queued read started afterwards
     # the only threads added are the engine's idle, reused pool workers
     new = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
     assert all(t.name.startswith("gpu-zarr-") for t in new), new
     monkeypatch.undo()
-    np.testing.assert_array_equal(read(arr, device="cpu"), arr[...])
+    np.testing.assert_array_equal(read(arr, device="cpu").data, arr[...])
 
 
 def test_cancel_event_also_releases(arr):

@@ -141,7 +141,7 @@ def capabilities_html(c: Any) -> str:
         kv = "not installed"
     pairs = [("GPU", gpu), ("kvikio", kv),
              ("nvCOMP", "installed (GPU zstd decode)" if c.nvcomp else "not installed")]
-    from gpu_zarr.capabilities import BACKENDS
+    from gpu_zarr.backends import BACKENDS
 
     rows = []
     for b in BACKENDS:

@@ -29,9 +29,9 @@ def __getattr__(name: str) -> Any:
             f"gpu_zarr.jupyter.{name} needs ipywidgets, which is not installed: "
             'pip install "napari-gpu-zarr[jupyter]"'
         ) from exc
-    from gpu_zarr.jupyter import _widget
+    from gpu_zarr.jupyter import widget
 
-    value = getattr(_widget, name)
+    value = getattr(widget, name)
     globals()[name] = value
     return value
 

@@ -6,11 +6,11 @@ import time
 
 import numpy as np
 import zarr
-from stores import write
 
 from gpu_zarr import settings
 from gpu_zarr.engine import EngineOptions, get_runtime, read
 from gpu_zarr.engine.cache import ChunkCache
+from stores import write
 
 
 def test_lru_keeps_at_most_its_capacity():

@@ -278,7 +278,7 @@ def _place_cached(cache: Any, keys: list[Any], loc: Located, pieces: Pieces, out
             found.append(k)
             chunks.append(chunk)
     if found:
-        ops.place_chunks(chunks, pieces.table[found], out, lay.disk_dtype)
+        ops.place_chunks(chunks, pieces.table[found], out, lay.disk_dtype, lay.transpose)
         to_read[found] = -1
     stats["cache_hits"] = len(found)
     return to_read, chunks
@@ -392,7 +392,7 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
                 src, src_off = dev_in[s], b.src_offsets
             t = time.perf_counter()
             ops.place(src, src_off, pieces.table[b.pieces], out, lay.disk_dtype, s,
-                      wait=None if stage.decodes else uploaded)
+                      wait=None if stage.decodes else uploaded, perm=lay.transpose)
             consumed[s] = ops.record(s)
             if direct:  # the device slot is free only once this batch is placed
                 released[s] = consumed[s]

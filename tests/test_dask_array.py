@@ -6,8 +6,8 @@ Every store of the test corpus (tests/stores.py LAYOUTS, numcodecs Blosc v2 stor
 
 from __future__ import annotations
 
-import logging
 import io
+import logging
 import pickle
 
 import numcodecs
@@ -18,14 +18,14 @@ import zarr
 pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 
-import dask.array as da  # noqa: E402
+import dask.array as da
+from stores import CHUNKS, LAYOUTS, SHAPE, data, write
 
-import gpu_zarr  # noqa: E402
-from gpu_zarr import dask_array  # noqa: E402
-from gpu_zarr.dask_array import block_shape, to_dask  # noqa: E402
-from gpu_zarr.errors import NotAZarrError  # noqa: E402
-from gpu_zarr.sample import write_sample_omezarr  # noqa: E402
-from stores import CHUNKS, LAYOUTS, SHAPE, data, write  # noqa: E402
+import gpu_zarr
+from gpu_zarr import dask_array
+from gpu_zarr.dask_array import block_shape, to_dask
+from gpu_zarr.errors import NotAZarrError
+from gpu_zarr.sample import write_sample_omezarr
 
 # small blocks, so that every store gives several blocks with edges (the 85 KB test arrays
 # would otherwise be one block)

@@ -130,7 +130,7 @@ def _open_path(path: str):
 
         try:
             return zarr.open_array(path, mode="r")
-        except Exception as exc:  # noqa: BLE001 - re-raised with context
+        except Exception as exc:
             raise NotAZarrError(f"expected a zarr array at {path}, but it could not be opened: "
                                 f"{type(exc).__name__}: {exc}") from exc
     from gpu_zarr.zarr_io import open_array
@@ -398,7 +398,7 @@ def to_dask(path_or_array: Any, *, level: int | None = None, chunks: Any = None,
                 sub = _join(image.path, image.levels[i].path)
                 out.append(_one(image.open_level(i), sub, i, chunks, backend, gpu))
             return out if level is None else out[0]
-        arr, path = node, path
+        arr = node
     else:
         arr = path_or_array
         if not hasattr(arr, "shape") or not hasattr(arr, "chunks"):

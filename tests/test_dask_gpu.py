@@ -56,11 +56,11 @@ def _worker_gpu() -> tuple[str, int, str]:
 def stores(tmp_path_factory):
     base = tmp_path_factory.mktemp("dask-gpu")
     out = {}
-    for name, kw in [("v3-zstd", dict(fmt=3, codec="zstd", shape=(64, 96, 80), chunks=(8, 32, 40))),
-                     ("v2-zstd", dict(fmt=2, codec="zstd", shape=(40, 50, 23), chunks=(8, 16, 7))),
-                     ("v3-shard", dict(fmt=3, codec="zstd", shape=(37, 50, 23), chunks=(4, 8, 7),
-                                       shards=(8, 16, 14))),
-                     ("v3-raw", dict(fmt=3, codec="raw", shape=(37, 50, 23), chunks=(8, 16, 7)))]:
+    for name, kw in [("v3-zstd", {"fmt": 3, "codec": "zstd", "shape": (64, 96, 80), "chunks": (8, 32, 40)}),
+                     ("v2-zstd", {"fmt": 2, "codec": "zstd", "shape": (40, 50, 23), "chunks": (8, 16, 7)}),
+                     ("v3-shard", {"fmt": 3, "codec": "zstd", "shape": (37, 50, 23), "chunks": (4, 8, 7),
+                                       "shards": (8, 16, 14)}),
+                     ("v3-raw", {"fmt": 3, "codec": "raw", "shape": (37, 50, 23), "chunks": (8, 16, 7)})]:
         write(base / f"{name}.zarr", **kw)
         out[name] = base / f"{name}.zarr"
     b = zarr.create_array(str(base / "blosc.zarr"), shape=(40, 64, 48), chunks=(8, 32, 16), dtype="<u2",
@@ -111,7 +111,7 @@ def test_workers_each_use_their_own_gpu(cuda_client):
 
 @pytest.mark.parametrize("name", ["v3-zstd", "v2-zstd", "v3-shard", "v3-raw", "v2-blosc"])
 def test_cluster_compute_equals_zarr(cuda_client, stores, name):
-    client, _n = cuda_client
+    _client, _n = cuda_client
     x = to_dask(stores[name], chunks="16KiB")
     assert x.npartitions > 1
     np.testing.assert_array_equal(_host(x.compute()), _ref(stores[name]))

@@ -87,17 +87,28 @@ def test_one_gpu_in_process(stores):
 
 @pytest.fixture(scope="module")
 def cuda_client():
-    import cupy
+    """One worker per GPU (up to 2): dask-cuda's LocalCUDACluster, or, where dask-cuda cannot
+    start, the same layout by hand (one Nanny per GPU with CUDA_VISIBLE_DEVICES), as the benchmark does."""
+    import sys
+    from pathlib import Path
 
-    dask_cuda = pytest.importorskip("dask_cuda")
+    import cupy
     from distributed import Client
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_dask
+
     n = min(2, cupy.cuda.runtime.getDeviceCount())
-    with dask_cuda.LocalCUDACluster(n_workers=n, threads_per_worker=1, dashboard_address=None,
-                                    CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(n))) as cluster, \
-            Client(cluster) as client:
+    cluster, kind = bench_dask.make_cluster(n, cpu=False)
+    print(f"cluster: {kind}, {n} worker(s)")
+    with cluster, Client(cluster) as client:
         client.wait_for_workers(n)
         yield client, n
+
+
+def test_dask_cuda_imports():
+    pytest.importorskip("dask_cuda")
+    from dask_cuda import LocalCUDACluster  # noqa: F401  (fails here if cuda-core is too old)
 
 
 def test_workers_each_use_their_own_gpu(cuda_client):

@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the volumes live (reused when complete); default /tmp/gpu-zarr-bench-dask")
     p.add_argument("--repeat", type=int, default=2, help="timed runs per measurement (best reported)")
     p.add_argument("--block-mib", type=float, default=None,
-                   help="decoded MiB per dask block (default: to_dask's rule, 512 MiB GPU / 128 MiB CPU)")
+                   help="decoded MiB per dask block (default: to_dask's rule, 1 GiB GPU / 128 MiB CPU)")
     p.add_argument("--write-procs", type=int, default=None, help="processes writing the volumes (default: all cores)")
     p.add_argument("--no-check", action="store_true", help="skip the per-block checksum comparison")
     p.add_argument("--seed", type=int, default=0)

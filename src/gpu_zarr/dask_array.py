@@ -21,9 +21,10 @@ grown to the array's full extent while the block stays within the target decoded
 the first axis that cannot be filled takes as many whole units as fit (at least one)
 and the axes before it keep one unit. Blocks are therefore contiguous C-order slabs
 where possible, and never split a storage chunk. Targets: :data:`GPU_BLOCK_BYTES`
-(512 MiB) when blocks are read on GPUs, large enough that each read keeps the engine's
-fetch and decode pipeline full; :data:`CPU_BLOCK_BYTES` (128 MiB, dask's own default)
-for numpy blocks. ``chunks="1GiB"`` (any byte size) applies the same rule to another
+(1 GiB) when blocks are read on GPUs: each block is one engine read, whose fetch and decode
+stages overlap only within the read (one ~192 MiB batch at each end does not), so a block
+must span several batches to run near the engine's streaming rate; :data:`CPU_BLOCK_BYTES`
+(128 MiB, dask's own default) for numpy blocks. ``chunks="1GiB"`` (any byte size) applies the same rule to another
 target; any other ``chunks`` value is passed to ``dask.array.core.normalize_chunks``
 with the storage unit as ``previous_chunks``.
 """
@@ -57,7 +58,7 @@ __all__ = [
 log = logging.getLogger("gpu_zarr.dask")
 
 #: default decoded bytes per dask block when blocks are cupy arrays
-GPU_BLOCK_BYTES = 512 << 20
+GPU_BLOCK_BYTES = 1 << 30
 #: default decoded bytes per dask block when blocks are numpy arrays
 CPU_BLOCK_BYTES = 128 << 20
 

@@ -296,15 +296,19 @@ def make_cluster(n: int, cpu: bool) -> tuple[Any, str]:
         return LocalCUDACluster(n_workers=n, threads_per_worker=1, CUDA_VISIBLE_DEVICES=visible,
                                 dashboard_address=None), "dask_cuda.LocalCUDACluster"
     except Exception as exc:  # noqa: BLE001 - fall back to the same layout by hand, and say so
-        from distributed import Nanny, Scheduler, SpecCluster
-
         why = f"{type(exc).__name__}: {exc}"
         _log(f"dask_cuda.LocalCUDACluster unavailable ({why}); one Nanny per GPU with CUDA_VISIBLE_DEVICES instead")
-        ids = list(range(ngpu))
-        workers = {i: {"cls": Nanny, "options": {"nthreads": 1, "env": {
-            "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in ids[i:] + ids[:i])}}} for i in range(n)}
-        return SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}}), \
-            f"SpecCluster, one Nanny per GPU (dask_cuda: {why})"
+        return nanny_per_gpu_cluster(n, ngpu), f"SpecCluster, one Nanny per GPU (dask_cuda: {why})"
+
+
+def nanny_per_gpu_cluster(n: int, ngpu: int):
+    """What LocalCUDACluster does for us: worker ``i`` sees GPU ``i`` first (its device 0)."""
+    from distributed import Nanny, Scheduler, SpecCluster
+
+    ids = list(range(ngpu))
+    workers = {i: {"cls": Nanny, "options": {"nthreads": 1, "env": {
+        "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in ids[i:] + ids[:i])}}} for i in range(n)}
+    return SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}})
 
 
 # ------------------------------------------------------------------ measurement

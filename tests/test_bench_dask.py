@@ -68,3 +68,19 @@ def test_bench_dask_tiny_cpu(bench_dask, tmp_path):
     assert rc == 0
     res = json.loads((out / "dask-0.05GiB-cpu.json").read_text())
     assert res["volumes"]["zstd-1MiB"]["reused"] is True
+
+
+def _visible() -> str | None:
+    import os
+
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_nanny_per_gpu_fallback_sets_visible_devices(bench_dask):
+    """The fallback used where dask-cuda cannot start: each worker sees its own GPU first."""
+    from distributed import Client
+
+    with bench_dask.nanny_per_gpu_cluster(2, 2) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        got = sorted(client.run(_visible).values())
+    assert got == ["0,1", "1,0"]

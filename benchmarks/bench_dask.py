@@ -80,8 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=None,
                    help="where the volumes live (reused when complete); default /tmp/gpu-zarr-bench-dask")
     p.add_argument("--repeat", type=int, default=2, help="timed runs per measurement (best reported)")
-    p.add_argument("--block-mib", type=float, default=None,
-                   help="decoded MiB per dask block (default: to_dask's rule, 1 GiB GPU / 128 MiB CPU)")
+    p.add_argument("--block-mib", default="auto",
+                   help="comma-separated decoded MiB per dask block, each measured; 'auto' is to_dask's "
+                        "default rule (1 GiB GPU / 128 MiB CPU); the first is the one checked")
     p.add_argument("--write-procs", type=int, default=None, help="processes writing the volumes (default: all cores)")
     p.add_argument("--no-check", action="store_true", help="skip the per-block checksum comparison")
     p.add_argument("--seed", type=int, default=0)
@@ -344,9 +345,9 @@ def measure(args: argparse.Namespace, volumes: dict[str, dict[str, Any]]) -> dic
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
     backend = "cpu" if args.cpu else "auto"
     counts = sorted({int(w) for w in args.workers.split(",") if w.strip()})
-    chunks = None if args.block_mib is None else f"{int(args.block_mib * (1 << 20))}B"
-    out: dict[str, Any] = {"clusters": {}, "layouts": {n: {"plain": None, "dask": {}, "check": None}
-                                                       for n in volumes}}
+    blocks = parse_blocks(args.block_mib)
+    out: dict[str, Any] = {"clusters": {}, "layouts": {
+        n: {"plain": None, "dask": {label: {"runs": {}} for label in blocks}, "check": None} for n in volumes}}
     for n in counts:
         t0 = time.perf_counter()
         cluster, kind = make_cluster(n, args.cpu)
@@ -366,38 +367,61 @@ def measure(args: argparse.Namespace, volumes: dict[str, dict[str, Any]]) -> dic
                     p["gib_s"] = round(nbytes / GiB / min(p["seconds"]), 3)
                     rec["plain"] = p
                     _log(f"{name}: plain read_zarr on one worker {p['gib_s']:.2f} GiB/s ({p['backend']})")
-                secs = []
-                y = None
-                for r in range(args.repeat):
+                for i, (label, chunks) in enumerate(blocks.items()):
+                    secs = []
+                    y = None
+                    for r in range(args.repeat):
+                        del y
+                        client.run(_free_gpu_pool)
+                        t = time.perf_counter()
+                        y = to_dask(path, chunks=chunks, backend=backend).persist()
+                        wait(y)
+                        secs.append(time.perf_counter() - t)
+                        if r == 0:
+                            chunktype = type(y._meta).__module__.split(".")[0] + "." + type(y._meta).__name__
+                            nblocks, blocksize = y.npartitions, list(y.chunksize)
+                            where = {str(k): len(v) for k, v in client.has_what().items()}
+                    run = {"seconds": [round(x, 3) for x in secs], "gib_s": round(nbytes / GiB / min(secs), 3),
+                           "blocks": nblocks, "block_shape": blocksize,
+                           "block_mib": round(math.prod(blocksize) * DTYPE.itemsize / (1 << 20), 1),
+                           "meta": chunktype, "keys_per_worker": where}
+                    rec["dask"][label]["runs"][n] = run
+                    _log(f"{name}: {n} worker(s), blocks {label}: to_dask().persist() {run['gib_s']:.2f} GiB/s "
+                         f"({nblocks} blocks of {blocksize}, {chunktype})")
+                    if i == 0 and n == counts[-1] and not args.no_check:
+                        rec["check"] = _check(client, y, path)
+                        _log(f"{name}: per-block checksums vs zarr CPU read: {rec['check']['blocks']} blocks, "
+                             f"{rec['check']['mismatched']} mismatched ({rec['check']['seconds']} s)")
                     del y
                     client.run(_free_gpu_pool)
-                    t = time.perf_counter()
-                    y = to_dask(path, chunks=chunks, backend=backend).persist()
-                    wait(y)
-                    secs.append(time.perf_counter() - t)
-                    if r == 0:
-                        chunktype = type(y._meta).__module__.split(".")[0] + "." + type(y._meta).__name__
-                        nblocks = y.npartitions
-                        blocksize = list(y.chunksize)
-                        where = {str(k): len(v) for k, v in client.has_what().items()}
-                best = min(secs)
-                rec["dask"][n] = {"seconds": [round(s, 3) for s in secs], "gib_s": round(nbytes / GiB / best, 3),
-                                  "blocks": nblocks, "block_shape": blocksize, "meta": chunktype,
-                                  "keys_per_worker": where}
-                _log(f"{name}: {n} worker(s) to_dask().persist() {rec['dask'][n]['gib_s']:.2f} GiB/s "
-                     f"({nblocks} blocks of {blocksize}, {chunktype})")
-                if n == counts[-1] and not args.no_check:
-                    rec["check"] = _check(client, y, path)
-                    _log(f"{name}: per-block checksums vs zarr CPU read: {rec['check']['blocks']} blocks, "
-                         f"{rec['check']['mismatched']} mismatched ({rec['check']['seconds']} s)")
-                del y
-                client.run(_free_gpu_pool)
     for rec in out["layouts"].values():
-        d = rec["dask"]
-        if 1 in d and 2 in d:
-            rec["scaling_2_vs_1"] = round(d[2]["gib_s"] / d[1]["gib_s"], 3)
-        if 1 in d and rec["plain"]:
-            rec["one_worker_vs_plain"] = round(d[1]["gib_s"] / rec["plain"]["gib_s"], 3)
+        for d in rec["dask"].values():
+            runs = d["runs"]
+            if 1 in runs and 2 in runs:
+                d["scaling_2_vs_1"] = round(runs[2]["gib_s"] / runs[1]["gib_s"], 3)
+            if 1 in runs and rec["plain"]:
+                d["one_worker_vs_plain"] = round(runs[1]["gib_s"] / rec["plain"]["gib_s"], 3)
+    return out
+
+
+def parse_blocks(spec: str) -> dict[str, str | None]:
+    """``--block-mib``: comma-separated MiB per block, ``auto`` for to_dask's default rule."""
+    out: dict[str, str | None] = {}
+    for item in (x.strip() for x in spec.split(",")):
+        if not item:
+            continue
+        if item == "auto":
+            out["auto"] = None
+            continue
+        try:
+            mib = float(item)
+        except ValueError:
+            raise SystemExit(f"--block-mib expects numbers (MiB) or 'auto', got {item!r}") from None
+        if mib <= 0:
+            raise SystemExit(f"--block-mib must be positive, got {item!r}")
+        out[f"{mib:g} MiB"] = f"{int(mib * (1 << 20))}B"
+    if not out:
+        raise SystemExit("--block-mib: give at least one size or 'auto'")
     return out
 
 
@@ -421,22 +445,28 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [(f"Dask scale-out, {res['size_gib']:g} GiB uint16 volumes {tuple(res['shape'])}, device "
              f"{res['device']}; aggregate GiB/s of decoded bytes, data persisted on the workers, "
              f"best of {res['repeat']}."), ""]
-    counts = sorted({int(n) for rec in res["layouts"].values() for n in rec["dask"]})
-    head = ["layout", "ratio", "plain read_zarr (1 worker)"] + [f"{n} worker{'s' if n > 1 else ''}" for n in counts]
+    counts = sorted({int(n) for rec in res["layouts"].values() for d in rec["dask"].values() for n in d["runs"]})
+    head = ["layout", "ratio", "plain read_zarr (1 worker)", "dask blocks"]
+    head += [f"{n} worker{'s' if n > 1 else ''}" for n in counts]
     head += ["2 vs 1 (>= 1.8x)", "1 worker vs plain (within 10 %)", "blocks checked vs zarr CPU"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, rec in res["layouts"].items():
         vol = res["volumes"][name]
-        row = [f"{name}: {vol['label']}", f"{vol['ratio']}",
-               f"{rec['plain']['gib_s']:.2f} ({rec['plain']['backend']})" if rec["plain"] else "-"]
-        row += [f"{rec['dask'][n]['gib_s']:.2f}" if n in rec["dask"] else "-" for n in counts]
-        s = rec.get("scaling_2_vs_1")
-        row.append(f"{s:.2f}x: {'met' if s >= TARGET_SCALING else 'MISSED'}" if s else "-")
-        v = rec.get("one_worker_vs_plain")
-        row.append(f"{v:.2f}: {'met' if v >= 1 - TARGET_VS_PLAIN else 'MISSED'}" if v else "-")
-        c = rec.get("check")
-        row.append("skipped" if not c else f"{c['blocks']} blocks, {'all equal' if c['equal'] else str(c['mismatched']) + ' MISMATCHED'}")
-        lines.append("| " + " | ".join(row) + " |")
+        for i, (label, d) in enumerate(rec["dask"].items()):
+            runs = {int(k): v for k, v in d["runs"].items()}
+            first = next(iter(runs.values()), None)
+            row = [f"{name}: {vol['label']}", f"{vol['ratio']}",
+                   f"{rec['plain']['gib_s']:.2f} ({rec['plain']['backend']})" if rec["plain"] else "-",
+                   f"{label}: {first['blocks']} x {first['block_mib']:g} MiB" if first else label]
+            row += [f"{runs[n]['gib_s']:.2f}" if n in runs else "-" for n in counts]
+            sc = d.get("scaling_2_vs_1")
+            row.append(f"{sc:.2f}x: {'met' if sc >= TARGET_SCALING else 'MISSED'}" if sc else "-")
+            v = d.get("one_worker_vs_plain")
+            row.append(f"{v:.2f}: {'met' if v >= 1 - TARGET_VS_PLAIN else 'MISSED'}" if v else "-")
+            c = rec.get("check") if i == 0 else None
+            row.append("-" if i else "skipped" if not c else
+                       f"{c['blocks']} blocks, {'all equal' if c['equal'] else str(c['mismatched']) + ' MISMATCHED'}")
+            lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     for n, cl in res["clusters"].items():
         ws = "; ".join(f"GPU {w['gpu']} (CUDA_VISIBLE_DEVICES={w['CUDA_VISIBLE_DEVICES']})" for w in cl["workers"])

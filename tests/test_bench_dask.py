@@ -45,7 +45,7 @@ def test_checksum_is_order_sensitive_and_dtype_generic(bench_dask):
 def test_bench_dask_tiny_cpu(bench_dask, tmp_path):
     out = tmp_path / "out"
     rc = bench_dask.main(["--size-gib", "0.05", "--cpu", "--workers", "1,2", "--repeat", "1",
-                          "--block-mib", "8", "--write-procs", "2", "--workdir", str(tmp_path / "work"),
+                          "--block-mib", "8,auto", "--write-procs", "2", "--workdir", str(tmp_path / "work"),
                           "--out", str(out)])
     assert rc == 0
     res = json.loads((out / "dask-0.05GiB-cpu.json").read_text())
@@ -54,10 +54,13 @@ def test_bench_dask_tiny_cpu(bench_dask, tmp_path):
     assert set(res["layouts"]) == {"zstd-1MiB", "blosc-lz4"}
     for name, rec in res["layouts"].items():
         assert rec["plain"]["backend"] == "cpu" and rec["plain"]["gib_s"] > 0, name
-        assert set(rec["dask"]) == {"1", "2"}
-        assert rec["dask"]["2"]["blocks"] == 6 and rec["dask"]["2"]["meta"] == "numpy.ndarray"
+        assert set(rec["dask"]) == {"8 MiB", "auto"}
+        small = rec["dask"]["8 MiB"]
+        assert set(small["runs"]) == {"1", "2"}
+        assert small["runs"]["2"]["blocks"] == 6 and small["runs"]["2"]["meta"] == "numpy.ndarray"
+        assert rec["dask"]["auto"]["runs"]["1"]["blocks"] == 1  # 48 MiB < 128 MiB: one block by default
         assert rec["check"] == {**rec["check"], "blocks": 6, "mismatched": 0, "equal": True}
-        assert rec["scaling_2_vs_1"] > 0 and rec["one_worker_vs_plain"] > 0
+        assert small["scaling_2_vs_1"] > 0 and small["one_worker_vs_plain"] > 0
         assert res["volumes"][name]["ratio"] > 1
     assert len(res["clusters"]["2"]["workers"]) == 2
     md = (out / "dask-0.05GiB-cpu.md").read_text()

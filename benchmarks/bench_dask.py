@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "default rule (1 GiB GPU / 128 MiB CPU); the first is the one checked")
     p.add_argument("--write-procs", type=int, default=None, help="processes writing the volumes (default: all cores)")
     p.add_argument("--no-check", action="store_true", help="skip the per-block checksum comparison")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="after this many seconds (from the start, writing included) optional runs are skipped: "
+                        "repeats beyond the first and block sizes beyond the first")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -334,7 +337,7 @@ def _check(client, y, path: str) -> dict[str, Any]:
             "equal": not bad, "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def measure(args: argparse.Namespace, volumes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def measure(args: argparse.Namespace, volumes: dict[str, dict[str, Any]], t_start: float) -> dict[str, Any]:
     from distributed import Client, wait
 
     from gpu_zarr.dask_array import to_dask
@@ -346,6 +349,14 @@ def measure(args: argparse.Namespace, volumes: dict[str, dict[str, Any]]) -> dic
     backend = "cpu" if args.cpu else "auto"
     counts = sorted({int(w) for w in args.workers.split(",") if w.strip()})
     blocks = parse_blocks(args.block_mib)
+    skipped: list[str] = []
+
+    def late(what: str) -> bool:
+        if args.deadline_s is not None and time.perf_counter() - t_start > args.deadline_s:
+            skipped.append(what)
+            _log(f"past --deadline-s {args.deadline_s:g}: skipping {what}")
+            return True
+        return False
     out: dict[str, Any] = {"clusters": {}, "layouts": {
         n: {"plain": None, "dask": {label: {"runs": {}} for label in blocks}, "check": None} for n in volumes}}
     for n in counts:
@@ -363,14 +374,19 @@ def measure(args: argparse.Namespace, volumes: dict[str, dict[str, Any]]) -> dic
                 rec = out["layouts"][name]
                 path, nbytes = vol["path"], vol["nbytes"]
                 if n == counts[0]:
-                    p = client.submit(_plain_read, path, backend, args.repeat, pure=False).result()
+                    reps = 1 if late(f"{name}: plain read repeats") else args.repeat
+                    p = client.submit(_plain_read, path, backend, reps, pure=False).result()
                     p["gib_s"] = round(nbytes / GiB / min(p["seconds"]), 3)
                     rec["plain"] = p
                     _log(f"{name}: plain read_zarr on one worker {p['gib_s']:.2f} GiB/s ({p['backend']})")
                 for i, (label, chunks) in enumerate(blocks.items()):
+                    if i and late(f"{name}: {n} worker(s), blocks {label}"):
+                        continue
                     secs = []
                     y = None
                     for r in range(args.repeat):
+                        if r and late(f"{name}: {n} worker(s), blocks {label}, repeat {r + 1}"):
+                            break
                         del y
                         client.run(_free_gpu_pool)
                         t = time.perf_counter()
@@ -394,6 +410,7 @@ def measure(args: argparse.Namespace, volumes: dict[str, dict[str, Any]]) -> dic
                              f"{rec['check']['mismatched']} mismatched ({rec['check']['seconds']} s)")
                     del y
                     client.run(_free_gpu_pool)
+    out["skipped_for_time"] = skipped
     for rec in out["layouts"].values():
         for d in rec["dask"].values():
             runs = d["runs"]
@@ -444,7 +461,7 @@ def _versions() -> dict[str, str | None]:
 def markdown(res: dict[str, Any]) -> str:
     lines = [(f"Dask scale-out, {res['size_gib']:g} GiB uint16 volumes {tuple(res['shape'])}, device "
              f"{res['device']}; aggregate GiB/s of decoded bytes, data persisted on the workers, "
-             f"best of {res['repeat']}."), ""]
+             f"best of up to {res['repeat']} runs (all in the JSON)."), ""]
     counts = sorted({int(n) for rec in res["layouts"].values() for d in rec["dask"].values() for n in d["runs"]})
     head = ["layout", "ratio", "plain read_zarr (1 worker)", "dask blocks"]
     head += [f"{n} worker{'s' if n > 1 else ''}" for n in counts]
@@ -474,6 +491,8 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append(f"- {n} worker(s): {cl['kind']}, started in {cl['start_s']} s; {ws}")
         for k, v in served.items():
             lines.append(f"  - {k} read by {v}")
+    if res.get("skipped_for_time"):
+        lines.append(f"- skipped (past --deadline-s): {'; '.join(res['skipped_for_time'])}")
     lines.append(f"- versions: {', '.join(f'{k} {v}' for k, v in res['versions'].items() if v)}")
     lines.append(f"- command: `{res['command']}`")
     return "\n".join(lines) + "\n"
@@ -510,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     rc = 0
     try:
-        res.update(measure(args, volumes))
+        res.update(measure(args, volumes, t0))
     except Exception as exc:  # noqa: BLE001 - recorded, and the exit status says so
         traceback.print_exc()
         res["error"] = f"{type(exc).__name__}: {exc}"

@@ -66,11 +66,16 @@ def test_bench_dask_tiny_cpu(bench_dask, tmp_path):
     md = (out / "dask-0.05GiB-cpu.md").read_text()
     assert "| zstd-1MiB" in md and "| blosc-lz4" in md and "all equal" in md
     # the volumes are reused on a second run (complete and matching)
-    rc = bench_dask.main(["--size-gib", "0.05", "--cpu", "--workers", "2", "--repeat", "1", "--layouts", "zstd-1MiB",
-                          "--no-check", "--workdir", str(tmp_path / "work"), "--out", str(out)])
+    # ... and past --deadline-s only the first block size is measured, once
+    rc = bench_dask.main(["--size-gib", "0.05", "--cpu", "--workers", "2", "--repeat", "2", "--layouts", "zstd-1MiB",
+                          "--block-mib", "auto,8", "--deadline-s", "0", "--no-check",
+                          "--workdir", str(tmp_path / "work"), "--out", str(out)])
     assert rc == 0
     res = json.loads((out / "dask-0.05GiB-cpu.json").read_text())
     assert res["volumes"]["zstd-1MiB"]["reused"] is True
+    rec = res["layouts"]["zstd-1MiB"]
+    assert len(rec["dask"]["auto"]["runs"]["2"]["seconds"]) == 1 and rec["dask"]["8 MiB"]["runs"] == {}
+    assert len(rec["plain"]["seconds"]) == 1 and len(res["skipped_for_time"]) == 3
 
 
 def _visible() -> str | None:

@@ -13,10 +13,11 @@ import gc
 import statistics
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import bench_env
-from bench_readers import Reader, synchronize, to_host, throughput_readers
+from bench_readers import Reader, synchronize, throughput_readers, to_host
 from bench_volumes import VolumeInfo
 
 __all__ = ["TARGETS", "time_volume", "summarise"]
@@ -73,7 +74,11 @@ def _stats() -> dict[str, Any] | None:
     except Exception:
         return None
     try:
-        st = last_read_stats()
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            st = last_read_stats()
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
     if st is None:

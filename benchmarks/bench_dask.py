@@ -50,7 +50,7 @@ _HERE = Path(__file__).resolve().parent
 if str(_HERE) not in sys.path:
     sys.path.insert(0, str(_HERE))
 
-import numpy as np
+import numpy as np  # noqa: E402
 
 __all__ = ["LAYOUTS", "block_checksum", "build_parser", "ensure_volumes", "main"]
 
@@ -141,8 +141,9 @@ def _create(path: Path, name: str, shape: tuple[int, ...], spec: dict[str, Any])
 
 def _write_part(paths: list[str], shape: tuple[int, int, int], z0: int, z1: int, seed: int) -> int:
     """In a writer process: planes z0:z1 of the test volume, into every path."""
-    import bench_volumes
     import zarr
+
+    import bench_volumes
 
     slab = bench_volumes.make_slab(shape, z0, z1, seed)
     with zarr.config.set({"threading.max_workers": 2, "async.concurrency": 16}):

@@ -16,10 +16,10 @@ pytest.importorskip("dask.array")
 pytest.importorskip("distributed")
 
 import dask
-from stores import write
 
 from gpu_zarr.dask_array import to_dask
 from gpu_zarr.sample import write_sample_omezarr
+from stores import write
 
 pytestmark = pytest.mark.gpu
 

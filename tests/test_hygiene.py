@@ -50,7 +50,8 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
 
 
 def test_plain_import_is_light():
-    code = "import sys, gpu_zarr; bad=[m for m in ('cupy','kvikio','napari','qtpy','zarr','dask') if m in sys.modules]; print(bad)"
+    code = ("import sys, gpu_zarr; bad=[m for m in ('cupy','kvikio','napari','qtpy','zarr','dask') "
+            "if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 

@@ -98,53 +98,42 @@ class ArraySource:
 # ------------------------------------------------------------------ per-process cache
 
 _CACHE_SIZE = 32
-_cache: OrderedDict[tuple[str, int | None, int], Any] = OrderedDict()
+_cache: OrderedDict[tuple, Any] = OrderedDict()
 _cache_lock = threading.Lock()
-_opens: Counter[tuple[str, int | None, int]] = Counter()
-_reads: Counter[tuple[str, int | None, int]] = Counter()
+_opens: Counter[str] = Counter()
+_reads: Counter[str] = Counter()
 _said_cpu = False
 
 
-def _open(source: ArraySource):
-    """The opened zarr array of ``source``, from this process's cache."""
+def _prepared(source: ArraySource, backend: str) -> Any:
+    """This process's :class:`~gpu_zarr.zarr_io.PreparedArray` of ``source``: opened and its
+    backend (and engine layout) chosen once, then reused by every block."""
+    from gpu_zarr.zarr_io import PreparedArray
+
+    key = (*source.key, backend)
     with _cache_lock:
-        arr = _cache.get(source.key)
-        if arr is not None:
-            _cache.move_to_end(source.key)
-            return arr
-        arr = _open_path(source.path)
+        prep = _cache.get(key)
+        if prep is not None:
+            _cache.move_to_end(key)
+            return prep
+        prep = PreparedArray(source.path, backend)  # type: ignore[arg-type]
+        arr = prep.array
         if tuple(arr.shape) != tuple(source.shape) or np.dtype(arr.dtype).newbyteorder("=") != np.dtype(source.dtype):
             raise GpuZarrError(
                 f"{source.path} changed since the dask graph was built: expected shape {source.shape} "
                 f"dtype {source.dtype}, found shape {tuple(arr.shape)} dtype {arr.dtype}. "
                 "Build the dask array again with gpu_zarr.to_dask().")
-        _cache[source.key] = arr
-        _opens[source.key] += 1
+        _cache[key] = prep
+        _opens[source.path] += 1
         while len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
-        return arr
-
-
-def _open_path(path: str):
-    if "://" in path:
-        import zarr
-
-        try:
-            return zarr.open_array(path, mode="r")
-        except Exception as exc:
-            raise NotAZarrError(f"expected a zarr array at {path}, but it could not be opened: "
-                                f"{type(exc).__name__}: {exc}") from exc
-    from gpu_zarr.zarr_io import open_array
-
-    return open_array(path)
+        return prep
 
 
 def _cache_info() -> dict[str, Any]:
-    """This process's cache: opens and block reads per array (for tests and diagnostics)."""
+    """This process's cache: opens and block reads per array path (for tests and diagnostics)."""
     with _cache_lock:
-        return {"pid": os.getpid(), "cached": len(_cache),
-                "opens": {k[0]: n for k, n in _opens.items()},
-                "reads": {k[0]: n for k, n in _reads.items()}}
+        return {"pid": os.getpid(), "cached": len(_cache), "opens": dict(_opens), "reads": dict(_reads)}
 
 
 def _clear_cache() -> None:
@@ -157,10 +146,13 @@ def _clear_cache() -> None:
 # ------------------------------------------------------------------ block read (on the worker)
 
 
-def read_block(source: ArraySource, region: tuple[tuple[int, int], ...], backend: str = "auto"):
-    """Read one block: ``array[start:stop, ...]`` through :func:`gpu_zarr.zarr_io.read_selection`.
+def read_block(source: ArraySource, region: tuple[tuple[int, int], ...], backend: str = "auto") -> Any:
+    """Read one block: ``array[start:stop, ...]`` through the project's read path.
 
-    This is the function every task of a :func:`to_dask` graph calls, in the worker.
+    This is the function every task of a :func:`to_dask` graph calls, in the worker: the
+    array is opened and its backend chosen once per process
+    (:class:`gpu_zarr.zarr_io.PreparedArray`, as :func:`gpu_zarr.zarr_io.read_selection`
+    does for one read), then each block is one read.
 
     Parameters
     ----------
@@ -169,7 +161,7 @@ def read_block(source: ArraySource, region: tuple[tuple[int, int], ...], backend
     region : tuple of (int, int)
         ``(start, stop)`` per axis.
     backend : {"auto", "kvikio", "zarr-gpu", "cpu"}
-        Passed to ``read_selection`` as ``prefer``.
+        The ``prefer`` of the read.
 
     Returns
     -------
@@ -177,13 +169,10 @@ def read_block(source: ArraySource, region: tuple[tuple[int, int], ...], backend
         cupy on a GPU backend, numpy on the CPU backend; native byte order.
     """
     global _said_cpu
-    from gpu_zarr.zarr_io import read_selection
-
-    arr = _open(source)
-    sel = tuple(slice(a, b) for a, b in region)
-    res = read_selection(arr, sel, prefer=backend)  # type: ignore[arg-type]
+    prep = _prepared(source, backend)
+    res = prep.read(tuple(slice(a, b) for a, b in region))
     with _cache_lock:
-        _reads[source.key] += 1
+        _reads[source.path] += 1
         say = res.backend == "cpu" and backend == "auto" and not _said_cpu
         if say:
             _said_cpu = True
@@ -230,7 +219,7 @@ def block_shape(shape: tuple[int, ...], unit: tuple[int, ...], itemsize: int, ta
     return tuple(block)
 
 
-def _storage_unit(arr) -> tuple[int, ...]:
+def _storage_unit(arr: Any) -> tuple[int, ...]:
     shards = getattr(arr, "shards", None)
     return tuple(int(c) for c in (shards or arr.chunks))
 
@@ -246,7 +235,7 @@ def _stamp(path: str) -> int:
     return 0
 
 
-def _array_path(arr) -> str:
+def _array_path(arr: Any) -> str:
     """A path a worker can reopen ``arr`` from (local stores only)."""
     store = getattr(arr, "store", None)
     root = getattr(store, "root", None)
@@ -277,7 +266,7 @@ def _client_uses_gpu(backend: str) -> bool:
     return False
 
 
-def _chunks_for(arr, shape, dtype: np.dtype, chunks: Any, gpu: bool):
+def _chunks_for(arr: Any, shape: tuple[int, ...], dtype: np.dtype, chunks: Any, gpu: bool) -> tuple:
     from dask.array.core import normalize_chunks
     from dask.utils import parse_bytes
 
@@ -290,7 +279,7 @@ def _chunks_for(arr, shape, dtype: np.dtype, chunks: Any, gpu: bool):
     return normalize_chunks(chunks, tuple(shape), dtype=dtype, previous_chunks=unit)
 
 
-def _one(arr, path: str, level: int | None, chunks: Any, backend: str, gpu: bool) -> dask.array.Array:
+def _one(arr: Any, path: str, level: int | None, chunks: Any, backend: str, gpu: bool) -> dask.array.Array:
     import dask.array as da
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
@@ -383,21 +372,21 @@ def to_dask(path_or_array: Any, *, level: int | None = None, chunks: Any = None,
         raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}; got {backend!r}")
 
     if isinstance(path_or_array, (str, os.PathLike)):
-        from gpu_zarr.omezarr import _check_level, _join, open_node, open_ome
+        import zarr
+
+        from gpu_zarr.omezarr import open_ome
+        from gpu_zarr.store import open_node
 
         path = os.fspath(path_or_array)
         node = open_node(path)
-        import zarr
-
         if isinstance(node, zarr.Group):
             image = open_ome(path, with_labels=False)
+            n = len(image.levels)
+            if level is not None:
+                image.level_path(level)  # IndexError / TypeError for a level that does not exist
             gpu = _client_uses_gpu(backend)
-            idx = list(range(len(image.levels))) if level is None else [
-                _check_level(level, len(image.levels), image.path)]
-            out = []
-            for i in idx:
-                sub = _join(image.path, image.levels[i].path)
-                out.append(_one(image.open_level(i), sub, i, chunks, backend, gpu))
+            out = [_one(image.open_level(i), image.level_path(i), i, chunks, backend, gpu)
+                   for i in (range(n) if level is None else [level % n])]
             return out if level is None else out[0]
         arr = node
     else:

@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size-gib", type=float, default=16.0, help="decoded size of each volume")
     p.add_argument("--layouts", default="zstd-1MiB,blosc-lz4", help=f"comma-separated, of {sorted(LAYOUTS)}")
     p.add_argument("--workers", default="1,2", help="comma-separated worker counts (one GPU each)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads per worker (dask-cuda's default is 1: one block read at a time per GPU)")
     p.add_argument("--cpu", action="store_true", help="CPU only: LocalCluster, numpy blocks (backend cpu)")
     p.add_argument("--out", default=str(_HERE / "results"), help="folder for the JSON and Markdown")
     p.add_argument("--workdir", default=None,
@@ -282,12 +284,12 @@ def _free_gpu_pool() -> None:
 # ------------------------------------------------------------------ clusters
 
 
-def make_cluster(n: int, cpu: bool) -> tuple[Any, str]:
-    """A cluster of ``n`` single-threaded worker processes: one per GPU, or CPU-only."""
+def make_cluster(n: int, cpu: bool, threads: int = 1) -> tuple[Any, str]:
+    """A cluster of ``n`` worker processes (``threads`` threads each): one per GPU, or CPU-only."""
     from distributed import LocalCluster
 
     if cpu:
-        return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None), \
+        return LocalCluster(n_workers=n, threads_per_worker=threads, processes=True, dashboard_address=None), \
             "distributed.LocalCluster (processes, CPU)"
     import cupy
 
@@ -298,20 +300,20 @@ def make_cluster(n: int, cpu: bool) -> tuple[Any, str]:
     try:
         from dask_cuda import LocalCUDACluster
 
-        return LocalCUDACluster(n_workers=n, threads_per_worker=1, CUDA_VISIBLE_DEVICES=visible,
+        return LocalCUDACluster(n_workers=n, threads_per_worker=threads, CUDA_VISIBLE_DEVICES=visible,
                                 dashboard_address=None), "dask_cuda.LocalCUDACluster"
     except Exception as exc:  # noqa: BLE001 - fall back to the same layout by hand, and say so
         why = f"{type(exc).__name__}: {exc}"
         _log(f"dask_cuda.LocalCUDACluster unavailable ({why}); one Nanny per GPU with CUDA_VISIBLE_DEVICES instead")
-        return nanny_per_gpu_cluster(n, ngpu), f"SpecCluster, one Nanny per GPU (dask_cuda: {why})"
+        return nanny_per_gpu_cluster(n, ngpu, threads), f"SpecCluster, one Nanny per GPU (dask_cuda: {why})"
 
 
-def nanny_per_gpu_cluster(n: int, ngpu: int):
+def nanny_per_gpu_cluster(n: int, ngpu: int, threads: int = 1) -> Any:
     """What LocalCUDACluster does for us: worker ``i`` sees GPU ``i`` first (its device 0)."""
     from distributed import Nanny, Scheduler, SpecCluster
 
     ids = list(range(ngpu))
-    workers = {i: {"cls": Nanny, "options": {"nthreads": 1, "env": {
+    workers = {i: {"cls": Nanny, "options": {"nthreads": threads, "env": {
         "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in ids[i:] + ids[:i])}}} for i in range(n)}
     return SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}})
 
@@ -362,11 +364,11 @@ def measure(args: argparse.Namespace, volumes: dict[str, dict[str, Any]], t_star
         n: {"plain": None, "dask": {label: {"runs": {}} for label in blocks}, "check": None} for n in volumes}}
     for n in counts:
         t0 = time.perf_counter()
-        cluster, kind = make_cluster(n, args.cpu)
+        cluster, kind = make_cluster(n, args.cpu, args.threads)
         with cluster, Client(cluster) as client:
             client.wait_for_workers(n)
             warm = client.run(_warm, [v["path"] for v in volumes.values()], backend)
-            out["clusters"][n] = {"kind": kind, "start_s": round(time.perf_counter() - t0, 1),
+            out["clusters"][n] = {"kind": kind, "threads_per_worker": args.threads, "start_s": round(time.perf_counter() - t0, 1),
                                   "workers": list(warm.values())}
             _log(f"{n} worker(s) on {kind}: " + "; ".join(
                 f"pid {w['pid']} GPU {w['gpu']} (CUDA_VISIBLE_DEVICES={w['CUDA_VISIBLE_DEVICES']})"
@@ -489,7 +491,7 @@ def markdown(res: dict[str, Any]) -> str:
     for n, cl in res["clusters"].items():
         ws = "; ".join(f"GPU {w['gpu']} (CUDA_VISIBLE_DEVICES={w['CUDA_VISIBLE_DEVICES']})" for w in cl["workers"])
         served = {k: v for w in cl["workers"] for k, v in w["served"].items()}
-        lines.append(f"- {n} worker(s): {cl['kind']}, started in {cl['start_s']} s; {ws}")
+        lines.append(f"- {n} worker(s), {cl.get('threads_per_worker', 1)} thread(s) each: {cl['kind']}, started in {cl['start_s']} s; {ws}")
         for k, v in served.items():
             lines.append(f"  - {k} read by {v}")
     if res.get("skipped_for_time"):

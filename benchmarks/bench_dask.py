@@ -491,7 +491,8 @@ def markdown(res: dict[str, Any]) -> str:
     for n, cl in res["clusters"].items():
         ws = "; ".join(f"GPU {w['gpu']} (CUDA_VISIBLE_DEVICES={w['CUDA_VISIBLE_DEVICES']})" for w in cl["workers"])
         served = {k: v for w in cl["workers"] for k, v in w["served"].items()}
-        lines.append(f"- {n} worker(s), {cl.get('threads_per_worker', 1)} thread(s) each: {cl['kind']}, started in {cl['start_s']} s; {ws}")
+        lines.append(f"- {n} worker(s), {cl.get('threads_per_worker', 1)} thread(s) each: {cl['kind']}, "
+                     f"started in {cl['start_s']} s; {ws}")
         for k, v in served.items():
             lines.append(f"  - {k} read by {v}")
     if res.get("skipped_for_time"):

@@ -39,7 +39,8 @@ def _block_info(b) -> tuple[str, str, str, int]:
 
     dev = cupy.cuda.runtime.getDevice()
     bus = cupy.cuda.Device(dev).pci_bus_id
-    return (type(b).__module__ + "." + type(b).__name__, bus, os.environ.get("CUDA_VISIBLE_DEVICES", ""), dev)
+    kind = "cupy.ndarray" if isinstance(b, cupy.ndarray) else type(b).__module__ + "." + type(b).__name__
+    return (kind, bus, os.environ.get("CUDA_VISIBLE_DEVICES", ""), dev)
 
 
 def _worker_gpu() -> tuple[str, int, str]:

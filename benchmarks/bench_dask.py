@@ -251,7 +251,8 @@ def _warm(paths: list[str], backend: str) -> dict[str, Any]:
     caps = probe()
     served = {}
     for p in paths:
-        r = read_selection(p, (slice(0, 2),), prefer=backend)
+        # 32 planes (256 MiB): above the small-read threshold, so nvCOMP and the GPU path warm up
+        r = read_selection(p, (slice(0, 32),), prefer=backend)
         served[Path(p).name] = f"{r.backend}: {r.reason}"
     return {"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "gpu": caps.device_name if caps.gpu else None, "served": served}

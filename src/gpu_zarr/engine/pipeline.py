@@ -68,6 +68,9 @@ class EngineOptions:
     pinned_limit : int, optional
         Upper bound of this read's staging (``slots * batch_bytes`` is reduced to fit);
         default ``settings`` ``pinned_bytes``.
+    cache : bool
+        Serve decoded chunks from the runtime's chunk cache and keep the ones this read
+        decodes there (``settings`` ``cache_bytes``); lazy arrays (viewers) turn it on.
     progress : callable, optional
         ``progress(done_bytes, total_bytes)`` after each batch (decoded bytes).
     cancel : object with ``is_set()``, optional
@@ -82,6 +85,7 @@ class EngineOptions:
     reader: str = field(default_factory=_setting("reader"))
     direct_raw: bool = field(default_factory=_setting("direct_raw"))
     pinned_limit: int = field(default_factory=_setting("pinned_bytes"))
+    cache: bool = False
     progress: Callable[[int, int], None] | None = None
     cancel: Any = None
 
@@ -192,13 +196,26 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     missing = np.flatnonzero(loc.nbytes < 0)
     if len(missing):
         ops.fill(out, pieces.table[missing], lay.fill_value)
-    batches = make_batches(loc.file_id, loc.offset, loc.nbytes, lay.inner_nbytes, batch)
+    cache = rt.chunk_cache(device) if opts.cache and stage.decodes and settings.get("cache_bytes") else None
+    keys: list[Any] = []
+    to_read = loc.nbytes
+    held: list[Any] = []
+    if cache is not None:
+        keys = _cache_keys(loc)
+        to_read, held = _place_cached(cache, keys, loc, pieces, out, ops, lay, stats)
+    batches = make_batches(loc.file_id, loc.offset, to_read, lay.inner_nbytes, batch)
     stats.update(codec=lay.codec, pieces=len(pieces), missing=len(missing), batches=len(batches),
                  encoded_bytes=int(loc.nbytes[loc.nbytes > 0].sum()), decoded_bytes=out_nbytes)
     reader = rt.reader(opts.reader if device == "gpu" else "threads", opts.threads)
-    _run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats)
+    decoded: list[tuple[Any, Any]] = []  # (cache key, chunk) kept once the read is complete
+    _run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats,
+                 (lambda k, chunk: decoded.append((keys[k], chunk))) if cache is not None else None)
     result = ops.finish(out, None if region.is_box else region.post)
     ops.sync()
+    if cache is not None:  # only now: every stream is done with them
+        for key, chunk in decoded:
+            cache.put(key, chunk)
+    del held
     stats["total_s"] = time.perf_counter() - t0
     _last.stats = stats
     return EngineResult(result, stats)
@@ -234,6 +251,39 @@ def _size_batches(lay: Layout, stage: CodecStage, opts: EngineOptions, slots: in
     return batch, device_bytes
 
 
+def _cache_keys(loc: Located) -> list[Any]:
+    """Per piece, where its bytes are on disk (file, offset, size, modification time): a
+    chunk rewritten on disk gets another key. None for missing pieces."""
+    mtimes: dict[int, int] = {}
+    for f in np.unique(loc.file_id[loc.nbytes >= 0]).tolist():
+        try:
+            mtimes[f] = os.stat(loc.files[f]).st_mtime_ns
+        except FileNotFoundError:
+            mtimes[f] = -1
+    return [(str(loc.files[f]), o, n, mtimes[f]) if n >= 0 else None
+            for f, o, n in zip(loc.file_id.tolist(), loc.offset.tolist(), loc.nbytes.tolist())]
+
+
+def _place_cached(cache: Any, keys: list[Any], loc: Located, pieces: Pieces, out: Any, ops: Ops, lay: Layout,
+                  stats: dict[str, Any]) -> tuple[np.ndarray, list[Any]]:
+    """Place the pieces the cache holds; return sizes with those marked as not to be read, and
+    the chunks placed (the caller holds them until the read is done: an eviction meanwhile
+    must not free memory a kernel still reads)."""
+    to_read = loc.nbytes.copy()
+    found: list[int] = []
+    chunks: list[Any] = []
+    for k, key in enumerate(keys):
+        chunk = cache.get(key) if key is not None else None
+        if chunk is not None:
+            found.append(k)
+            chunks.append(chunk)
+    if found:
+        ops.place_chunks(chunks, pieces.table[found], out, lay.disk_dtype)
+        to_read[found] = -1
+    stats["cache_hits"] = len(found)
+    return to_read, chunks
+
+
 def _stride(lay: Layout) -> int:
     """Bytes between decoded chunks in the decoded buffer (16-byte aligned)."""
     return -(-lay.inner_nbytes // 16) * 16
@@ -255,7 +305,8 @@ class _Names(Sequence[str]):
 
 
 def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: list[Batch], out: Any,
-                 ops: Ops, reader: Any, opts: EngineOptions, stats: dict[str, Any]) -> None:
+                 ops: Ops, reader: Any, opts: EngineOptions, stats: dict[str, Any],
+                 keep: Callable[[int, Any], None] | None = None) -> None:
     if not batches:
         return
     nslots = min(max(1, opts.slots), len(batches))
@@ -263,7 +314,7 @@ def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, b
     # raw chunks read by kvikio land in device memory directly: nothing to check on the host
     direct = (not stage.decodes) and ops.name == "gpu" and reader.name == "kvikio" and opts.direct_raw
     with ops.host_buffers(0 if direct else cap, 0 if direct else nslots) as host:
-        _run(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, nslots, cap, direct, host)
+        _run(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, nslots, cap, direct, host, keep)
     stats["reader"] = reader.name + (" (into device memory)" if direct else " (staging)")
     stats["threads"] = getattr(reader, "threads", None)
     stats["slots"] = nslots
@@ -272,7 +323,7 @@ def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, b
 
 def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: list[Batch], out: Any, ops: Ops,
          reader: Any, opts: EngineOptions, stats: dict[str, Any], nslots: int, cap: int, direct: bool,
-         host: list[np.ndarray]) -> None:
+         host: list[np.ndarray], keep: Callable[[int, Any], None] | None) -> None:
     t_setup = time.perf_counter()
     per = max(len(b.pieces) for b in batches)
     dstride = _stride(lay)
@@ -334,6 +385,9 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
                              names, s, uploaded)
                 timings["decode_s"] += time.perf_counter() - t
                 src, src_off = dev_out[s % ops.lanes], dst_offsets[:len(b.pieces)]
+                if keep is not None:  # copies for the chunk cache, ordered after the decode
+                    for j, piece in enumerate(b.pieces.tolist()):
+                        keep(piece, ops.take(src, int(src_off[j]), lay.inner_nbytes, s))
             else:
                 src, src_off = dev_in[s], b.src_offsets
             t = time.perf_counter()

@@ -101,8 +101,9 @@ def place_gpu(src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, di
 
     Parameters
     ----------
-    src : cupy.ndarray of uint8
+    src : cupy.ndarray of uint8, or None
         Decoded pieces; piece k starts at byte ``src_offsets[k]`` (aligned to the unit).
+        None: ``src_offsets`` are device addresses (pieces in separate buffers, e.g. cached).
     src_offsets : ndarray of int64
     table : ndarray, shape (n, ndim, 4)
         Placement table (see :class:`gpu_zarr.engine.plan.Pieces`).
@@ -134,7 +135,7 @@ def place_gpu(src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, di
         str_d = cupy.asarray(strides)
         for p0 in range(0, n, 65535):
             cnt = min(65535, n - p0)
-            kern((grid_x, cnt), (block,), (src, view, tab_d, off_d, str_d, np.int32(ndim),
+            kern((grid_x, cnt), (block,), (np.uint64(0) if src is None else src, view, tab_d, off_d, str_d, np.int32(ndim),
                                            np.int32(swap), np.int32(p0)))
 
 

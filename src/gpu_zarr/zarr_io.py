@@ -299,8 +299,11 @@ def prepare(array_or_path: Any, prefer: Backend = "auto") -> PreparedArray:
 def gpu_zarr_context() -> Iterator[None]:
     """Context manager that puts zarr into GPU mode for arbitrary slice reads.
 
-    Inside it, ``zarr.open_array(...)[...]`` returns ``cupy.ndarray`` and zstd chunks are
-    decoded by nvCOMP (:class:`gpu_zarr.nvcomp_zstd.NvcompZstdCodec`) when it is installed.
+    Inside it, ``zarr.open_array(...)[...]`` returns ``cupy.ndarray``; zstd chunks of zarr v3
+    arrays are decoded by nvCOMP (:class:`gpu_zarr.nvcomp_zstd.NvcompZstdCodec`) and zarr v2
+    chunks (zstd, Blosc, gzip, zlib) by the engine's codec stages on the GPU
+    (:mod:`gpu_zarr.zarr_v2_gpu`); other numcodecs codecs round-trip through the host with
+    one warning that names them.
     The previous zarr configuration is restored on exit, on exceptions and when nested.
 
     Examples
@@ -326,9 +329,10 @@ def gpu_zarr_context() -> Iterator[None]:
         raise GPUUnavailable("gpu_zarr_context needs a CUDA GPU: "
                              f"{caps.backend_status('zarr-gpu')[1]}. Read on the CPU instead, or {INSTALL_HINT}.")
     from gpu_zarr.nvcomp_zstd import gpu_zstd_config, register_nvcomp_zstd
+    from gpu_zarr.zarr_v2_gpu import gpu_v2_decoding
 
     overrides = gpu_zstd_config() if register_nvcomp_zstd() else {}
-    with zarr.config.enable_gpu(), zarr.config.set(overrides):
+    with zarr.config.enable_gpu(), zarr.config.set(overrides), gpu_v2_decoding():
         yield
 
 

@@ -1,107 +1,188 @@
-"""Stage 3, decode: one batched zstd call per batch.
+"""Stage 3, decode: one batched nvCOMP call per batch, and its CPU twin.
 
-:func:`decode_zstd_gpu` is the only place that calls nvCOMP; the engine and the zarr codec
-(:mod:`gpu_zarr.nvcomp_zstd`) both use it. Frames are checked on the host first
-(:mod:`gpu_zarr.engine.zstd_frames`): nvCOMP is undefined on corrupt input.
-:func:`decode_zstd_cpu` is the numcodecs twin.
+:func:`decode_batch_gpu` is the only place that decodes with nvCOMP (through the low-level
+binding :mod:`gpu_zarr.engine.nvcomp_batch`); the engine's codec stages and the zarr codec
+(:mod:`gpu_zarr.nvcomp_zstd`) all use it, so a fix or a speed-up lands once.
+:func:`decode_batch_cpu` is its twin on the host (numcodecs / zlib), with the same
+arguments and the same errors. Both take streams: "zstd" (standard frames), "lz4" (raw
+blocks) and "deflate" (raw RFC 1951 streams, wrappers already stripped).
 """
 
 from __future__ import annotations
 
-import threading
+import zlib
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from gpu_zarr.errors import INSTALL_HINT, CorruptChunkError, GPUUnavailable
 
-__all__ = ["decode_zstd_cpu", "decode_zstd_gpu", "nvcomp_codec"]
+__all__ = [
+    "ALGORITHMS",
+    "decode_batch_cpu",
+    "decode_batch_gpu",
+    "decode_zstd_cpu",
+    "decode_zstd_gpu",
+    "nvcomp_codec",
+]
 
-_local = threading.local()
+ALGORITHMS = ("zstd", "lz4", "deflate")
+
+
+def _name(names: Sequence[str] | None, k: int) -> str:
+    return str(names[k]) if names is not None else f"#{k} of the batch"
+
+
+def _as_sizes(v: Any, n: int) -> np.ndarray:
+    a = np.asarray(v, np.int64)
+    return np.full(n, int(a), np.int64) if a.ndim == 0 else a
+
+
+def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
+                     dst_offsets: np.ndarray, dst_sizes: np.ndarray, stream: Any,
+                     names: Sequence[str] | None = None, slot: int = 0, check: bool = True) -> Any:
+    """Decode a batch of streams from one device buffer into another, in ONE nvCOMP call.
+
+    Parameters
+    ----------
+    algo : {"zstd", "lz4", "deflate"}
+    src : cupy.ndarray of uint8
+        Encoded streams, stream k at ``src_offsets[k]`` with ``src_sizes[k]`` bytes.
+    src_offsets, src_sizes : ndarray of int64 (host)
+    dst : cupy.ndarray of uint8
+        Output; stream k decodes to ``dst[dst_offsets[k] : dst_offsets[k] + dst_sizes[k]]``.
+    dst_offsets : ndarray of int64 (host)
+    dst_sizes : ndarray of int64 or int
+        Exact decoded size of each stream (one int: the same for all).
+    stream : cupy.cuda.Stream
+        Stream the decode is ordered on.
+    names : sequence of str, optional
+        Name of each stream's chunk, for error messages.
+    slot : int
+        In-flight slot: each (device, algorithm, slot, stream) keeps its own nvCOMP scratch.
+    check : bool
+        True: wait for the batch and check its statuses before returning. False: return a
+        :class:`~gpu_zarr.engine.nvcomp_batch.PendingBatch` to ``check()`` later.
+
+    Raises
+    ------
+    CorruptChunkError
+        A stream failed to decode or decoded to another size, naming its chunk.
+    GPUUnavailable
+        nvCOMP's C library is missing or too old (the message names the fix).
+
+    Notes
+    -----
+    zstd input is checked by nvCOMP's per-chunk statuses and decoded sizes;
+    :mod:`gpu_zarr.engine.zstd_frames` additionally walks the frame headers on the host
+    where the caller has the bytes there (nvCOMP documents corrupt zstd input as undefined).
+    """
+    from gpu_zarr.engine.nvcomp_batch import batched_decoder
+
+    if algo not in ALGORITHMS:
+        raise ValueError(f"algo must be one of {ALGORITHMS}, not {algo!r}")
+    n = len(src_offsets)
+    if n == 0:
+        return None
+    dec = batched_decoder(algo, stream, slot)
+    return dec.decode(src, np.asarray(src_offsets, np.int64), np.asarray(src_sizes, np.int64), dst,
+                      np.asarray(dst_offsets, np.int64), _as_sizes(dst_sizes, n), stream, names, check=check)
+
+
+def _cpu_decoder(algo: str):
+    """A function (encoded bytes, expected size) -> decoded bytes for one stream."""
+    if algo == "zstd":
+        from numcodecs import Zstd
+
+        codec = Zstd()
+        return lambda buf, size: codec.decode(buf)
+    if algo == "lz4":
+        from numcodecs import LZ4
+
+        codec = LZ4()
+
+        def lz4(buf: np.ndarray, size: int) -> bytes:
+            # numcodecs' LZ4 frames a raw block with its 4-byte little-endian decoded size
+            framed = np.empty(len(buf) + 4, np.uint8)
+            framed[:4] = np.frombuffer(np.uint32(size).tobytes(), np.uint8)
+            framed[4:] = buf
+            return codec.decode(framed)
+        return lz4
+    if algo == "deflate":
+        def deflate(buf: np.ndarray, size: int) -> bytes:
+            d = zlib.decompressobj(-15)
+            out = d.decompress(buf, size + 1)
+            if not d.eof:
+                raise ValueError("the deflate stream does not end where the chunk says"
+                                 if len(out) <= size else "the deflate stream holds more data")
+            return out
+        return deflate
+    raise ValueError(f"algo must be one of {ALGORITHMS}, not {algo!r}")
+
+
+def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray,
+                     dst: np.ndarray, dst_offsets: np.ndarray, dst_sizes: np.ndarray,
+                     names: Sequence[str] | None = None) -> None:
+    """numcodecs/zlib twin of :func:`decode_batch_gpu` (one call per stream, on the CPU).
+
+    Same arguments (host numpy buffers, no stream) and same errors: a stream that fails or
+    decodes to another size than ``dst_sizes[k]`` raises CorruptChunkError naming
+    ``names[k]``.
+    """
+    n = len(src_offsets)
+    if n == 0:
+        return
+    decode = _cpu_decoder(algo)
+    dsizes = _as_sizes(dst_sizes, n)
+    src = src.view(np.uint8).reshape(-1)
+    for k in range(n):
+        so, ss, do, ds = int(src_offsets[k]), int(src_sizes[k]), int(dst_offsets[k]), int(dsizes[k])
+        try:
+            got = decode(src[so:so + ss], ds)
+        except Exception as exc:
+            raise CorruptChunkError(f"chunk {_name(names, k)}: {algo} decode failed ({exc}). The chunk is corrupt "
+                                    "or truncated; rewrite or delete that chunk.") from exc
+        got = np.frombuffer(got, np.uint8) if not isinstance(got, np.ndarray) else got.view(np.uint8).reshape(-1)
+        if got.nbytes != ds:
+            raise CorruptChunkError(f"chunk {_name(names, k)}: decoded to {got.nbytes} bytes, but the array metadata "
+                                    f"says {ds}. The chunk is corrupt or truncated; rewrite or delete that chunk.")
+        dst[do:do + ds] = got
+
+
+def decode_zstd_gpu(src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any, dst_offsets: np.ndarray,
+                    dst_size: int, stream: Any, names: Sequence[str] | None = None) -> None:
+    """zstd frames, one decoded size for all: :func:`decode_batch_gpu` with ``algo="zstd"``."""
+    decode_batch_gpu("zstd", src, src_offsets, src_sizes, dst, dst_offsets, dst_size, stream, names)
+
+
+def decode_zstd_cpu(src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: np.ndarray,
+                    dst_offsets: np.ndarray, dst_size: int, names: Sequence[str] | None = None) -> None:
+    """numcodecs twin of :func:`decode_zstd_gpu`: :func:`decode_batch_cpu` with ``algo="zstd"``."""
+    decode_batch_cpu("zstd", src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names)
 
 
 def _nvcomp():
     try:
         from nvidia import nvcomp
     except ImportError as exc:
-        raise GPUUnavailable(f"nvCOMP is not installed, so zstd cannot be decoded on the GPU: {INSTALL_HINT}") from exc
+        raise GPUUnavailable(f"nvCOMP is not installed, so zstd cannot be encoded on the GPU: {INSTALL_HINT}") from exc
+    if not hasattr(nvcomp, "BitstreamKind"):
+        raise GPUUnavailable(f"nvCOMP's Python API {getattr(nvcomp, '__version__', '?')} is too old (no "
+                             'BitstreamKind): pip install -U "nvidia-nvcomp-cu13>=6,<7"')
     return nvcomp
 
 
-def nvcomp_codec(stream):
-    """A RAW-bitstream zstd nvCOMP codec bound to ``stream`` (cached per thread and stream).
+def nvcomp_codec(stream: Any) -> Any:
+    """A RAW-bitstream zstd ``nvidia.nvcomp.Codec`` bound to ``stream``, for ENCODING.
 
-    Notes
-    -----
-    Codecs are kept for the life of the process: nvCOMP keeps its decode scratch (about
-    3x the decoded bytes of a batch) with the codec and reuses it, and a codec's first
-    decode is slow (~10 ms). A second decode on a busy codec blocks the host, so the
-    engine gives each stream its own codec.
+    Decoding goes through :func:`decode_batch_gpu` (the low-level API); only the zarr
+    codec's encode path still uses nvCOMP's Python API. Codecs are kept by the runtime per
+    device and stream.
     """
+    from gpu_zarr.engine.nvcomp_batch import _resource
+
     nvcomp = _nvcomp()
-    cache = getattr(_local, "codecs", None)
-    if cache is None:
-        cache = _local.codecs = {}
-    key = (int(stream.ptr), stream.device_id if hasattr(stream, "device_id") else 0)
-    codec = cache.get(key)
-    if codec is None:
-        codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
-                             cuda_stream=int(stream.ptr))
-        cache[key] = codec
-    return codec
-
-
-def decode_zstd_gpu(src, src_offsets, src_sizes, dst, dst_offsets, dst_size: int, stream, names=None) -> None:
-    """Decode zstd frames from one device buffer into another, in ONE nvCOMP call.
-
-    Parameters
-    ----------
-    src : cupy.ndarray of uint8
-        Encoded frames, frame k at ``src_offsets[k]`` with ``src_sizes[k]`` bytes,
-        already validated by :func:`gpu_zarr.engine.zstd_frames.check_frames`.
-    dst : cupy.ndarray of uint8
-        Output; frame k decodes to ``dst[dst_offsets[k] : dst_offsets[k] + dst_size]``.
-    dst_size : int
-        Decoded size of every frame (a zarr chunk's size is known from the metadata, which
-        also serves frames whose header omits the content size).
-    stream : cupy.cuda.Stream
-        Stream the decode is ordered on.
-    names : sequence of str, optional
-        Chunk names for error messages.
-
-    Raises
-    ------
-    CorruptChunkError
-        When nvCOMP reports a failure (e.g. a checksum mismatch).
-    """
-    n = len(src_offsets)
-    if n == 0:
-        return
-    nvcomp = _nvcomp()
-    codec = nvcomp_codec(stream)
-    s = int(stream.ptr)
-    srcs = nvcomp.as_arrays(src, [int(v) for v in src_offsets], [int(v) for v in src_sizes], cuda_stream=s)
-    outs = nvcomp.as_arrays(dst, [int(v) for v in dst_offsets], [int(dst_size)] * n, cuda_stream=s)
-    try:
-        codec.decode(srcs, out=outs)
-    except Exception as exc:
-        which = f" (chunks {names[0]} .. {names[-1]})" if names else ""
-        raise CorruptChunkError(
-            f"nvCOMP could not decode a batch of {n} zstd chunks{which}: {exc}. The chunks passed the "
-            "frame check, so a checksum or block content is wrong: the data are corrupt."
-        ) from exc
-
-
-def decode_zstd_cpu(src: np.ndarray, src_offsets, src_sizes, dst: np.ndarray, dst_offsets, dst_size: int,
-                    names=None) -> None:
-    """numcodecs twin of :func:`decode_zstd_gpu` (one call per frame, on the CPU)."""
-    from numcodecs import Zstd
-
-    codec = Zstd()
-    for k, (so, ss, do) in enumerate(zip(src_offsets, src_sizes, dst_offsets)):
-        out = dst[int(do):int(do) + dst_size]
-        try:
-            codec.decode(src[int(so):int(so) + int(ss)], out=out)
-        except Exception as exc:
-            name = names[k] if names else f"#{k}"
-            raise CorruptChunkError(f"chunk {name}: zstd decode failed ({exc}); the chunk is corrupt. "
-                                    "Rewrite or delete that chunk.") from exc
+    key = ("nvcomp-python-codec", "zstd", int(stream.ptr), getattr(stream, "device_id", 0))
+    return _resource(key, lambda: nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
+                                               cuda_stream=int(stream.ptr)), None)

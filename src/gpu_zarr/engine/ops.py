@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from gpu_zarr.engine.decode import decode_zstd_cpu, decode_zstd_gpu
+from gpu_zarr.engine.decode import decode_batch_cpu, decode_batch_gpu, decode_zstd_cpu, decode_zstd_gpu
 from gpu_zarr.engine.place import place_cpu, place_gpu
 from gpu_zarr.errors import INSTALL_HINT, GPUUnavailable
 
@@ -46,6 +46,10 @@ class CpuOps:
     def decode_zstd(self, src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names, slot: int = 0,
                     wait=None) -> None:
         decode_zstd_cpu(src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names)
+
+    def decode_batch(self, algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names, slot: int = 0,
+                     wait=None) -> None:
+        decode_batch_cpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names)
 
     def place(self, src, src_offsets, table, out, disk_dtype, slot: int = 0, wait=None) -> None:
         place_cpu(src, src_offsets, table, out, disk_dtype)
@@ -153,6 +157,13 @@ class GpuOps:
                     wait=None) -> None:
         self._after(wait)
         decode_zstd_gpu(src, src_offsets, src_sizes, dst, dst_offsets, dst_size, self.stream, names)
+
+    def decode_batch(self, algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names, slot: int = 0,
+                     wait=None) -> None:
+        """ONE nvCOMP batched call on the work stream (:func:`~gpu_zarr.engine.decode.decode_batch_gpu`)."""
+        self._after(wait)
+        # every slot decodes on the one work stream, in order: one decoder (one scratch) serves them all
+        decode_batch_gpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, self.stream, names, 0)
 
     def place(self, src, src_offsets, table, out, disk_dtype, slot: int = 0, wait=None) -> None:
         self._after(wait)

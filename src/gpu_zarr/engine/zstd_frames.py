@@ -48,7 +48,7 @@ def _fail(names, k: int, what: str) -> CorruptChunkError:
     )
 
 
-def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expected: int,
+def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expected: int | np.ndarray,
                  names) -> FrameInfo:
     """Validate the zstd frames ``buf[offsets[i] : offsets[i] + sizes[i]]``.
 
@@ -57,8 +57,8 @@ def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expect
     buf : ndarray of uint8
         Host staging buffer.
     offsets, sizes : ndarray of int64
-    expected : int
-        Decoded size of each chunk; a header that states another content size is refused.
+    expected : int or ndarray of int64
+        Decoded size of each chunk (one int: the same for all); a header that states another content size is refused.
     names : sequence of str
         Chunk names for error messages, in the order of ``offsets``.
 
@@ -73,6 +73,7 @@ def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expect
     n = len(offsets)
     if n == 0:
         return FrameInfo(np.zeros(0, np.int64))
+    expected = np.broadcast_to(np.asarray(expected, np.int64), (n,))
     short = np.flatnonzero(sizes < 6)
     if len(short):
         raise _fail(names, int(short[0]), f"{int(sizes[short[0]])} bytes is too short for a zstd frame")
@@ -102,7 +103,7 @@ def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expect
     if len(bad):
         k = int(bad[0])
         raise _fail(names, k, f"frame header says {int(fcs[k])} decoded bytes; the array metadata "
-                              f"says a chunk holds {expected}")
+                              f"says a chunk holds {int(expected[k])}")
     active = np.ones(n, bool)
     while True:
         idx = np.flatnonzero(active)

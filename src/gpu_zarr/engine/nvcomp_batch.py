@@ -1,0 +1,557 @@
+"""ctypes binding to nvCOMP's low-level batched decode API (zstd, LZ4, Deflate).
+
+nvCOMP's Python API (``nvidia.nvcomp.Codec``) builds its batch objects with one Python
+call per chunk and hides the scratch memory and the per-chunk statuses. The C entry points
+of the ``nvidia-libnvcomp-cu13`` (or ``-cu12``) wheel give that control back:
+
+- the decode scratch is sized with ``nvcompBatched<Algo>DecompressGetTempSize`` (max
+  chunks, max decoded chunk bytes, total decoded bytes), allocated once per decoder and
+  grown only when a batch needs more;
+- the device arrays of pointers and sizes are built per batch from one base pointer plus
+  int64 offsets (numpy vector arithmetic, one host->device copy), never per chunk;
+- the per-chunk statuses and actual decoded sizes come back in ONE small device->host
+  copy after the batch; a failed or short chunk raises
+  :class:`~gpu_zarr.errors.CorruptChunkError` naming that chunk.
+
+Signatures and option structs follow the nvCOMP 6.0 headers (``nvcomp/zstd.h``,
+``lz4.h``, ``deflate.h``, ``shared_types.h``). Older libraries (4.x, 5.x) have other
+signatures: they are refused with an error that names the fix, never called.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from gpu_zarr.errors import CorruptChunkError, GPUUnavailable
+
+__all__ = [
+    "ALGORITHMS",
+    "MIN_VERSION",
+    "BatchedDecoder",
+    "NvcompLibrary",
+    "PendingBatch",
+    "batched_decoder",
+    "load_library",
+    "nvcomp_info",
+]
+
+ALGORITHMS = {"zstd": "Zstd", "lz4": "LZ4", "deflate": "Deflate"}
+MIN_VERSION = (6, 0)
+#: The environment variable that points at a libnvcomp.so to use instead of the wheel's.
+LIB_ENV = "GPU_ZARR_NVCOMP_LIBRARY"
+UPGRADE_HINT = ('pip install -U "nvidia-libnvcomp-cu13>=6,<7"  (or nvidia-libnvcomp-cu12 for a CUDA 12 '
+                'driver; both come with napari-gpu-zarr[cuda13] / [cuda12])')
+
+_BACKENDS = {"default": 0, "hardware": 1, "cuda": 2}
+_STATUS = {0: "success", 10: "invalid value", 11: "not supported", 12: "cannot decompress",
+           13: "bad checksum", 14: "cannot verify checksums", 15: "output buffer too small",
+           16: "wrong header length", 17: "alignment", 18: "chunk size too large",
+           20: "wrong input length", 21: "batch size too large", 1000: "CUDA error", 10000: "internal error"}
+# largest decoded chunk each algorithm accepts (headers: *DecompressionMaxAllowedChunkSize)
+_MAX_CHUNK = {"zstd": (1 << 31) - 1, "lz4": (1 << 32) - 1, "deflate": (1 << 32) - 1}
+
+
+class _DecompressOpts(ctypes.Structure):
+    """The 64-byte decompress option struct, passed by value.
+
+    zstd: ``{backend; reserved[60]}``; LZ4: ``{backend; sort_before_hw_decompress; data_type;
+    bitshuffle_mode; reserved[48]}``; Deflate: ``{backend; sort_before_hw_decompress;
+    reserved[56]}``. With every field after ``backend`` zero the bytes are the same for all
+    three (no bitshuffle for LZ4, no sorting), so one layout serves them.
+    """
+
+    _fields_ = [("backend", ctypes.c_int), ("sort_before_hw_decompress", ctypes.c_int),
+                ("data_type", ctypes.c_int), ("bitshuffle_mode", ctypes.c_int),
+                ("reserved", ctypes.c_char * 48)]
+
+
+class _Alignments(ctypes.Structure):
+    _fields_ = [("input", ctypes.c_size_t), ("output", ctypes.c_size_t), ("temp", ctypes.c_size_t)]
+
+
+class _Properties(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("cudart_version", ctypes.c_uint32)]
+
+
+assert ctypes.sizeof(_DecompressOpts) == 64
+
+
+@dataclass(frozen=True)
+class NvcompLibrary:
+    """A loaded libnvcomp with its version and the entry points this module uses.
+
+    Attributes
+    ----------
+    path : str
+        File the library was loaded from.
+    version : tuple of int
+        (major, minor, patch) from ``nvcompGetProperties``.
+    cudart_version : int
+        CUDA runtime version the library was built with (e.g. 13000).
+    lib : ctypes.CDLL
+    """
+
+    path: str
+    version: tuple[int, int, int]
+    cudart_version: int
+    lib: Any
+
+    @property
+    def version_string(self) -> str:
+        return ".".join(str(v) for v in self.version)
+
+
+def _candidates() -> list[str]:
+    """libnvcomp files to try, best first: the env override, then the pip wheels, then the loader path.
+
+    The wheels are found through their installed file lists (nothing is imported).
+    """
+    from importlib import metadata
+
+    out: list[str] = []
+    env = os.environ.get(LIB_ENV)
+    if env:
+        out.append(env)
+    for dist in ("nvidia-libnvcomp-cu13", "nvidia-libnvcomp-cu12"):
+        try:
+            files = metadata.distribution(dist).files or []
+        except metadata.PackageNotFoundError:
+            continue
+        for f in files:
+            if Path(str(f)).name.startswith("libnvcomp.so"):
+                out.append(str(Path(str(f.locate())).resolve()))
+    out += ["libnvcomp.so.6", "libnvcomp.so"]
+    return out
+
+
+def _loader_lock() -> threading.Lock:
+    lock = getattr(_loader_lock, "lock", None)
+    if lock is None:
+        lock = _loader_lock.lock = threading.Lock()  # type: ignore[attr-defined]
+    return lock
+
+
+def _entry_points(algo: str) -> tuple[str, str, str]:
+    a = ALGORITHMS[algo]
+    return (f"nvcompBatched{a}DecompressGetTempSize", f"nvcompBatched{a}DecompressAsync",
+            f"nvcompBatched{a}DecompressGetRequiredAlignments")
+
+
+def _open(path: str) -> NvcompLibrary:
+    lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+    if not hasattr(lib, "nvcompGetProperties"):
+        raise GPUUnavailable(f"{path} has no nvcompGetProperties: it is not nvCOMP >= 3; this package needs "
+                             f"nvCOMP >= {MIN_VERSION[0]}.{MIN_VERSION[1]}. Fix: {UPGRADE_HINT}")
+    props = _Properties()
+    lib.nvcompGetProperties.restype = ctypes.c_int
+    lib.nvcompGetProperties.argtypes = [ctypes.POINTER(_Properties)]
+    rc = lib.nvcompGetProperties(ctypes.byref(props))
+    if rc != 0:
+        raise GPUUnavailable(f"nvcompGetProperties failed in {path} (status {rc}). Fix: {UPGRADE_HINT}")
+    v = int(props.version)
+    version = (v // 1000, (v % 1000) // 100, v % 100)
+    return NvcompLibrary(path, version, int(props.cudart_version), lib)
+
+
+def _check(nv: NvcompLibrary) -> NvcompLibrary:
+    if nv.version[:2] < MIN_VERSION or nv.version[0] > MIN_VERSION[0]:
+        raise GPUUnavailable(
+            f"nvCOMP {nv.version_string} at {nv.path} is not supported: the batched decode API this package "
+            f"calls is the one of nvCOMP {MIN_VERSION[0]}.x (the signatures differ in 4.x/5.x and may in 7.x). "
+            f"Fix: {UPGRADE_HINT}")
+    missing = [name for algo in ALGORITHMS for name in _entry_points(algo) if not hasattr(nv.lib, name)]
+    if missing:
+        raise GPUUnavailable(f"nvCOMP {nv.version_string} at {nv.path} lacks the entry points {missing}. "
+                             f"Fix: {UPGRADE_HINT}")
+    return nv
+
+
+def load_library(refresh: bool = False) -> NvcompLibrary:
+    """Load libnvcomp once per process and check that it is a version this module supports.
+
+    The library is looked for in ``$GPU_ZARR_NVCOMP_LIBRARY``, then in the
+    ``nvidia-libnvcomp-cu13``/``-cu12`` wheel (``nvidia/libnvcomp/lib64``), then on the
+    loader's path.
+
+    Returns
+    -------
+    NvcompLibrary
+
+    Raises
+    ------
+    GPUUnavailable
+        No libnvcomp was found, or it is older than :data:`MIN_VERSION` / of another major
+        version, or it lacks an entry point; the message names the fix.
+    """
+    with _loader_lock():
+        cached = getattr(load_library, "cached", None)
+        if cached is not None and not refresh:
+            return cached
+        errors = []
+        for path in _candidates():
+            try:
+                nv = _open(path)
+            except OSError as exc:
+                errors.append(f"{path}: {exc}")
+                continue
+            nv = _check(nv)
+            load_library.cached = nv  # type: ignore[attr-defined]
+            return nv
+        tried = "; ".join(errors[:3]) or "nothing found"
+        raise GPUUnavailable(f"libnvcomp (nvCOMP's C library) could not be loaded ({tried}). Fix: {UPGRADE_HINT}")
+
+
+def nvcomp_info() -> dict[str, Any]:
+    """What :mod:`gpu_zarr.capabilities` reports: version, path, whether the low-level API loaded.
+
+    Never raises: a failure is reported in ``error``.
+    """
+    try:
+        nv = load_library()
+    except Exception as exc:  # a broken install must not break the probe
+        return {"low_level": False, "version": _wheel_version(), "path": None, "error": str(exc)}
+    return {"low_level": True, "version": nv.version_string, "path": nv.path, "error": None}
+
+
+def _wheel_version() -> str | None:
+    from importlib import metadata
+
+    for dist in ("nvidia-libnvcomp-cu13", "nvidia-libnvcomp-cu12", "nvidia-nvcomp-cu13", "nvidia-nvcomp-cu12"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+_COPY_SPANS = r"""
+extern "C" __global__ void copy_spans(const unsigned char* src, const long long* src_off,
+                                      unsigned char* dst, const long long* dst_off,
+                                      const long long* sizes, long long n) {
+    for (long long k = blockIdx.x; k < n; k += gridDim.x) {
+        const unsigned char* s = src + src_off[k];
+        unsigned char* d = dst + dst_off[k];
+        long long m = sizes[k];
+        for (long long i = threadIdx.x; i < m; i += blockDim.x) d[i] = s[i];
+    }
+}
+"""
+
+
+def _copy_kernel():
+    import cupy
+
+    k = getattr(_copy_kernel, "kernel", None)
+    if k is None:
+        k = _copy_kernel.kernel = cupy.RawKernel(_COPY_SPANS, "copy_spans")  # type: ignore[attr-defined]
+    return k
+
+
+def _copy_spans(src, src_off: np.ndarray, dst, dst_off: np.ndarray, sizes: np.ndarray, stream) -> None:
+    """Byte copies ``dst[dst_off[k]:+sizes[k]] = src[src_off[k]:+sizes[k]]`` in one kernel on ``stream``."""
+    import cupy
+
+    n = len(sizes)
+    if n == 0:
+        return
+    with stream:
+        meta = cupy.asarray(np.concatenate([src_off, dst_off, sizes]).astype(np.int64))
+        _copy_kernel()((min(n, 65535),), (256,), (src, meta[:n], dst, meta[n:2 * n], meta[2 * n:], np.int64(n)))
+
+
+def _round_up(x: np.ndarray, a: int) -> np.ndarray:
+    return -(-x // a) * a
+
+
+class PendingBatch:
+    """A queued batch decode whose statuses have not been looked at yet.
+
+    :meth:`check` waits for the batch (an event, not the whole device), reads the
+    per-chunk statuses and decoded sizes (copied to pinned memory by the stream) and raises
+    :class:`CorruptChunkError` for the first chunk that failed or decoded short.
+    """
+
+    def __init__(self, algo: str, event, host: np.ndarray, expected: np.ndarray, names, n: int) -> None:
+        self._algo, self._event, self._host, self._expected, self._names, self._n = algo, event, host, expected, names, n
+        self._checked = False
+
+    def check(self) -> None:
+        """Wait for the decode and raise CorruptChunkError naming the first bad chunk."""
+        if self._checked:
+            return
+        self._event.synchronize()
+        n = self._n
+        actual = self._host[:n]
+        status = self._host[n:2 * n]
+        self._checked = True
+        bad = np.flatnonzero((status != 0) | (actual != self._expected))
+        if len(bad) == 0:
+            return
+        k = int(bad[0])
+        name = self._names[k] if self._names is not None else f"#{k} of the batch"
+        more = f" ({len(bad) - 1} more chunks of this batch failed too)" if len(bad) > 1 else ""
+        if status[k] != 0:
+            what = f"nvCOMP {self._algo} decode failed with status {int(status[k])} ({_STATUS.get(int(status[k]), 'unknown')})"
+        else:
+            what = f"decoded to {int(actual[k])} bytes, but the array metadata says {int(self._expected[k])}"
+        raise CorruptChunkError(f"chunk {name}: {what}{more}. The chunk is corrupt or truncated; nothing of "
+                                "it was placed. Rewrite or delete that chunk.")
+
+
+class BatchedDecoder:
+    """One nvCOMP batched decoder (zstd, LZ4 or Deflate) with its scratch, kept and reused.
+
+    Parameters
+    ----------
+    algo : {"zstd", "lz4", "deflate"}
+        zstd: standard zstd frames (RAW bitstream); lz4: raw LZ4 blocks (no frame, no size
+        prefix); deflate: raw deflate streams (RFC 1951, no zlib/gzip wrapper).
+    backend : {"cuda", "default", "hardware"}
+        nvCOMP decompression backend. ``"cuda"`` (the default here) is the one whose
+        statuses report corrupt LZ4 input; the hardware engine reports nothing.
+    device : int, optional
+        CUDA device (default: the current one).
+
+    Notes
+    -----
+    Not thread-safe: the engine keeps one decoder per (device, algorithm, slot) through the
+    runtime, and a decoder is used on one stream at a time. When it is handed another
+    stream, that stream first waits for the work queued on the previous one (the scratch
+    and the small device arrays are shared between calls).
+    """
+
+    def __init__(self, algo: str, backend: str = "cuda", device: int | None = None) -> None:
+        if algo not in ALGORITHMS:
+            raise ValueError(f"algo must be one of {sorted(ALGORITHMS)}, not {algo!r}")
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {sorted(_BACKENDS)}, not {backend!r}")
+        try:
+            import cupy
+        except ImportError as exc:
+            raise GPUUnavailable("nvCOMP decoding needs cupy, which is not installed: "
+                                 'pip install "napari-gpu-zarr[cuda13]"') from exc
+        self._cupy = cupy
+        self.algo = algo
+        self.nv = load_library()
+        self.device = int(cupy.cuda.Device().id if device is None else device)
+        lib = self.nv.lib
+        temp_name, run_name, align_name = _entry_points(algo)
+        self._temp_size = getattr(lib, temp_name)
+        self._temp_size.restype = ctypes.c_int
+        self._temp_size.argtypes = [ctypes.c_size_t, ctypes.c_size_t, _DecompressOpts,
+                                    ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t, ctypes.c_void_p]
+        self._run = getattr(lib, run_name)
+        self._run.restype = ctypes.c_int
+        self._run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                              ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, _DecompressOpts,
+                              ctypes.c_void_p, ctypes.c_void_p]
+        align = getattr(lib, align_name)
+        align.restype = ctypes.c_int
+        align.argtypes = [_DecompressOpts, ctypes.POINTER(_Alignments)]
+        self._opts = _DecompressOpts()
+        self._opts.backend = _BACKENDS[backend]
+        al = _Alignments()
+        rc = align(self._opts, ctypes.byref(al))
+        if rc != 0:
+            raise GPUUnavailable(f"nvCOMP {algo}: GetRequiredAlignments failed (status {rc}). Fix: {UPGRADE_HINT}")
+        self.alignment = (max(1, int(al.input)), max(1, int(al.output)), max(1, int(al.temp)))
+        self._scratch = None  # cupy uint8, grown on demand
+        self._meta = None  # device int64: [in_ptr | in_bytes | out_bytes | out_actual | out_ptr | status]
+        self._last_stream = None
+        self.calls = 0
+        self.scratch_allocations = 0
+
+    # -- memory -----------------------------------------------------------------------
+    def temp_bytes(self, num_chunks: int, max_chunk_bytes: int, total_bytes: int) -> int:
+        """nvCOMP's scratch size for a batch (``GetTempSize``; asks the GPU nothing)."""
+        out = ctypes.c_size_t(0)
+        rc = self._temp_size(int(num_chunks), int(max_chunk_bytes), self._opts, ctypes.byref(out),
+                             int(total_bytes), None)
+        if rc != 0:
+            raise GPUUnavailable(f"nvCOMP {self.algo}: GetTempSize({num_chunks}, {max_chunk_bytes}, {total_bytes}) "
+                                 f"failed with status {rc} ({_STATUS.get(rc, 'unknown')})")
+        return int(out.value)
+
+    @property
+    def nbytes(self) -> int:
+        """Device memory this decoder holds (scratch plus its pointer/size arrays)."""
+        return sum(int(a.nbytes) for a in (self._scratch, self._meta) if a is not None)
+
+    def close(self) -> None:
+        """Free the scratch (once queued work is done)."""
+        if self._last_stream is not None:
+            self._last_stream.synchronize()
+        self._scratch = self._meta = None
+
+    def _ensure(self, attr: str, nbytes: int):
+        cur = getattr(self, attr)
+        if cur is None or cur.nbytes < nbytes:
+            setattr(self, attr, None)
+            cur = self._cupy.empty(max(int(nbytes), 1), np.uint8)
+            setattr(self, attr, cur)
+            if attr == "_scratch":
+                self.scratch_allocations += 1
+        return cur
+
+    def _on(self, stream) -> None:
+        """Order ``stream`` after the work this decoder queued on another stream."""
+        last = self._last_stream
+        if last is not None and last.ptr != stream.ptr:
+            stream.wait_event(last.record())
+        self._last_stream = stream
+
+    # -- decode -----------------------------------------------------------------------
+    def decode(self, src, src_offsets: np.ndarray, src_sizes: np.ndarray, dst, dst_offsets: np.ndarray,
+               dst_sizes: np.ndarray, stream, names: Sequence[str] | None = None,
+               check: bool = True) -> PendingBatch | None:
+        """Decode every stream of a batch in ONE nvCOMP call on ``stream``.
+
+        Parameters
+        ----------
+        src, dst : cupy.ndarray of uint8
+            Encoded bytes (stream k at ``src_offsets[k]``, ``src_sizes[k]`` bytes) and the
+            output (stream k decodes to ``dst[dst_offsets[k] : + dst_sizes[k]]``).
+        src_offsets, src_sizes, dst_offsets, dst_sizes : ndarray of int64 (host)
+            ``dst_sizes`` is each stream's exact decoded size: anything else is an error.
+        stream : cupy.cuda.Stream
+        names : sequence of str, optional
+            Name of each stream's chunk, for error messages.
+        check : bool
+            True: wait for the batch and raise on a bad chunk before returning. False:
+            return a :class:`PendingBatch` whose ``check()`` does that later.
+
+        Raises
+        ------
+        CorruptChunkError
+            A stream failed to decode or decoded to another size than ``dst_sizes``.
+        ValueError
+            Offsets/sizes outside the buffers or a decoded size over nvCOMP's limit.
+        """
+        cp = self._cupy
+        so = np.ascontiguousarray(src_offsets, np.int64)
+        ss = np.ascontiguousarray(src_sizes, np.int64)
+        do = np.ascontiguousarray(dst_offsets, np.int64)
+        ds = np.ascontiguousarray(dst_sizes, np.int64)
+        n = len(so)
+        if not (len(ss) == len(do) == len(ds) == n):
+            raise ValueError("src_offsets, src_sizes, dst_offsets and dst_sizes must have one entry per stream")
+        if n == 0:
+            return None
+        if (so < 0).any() or (ss < 0).any() or int((so + ss).max()) > src.nbytes:
+            raise ValueError(f"a stream lies outside the source buffer of {src.nbytes} bytes")
+        if (do < 0).any() or (ds < 0).any() or int((do + ds).max()) > dst.nbytes:
+            raise ValueError(f"a stream's output lies outside the destination buffer of {dst.nbytes} bytes")
+        max_out = int(ds.max())
+        if max_out > _MAX_CHUNK[self.algo]:
+            raise ValueError(f"nvCOMP {self.algo} decodes chunks of at most {_MAX_CHUNK[self.algo]} bytes; "
+                             f"this batch has one of {max_out}: rechunk the array smaller")
+        self._on(stream)
+        a_in, a_out, a_tmp = self.alignment
+        src_base, dst_base = int(src.data.ptr), int(dst.data.ptr)
+        staged_in = staged_out = None
+        with stream:
+            if ((src_base + so) % a_in).any():
+                # nvCOMP wants aligned inputs (e.g. deflate after a gzip header): gather them
+                staged_so = np.concatenate([[0], np.cumsum(_round_up(ss, a_in))[:-1]]).astype(np.int64)
+                staged_in = cp.empty(max(int(_round_up(ss, a_in).sum()), 1), np.uint8)
+                _copy_spans(src, so, staged_in, staged_so, ss, stream)
+                src_base, so = int(staged_in.data.ptr), staged_so
+            out_do = do
+            if ((dst_base + do) % a_out).any():
+                out_do = np.concatenate([[0], np.cumsum(_round_up(ds, a_out))[:-1]]).astype(np.int64)
+                staged_out = cp.empty(max(int(_round_up(ds, a_out).sum()), 1), np.uint8)
+                out_base = int(staged_out.data.ptr)
+            else:
+                out_base = dst_base
+            temp = self.temp_bytes(n, max_out, int(ds.sum()))
+            scratch = self._ensure("_scratch", temp + a_tmp) if temp else None
+            meta = self._ensure("_meta", 8 * 6 * n)
+            table = np.empty((6, n), np.int64)
+            table[0] = src_base + so
+            table[1] = ss
+            table[2] = ds
+            table[3] = 0
+            table[4] = out_base + out_do
+            table[5] = 0
+            dmeta = meta[:48 * n].view(np.int64)
+            dmeta.set(table.ravel(), stream=stream)
+            base = int(dmeta.data.ptr)
+            tptr = 0
+            if scratch is not None:
+                tptr = int(scratch.data.ptr)
+                tptr += (-tptr) % a_tmp
+            rc = self._run(base, base + 8 * n, base + 16 * n, base + 24 * n, n, tptr or None, temp,
+                           base + 32 * n, self._opts, base + 40 * n, stream.ptr)
+            self.calls += 1
+            if rc != 0:
+                raise CorruptChunkError(
+                    f"nvCOMP {self.algo} refused a batch of {n} chunks (status {rc}: {_STATUS.get(rc, 'unknown')})"
+                    + (f", chunks {names[0]} .. {names[n - 1]}" if names is not None else "")
+                    + ". Nothing was decoded.")
+            # statuses are 4-byte enums at the start of their 8-byte-per-chunk area
+            status = dmeta[5 * n:6 * n].view(np.int32)[:n].astype(np.int64)
+            res = cp.concatenate([dmeta[3 * n:4 * n], status])
+            host = _pinned(2 * n)
+            res.get(stream=stream, out=host)
+            event = stream.record()
+            if staged_out is not None:
+                _copy_spans(staged_out, out_do, dst, do, ds, stream)
+        pending = PendingBatch(self.algo, event, host, ds, names, n)
+        # the staged buffers must live until the stream has used them: keep them with the batch
+        pending._keep = (staged_in, staged_out, res)  # type: ignore[attr-defined]
+        if check:
+            pending.check()
+            return None
+        return pending
+
+
+def _pinned(count: int) -> np.ndarray:
+    """A pinned int64 host array (cupy's pinned pool: reused, not re-pinned each call)."""
+    import cupy
+
+    mem = cupy.cuda.alloc_pinned_memory(8 * max(count, 1))
+    return np.frombuffer(mem, np.int64, max(count, 1))
+
+
+def _factory(algo: str, backend: str, device: int):
+    def make() -> BatchedDecoder:
+        import cupy
+
+        with cupy.cuda.Device(device):
+            return BatchedDecoder(algo, backend=backend, device=device)
+    return make
+
+
+def batched_decoder(algo: str, stream, slot: int = 0, backend: str = "cuda") -> BatchedDecoder:
+    """The runtime's decoder for (device, algo, slot, stream), created once and reused.
+
+    Its scratch lives as long as the runtime (released by ``Runtime.close()``).
+    """
+    import cupy
+
+    device = int(cupy.cuda.Device().id)
+    key = ("nvcomp-decoder", device, algo, backend, int(slot), int(stream.ptr))
+    return _resource(key, _factory(algo, backend, device), BatchedDecoder.close, lambda d: d.nbytes)
+
+
+def _resource(key: Any, factory: Any, close: Any, nbytes: Any = None) -> Any:
+    """``get_runtime().resource(...)`` (the runtime owns what lives across reads)."""
+    try:
+        from gpu_zarr.engine.runtime import get_runtime
+    except ImportError:  # before the engine runtime exists: a per-process table on this function
+        table = getattr(_resource, "table", None)
+        if table is None:
+            table = _resource.table = {}  # type: ignore[attr-defined]
+        with _loader_lock():
+            obj = table.get(key)
+            if obj is None:
+                obj = table[key] = factory()
+        return obj
+    return get_runtime().resource(key, factory, close=close, nbytes=nbytes)

@@ -73,8 +73,7 @@ def _median_ms(fn, reps: int = 5) -> float:
 def bench(out: dict) -> None:
     import cupy
 
-    from gpu_zarr.engine.nvcomp_batch import BatchedDecoder, nvcomp_info
-    from gpu_zarr.engine.zstd_frames import check_frames
+    from gpu_zarr.engine.nvcomp_batch import nvcomp_info
 
     out["nvcomp"] = nvcomp_info()
     raws = _chunks(UNIQUE)
@@ -87,87 +86,95 @@ def bench(out: dict) -> None:
     except ImportError:
         nvcomp = None
     for algo in ("zstd", "lz4", "deflate"):
-        with ThreadPoolExecutor(16) as pool:
-            enc = list(pool.map(lambda r: encode(algo, r), raw_bytes))
-        enc = [enc[k % UNIQUE] for k in range(max(counts))]
-        host, offs, sizes = _pack(enc)
-        res: dict = {"ratio": float(nbytes * len(enc) / sizes.sum())}
-        src = cupy.asarray(host)
-        dst = cupy.empty(nbytes * len(enc), np.uint8)
-        dec = BatchedDecoder(algo)
-        res["alignment(in,out,temp)"] = dec.alignment
-        dst_off = np.arange(len(enc), dtype=np.int64) * nbytes
-        dsz = np.full(len(enc), nbytes, np.int64)
-        # exactness over all 1024
-        dst.fill(0)
-        dec.decode(src, offs, sizes, dst, dst_off, dsz, stream)
-        stream.synchronize()
-        got = dst.get()
-        res["exact"] = all(got[k * nbytes:(k + 1) * nbytes].tobytes() == raw_bytes[k % UNIQUE]
-                           for k in range(len(enc)))
-        lat = {}
-        for n in counts:
-            ms = _median_ms(lambda: dec.decode(src, offs[:n], sizes[:n], dst, dst_off[:n], dsz[:n], stream))
-            host_ms = _median_ms(lambda: (dec.decode(src, offs[:n], sizes[:n], dst, dst_off[:n], dsz[:n], stream,
-                                                     check=False), None)[1])
-            stream.synchronize()
-            lat[n] = {"ms": round(ms, 2), "GiB/s": round(n * nbytes / 2**30 / (ms / 1e3), 1),
-                      "host_ms_per_call_unsynced": round(host_ms, 3),
-                      "scratch_MiB": round(dec.temp_bytes(n, nbytes, n * nbytes) / 2**20, 1)}
-        res["lowlevel"] = lat
-        res["scratch_allocations_after_all_calls"] = dec.scratch_allocations
-        res["decoder_nbytes_MiB"] = round(dec.nbytes / 2**20, 1)
-        # 4 streams x 256 at once vs one call of 1024
-        streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(4)]
-        decs = [BatchedDecoder(algo) for _ in range(4)]
-
-        def four():
-            pend = [decs[i].decode(src, offs[i * 256:(i + 1) * 256], sizes[i * 256:(i + 1) * 256], dst,
-                                   dst_off[i * 256:(i + 1) * 256], dsz[:256], streams[i], check=False)
-                    for i in range(4)]
-            for p in pend:
-                p.check()
-        stream.synchronize()
-        res["4_streams_x_256_ms"] = round(_median_ms(four), 2)
-        # nvCOMP's Python API, same data
-        if nvcomp is not None:
-            py = {}
-            try:
-                name = {"zstd": "Zstd", "lz4": "LZ4", "deflate": "Deflate"}[algo]
-                codec = nvcomp.Codec(algorithm=name, bitstream_kind=nvcomp.BitstreamKind.RAW,
-                                     cuda_stream=int(stream.ptr))
-                for n in counts:
-                    def run(n=n):
-                        s = nvcomp.as_arrays(src, [int(v) for v in offs[:n]], [int(v) for v in sizes[:n]],
-                                             cuda_stream=int(stream.ptr))
-                        o = nvcomp.as_arrays(dst, [int(v) for v in dst_off[:n]], [nbytes] * n,
-                                             cuda_stream=int(stream.ptr))
-                        codec.decode(s, out=o)
-                        stream.synchronize()
-                    ms = _median_ms(run)
-                    py[n] = {"ms": round(ms, 2), "GiB/s": round(n * nbytes / 2**30 / (ms / 1e3), 1)}
-            except Exception as exc:
-                py["error"] = f"{type(exc).__name__}: {exc}"
-            res["python_api"] = py
-        if algo == "zstd":
-            names = [f"c{k}" for k in range(len(enc))]
-            ts = []
-            for _ in range(3):
-                t = time.perf_counter()
-                check_frames(host, offs, sizes, nbytes, names)
-                ts.append(time.perf_counter() - t)
-            gib = len(enc) * nbytes / 2**30
-            res["frame_check_ms_per_GiB_decoded"] = round(float(np.median(ts)) * 1e3 / gib, 2)
-            res["frame_check_ms_per_1024_chunks"] = round(float(np.median(ts)) * 1e3, 2)
-            # 64 KiB chunks: more frames per GiB
-            small = [encode("zstd", raw_bytes[k % UNIQUE][:65536]) for k in range(4096)]
-            h2, o2, s2 = _pack(small)
-            t = time.perf_counter()
-            check_frames(h2, o2, s2, 65536, [str(k) for k in range(4096)])
-            res["frame_check_ms_4096_chunks_of_64KiB"] = round((time.perf_counter() - t) * 1e3, 2)
-        out[algo] = res
+        out[algo] = res = _bench_algo(algo, raw_bytes, nbytes, counts, stream, nvcomp)
         print(algo, json.dumps(res), flush=True)
-        del src, dst, dec, decs
+
+
+def _bench_algo(algo, raw_bytes, nbytes, counts, stream, nvcomp) -> dict:
+    import cupy
+
+    from gpu_zarr.engine.nvcomp_batch import BatchedDecoder
+    from gpu_zarr.engine.zstd_frames import check_frames
+
+    with ThreadPoolExecutor(16) as pool:
+        enc = list(pool.map(lambda r: encode(algo, r), raw_bytes))
+    enc = [enc[k % UNIQUE] for k in range(max(counts))]
+    host, offs, sizes = _pack(enc)
+    res: dict = {"ratio": float(nbytes * len(enc) / sizes.sum())}
+    src = cupy.asarray(host)
+    dst = cupy.empty(nbytes * len(enc), np.uint8)
+    dec = BatchedDecoder(algo)
+    res["alignment(in,out,temp)"] = dec.alignment
+    dst_off = np.arange(len(enc), dtype=np.int64) * nbytes
+    dsz = np.full(len(enc), nbytes, np.int64)
+    # exactness over all 1024
+    dst.fill(0)
+    dec.decode(src, offs, sizes, dst, dst_off, dsz, stream)
+    stream.synchronize()
+    got = dst.get()
+    res["exact"] = all(got[k * nbytes:(k + 1) * nbytes].tobytes() == raw_bytes[k % UNIQUE]
+                       for k in range(len(enc)))
+    lat = {}
+    for n in counts:
+        ms = _median_ms(lambda n=n: dec.decode(src, offs[:n], sizes[:n], dst, dst_off[:n], dsz[:n], stream))
+        host_ms = _median_ms(lambda n=n: dec.decode(src, offs[:n], sizes[:n], dst, dst_off[:n], dsz[:n], stream,
+                                                    check=False))
+        stream.synchronize()
+        lat[n] = {"ms": round(ms, 2), "GiB/s": round(n * nbytes / 2**30 / (ms / 1e3), 1),
+                  "host_ms_per_call_unsynced": round(host_ms, 3),
+                  "scratch_MiB": round(dec.temp_bytes(n, nbytes, n * nbytes) / 2**20, 1)}
+    res["lowlevel"] = lat
+    res["scratch_allocations_after_all_calls"] = dec.scratch_allocations
+    res["decoder_nbytes_MiB"] = round(dec.nbytes / 2**20, 1)
+    # 4 streams x 256 at once vs one call of 1024
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(4)]
+    decs = [BatchedDecoder(algo) for _ in range(4)]
+
+    def four():
+        pend = [decs[i].decode(src, offs[i * 256:(i + 1) * 256], sizes[i * 256:(i + 1) * 256], dst,
+                               dst_off[i * 256:(i + 1) * 256], dsz[:256], streams[i], check=False)
+                for i in range(4)]
+        for p in pend:
+            p.check()
+    stream.synchronize()
+    res["4_streams_x_256_ms"] = round(_median_ms(four), 2)
+    # nvCOMP's Python API, same data
+    if nvcomp is not None:
+        py = {}
+        try:
+            name = {"zstd": "Zstd", "lz4": "LZ4", "deflate": "Deflate"}[algo]
+            codec = nvcomp.Codec(algorithm=name, bitstream_kind=nvcomp.BitstreamKind.RAW,
+                                 cuda_stream=int(stream.ptr))
+            for n in counts:
+                def run(n=n):
+                    s = nvcomp.as_arrays(src, [int(v) for v in offs[:n]], [int(v) for v in sizes[:n]],
+                                         cuda_stream=int(stream.ptr))
+                    o = nvcomp.as_arrays(dst, [int(v) for v in dst_off[:n]], [nbytes] * n,
+                                         cuda_stream=int(stream.ptr))
+                    codec.decode(s, out=o)
+                    stream.synchronize()
+                ms = _median_ms(run)
+                py[n] = {"ms": round(ms, 2), "GiB/s": round(n * nbytes / 2**30 / (ms / 1e3), 1)}
+        except Exception as exc:  # noqa: BLE001  (recorded in the results)
+            py["error"] = f"{type(exc).__name__}: {exc}"
+        res["python_api"] = py
+    if algo == "zstd":
+        names = [f"c{k}" for k in range(len(enc))]
+        ts = []
+        for _ in range(3):
+            t = time.perf_counter()
+            check_frames(host, offs, sizes, nbytes, names)
+            ts.append(time.perf_counter() - t)
+        gib = len(enc) * nbytes / 2**30
+        res["frame_check_ms_per_GiB_decoded"] = round(float(np.median(ts)) * 1e3 / gib, 2)
+        res["frame_check_ms_per_1024_chunks"] = round(float(np.median(ts)) * 1e3, 2)
+        # 64 KiB chunks: more frames per GiB
+        small = [encode("zstd", raw_bytes[k % UNIQUE][:65536]) for k in range(4096)]
+        h2, o2, s2 = _pack(small)
+        t = time.perf_counter()
+        check_frames(h2, o2, s2, 65536, [str(k) for k in range(4096)])
+        res["frame_check_ms_4096_chunks_of_64KiB"] = round((time.perf_counter() - t) * 1e3, 2)
+    return res
 
 
 CORRUPT_CHILD = r"""
@@ -251,12 +258,12 @@ def corruption(out: dict, trials: int) -> None:
             t = time.perf_counter()
             try:
                 p = subprocess.run([sys.executable, "-c", CORRUPT_CHILD, algo, kind, str(trials)],
-                                   capture_output=True, text=True, timeout=90)
+                                   capture_output=True, text=True, timeout=90, check=False)
                 r = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {
                     "CRASH": p.returncode, "stderr": p.stderr[-800:]}
             except subprocess.TimeoutExpired:
                 r = {"HANG": "over 90 s"}
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  (recorded in the results)
                 r = {"harness_error": f"{type(exc).__name__}: {exc}"}
             r["s"] = round(time.perf_counter() - t, 1)
             res[f"{algo}/{kind}"] = r

@@ -23,9 +23,10 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -215,7 +216,7 @@ def nvcomp_info() -> dict[str, Any]:
     """
     try:
         nv = load_library()
-    except Exception as exc:  # a broken install must not break the probe
+    except Exception as exc:  # noqa: BLE001  (a broken install must not break the probe)
         return {"low_level": False, "version": _wheel_version(), "path": None, "error": str(exc)}
     return {"low_level": True, "version": nv.version_string, "path": nv.path, "error": None}
 

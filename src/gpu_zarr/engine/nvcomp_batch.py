@@ -232,7 +232,7 @@ def _wheel_version() -> str | None:
     return None
 
 
-_COPY_SPANS = r"""
+_KERNELS = r"""
 extern "C" __global__ void copy_spans(const unsigned char* src, const long long* src_off,
                                       unsigned char* dst, const long long* dst_off,
                                       const long long* sizes, long long n) {
@@ -243,28 +243,118 @@ extern "C" __global__ void copy_spans(const unsigned char* src, const long long*
         for (long long i = threadIdx.x; i < m; i += blockDim.x) d[i] = s[i];
     }
 }
+
+__device__ unsigned long long le(const unsigned char* p, int n) {
+    unsigned long long v = 0;
+    for (int i = 0; i < n; ++i) v |= ((unsigned long long)p[i]) << (8 * i);
+    return v;
+}
+
+// One thread per zstd frame: walk the frame header and every block header (the same walk as
+// gpu_zarr.engine.zstd_frames.check_frames). A bad frame gets a nonzero code and is replaced
+// by a tiny valid frame, so nvCOMP never reads it (corrupt zstd input is undefined there and
+// was measured to fault the GPU). table: [in_ptr | in_bytes | out_bytes | ...], n each.
+extern "C" __global__ void zstd_sanitize(long long* table, long long n, long long dummy_ptr,
+                                         long long dummy_bytes, long long* code) {
+    long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n) return;
+    const unsigned char* p = (const unsigned char*)table[k];
+    long long size = table[n + k];
+    long long expected = table[2 * n + k];
+    long long c = 0;
+    if (size < 6) c = 1;
+    else if (le(p, 4) != 0xFD2FB528ull) c = 2;
+    else {
+        int fhd = p[4];
+        int single = (fhd >> 5) & 1, fcs_flag = fhd >> 6, has_ck = (fhd >> 2) & 1;
+        if ((fhd >> 3) & 1) c = 3;
+        else if (fhd & 3) c = 4;
+        else {
+            int fcs_size = fcs_flag == 0 ? single : (fcs_flag == 1 ? 2 : (fcs_flag == 2 ? 4 : 8));
+            long long pos = 5 + (1 - single);
+            if (pos + fcs_size + 3 > size) c = 5;
+            else {
+                if (fcs_size > 0) {
+                    long long fcs = (long long)le(p + pos, fcs_size) + (fcs_size == 2 ? 256 : 0);
+                    if (fcs != expected) c = 6;
+                }
+                pos += fcs_size;
+                while (c == 0) {
+                    if (pos + 3 > size) { c = 7; break; }
+                    unsigned int h = (unsigned int)le(p + pos, 3);
+                    int last = h & 1, btype = (h >> 1) & 3;
+                    long long bsize = h >> 3;
+                    if (btype == 3 || bsize > 131072) { c = 8; break; }
+                    pos += 3 + (btype == 1 ? 1 : bsize);
+                    if (pos > size) { c = 7; break; }
+                    if (last) break;
+                }
+                if (c == 0) {
+                    pos += 4 * has_ck;
+                    if (pos != size) c = 9;
+                }
+            }
+        }
+    }
+    code[k] = c;
+    if (c != 0) { table[k] = dummy_ptr; table[n + k] = dummy_bytes; }
+}
 """
+_ZSTD_CODES = {1: "too short for a zstd frame", 2: "does not start with the zstd magic number 28b52ffd",
+               3: "frame header has its reserved bit set", 4: "frame needs a zstd dictionary, which zarr never uses",
+               5: "frame header is truncated", 6: "frame header states another decoded size than the array metadata",
+               7: "frame is truncated inside a block", 8: "invalid zstd block header",
+               9: "frame does not end where the chunk ends (truncated checksum or trailing bytes)"}
+# a valid zstd frame holding one byte: what a bad frame is replaced with
+_DUMMY_ZSTD = bytes.fromhex("28b52ffd200109000000")
 
 
-def _copy_kernel():
+def _kernel(name: str):
     import cupy
 
-    k = getattr(_copy_kernel, "kernel", None)
+    cache = getattr(_kernel, "cache", None)
+    if cache is None:
+        cache = _kernel.cache = {}  # type: ignore[attr-defined]
+    dev = cupy.cuda.Device().id
+    k = cache.get((dev, name))
     if k is None:
-        k = _copy_kernel.kernel = cupy.RawKernel(_COPY_SPANS, "copy_spans")  # type: ignore[attr-defined]
+        k = cache[(dev, name)] = cupy.RawModule(code=_KERNELS).get_function(name)
     return k
 
 
-def _copy_spans(src, src_off: np.ndarray, dst, dst_off: np.ndarray, sizes: np.ndarray, stream) -> None:
-    """Byte copies ``dst[dst_off[k]:+sizes[k]] = src[src_off[k]:+sizes[k]]`` in one kernel on ``stream``."""
+def _h2d(dev_ptr: int, host: np.ndarray, stream) -> None:
+    """Asynchronous host->device copy from pinned ``host`` on ``stream`` (never a hidden sync)."""
+    import cupy
+
+    cupy.cuda.runtime.memcpyAsync(dev_ptr, host.ctypes.data, host.nbytes, cupy.cuda.runtime.memcpyHostToDevice,
+                                  stream.ptr)
+
+
+def _d2h(host: np.ndarray, dev_ptr: int, stream) -> None:
+    import cupy
+
+    cupy.cuda.runtime.memcpyAsync(host.ctypes.data, dev_ptr, host.nbytes, cupy.cuda.runtime.memcpyDeviceToHost,
+                                  stream.ptr)
+
+
+def _copy_spans(src, src_off: np.ndarray, dst, dst_off: np.ndarray, sizes: np.ndarray, stream, keep: list) -> None:
+    """Byte copies ``dst[dst_off[k]:+sizes[k]] = src[src_off[k]:+sizes[k]]`` in one kernel on ``stream``.
+
+    The pinned and device buffers it uses are appended to ``keep`` (alive until the batch is checked).
+    """
     import cupy
 
     n = len(sizes)
     if n == 0:
         return
+    host = _pinned(3 * n)
+    host[:n], host[n:2 * n], host[2 * n:] = src_off, dst_off, sizes
     with stream:
-        meta = cupy.asarray(np.concatenate([src_off, dst_off, sizes]).astype(np.int64))
-        _copy_kernel()((min(n, 65535),), (256,), (src, meta[:n], dst, meta[n:2 * n], meta[2 * n:], np.int64(n)))
+        meta = cupy.empty(3 * n, np.int64)
+    _h2d(meta.data.ptr, host, stream)
+    with stream:
+        _kernel("copy_spans")((min(n, 65535),), (256,), (src, meta[:n], dst, meta[n:2 * n], meta[2 * n:], np.int64(n)))
+    keep += [host, meta]
 
 
 def _round_up(x: np.ndarray, a: int) -> np.ndarray:
@@ -275,12 +365,16 @@ class PendingBatch:
     """A queued batch decode whose statuses have not been looked at yet.
 
     :meth:`check` waits for the batch (an event, not the whole device), reads the
-    per-chunk statuses and decoded sizes (copied to pinned memory by the stream) and raises
-    :class:`CorruptChunkError` for the first chunk that failed or decoded short.
+    per-chunk statuses, decoded sizes and frame-check codes (copied to pinned memory by
+    the stream) and raises :class:`CorruptChunkError` for the first chunk that failed or
+    decoded short. Call it once the batch is queued; the buffers the batch uses stay
+    alive until then.
     """
 
-    def __init__(self, algo: str, event, host: np.ndarray, expected: np.ndarray, names, n: int) -> None:
+    def __init__(self, algo: str, event, host: np.ndarray, expected: np.ndarray, names, n: int,
+                 keep: list) -> None:
         self._algo, self._event, self._host, self._expected, self._names, self._n = algo, event, host, expected, names, n
+        self._keep = keep
         self._checked = False
 
     def check(self) -> None:
@@ -288,17 +382,19 @@ class PendingBatch:
         if self._checked:
             return
         self._event.synchronize()
-        n = self._n
-        actual = self._host[:n]
-        status = self._host[n:2 * n]
         self._checked = True
-        bad = np.flatnonzero((status != 0) | (actual != self._expected))
+        self._keep = []
+        n = self._n
+        actual, status, code = self._host[:n], self._host[n:2 * n], self._host[2 * n:3 * n]
+        bad = np.flatnonzero((code != 0) | (status != 0) | (actual != self._expected))
         if len(bad) == 0:
             return
         k = int(bad[0])
         name = self._names[k] if self._names is not None else f"#{k} of the batch"
         more = f" ({len(bad) - 1} more chunks of this batch failed too)" if len(bad) > 1 else ""
-        if status[k] != 0:
+        if code[k] != 0:
+            what = f"{_ZSTD_CODES.get(int(code[k]), 'invalid zstd frame')} (checked on the GPU before decoding)"
+        elif status[k] != 0:
             what = f"nvCOMP {self._algo} decode failed with status {int(status[k])} ({_STATUS.get(int(status[k]), 'unknown')})"
         else:
             what = f"decoded to {int(actual[k])} bytes, but the array metadata says {int(self._expected[k])}"
@@ -435,7 +531,6 @@ class BatchedDecoder:
         ValueError
             Offsets/sizes outside the buffers or a decoded size over nvCOMP's limit.
         """
-        cp = self._cupy
         so = np.ascontiguousarray(src_offsets, np.int64)
         ss = np.ascontiguousarray(src_sizes, np.int64)
         do = np.ascontiguousarray(dst_offsets, np.int64)
@@ -456,61 +551,90 @@ class BatchedDecoder:
         self._on(stream)
         a_in, a_out, a_tmp = self.alignment
         src_base, dst_base = int(src.data.ptr), int(dst.data.ptr)
-        staged_in = staged_out = None
+        keep: list = []
+        cp = self._cupy
+        if ((src_base + so) % a_in).any():
+            # nvCOMP wants aligned inputs (e.g. deflate after a gzip header): gather them
+            padded = _round_up(ss, a_in)
+            staged_so = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
+            with stream:
+                staged_in = cp.empty(max(int(padded.sum()), 1), np.uint8)
+            _copy_spans(src, so, staged_in, staged_so, ss, stream, keep)
+            keep.append(staged_in)
+            src_base, so = int(staged_in.data.ptr), staged_so
+        out_do, staged_out = do, None
+        if ((dst_base + do) % a_out).any():
+            padded = _round_up(ds, a_out)
+            out_do = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
+            with stream:
+                staged_out = cp.empty(max(int(padded.sum()), 1), np.uint8)
+            keep.append(staged_out)
+            out_base = int(staged_out.data.ptr)
+        else:
+            out_base = dst_base
+        temp = self.temp_bytes(n, max_out, int(ds.sum()))
         with stream:
-            if ((src_base + so) % a_in).any():
-                # nvCOMP wants aligned inputs (e.g. deflate after a gzip header): gather them
-                staged_so = np.concatenate([[0], np.cumsum(_round_up(ss, a_in))[:-1]]).astype(np.int64)
-                staged_in = cp.empty(max(int(_round_up(ss, a_in).sum()), 1), np.uint8)
-                _copy_spans(src, so, staged_in, staged_so, ss, stream)
-                src_base, so = int(staged_in.data.ptr), staged_so
-            out_do = do
-            if ((dst_base + do) % a_out).any():
-                out_do = np.concatenate([[0], np.cumsum(_round_up(ds, a_out))[:-1]]).astype(np.int64)
-                staged_out = cp.empty(max(int(_round_up(ds, a_out).sum()), 1), np.uint8)
-                out_base = int(staged_out.data.ptr)
-            else:
-                out_base = dst_base
-            temp = self.temp_bytes(n, max_out, int(ds.sum()))
             scratch = self._ensure("_scratch", temp + a_tmp) if temp else None
-            meta = self._ensure("_meta", 8 * 6 * n)
-            table = np.empty((6, n), np.int64)
-            table[0] = src_base + so
-            table[1] = ss
-            table[2] = ds
-            table[3] = 0
-            table[4] = out_base + out_do
-            table[5] = 0
-            dmeta = meta[:48 * n].view(np.int64)
-            dmeta.set(table.ravel(), stream=stream)
-            base = int(dmeta.data.ptr)
-            tptr = 0
-            if scratch is not None:
-                tptr = int(scratch.data.ptr)
-                tptr += (-tptr) % a_tmp
-            rc = self._run(base, base + 8 * n, base + 16 * n, base + 24 * n, n, tptr or None, temp,
-                           base + 32 * n, self._opts, base + 40 * n, stream.ptr)
-            self.calls += 1
-            if rc != 0:
-                raise CorruptChunkError(
-                    f"nvCOMP {self.algo} refused a batch of {n} chunks (status {rc}: {_STATUS.get(rc, 'unknown')})"
-                    + (f", chunks {names[0]} .. {names[n - 1]}" if names is not None else "")
-                    + ". Nothing was decoded.")
-            # statuses are 4-byte enums at the start of their 8-byte-per-chunk area
-            status = dmeta[5 * n:6 * n].view(np.int32)[:n].astype(np.int64)
-            res = cp.concatenate([dmeta[3 * n:4 * n], status])
-            host = _pinned(2 * n)
-            res.get(stream=stream, out=host)
+            # device table: [in_ptr | in_bytes | out_bytes | out_actual | out_ptr | status | frame code]
+            meta = self._ensure("_meta", 8 * 7 * n)
+        host = _pinned(10 * n)  # 7n table out, 3n results back
+        table = host[:7 * n].reshape(7, n)
+        table[0] = src_base + so
+        table[1] = ss
+        table[2] = ds
+        table[3] = 0
+        table[4] = out_base + out_do
+        table[5] = 0
+        table[6] = 0
+        base = int(meta.data.ptr)
+        _h2d(base, host[:7 * n], stream)
+        if self.algo == "zstd":
+            dummy = self._dummy(stream)
+            with stream:
+                _kernel("zstd_sanitize")(((n + 127) // 128,), (128,),
+                                         (meta[:56 * n].view(np.int64), np.int64(n), np.int64(dummy.data.ptr),
+                                          np.int64(dummy.nbytes), meta[48 * n:56 * n].view(np.int64)))
+        tptr = 0
+        if scratch is not None:
+            tptr = int(scratch.data.ptr)
+            tptr += (-tptr) % a_tmp
+        rc = self._run(base, base + 8 * n, base + 16 * n, base + 24 * n, n, tptr or None, temp,
+                       base + 32 * n, self._opts, base + 40 * n, stream.ptr)
+        self.calls += 1
+        if rc != 0:
+            raise CorruptChunkError(
+                f"nvCOMP {self.algo} refused a batch of {n} chunks (status {rc}: {_STATUS.get(rc, 'unknown')})"
+                + (f", chunks {names[0]} .. {names[n - 1]}" if names is not None else "")
+                + ". Nothing was decoded.")
+        with stream:
+            # statuses are 4-byte enums at the start of their 8-byte-per-chunk area: widen them
+            status = meta[40 * n:44 * n].view(np.int32).astype(np.int64)
+            res = cp.concatenate([meta[24 * n:32 * n].view(np.int64), status, meta[48 * n:56 * n].view(np.int64)])
+        result = host[7 * n:10 * n]
+        _d2h(result, int(res.data.ptr), stream)
+        keep += [host, res, status]
+        event = stream.record()
+        if staged_out is not None:
+            _copy_spans(staged_out, out_do, dst, do, ds, stream, keep)
             event = stream.record()
-            if staged_out is not None:
-                _copy_spans(staged_out, out_do, dst, do, ds, stream)
-        pending = PendingBatch(self.algo, event, host, ds, names, n)
-        # the staged buffers must live until the stream has used them: keep them with the batch
-        pending._keep = (staged_in, staged_out, res)  # type: ignore[attr-defined]
+        pending = PendingBatch(self.algo, event, result, ds, names, n, keep)
         if check:
             pending.check()
             return None
         return pending
+
+    def _dummy(self, stream):
+        d = getattr(self, "_dummy_frame", None)
+        if d is None:
+            buf = _pinned(2)
+            raw = buf.view(np.uint8)[:len(_DUMMY_ZSTD)]
+            raw[:] = np.frombuffer(_DUMMY_ZSTD, np.uint8)
+            with stream:
+                d = self._cupy.empty(len(_DUMMY_ZSTD), np.uint8)
+            _h2d(int(d.data.ptr), raw, stream)
+            stream.synchronize()
+            self._dummy_frame = d
+        return d
 
 
 def _pinned(count: int) -> np.ndarray:

@@ -93,6 +93,9 @@ def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expect
         raise _fail(names, int(bad[0]), "frame needs a zstd dictionary, which zarr never uses")
     fcs_size = np.choose(fcs_flag, [single, np.full(n, 2), np.full(n, 4), np.full(n, 8)])
     pos = offsets + 5 + (1 - single)
+    bad = np.flatnonzero(pos + fcs_size + 3 > end)
+    if len(bad):
+        raise _fail(names, int(bad[0]), "frame header is truncated")
     fcs = np.full(n, -1, np.int64)
     for nb in (1, 2, 4, 8):
         m = fcs_size == nb

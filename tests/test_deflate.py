@@ -1,0 +1,217 @@
+"""gzip / zlib chunks: the wrapper parser, the Deflate stage's CPU twin, and reads through the engine."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import zlib
+from types import SimpleNamespace
+
+import numcodecs
+import numpy as np
+import pytest
+
+from gpu_zarr.engine.deflate import (
+    DeflateStage,
+    parse_gzip,
+    parse_zlib,
+    verify_checksums,
+)
+from gpu_zarr.errors import CorruptChunkError
+
+RAW = [(np.arange(3000, dtype="<u2") * (k + 1) % 701).tobytes() for k in range(4)]
+SIZE = len(RAW[0])
+
+
+def _pack(blobs: list[bytes], align: int = 16):
+    offs, pos = [], 0
+    for b in blobs:
+        offs.append(pos)
+        pos += -(-len(b) // align) * align
+    buf = np.zeros(pos + align, np.uint8)
+    for o, b in zip(offs, blobs):
+        buf[o:o + len(b)] = np.frombuffer(b, np.uint8)
+    return buf, np.array(offs, np.int64), np.array([len(b) for b in blobs], np.int64)
+
+
+def _gzip_member(raw: bytes, *, name: bytes | None = None, comment: bytes | None = None, extra: bytes | None = None,
+                 hcrc: bool = False, level: int = 6) -> bytes:
+    """A gzip member with the optional header fields of RFC 1952 set as asked."""
+    flg = (0x02 if hcrc else 0) | (0x04 if extra is not None else 0) | (0x08 if name is not None else 0) \
+        | (0x10 if comment is not None else 0)
+    head = bytes([0x1F, 0x8B, 8, flg]) + struct.pack("<I", 0) + bytes([0, 255])
+    if extra is not None:
+        head += struct.pack("<H", len(extra)) + extra
+    if name is not None:
+        head += name + b"\0"
+    if comment is not None:
+        head += comment + b"\0"
+    if hcrc:
+        head += struct.pack("<H", zlib.crc32(head) & 0xFFFF)
+    c = zlib.compressobj(level, zlib.DEFLATED, -15)
+    body = c.compress(raw) + c.flush()
+    return head + body + struct.pack("<II", zlib.crc32(raw), len(raw) & 0xFFFFFFFF)
+
+
+def _decode_cpu(streams, buf, n, size=SIZE):
+    from gpu_zarr.engine.decode import decode_batch_cpu
+
+    out = np.zeros(n * size, np.uint8)
+    dst = np.arange(n, dtype=np.int64) * size
+    decode_batch_cpu("deflate", buf, streams.offsets, streams.sizes, out, dst, size, [f"c/{k}" for k in range(n)])
+    verify_checksums(out, dst, size, streams, [f"c/{k}" for k in range(n)])
+    return [out[k * size:(k + 1) * size].tobytes() for k in range(n)]
+
+
+# ---------------------------------------------------------------- wrapper parser
+def test_gzip_members_as_numcodecs_and_gzip_write_them():
+    blobs = [bytes(numcodecs.GZip(1).encode(RAW[0])), gzip.compress(RAW[1], mtime=0),
+             bytes(numcodecs.GZip(9).encode(RAW[2])), _gzip_member(RAW[3], level=0)]
+    buf, offs, sizes = _pack(blobs)
+    streams = parse_gzip(buf, offs, sizes, SIZE, ["a", "b", "c", "d"])
+    assert _decode_cpu(streams, buf, 4) == RAW
+
+
+@pytest.mark.parametrize("fields", [
+    {"name": b"chunk.bin"}, {"comment": b"x" * 200}, {"extra": b"\1\2\3\4\5"}, {"hcrc": True},
+    {"name": b"n" * 150, "comment": b"", "extra": b"", "hcrc": True},
+])
+def test_gzip_optional_header_fields(fields):
+    blobs = [_gzip_member(RAW[0], **fields), bytes(numcodecs.GZip(1).encode(RAW[1])), _gzip_member(RAW[2], **fields)]
+    buf, offs, sizes = _pack(blobs)
+    streams = parse_gzip(buf, offs, sizes, SIZE, ["a", "b", "c"])
+    assert _decode_cpu(streams, buf, 3) == RAW[:3]
+
+
+def _bad_gzip(kind: str) -> bytes:
+    good = bytearray(numcodecs.GZip(5).encode(RAW[1]))
+    if kind == "magic":
+        good[1] = 0x8C
+    elif kind == "method":
+        good[2] = 7
+    elif kind == "reserved":
+        good[3] |= 0x80
+    elif kind == "isize":
+        good[-4:] = struct.pack("<I", SIZE - 2)
+    elif kind == "truncated":
+        good = good[: len(good) // 2]
+    elif kind == "short":
+        good = good[:12]
+    elif kind == "name_runs_off":
+        good = bytearray(_gzip_member(RAW[1], name=b"abc"))
+        good[3] |= 0x10  # claims a comment too: the NUL search runs into the deflate data / trailer
+        good = good[:14]
+    elif kind == "hcrc":
+        good = bytearray(_gzip_member(RAW[1], hcrc=True))
+        good[10] ^= 1
+    return bytes(good)
+
+
+@pytest.mark.parametrize("kind", ["magic", "method", "reserved", "isize", "short", "name_runs_off", "hcrc"])
+def test_gzip_bad_wrapper_names_the_chunk(kind):
+    blobs = [bytes(numcodecs.GZip(1).encode(RAW[0])), _bad_gzip(kind), bytes(numcodecs.GZip(1).encode(RAW[2]))]
+    buf, offs, sizes = _pack(blobs)
+    with pytest.raises(CorruptChunkError, match=r"chunk 1/0/0: .*gzip"):
+        parse_gzip(buf, offs, sizes, SIZE, ["0/0/0", "1/0/0", "2/0/0"])
+
+
+def test_gzip_truncated_or_flipped_body_is_caught_by_the_decode():
+    for kind in ("truncated", "flip"):
+        blob = bytearray(numcodecs.GZip(5).encode(RAW[1]))
+        if kind == "truncated":  # keep a valid-looking trailer: cut the middle out
+            blob = blob[:20] + blob[-8:]
+        else:
+            blob[len(blob) // 2] ^= 0x40
+        buf, offs, sizes = _pack([bytes(numcodecs.GZip(1).encode(RAW[0])), bytes(blob)])
+        streams = parse_gzip(buf, offs, sizes, SIZE, ["a", "b"])
+        with pytest.raises(CorruptChunkError, match="chunk c/1"):
+            _decode_cpu(streams, buf, 2)
+
+
+def test_gzip_crc_mismatch_is_caught_on_the_cpu():
+    blob = bytearray(numcodecs.GZip(5).encode(RAW[1]))
+    blob[-8] ^= 1
+    buf, offs, sizes = _pack([bytes(blob)])
+    streams = parse_gzip(buf, offs, sizes, SIZE, ["b"])
+    with pytest.raises(CorruptChunkError, match="chunk c/0: .*CRC-32"):
+        _decode_cpu(streams, buf, 1)
+
+
+def test_zlib_streams():
+    blobs = [bytes(numcodecs.Zlib(k).encode(r)) for k, r in zip((0, 1, 6, 9), RAW)]
+    buf, offs, sizes = _pack(blobs)
+    streams = parse_zlib(buf, offs, sizes, ["a", "b", "c", "d"])
+    assert (streams.offsets == offs + 2).all() and (streams.sizes == sizes - 6).all()
+    assert _decode_cpu(streams, buf, 4) == RAW
+
+
+@pytest.mark.parametrize("kind", ["method", "window", "fcheck", "fdict", "short", "adler"])
+def test_zlib_bad_wrapper_names_the_chunk(kind):
+    good = bytearray(numcodecs.Zlib(6).encode(RAW[1]))
+    if kind == "method":
+        good[0] = (good[0] & 0xF0) | 7
+    elif kind == "window":
+        good[0] = (good[0] & 0x0F) | 0x80
+    elif kind == "fcheck":
+        good[1] ^= 1
+    elif kind == "fdict":
+        cmf = good[0]
+        flg = 0x20 | (good[1] & 0xC0)
+        flg += (31 - (cmf * 256 + flg) % 31) % 31
+        good[1] = flg
+    elif kind == "short":
+        good = good[:5]
+    blobs = [bytes(numcodecs.Zlib(1).encode(RAW[0])), bytes(good)]
+    buf, offs, sizes = _pack(blobs)
+    if kind == "adler":
+        buf[offs[1] + sizes[1] - 1] ^= 1
+    with pytest.raises(CorruptChunkError, match="chunk (1/0|c/1)"):
+        streams = parse_zlib(buf, offs, sizes, ["0/0", "1/0"])
+        _decode_cpu(streams, buf, 2)
+
+
+def test_stage_through_the_cpu_ops():
+    from gpu_zarr.engine.ops import CpuOps
+
+    for wrapper, enc in (("gzip", numcodecs.GZip(3)), ("zlib", numcodecs.Zlib(3))):
+        buf, offs, sizes = _pack([bytes(enc.encode(r)) for r in RAW])
+        stage = DeflateStage(wrapper)
+        lay = SimpleNamespace(inner_nbytes=SIZE)
+        batch = SimpleNamespace(src_offsets=offs, src_sizes=sizes)
+        names = ["a", "b", "c", "d"]
+        prep = stage.prepare(buf, batch, lay, names)
+        out = np.zeros(4 * SIZE + 8, np.uint8)
+        stage.decode(CpuOps(), buf, batch, prep, out, np.arange(4) * SIZE + 8, lay, names, 0, None)
+        assert out[8:].tobytes() == b"".join(RAW)
+        assert stage.scratch_bytes(10, lay) >= 10 * SIZE
+
+
+def test_stage_refuses_unknown_wrappers():
+    with pytest.raises(ValueError, match="gzip"):
+        DeflateStage("bz2")
+
+
+def test_gzip_streams_of_a_real_zarr_store_parse(tmp_path):
+    """Every chunk file numcodecs wrote for a v2 gzip array parses and decodes as zarr reads it."""
+    from stores import write
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=2, codec="gzip", level=4, partial=False)
+    files = sorted(p for p in (tmp_path / "a.zarr").iterdir() if not p.name.startswith("."))
+    blobs = [p.read_bytes() for p in files]
+    buf, offs, sizes = _pack(blobs)
+    size = int(np.prod(arr.chunks)) * arr.dtype.itemsize
+    streams = parse_gzip(buf, offs, sizes, size, [p.name for p in files])
+    got = _decode_cpu(streams, buf, len(blobs), size)
+    for p, g in zip(files, got):
+        assert g == bytes(numcodecs.GZip().decode(p.read_bytes()))
+
+
+def test_parse_is_vectorised_over_many_chunks():
+    blobs = [bytes(numcodecs.GZip(1).encode(RAW[k % 4])) for k in range(2000)]
+    buf, offs, sizes = _pack(blobs)
+    import time
+
+    t = time.perf_counter()
+    streams = parse_gzip(buf, offs, sizes, SIZE, [str(k) for k in range(2000)])
+    assert time.perf_counter() - t < 0.5
+    assert len(streams.offsets) == 2000

@@ -215,3 +215,80 @@ def test_parse_is_vectorised_over_many_chunks():
     streams = parse_gzip(buf, offs, sizes, SIZE, [str(k) for k in range(2000)])
     assert time.perf_counter() - t < 0.5
     assert len(streams.offsets) == 2000
+
+
+# ---------------------------------------------------------------- reads through the engine (CPU twin)
+from stores import DEFLATE_LAYOUTS, SELECTIONS, write  # noqa: E402
+
+
+@pytest.mark.parametrize("name,kw", DEFLATE_LAYOUTS, ids=[n for n, _ in DEFLATE_LAYOUTS])
+@pytest.mark.parametrize("sel", [SELECTIONS[0], SELECTIONS[2], SELECTIONS[4]], ids=["all", "strided", "edges"])
+def test_engine_reads_gzip_zlib_like_zarr(tmp_path, name, kw, sel):
+    from gpu_zarr.engine import read
+    from gpu_zarr.engine.layout import layout_of
+
+    arr, _ = write(tmp_path / "a.zarr", **kw)
+    assert layout_of(arr).codec == kw["codec"]
+    got = read(arr, sel, device="cpu").data
+    want = arr[...][sel]
+    assert got.dtype == want.dtype.newbyteorder("=")
+    np.testing.assert_array_equal(got, want)
+
+
+def test_engine_reads_gzip_in_small_batches(tmp_path):
+    from gpu_zarr.engine import EngineOptions, read
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="gzip", level=9, chunks=(4, 8, 7), shards=(8, 16, 14))
+    res = read(arr, Ellipsis, device="cpu", options=EngineOptions(batch_bytes=1, slots=2, threads=3))
+    np.testing.assert_array_equal(res.data, arr[...])
+    assert res.stats["codec"] == "gzip" and res.stats["batches"] > 10
+
+
+def test_numcodecs_zarr3_zlib_is_read(tmp_path):
+    import warnings
+
+    import zarr
+
+    from gpu_zarr.engine import read
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from numcodecs.zarr3 import Zlib
+
+        a = zarr.create_array(str(tmp_path / "z.zarr"), shape=(20, 30), chunks=(7, 8), dtype="<i4",
+                              compressors=[Zlib(level=3)])
+        a[...] = np.arange(600, dtype="<i4").reshape(20, 30)
+        arr = zarr.open_array(str(tmp_path / "z.zarr"), mode="r")
+        want = arr[...]
+    np.testing.assert_array_equal(read(arr, Ellipsis, device="cpu").data, want)
+
+
+@pytest.mark.parametrize("codec,key", [("gzip", "1.1.1"), ("zlib", "1.1.1")])
+@pytest.mark.parametrize("damage,match", [
+    (lambda b: b[:len(b) // 2], "(truncated|too short|trailer|deflate)"),
+    (lambda b: b"\x00\x00" + b[2:], "(magic|CMF|check bits)"),
+    (lambda b: b[:5], "too short"),
+    (lambda b: b[:len(b) // 2] + bytes([b[len(b) // 2] ^ 0xFF]) + b[len(b) // 2 + 1:], "(deflate|CRC|Adler)"),
+])
+def test_corrupt_v2_chunk_names_it(tmp_path, codec, key, damage, match):
+    from gpu_zarr.engine import read
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=2, codec=codec, level=6, partial=False)
+    f = tmp_path / "a.zarr" / key
+    f.write_bytes(damage(f.read_bytes()))
+    with pytest.raises(CorruptChunkError, match=match) as info:
+        read(arr, Ellipsis, device="cpu")
+    assert key in str(info.value)
+
+
+def test_corrupt_sharded_gzip_inner_chunk_names_it(tmp_path):
+    from gpu_zarr.engine import read
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="gzip", chunks=(4, 8, 7), shards=(8, 16, 14), partial=False)
+    f = tmp_path / "a.zarr" / "c" / "0" / "0" / "0"
+    b = bytearray(f.read_bytes())
+    assert b[:2] == b"\x1f\x8b"  # index at the end: the first inner chunk starts the shard
+    b[0] = 0
+    f.write_bytes(bytes(b))
+    with pytest.raises(CorruptChunkError, match="c/0/0/0.*gzip magic"):
+        read(arr, Ellipsis, device="cpu")

@@ -10,6 +10,7 @@ blocks) and "deflate" (raw RFC 1951 streams, wrappers already stripped).
 
 from __future__ import annotations
 
+import threading
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +21,8 @@ from gpu_zarr.errors import INSTALL_HINT, CorruptChunkError, GPUUnavailable
 
 __all__ = [
     "ALGORITHMS",
+    "copy_spans_cpu",
+    "copy_spans_gpu",
     "decode_batch_cpu",
     "decode_batch_gpu",
     "decode_zstd_cpu",
@@ -28,6 +31,7 @@ __all__ = [
 ]
 
 ALGORITHMS = ("zstd", "lz4", "deflate")
+_NVCOMP_NAMES = {"zstd": "Zstd", "lz4": "LZ4", "deflate": "Deflate"}
 
 
 def _name(names: Sequence[str] | None, k: int) -> str:
@@ -90,6 +94,38 @@ def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np
                       np.asarray(dst_offsets, np.int64), _as_sizes(dst_sizes, n), stream, names, check=check)
 
 
+def _nvcomp() -> Any:
+    try:
+        from nvidia import nvcomp
+    except ImportError as exc:
+        raise GPUUnavailable(f"nvCOMP is not installed, so chunks cannot be encoded on the GPU: {INSTALL_HINT}") from exc
+    if not hasattr(nvcomp, "BitstreamKind"):
+        raise GPUUnavailable(f"nvCOMP's Python API {getattr(nvcomp, '__version__', '?')} is too old (no "
+                             'BitstreamKind): pip install -U "nvidia-nvcomp-cu13>=6,<7"')
+    return nvcomp
+
+
+def nvcomp_codec(stream: Any, algo: str = "zstd") -> Any:
+    """A RAW-bitstream ``nvidia.nvcomp.Codec`` of ``algo`` bound to ``stream``, for ENCODING.
+
+    Decoding goes through :func:`decode_batch_gpu` (nvCOMP's low-level API); only the zarr
+    codec's encode path uses nvCOMP's Python API.
+
+    Notes
+    -----
+    nvCOMP keeps its decode scratch with the codec and reuses it, and a codec's first
+    decode is slow (~10 ms), so codecs are kept by the runtime (one per thread and stream:
+    a second decode on a busy codec blocks the host).
+    """
+    nvcomp = _nvcomp()
+    from gpu_zarr.engine.runtime import get_runtime
+
+    key = ("nvcomp-codec", algo, getattr(stream, "device_id", 0), int(stream.ptr), threading.get_ident())
+    codec = get_runtime().resource(key, lambda: nvcomp.Codec(
+        algorithm=_NVCOMP_NAMES[algo], bitstream_kind=nvcomp.BitstreamKind.RAW, cuda_stream=int(stream.ptr)))
+    return codec
+
+
 def _cpu_decoder(algo: str):
     """A function (encoded bytes, expected size) -> decoded bytes for one stream."""
     if algo == "zstd":
@@ -150,6 +186,65 @@ def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_si
         dst[do:do + ds] = got
 
 
+def copy_spans_cpu(src: np.ndarray, src_offsets: np.ndarray, dst: np.ndarray, dst_offsets: np.ndarray,
+                   sizes: np.ndarray) -> None:
+    """Copy byte spans ``src[so : so + n] -> dst[do : do + n]`` (CPU twin of :func:`copy_spans_gpu`)."""
+    for so, do, n in zip(np.asarray(src_offsets).tolist(), np.asarray(dst_offsets).tolist(),
+                         np.asarray(sizes).tolist()):
+        dst[do:do + n] = src[so:so + n]
+
+
+_COPY_KERNEL = r"""
+extern "C" __global__ void copy_spans(const unsigned char* __restrict__ src, unsigned char* __restrict__ dst,
+                                      const long long* __restrict__ so, const long long* __restrict__ dof,
+                                      const long long* __restrict__ n)
+{
+    const long long k = blockIdx.y;
+    const long long len = n[k];
+    const unsigned char* s = src + so[k];
+    unsigned char* d = dst + dof[k];
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += (long long)gridDim.x * blockDim.x)
+        d[i] = s[i];
+}
+"""
+
+
+def copy_spans_gpu(src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
+                   stream: Any, keep: list | None = None) -> None:
+    """Copy many byte spans between device buffers with one kernel launch per 65535 spans.
+
+    With ``keep`` (a list), the offsets go up through pinned memory without waiting for the
+    stream, and the buffers that must outlive the queued copy are appended to ``keep``.
+    """
+    import cupy
+
+    n = len(sizes)
+    if n == 0:
+        return
+    from gpu_zarr.engine.runtime import get_runtime
+
+    kern = get_runtime().resource(("kernel", "copy_spans", cupy.cuda.Device().id),
+                                  lambda: cupy.RawKernel(_COPY_KERNEL, "copy_spans"))
+    longest = int(np.max(sizes))
+    gx = max(1, min(64, -(-longest // (256 * 4))))
+    table = np.concatenate([np.asarray(src_offsets, np.int64), np.asarray(dst_offsets, np.int64),
+                            np.asarray(sizes, np.int64)])
+    with stream:
+        meta = cupy.empty(3 * n, np.int64)
+    if keep is None:
+        meta.set(table, stream=stream)  # pageable: the copy waits for the stream's earlier work
+    else:
+        from gpu_zarr.engine.nvcomp_batch import _h2d, _pinned
+
+        host = _pinned(3 * n)
+        host[:] = table
+        _h2d(int(meta.data.ptr), host, stream)  # pinned: asynchronous, ``keep`` holds it until the batch is checked
+        keep += [host, meta]
+    so, do, nn = meta[:n], meta[n:2 * n], meta[2 * n:]
+    with stream:
+        for p0 in range(0, n, 65535):
+            cnt = min(65535, n - p0)
+            kern((gx, cnt), (256,), (src, dst, so[p0:], do[p0:], nn[p0:]))
 def decode_zstd_gpu(src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any, dst_offsets: np.ndarray,
                     dst_size: int, stream: Any, names: Sequence[str] | None = None) -> None:
     """zstd frames, one decoded size for all: :func:`decode_batch_gpu` with ``algo="zstd"``."""
@@ -160,29 +255,3 @@ def decode_zstd_cpu(src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndar
                     dst_offsets: np.ndarray, dst_size: int, names: Sequence[str] | None = None) -> None:
     """numcodecs twin of :func:`decode_zstd_gpu`: :func:`decode_batch_cpu` with ``algo="zstd"``."""
     decode_batch_cpu("zstd", src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names)
-
-
-def _nvcomp():
-    try:
-        from nvidia import nvcomp
-    except ImportError as exc:
-        raise GPUUnavailable(f"nvCOMP is not installed, so zstd cannot be encoded on the GPU: {INSTALL_HINT}") from exc
-    if not hasattr(nvcomp, "BitstreamKind"):
-        raise GPUUnavailable(f"nvCOMP's Python API {getattr(nvcomp, '__version__', '?')} is too old (no "
-                             'BitstreamKind): pip install -U "nvidia-nvcomp-cu13>=6,<7"')
-    return nvcomp
-
-
-def nvcomp_codec(stream: Any) -> Any:
-    """A RAW-bitstream zstd ``nvidia.nvcomp.Codec`` bound to ``stream``, for ENCODING.
-
-    Decoding goes through :func:`decode_batch_gpu` (the low-level API); only the zarr
-    codec's encode path still uses nvCOMP's Python API. Codecs are kept by the runtime per
-    device and stream.
-    """
-    from gpu_zarr.engine.nvcomp_batch import _resource
-
-    nvcomp = _nvcomp()
-    key = ("nvcomp-python-codec", "zstd", int(stream.ptr), getattr(stream, "device_id", 0))
-    return _resource(key, lambda: nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
-                                               cuda_stream=int(stream.ptr)), None)

@@ -262,6 +262,8 @@ class DeflateStage:
             raise ValueError(f"wrapper must be 'gzip' or 'zlib', not {wrapper!r}")
         self.name = wrapper
 
+    decodes = True
+
     def prepare(self, staging: np.ndarray, batch: Any, lay: Any, names: Sequence[str]) -> DeflateStreams:
         """Parse every chunk's wrapper; raise CorruptChunkError naming a bad chunk."""
         if self.name == "gzip":

@@ -233,17 +233,6 @@ def _wheel_version() -> str | None:
 
 
 _KERNELS = r"""
-extern "C" __global__ void copy_spans(const unsigned char* src, const long long* src_off,
-                                      unsigned char* dst, const long long* dst_off,
-                                      const long long* sizes, long long n) {
-    for (long long k = blockIdx.x; k < n; k += gridDim.x) {
-        const unsigned char* s = src + src_off[k];
-        unsigned char* d = dst + dst_off[k];
-        long long m = sizes[k];
-        for (long long i = threadIdx.x; i < m; i += blockDim.x) d[i] = s[i];
-    }
-}
-
 __device__ unsigned long long le(const unsigned char* p, int n) {
     unsigned long long v = 0;
     for (int i = 0; i < n; ++i) v |= ((unsigned long long)p[i]) << (8 * i);
@@ -338,23 +327,9 @@ def _d2h(host: np.ndarray, dev_ptr: int, stream) -> None:
 
 
 def _copy_spans(src, src_off: np.ndarray, dst, dst_off: np.ndarray, sizes: np.ndarray, stream, keep: list) -> None:
-    """Byte copies ``dst[dst_off[k]:+sizes[k]] = src[src_off[k]:+sizes[k]]`` in one kernel on ``stream``.
+    from gpu_zarr.engine.decode import copy_spans_gpu
 
-    The pinned and device buffers it uses are appended to ``keep`` (alive until the batch is checked).
-    """
-    import cupy
-
-    n = len(sizes)
-    if n == 0:
-        return
-    host = _pinned(3 * n)
-    host[:n], host[n:2 * n], host[2 * n:] = src_off, dst_off, sizes
-    with stream:
-        meta = cupy.empty(3 * n, np.int64)
-    _h2d(meta.data.ptr, host, stream)
-    with stream:
-        _kernel("copy_spans")((min(n, 65535),), (256,), (src, meta[:n], dst, meta[n:2 * n], meta[2 * n:], np.int64(n)))
-    keep += [host, meta]
+    copy_spans_gpu(src, src_off, dst, dst_off, sizes, stream, keep)
 
 
 def _round_up(x: np.ndarray, a: int) -> np.ndarray:

@@ -245,3 +245,17 @@ def test_gpu_capabilities_report_nvcomp():
     assert caps.nvcomp_lowlevel, caps.notes
     assert caps.nvcomp_version and caps.nvcomp_version.startswith("6.")
     assert "nvCOMP" in caps.report()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", [0, 3])
+def test_gpu_crc32_after_decode(skew):
+    raws, host, offs, csz, doff, dsz = _batch("deflate")
+    doff = doff + skew
+    crc = np.array([zlib.crc32(r) for r in raws], np.uint32)
+    names = [f"c/{k}" for k in range(len(raws))]
+    got = _gpu_decode("deflate", host, offs, csz, doff, dsz + 0, names, crc32=crc)
+    assert got[skew:].tobytes() == b"".join(raws)[:len(got) - skew]
+    crc[2] ^= 1
+    with pytest.raises(CorruptChunkError, match="c/2: .*CRC-32"):
+        _gpu_decode("deflate", host, offs, csz, doff, dsz + 0, names, crc32=crc)

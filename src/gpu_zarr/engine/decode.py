@@ -44,8 +44,9 @@ def _as_sizes(v: Any, n: int) -> np.ndarray:
 
 
 def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
-                     dst_offsets: np.ndarray, dst_sizes: np.ndarray, stream: Any,
-                     names: Sequence[str] | None = None, slot: int = 0, check: bool = True) -> Any:
+                     dst_offsets: np.ndarray, dst_sizes: np.ndarray | int, stream: Any,
+                     names: Sequence[str] | None = None, slot: int = 0, check: bool = True,
+                     crc32: np.ndarray | None = None) -> Any:
     """Decode a batch of streams from one device buffer into another, in ONE nvCOMP call.
 
     Parameters
@@ -68,6 +69,9 @@ def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np
     check : bool
         True: wait for the batch and check its statuses before returning. False: return a
         :class:`~gpu_zarr.engine.nvcomp_batch.PendingBatch` to ``check()`` later.
+    crc32 : ndarray of uint32, optional
+        Expected CRC-32 of each stream's decoded bytes (gzip trailers): computed by nvCOMP on
+        the GPU after the decode and checked with the statuses.
 
     Raises
     ------
@@ -91,7 +95,8 @@ def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np
         return None
     dec = batched_decoder(algo, stream, slot)
     return dec.decode(src, np.asarray(src_offsets, np.int64), np.asarray(src_sizes, np.int64), dst,
-                      np.asarray(dst_offsets, np.int64), _as_sizes(dst_sizes, n), stream, names, check=check)
+                      np.asarray(dst_offsets, np.int64), _as_sizes(dst_sizes, n), stream, names, check=check,
+                      crc32=crc32)
 
 
 def _nvcomp() -> Any:
@@ -158,13 +163,15 @@ def _cpu_decoder(algo: str):
 
 
 def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray,
-                     dst: np.ndarray, dst_offsets: np.ndarray, dst_sizes: np.ndarray,
-                     names: Sequence[str] | None = None) -> None:
+                     dst: np.ndarray, dst_offsets: np.ndarray, dst_sizes: np.ndarray | int,
+                     names: Sequence[str] | None = None, crc32: np.ndarray | None = None,
+                     adler32: np.ndarray | None = None) -> None:
     """numcodecs/zlib twin of :func:`decode_batch_gpu` (one call per stream, on the CPU).
 
     Same arguments (host numpy buffers, no stream) and same errors: a stream that fails or
-    decodes to another size than ``dst_sizes[k]`` raises CorruptChunkError naming
-    ``names[k]``.
+    decodes to another size than ``dst_sizes[k]``, or whose decoded bytes do not match
+    ``crc32[k]`` (gzip) / ``adler32[k]`` (zlib, checked on the CPU only), raises
+    CorruptChunkError naming ``names[k]``.
     """
     n = len(src_offsets)
     if n == 0:
@@ -184,6 +191,11 @@ def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_si
             raise CorruptChunkError(f"chunk {_name(names, k)}: decoded to {got.nbytes} bytes, but the array metadata "
                                     f"says {ds}. The chunk is corrupt or truncated; rewrite or delete that chunk.")
         dst[do:do + ds] = got
+        for want, fn, kind in ((crc32, zlib.crc32, "CRC-32"), (adler32, zlib.adler32, "Adler-32")):
+            if want is not None and (fn(got) & 0xFFFFFFFF) != int(want[k]):
+                raise CorruptChunkError(f"chunk {_name(names, k)}: the decoded bytes' {kind} is "
+                                        f"{fn(got) & 0xFFFFFFFF:#010x}, the stream's trailer says {int(want[k]):#010x}. "
+                                        "The chunk is corrupt; rewrite or delete that chunk.")
 
 
 def copy_spans_cpu(src: np.ndarray, src_offsets: np.ndarray, dst: np.ndarray, dst_offsets: np.ndarray,

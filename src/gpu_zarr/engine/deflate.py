@@ -12,11 +12,12 @@ What guards the data
 --------------------
 - Host, both paths: the wrapper (magic, method, flags, header fields inside the chunk,
   zlib's FCHECK, no preset dictionary) and gzip's ISIZE against the decoded chunk size.
-- GPU: nvCOMP's per-chunk status and its actual decoded size (must equal the chunk size).
-  The gzip CRC-32 and the zlib Adler-32 of the decoded bytes are NOT checked on the GPU
-  path (the decoded bytes never come back to the host).
+- GPU: nvCOMP's per-chunk status and its actual decoded size (must equal the chunk size),
+  and for gzip the CRC-32 of the decoded bytes, computed by nvCOMP on the GPU in the same
+  batch. The zlib Adler-32 is NOT checked on the GPU path (nvCOMP has no Adler-32 and the
+  decoded bytes never come back to the host).
 - CPU twin: zlib also checks that the deflate stream ends exactly where the wrapper says,
-  and the CRC-32 / Adler-32 are verified (cheap there: the bytes are on the host).
+  and both the CRC-32 and the Adler-32 are verified.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import numpy as np
 
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["DeflateStage", "DeflateStreams", "parse_gzip", "parse_zlib", "verify_checksums"]
+__all__ = ["DeflateStage", "DeflateStreams", "parse_gzip", "parse_zlib"]
 
 _FTEXT, _FHCRC, _FEXTRA, _FNAME, _FCOMMENT = 0x01, 0x02, 0x04, 0x08, 0x10
 _WINDOW = 64  # bytes scanned per step when looking for the end of FNAME / FCOMMENT
@@ -219,25 +220,6 @@ def parse_zlib(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, names: S
     return DeflateStreams(offsets + 2, sizes - 6, adler, "zlib")
 
 
-def verify_checksums(dst: np.ndarray, dst_offsets: np.ndarray, size: int, streams: DeflateStreams,
-                     names: Sequence[str]) -> None:
-    """Check the CRC-32 (gzip) or Adler-32 (zlib) of decoded chunks on the host.
-
-    Raises
-    ------
-    CorruptChunkError
-        Naming the first chunk whose decoded bytes do not match its trailer.
-    """
-    fn = zlib.crc32 if streams.wrapper == "gzip" else zlib.adler32
-    for k in range(len(dst_offsets)):
-        o = int(dst_offsets[k])
-        got = fn(dst[o:o + size]) & 0xFFFFFFFF
-        if got != int(streams.checksums[k]):
-            kind = "CRC-32" if streams.wrapper == "gzip" else "Adler-32"
-            raise _fail(names, k, streams.wrapper, f"the decoded bytes' {kind} is {got:#010x}, the trailer says "
-                                                   f"{int(streams.checksums[k]):#010x}")
-
-
 class DeflateStage:
     """The codec stage of gzip and zlib chunks (see the engine contract's ``CodecStage``).
 
@@ -249,9 +231,9 @@ class DeflateStage:
     -----
     ``prepare`` parses the wrappers on the host (staging buffer, before upload);
     ``decode`` makes ONE ``ops.decode_batch("deflate", ...)`` call per batch: nvCOMP on
-    the GPU, zlib on the CPU twin, which also verifies the trailers' checksums. On the GPU
-    the checksums are not verified (see the module docstring): nvCOMP's statuses and the
-    exact decoded size guard the data there. nvCOMP wants 4-byte aligned deflate input
+    the GPU (plus one batched CRC-32 for gzip), zlib on the CPU twin, which verifies both
+    trailers' checksums; zlib's Adler-32 is not verified on the GPU (see the module
+    docstring). nvCOMP wants 4-byte aligned deflate input
     and the streams start 2 (zlib) or 10+ (gzip) bytes into a chunk, so the GPU decoder
     first gathers them into an aligned buffer: up to one batch of compressed bytes of
     scratch, counted in :meth:`scratch_bytes`.
@@ -278,10 +260,10 @@ class DeflateStage:
             return
         size = int(lay.inner_nbytes)
         dst_offsets = np.asarray(dst_offsets[:n], np.int64)
+        gz = prep.wrapper == "gzip"
         ops.decode_batch("deflate", src, prep.offsets, prep.sizes, dst, dst_offsets, np.full(n, size, np.int64),
-                         names, slot=slot, wait=wait)
-        if ops.name == "cpu":
-            verify_checksums(dst, dst_offsets, size, prep, names)
+                         names, slot=slot, wait=wait, crc32=prep.checksums if gz else None,
+                         adler32=None if gz else prep.checksums)
 
     def scratch_bytes(self, chunks_per_batch: int, lay: Any) -> int:
         """Device memory beyond src/dst for one batch: the aligned copy of the deflate streams.

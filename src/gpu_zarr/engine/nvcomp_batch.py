@@ -81,7 +81,22 @@ class _Properties(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("cudart_version", ctypes.c_uint32)]
 
 
+class _CRC32Spec(ctypes.Structure):
+    _fields_ = [("poly", ctypes.c_uint32), ("init", ctypes.c_uint32), ("ref_in", ctypes.c_bool),
+                ("ref_out", ctypes.c_bool), ("xorout", ctypes.c_uint32), ("reserved", ctypes.c_char * 16)]
+
+
+class _CRC32KernelConf(ctypes.Structure):
+    _fields_ = [("kernel_kind", ctypes.c_int), ("bytes_per_read", ctypes.c_int32),
+                ("blocks_per_msg", ctypes.c_int32), ("reserved", ctypes.c_char * 20)]
+
+
+class _CRC32Opts(ctypes.Structure):
+    _fields_ = [("spec", _CRC32Spec), ("kernel_conf", _CRC32KernelConf), ("reserved", ctypes.c_char * 64)]
+
+
 assert ctypes.sizeof(_DecompressOpts) == 64
+assert ctypes.sizeof(_CRC32Spec) == 32 and ctypes.sizeof(_CRC32KernelConf) == 32 and ctypes.sizeof(_CRC32Opts) == 128
 
 
 @dataclass(frozen=True)
@@ -347,9 +362,10 @@ class PendingBatch:
     """
 
     def __init__(self, algo: str, event, host: np.ndarray, expected: np.ndarray, names, n: int,
-                 keep: list) -> None:
+                 keep: list, crc32: np.ndarray | None = None) -> None:
         self._algo, self._event, self._host, self._expected, self._names, self._n = algo, event, host, expected, names, n
         self._keep = keep
+        self._crc32 = crc32
         self._checked = False
 
     def check(self) -> None:
@@ -361,7 +377,12 @@ class PendingBatch:
         self._keep = []
         n = self._n
         actual, status, code = self._host[:n], self._host[n:2 * n], self._host[2 * n:3 * n]
-        bad = np.flatnonzero((code != 0) | (status != 0) | (actual != self._expected))
+        wrong = (code != 0) | (status != 0) | (actual != self._expected)
+        crc = None
+        if self._crc32 is not None:
+            crc = self._host[3 * n:4 * n] & 0xFFFFFFFF
+            wrong |= crc != self._crc32.astype(np.int64)
+        bad = np.flatnonzero(wrong)
         if len(bad) == 0:
             return
         k = int(bad[0])
@@ -371,8 +392,11 @@ class PendingBatch:
             what = f"{_ZSTD_CODES.get(int(code[k]), 'invalid zstd frame')} (checked on the GPU before decoding)"
         elif status[k] != 0:
             what = f"nvCOMP {self._algo} decode failed with status {int(status[k])} ({_STATUS.get(int(status[k]), 'unknown')})"
-        else:
+        elif actual[k] != self._expected[k]:
             what = f"decoded to {int(actual[k])} bytes, but the array metadata says {int(self._expected[k])}"
+        else:
+            what = (f"the decoded bytes' CRC-32 is {int(crc[k]):#010x}, the gzip trailer says "  # type: ignore[index]
+                    f"{int(self._crc32[k]):#010x} (checked on the GPU)")  # type: ignore[index]
         raise CorruptChunkError(f"chunk {name}: {what}{more}. The chunk is corrupt or truncated; nothing of "
                                 "it was placed. Rewrite or delete that chunk.")
 
@@ -434,8 +458,8 @@ class BatchedDecoder:
         if rc != 0:
             raise GPUUnavailable(f"nvCOMP {algo}: GetRequiredAlignments failed (status {rc}). Fix: {UPGRADE_HINT}")
         self.alignment = (max(1, int(al.input)), max(1, int(al.output)), max(1, int(al.temp)))
-        self._scratch = None  # cupy uint8, grown on demand
-        self._meta = None  # device int64: [in_ptr | in_bytes | out_bytes | out_actual | out_ptr | status]
+        self._scratch: Any = None  # cupy uint8, grown on demand
+        self._meta: Any = None  # device int64: [in_ptr | in_bytes | out_bytes | out_actual | out_ptr | status]
         self._last_stream = None
         self.calls = 0
         self.scratch_allocations = 0
@@ -454,7 +478,7 @@ class BatchedDecoder:
     @property
     def nbytes(self) -> int:
         """Device memory this decoder holds (scratch plus its pointer/size arrays)."""
-        return sum(int(a.nbytes) for a in (self._scratch, self._meta) if a is not None)
+        return int(sum(int(a.nbytes) for a in (self._scratch, self._meta) if a is not None))
 
     def close(self) -> None:
         """Free the scratch (once queued work is done)."""
@@ -482,7 +506,7 @@ class BatchedDecoder:
     # -- decode -----------------------------------------------------------------------
     def decode(self, src, src_offsets: np.ndarray, src_sizes: np.ndarray, dst, dst_offsets: np.ndarray,
                dst_sizes: np.ndarray, stream, names: Sequence[str] | None = None,
-               check: bool = True) -> PendingBatch | None:
+               check: bool = True, crc32: np.ndarray | None = None) -> PendingBatch | None:
         """Decode every stream of a batch in ONE nvCOMP call on ``stream``.
 
         Parameters
@@ -498,6 +522,9 @@ class BatchedDecoder:
         check : bool
             True: wait for the batch and raise on a bad chunk before returning. False:
             return a :class:`PendingBatch` whose ``check()`` does that later.
+        crc32 : ndarray of uint32, optional
+            Expected CRC-32 (gzip's) of each stream's decoded bytes: computed on the GPU
+            after the decode (``nvcompBatchedCRC32Async``) and checked with the statuses.
 
         Raises
         ------
@@ -551,8 +578,9 @@ class BatchedDecoder:
         with stream:
             scratch = self._ensure("_scratch", temp + a_tmp) if temp else None
             # device table: [in_ptr | in_bytes | out_bytes | out_actual | out_ptr | status | frame code]
-            meta = self._ensure("_meta", 8 * 7 * n)
-        host = _pinned(10 * n)  # 7n table out, 3n results back
+            # + [crc32] (n uint32 in an 8n area)
+            meta = self._ensure("_meta", 8 * 8 * n)
+        host = _pinned(11 * n)  # 7n table out, 4n results back
         table = host[:7 * n].reshape(7, n)
         table[0] = src_base + so
         table[1] = ss
@@ -581,22 +609,54 @@ class BatchedDecoder:
                 f"nvCOMP {self.algo} refused a batch of {n} chunks (status {rc}: {_STATUS.get(rc, 'unknown')})"
                 + (f", chunks {names[0]} .. {names[n - 1]}" if names is not None else "")
                 + ". Nothing was decoded.")
+        parts = [meta[24 * n:32 * n].view(np.int64), None, meta[48 * n:56 * n].view(np.int64)]
+        if crc32 is not None:
+            crc32 = np.asarray(crc32, np.uint32).reshape(-1)
+            if len(crc32) != n:
+                raise ValueError("crc32 must have one entry per stream")
+            self._crc32(base + 32 * n, base + 16 * n, n, base + 56 * n, max_out, stream)
+            with stream:
+                parts.append(meta[56 * n:60 * n].view(np.uint32).astype(np.int64))
         with stream:
             # statuses are 4-byte enums at the start of their 8-byte-per-chunk area: widen them
-            status = meta[40 * n:44 * n].view(np.int32).astype(np.int64)
-            res = cp.concatenate([meta[24 * n:32 * n].view(np.int64), status, meta[48 * n:56 * n].view(np.int64)])
-        result = host[7 * n:10 * n]
+            parts[1] = meta[40 * n:44 * n].view(np.int32).astype(np.int64)
+            res = cp.concatenate(parts)
+        status = parts[1]
+        result = host[7 * n:7 * n + res.size]
         _d2h(result, int(res.data.ptr), stream)
         keep += [host, res, status]
         event = stream.record()
         if staged_out is not None:
             _copy_spans(staged_out, out_do, dst, do, ds, stream, keep)
             event = stream.record()
-        pending = PendingBatch(self.algo, event, result, ds, names, n, keep)
+        pending = PendingBatch(self.algo, event, result, ds, names, n, keep, crc32)
         if check:
             pending.check()
             return None
         return pending
+
+    def _crc32(self, ptrs: int, sizes: int, n: int, out: int, max_bytes: int, stream) -> None:
+        """CRC-32 (gzip's polynomial) of n device buffers, written as uint32 at ``out``, queued on stream."""
+        lib = self.nv.lib
+        if not hasattr(lib, "nvcompBatchedCRC32Async"):
+            raise GPUUnavailable(f"nvCOMP {self.nv.version_string} has no batched CRC32. Fix: {UPGRADE_HINT}")
+        conf_fn = lib.nvcompBatchedCRC32GetHeuristicConf
+        conf_fn.restype = ctypes.c_int
+        conf_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(_CRC32KernelConf), ctypes.c_size_t,
+                            ctypes.c_void_p]
+        opts = _CRC32Opts()
+        opts.spec.poly, opts.spec.init, opts.spec.ref_in, opts.spec.ref_out, opts.spec.xorout = (
+            0x04C11DB7, 0xFFFFFFFF, True, True, 0xFFFFFFFF)  # nvcompCRC32: the CRC-32 of gzip and zlib.crc32
+        rc = conf_fn(None, n, ctypes.byref(opts.kernel_conf), max(int(max_bytes), 1), None)
+        if rc != 0:
+            raise GPUUnavailable(f"nvcompBatchedCRC32GetHeuristicConf failed (status {rc})")
+        run = lib.nvcompBatchedCRC32Async
+        run.restype = ctypes.c_int
+        run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, _CRC32Opts,
+                        ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        rc = run(ptrs, sizes, n, out, opts, 0, None, stream.ptr)
+        if rc != 0:
+            raise GPUUnavailable(f"nvcompBatchedCRC32Async failed (status {rc}: {_STATUS.get(rc, 'unknown')})")
 
     def _dummy(self, stream):
         d = getattr(self, "_dummy_frame", None)

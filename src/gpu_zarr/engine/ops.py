@@ -36,7 +36,8 @@ class Ops(Protocol):
     def record(self, slot: int = 0) -> Any: ...
     def decode_batch(self, algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
                      dst_offsets: np.ndarray, dst_sizes: np.ndarray, names: Sequence[str] | None,
-                     slot: int = 0, wait: Any = None) -> None: ...
+                     slot: int = 0, wait: Any = None, crc32: np.ndarray | None = None,
+                     adler32: np.ndarray | None = None) -> None: ...
     def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray,
                    sizes: np.ndarray, slot: int = 0, wait: Any = None) -> None: ...
     def place(self, src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
@@ -98,9 +99,10 @@ class CpuOps:
 
     def decode_batch(self, algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray,
                      dst: np.ndarray, dst_offsets: np.ndarray, dst_sizes: np.ndarray,
-                     names: Sequence[str] | None, slot: int = 0, wait: Any = None) -> None:
+                     names: Sequence[str] | None, slot: int = 0, wait: Any = None, crc32: np.ndarray | None = None,
+                     adler32: np.ndarray | None = None) -> None:
         self._run(decode_batch_cpu, algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names,
-                  after=wait)
+                  crc32, adler32, after=wait)
 
     def copy_spans(self, src: np.ndarray, src_offsets: np.ndarray, dst: np.ndarray, dst_offsets: np.ndarray,
                    sizes: np.ndarray, slot: int = 0, wait: Any = None) -> None:
@@ -242,9 +244,13 @@ class GpuOps:
 
     def decode_batch(self, algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
                      dst_offsets: np.ndarray, dst_sizes: np.ndarray, names: Sequence[str] | None,
-                     slot: int = 0, wait: Any = None) -> None:
+                     slot: int = 0, wait: Any = None, crc32: np.ndarray | None = None,
+                     adler32: np.ndarray | None = None) -> None:
+        """ONE nvCOMP batched call on the work stream; CRC-32 checked on the GPU, Adler-32 not."""
         self._after(wait)
-        decode_batch_gpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, self.stream, names)
+        # every slot decodes on the one work stream, in order: one decoder (one scratch) serves them all
+        decode_batch_gpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, self.stream, names,
+                         crc32=crc32)
 
     def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
                    slot: int = 0, wait: Any = None) -> None:

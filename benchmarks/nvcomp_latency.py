@@ -70,7 +70,7 @@ def _median_ms(fn, reps: int = 5) -> float:
     return float(np.median(ts) * 1e3)
 
 
-def bench(out: dict) -> None:
+def bench(out: dict, python_api: bool = True) -> None:
     import cupy
 
     from gpu_zarr.engine.nvcomp_batch import nvcomp_info
@@ -84,6 +84,8 @@ def bench(out: dict) -> None:
     try:
         from nvidia import nvcomp
     except ImportError:
+        nvcomp = None
+    if not python_api:
         nvcomp = None
     for algo in ("zstd", "lz4", "deflate"):
         out[algo] = res = _bench_algo(algo, raw_bytes, nbytes, counts, stream, nvcomp)
@@ -127,6 +129,10 @@ def _bench_algo(algo, raw_bytes, nbytes, counts, stream, nvcomp) -> dict:
         lat[n] = {"ms": round(ms, 2), "GiB/s": round(n * nbytes / 2**30 / (ms / 1e3), 1),
                   "host_ms_per_queued_call": round(host_ms, 3),
                   "scratch_MiB": round(dec.temp_bytes(n, nbytes, n * nbytes) / 2**20, 1)}
+    if algo == "deflate":
+        crc = np.array([zlib.crc32(raw_bytes[k % UNIQUE]) for k in range(len(enc))], np.uint32)
+        res["with_crc32_ms"] = {n: round(_median_ms(lambda n=n: dec.decode(
+            src, offs[:n], sizes[:n], dst, dst_off[:n], dsz[:n], stream, crc32=crc[:n])), 2) for n in (1, 1024)}
     if algo in ("deflate", "zstd"):
         other = BatchedDecoder(algo, backend="default")
         res["backend_default_ms"] = {n: round(_median_ms(lambda n=n: other.decode(
@@ -184,6 +190,44 @@ def _bench_algo(algo, raw_bytes, nbytes, counts, stream, nvcomp) -> dict:
         check_frames(h2, o2, s2, 65536, [str(k) for k in range(4096)])
         res["frame_check_ms_4096_chunks_of_64KiB"] = round((time.perf_counter() - t) * 1e3, 2)
     return res
+
+
+def engine_gzip(out: dict, where: str) -> None:
+    """Whole-array read of a 0.5 GiB v2 gzip (level 1) uint16 store: our engine vs zarr CPU + cupy.asarray."""
+    import cupy
+    import numcodecs
+    import zarr
+
+    from gpu_zarr.zarr_io import read_zarr
+
+    path = f"{where}/gzip.zarr"
+    shape, chunks = (256, 1024, 1024), (1, 1024, 1024)  # 2 MiB chunks, as bioformats2raw writes planes
+    t = time.perf_counter()
+    arr = zarr.create_array(path, shape=shape, chunks=chunks, dtype="<u2", zarr_format=2,
+                            compressors=numcodecs.GZip(1), overwrite=True)
+    planes = np.stack(_chunks(16, shape[1:], seed=5))
+    for z in range(0, shape[0], 16):
+        arr[z:z + 16] = planes
+    gib = np.prod(shape) * 2 / 2**30
+    res: dict = {"write_s": round(time.perf_counter() - t, 1), "GiB": float(gib)}
+    arr = zarr.open_array(path, mode="r")
+
+    def ours() -> None:
+        r = read_zarr(arr, prefer="kvikio")
+        cupy.cuda.runtime.deviceSynchronize()
+        res.setdefault("stats", {k: v for k, v in r.stats.items() if isinstance(v, (int, float, str))})
+
+    def zarr_cpu() -> None:
+        cupy.asarray(arr[...])
+        cupy.cuda.runtime.deviceSynchronize()
+    got = read_zarr(arr, prefer="kvikio").data
+    res["exact"] = bool((got[::37].get() == arr[::37]).all())
+    del got
+    for name, fn, reps in (("ours_kvikio", ours, 3), ("zarr_cpu_then_cupy", zarr_cpu, 1)):
+        ms = _median_ms(fn, reps)
+        res[name] = {"s": round(ms / 1e3, 3), "GiB/s": round(gib / (ms / 1e3), 2)}
+    out["engine_gzip"] = res
+    print("engine_gzip", json.dumps(res), flush=True)
 
 
 CORRUPT_CHILD = r"""
@@ -285,11 +329,16 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--trials", type=int, default=60)
     ap.add_argument("--skip-corruption", action="store_true")
+    ap.add_argument("--skip-python-api", action="store_true")
+    ap.add_argument("--engine-gzip", type=str, default=None, metavar="DIR",
+                    help="also time a whole-array read of a v2 gzip store written in DIR")
     a = ap.parse_args()
     out: dict = {}
-    bench(out)
+    bench(out, python_api=not a.skip_python_api)
     if not a.skip_corruption:
         corruption(out, a.trials)
+    if a.engine_gzip:
+        engine_gzip(out, a.engine_gzip)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)

@@ -417,8 +417,9 @@ class BatchedDecoder:
 
     Notes
     -----
-    Not thread-safe: the engine keeps one decoder per (device, algorithm, slot) through the
-    runtime, and a decoder is used on one stream at a time. When it is handed another
+    The engine keeps one decoder per (device, algorithm, slot, stream) through the runtime.
+    Queuing a batch holds the decoder's lock (threads sharing a decoder queue one batch at
+    a time; waiting for the result does not hold it). When a decoder is handed another
     stream, that stream first waits for the work queued on the previous one (the scratch
     and the small device arrays are shared between calls).
     """
@@ -461,6 +462,7 @@ class BatchedDecoder:
         self._scratch: Any = None  # cupy uint8, grown on demand
         self._meta: Any = None  # device int64: [in_ptr | in_bytes | out_bytes | out_actual | out_ptr | status]
         self._last_stream = None
+        self._lock = threading.Lock()  # one batch is queued at a time: the scratch and tables are shared
         self.calls = 0
         self.scratch_allocations = 0
 
@@ -550,6 +552,16 @@ class BatchedDecoder:
         if max_out > _MAX_CHUNK[self.algo]:
             raise ValueError(f"nvCOMP {self.algo} decodes chunks of at most {_MAX_CHUNK[self.algo]} bytes; "
                              f"this batch has one of {max_out}: rechunk the array smaller")
+        with self._lock:
+            pending = self._queue(src, so, ss, dst, do, ds, n, max_out, stream, names, crc32)
+        if check:
+            pending.check()
+            return None
+        return pending
+
+    def _queue(self, src, so: np.ndarray, ss: np.ndarray, dst, do: np.ndarray, ds: np.ndarray, n: int, max_out: int,
+               stream, names, crc32) -> PendingBatch:
+        """Queue one batch on ``stream`` (under the decoder's lock); the caller checks it."""
         self._on(stream)
         a_in, a_out, a_tmp = self.alignment
         src_base, dst_base = int(src.data.ptr), int(dst.data.ptr)
@@ -629,11 +641,7 @@ class BatchedDecoder:
         if staged_out is not None:
             _copy_spans(staged_out, out_do, dst, do, ds, stream, keep)
             event = stream.record()
-        pending = PendingBatch(self.algo, event, result, ds, names, n, keep, crc32)
-        if check:
-            pending.check()
-            return None
-        return pending
+        return PendingBatch(self.algo, event, result, ds, names, n, keep, crc32)
 
     def _crc32(self, ptrs: int, sizes: int, n: int, out: int, max_bytes: int, stream) -> None:
         """CRC-32 (gzip's polynomial) of n device buffers, written as uint32 at ``out``, queued on stream."""

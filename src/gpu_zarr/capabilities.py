@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpu_zarr.backends import BACKENDS
 from gpu_zarr.errors import INSTALL_HINT
@@ -107,7 +108,7 @@ class Capabilities:
         lines = []
         if self.gpu:
             mem = ""
-            if self.total_bytes:
+            if self.total_bytes and self.free_bytes is not None:
                 mem = f", {self.free_bytes / gib:.1f} of {self.total_bytes / gib:.1f} GiB free"
             lines.append(f"GPU:     {self.device_name}{mem}")
         else:
@@ -196,7 +197,7 @@ def _probe() -> Capabilities:
                         notes, low["version"], bool(low["low_level"]))
 
 
-def _kvikio_compat(kvikio) -> bool:
+def _kvikio_compat(kvikio: Any) -> bool:
     d = kvikio.defaults
     for attr in ("is_compat_mode_preferred", "compat_mode"):
         fn = getattr(d, attr, None)

@@ -218,7 +218,7 @@ def test_parse_is_vectorised_over_many_chunks():
 
 
 # ---------------------------------------------------------------- reads through the engine (CPU twin)
-from stores import DEFLATE_LAYOUTS, SELECTIONS, write
+from stores import DEFLATE_LAYOUTS, SELECTIONS, write  # noqa: E402
 
 
 @pytest.mark.parametrize("name,kw", DEFLATE_LAYOUTS, ids=[n for n, _ in DEFLATE_LAYOUTS])

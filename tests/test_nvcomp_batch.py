@@ -259,3 +259,12 @@ def test_gpu_crc32_after_decode(skew):
     crc[2] ^= 1
     with pytest.raises(CorruptChunkError, match="c/2: .*CRC-32"):
         _gpu_decode("deflate", host, offs, csz, doff, dsz + 0, names, crc32=crc)
+
+
+def test_gpu_fault_message_says_what_to_do():
+    from gpu_zarr.engine.nvcomp_batch import _gpu_fault
+
+    err = _gpu_fault(RuntimeError("cudaErrorIllegalAddress"), "zstd", ["c/0/1", "c/0/2", "c/0/3"], 3)
+    assert isinstance(err, CorruptChunkError)
+    msg = str(err)
+    assert "c/0/1 .. c/0/3" in msg and "restart Python" in msg and "prefer='cpu'" in msg

@@ -189,7 +189,8 @@ def layout_of(arr: Any) -> Layout:
         elif getattr(comp, "codec_id", None) in ("zstd", "gzip", "zlib"):
             codec = comp.codec_id
         else:
-            raise _unsupported("raw, zstd, gzip or zlib chunks", f"compressor {comp.get_config() if hasattr(comp, 'get_config') else comp!r}")
+            found = comp.get_config() if hasattr(comp, "get_config") else repr(comp)
+            raise _unsupported("raw, zstd, gzip or zlib chunks", f"compressor {found}")
         disk = dtype
         return Layout(shape, disk, native_dtype(disk), _fill(arr, native_dtype(disk)), chunks, chunks, codec,
                       False, True, False, root, meta.encode_chunk_key, 2)

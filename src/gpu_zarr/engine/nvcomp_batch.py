@@ -313,7 +313,7 @@ _ZSTD_CODES = {1: "too short for a zstd frame", 2: "does not start with the zstd
 _DUMMY_ZSTD = bytes.fromhex("28b52ffd200109000000")
 
 
-def _kernel(name: str):
+def _kernel(name: str) -> Any:
     import cupy
 
     cache = getattr(_kernel, "cache", None)
@@ -326,7 +326,7 @@ def _kernel(name: str):
     return k
 
 
-def _h2d(dev_ptr: int, host: np.ndarray, stream) -> None:
+def _h2d(dev_ptr: int, host: np.ndarray, stream: Any) -> None:
     """Asynchronous host->device copy from pinned ``host`` on ``stream`` (never a hidden sync)."""
     import cupy
 
@@ -334,14 +334,15 @@ def _h2d(dev_ptr: int, host: np.ndarray, stream) -> None:
                                   stream.ptr)
 
 
-def _d2h(host: np.ndarray, dev_ptr: int, stream) -> None:
+def _d2h(host: np.ndarray, dev_ptr: int, stream: Any) -> None:
     import cupy
 
     cupy.cuda.runtime.memcpyAsync(host.ctypes.data, dev_ptr, host.nbytes, cupy.cuda.runtime.memcpyDeviceToHost,
                                   stream.ptr)
 
 
-def _copy_spans(src, src_off: np.ndarray, dst, dst_off: np.ndarray, sizes: np.ndarray, stream, keep: list) -> None:
+def _copy_spans(src: Any, src_off: np.ndarray, dst: Any, dst_off: np.ndarray, sizes: np.ndarray, stream: Any,
+                keep: list) -> None:
     from gpu_zarr.engine.decode import copy_spans_gpu
 
     copy_spans_gpu(src, src_off, dst, dst_off, sizes, stream, keep)
@@ -349,6 +350,22 @@ def _copy_spans(src, src_off: np.ndarray, dst, dst_off: np.ndarray, sizes: np.nd
 
 def _round_up(x: np.ndarray, a: int) -> np.ndarray:
     return -(-x // a) * a
+
+
+def _cuda_errors() -> tuple[type[BaseException], ...]:
+    import cupy
+
+    return (cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverError)
+
+
+def _gpu_fault(exc: BaseException, algo: str, names: Sequence[str] | None, n: int) -> CorruptChunkError:
+    """The clear error for a GPU fault during a batch (nvCOMP does not validate compressed blocks)."""
+    which = f"chunks {names[0]} .. {names[n - 1]}" if names is not None and n else f"{n} chunks"
+    return CorruptChunkError(
+        f"the GPU faulted while nvCOMP decoded a batch of {algo} streams ({which}): {exc}. Most likely one of these "
+        "chunks is corrupt inside a compressed block (nvCOMP does not validate block contents; measured: a "
+        "flipped byte in a zstd block header can fault the GPU). This process's CUDA context is now unusable: "
+        "restart Python. To find the chunk, read the same region with prefer='cpu' (its error names the chunk).")
 
 
 class PendingBatch:
@@ -361,7 +378,7 @@ class PendingBatch:
     alive until then.
     """
 
-    def __init__(self, algo: str, event, host: np.ndarray, expected: np.ndarray, names, n: int,
+    def __init__(self, algo: str, event: Any, host: np.ndarray, expected: np.ndarray, names: Sequence[str] | None, n: int,
                  keep: list, crc32: np.ndarray | None = None) -> None:
         self._algo, self._event, self._host, self._expected, self._names, self._n = algo, event, host, expected, names, n
         self._keep = keep
@@ -372,7 +389,11 @@ class PendingBatch:
         """Wait for the decode and raise CorruptChunkError naming the first bad chunk."""
         if self._checked:
             return
-        self._event.synchronize()
+        try:
+            self._event.synchronize()
+        except _cuda_errors() as exc:
+            self._checked = True
+            raise _gpu_fault(exc, self._algo, self._names, self._n) from exc
         self._checked = True
         self._keep = []
         n = self._n
@@ -498,7 +519,7 @@ class BatchedDecoder:
                 self.scratch_allocations += 1
         return cur
 
-    def _on(self, stream) -> None:
+    def _on(self, stream: Any) -> None:
         """Order ``stream`` after the work this decoder queued on another stream."""
         last = self._last_stream
         if last is not None and last.ptr != stream.ptr:
@@ -506,8 +527,8 @@ class BatchedDecoder:
         self._last_stream = stream
 
     # -- decode -----------------------------------------------------------------------
-    def decode(self, src, src_offsets: np.ndarray, src_sizes: np.ndarray, dst, dst_offsets: np.ndarray,
-               dst_sizes: np.ndarray, stream, names: Sequence[str] | None = None,
+    def decode(self, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any, dst_offsets: np.ndarray,
+               dst_sizes: np.ndarray, stream: Any, names: Sequence[str] | None = None,
                check: bool = True, crc32: np.ndarray | None = None) -> PendingBatch | None:
         """Decode every stream of a batch in ONE nvCOMP call on ``stream``.
 
@@ -553,14 +574,17 @@ class BatchedDecoder:
             raise ValueError(f"nvCOMP {self.algo} decodes chunks of at most {_MAX_CHUNK[self.algo]} bytes; "
                              f"this batch has one of {max_out}: rechunk the array smaller")
         with self._lock:
-            pending = self._queue(src, so, ss, dst, do, ds, n, max_out, stream, names, crc32)
+            try:
+                pending = self._queue(src, so, ss, dst, do, ds, n, max_out, stream, names, crc32)
+            except _cuda_errors() as exc:  # an earlier batch faulted the GPU: say so, not a raw CUDA error
+                raise _gpu_fault(exc, self.algo, names, n) from exc
         if check:
             pending.check()
             return None
         return pending
 
-    def _queue(self, src, so: np.ndarray, ss: np.ndarray, dst, do: np.ndarray, ds: np.ndarray, n: int, max_out: int,
-               stream, names, crc32) -> PendingBatch:
+    def _queue(self, src: Any, so: np.ndarray, ss: np.ndarray, dst: Any, do: np.ndarray, ds: np.ndarray, n: int,
+               max_out: int, stream: Any, names: Sequence[str] | None, crc32: np.ndarray | None) -> PendingBatch:
         """Queue one batch on ``stream`` (under the decoder's lock); the caller checks it."""
         self._on(stream)
         a_in, a_out, a_tmp = self.alignment
@@ -643,7 +667,7 @@ class BatchedDecoder:
             event = stream.record()
         return PendingBatch(self.algo, event, result, ds, names, n, keep, crc32)
 
-    def _crc32(self, ptrs: int, sizes: int, n: int, out: int, max_bytes: int, stream) -> None:
+    def _crc32(self, ptrs: int, sizes: int, n: int, out: int, max_bytes: int, stream: Any) -> None:
         """CRC-32 (gzip's polynomial) of n device buffers, written as uint32 at ``out``, queued on stream."""
         lib = self.nv.lib
         if not hasattr(lib, "nvcompBatchedCRC32Async"):
@@ -666,7 +690,7 @@ class BatchedDecoder:
         if rc != 0:
             raise GPUUnavailable(f"nvcompBatchedCRC32Async failed (status {rc}: {_STATUS.get(rc, 'unknown')})")
 
-    def _dummy(self, stream):
+    def _dummy(self, stream: Any) -> Any:
         d = getattr(self, "_dummy_frame", None)
         if d is None:
             buf = _pinned(2)
@@ -688,7 +712,7 @@ def _pinned(count: int) -> np.ndarray:
     return np.frombuffer(mem, np.int64, max(count, 1))
 
 
-def _factory(algo: str, backend: str, device: int):
+def _factory(algo: str, backend: str, device: int) -> Any:
     def make() -> BatchedDecoder:
         import cupy
 
@@ -697,7 +721,7 @@ def _factory(algo: str, backend: str, device: int):
     return make
 
 
-def batched_decoder(algo: str, stream, slot: int = 0, backend: str = "cuda") -> BatchedDecoder:
+def batched_decoder(algo: str, stream: Any, slot: int = 0, backend: str = "cuda") -> BatchedDecoder:
     """The runtime's decoder for (device, algo, slot, stream), created once and reused.
 
     Its scratch lives as long as the runtime (released by ``Runtime.close()``).

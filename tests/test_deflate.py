@@ -343,3 +343,16 @@ def test_gpu_gzip_crc_mismatch_is_caught_on_the_gpu(tmp_path):
     f.write_bytes(bytes(b))
     with pytest.raises(CorruptChunkError, match=r"0\.1\.2.*CRC-32"):
         read_zarr_to_gpu(tmp_path / "a.zarr", prefer="kvikio")
+
+
+@pytest.mark.parametrize("codec", ["gzip", "zlib", "zstd"])
+def test_cpu_backend_names_the_corrupt_chunk(tmp_path, codec):
+    """zarr's own read fails with the codec's message; the error then names the chunk."""
+    from gpu_zarr.zarr_io import read_zarr
+
+    write(tmp_path / "a.zarr", fmt=2, codec=codec, partial=False)
+    f = tmp_path / "a.zarr" / "2.0.1"
+    b = f.read_bytes()
+    f.write_bytes(b[:len(b) // 2])
+    with pytest.raises(CorruptChunkError, match=r"chunk 2\.0\.1"):
+        read_zarr(tmp_path / "a.zarr", prefer="cpu")

@@ -43,7 +43,9 @@ from gpu_zarr.engine.plan import Region, normalize_selection
 from gpu_zarr.errors import (
     INSTALL_HINT,
     BackendUnavailable,
+    CorruptChunkError,
     GPUUnavailable,
+    GpuZarrError,
     ReadCancelled,
     UnsupportedArrayError,
 )
@@ -275,7 +277,12 @@ class PreparedArray:
                        what=f"reading {region.out_shape} {arr.dtype} of {arr.store_path}")
             read = (lambda sel: _zarr_gpu_read(arr, sel)) if device == "gpu" else (
                 lambda sel: to_native_order(np.asarray(arr[sel])))
-            data = _in_slabs(arr, region, selection, read, device, progress, cancel)
+            try:
+                data = _in_slabs(arr, region, selection, read, device, progress, cancel)
+            except (GpuZarrError, MemoryError):
+                raise
+            except Exception as exc:  # noqa: BLE001  (a codec's raw error: find and name the chunk)
+                raise _name_the_chunk(arr, selection, exc) from exc
         if hasattr(data, "__cuda_array_interface__"):
             import cupy
 
@@ -288,6 +295,23 @@ class PreparedArray:
         _last.choice = choice
         return ReadResult(data, choice.backend, choice.reason, nbytes, seconds,
                           nbytes / GiB / seconds if seconds > 0 else float("inf"), gpu_bytes, stats)
+
+
+def _name_the_chunk(arr: Any, selection: Any, exc: Exception) -> Exception:
+    """zarr failed with a codec's own message: re-read with the engine's CPU twin, which names the chunk.
+
+    Returns the engine's CorruptChunkError when it finds the bad chunk (raise it ``from exc``),
+    otherwise ``exc`` itself.
+    """
+    from gpu_zarr.engine import read as engine_read
+
+    try:
+        engine_read(arr, selection, device="cpu")
+    except CorruptChunkError as named:
+        return named
+    except Exception:  # noqa: BLE001  (the engine cannot serve this array: keep zarr's error)
+        return exc
+    return exc
 
 
 def prepare(array_or_path: Any, prefer: Backend = "auto") -> PreparedArray:

@@ -206,57 +206,18 @@ def copy_spans_cpu(src: np.ndarray, src_offsets: np.ndarray, dst: np.ndarray, ds
         dst[do:do + n] = src[so:so + n]
 
 
-_COPY_KERNEL = r"""
-extern "C" __global__ void copy_spans(const unsigned char* __restrict__ src, unsigned char* __restrict__ dst,
-                                      const long long* __restrict__ so, const long long* __restrict__ dof,
-                                      const long long* __restrict__ n)
-{
-    const long long k = blockIdx.y;
-    const long long len = n[k];
-    const unsigned char* s = src + so[k];
-    unsigned char* d = dst + dof[k];
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += (long long)gridDim.x * blockDim.x)
-        d[i] = s[i];
-}
-"""
-
-
 def copy_spans_gpu(src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
                    stream: Any, keep: list | None = None) -> None:
-    """Copy many byte spans between device buffers with one kernel launch per 65535 spans.
+    """Copy many byte spans between device buffers in one kernel on ``stream``.
 
-    With ``keep`` (a list), the offsets go up through pinned memory without waiting for the
-    stream, and the buffers that must outlive the queued copy are appended to ``keep``.
+    See :func:`gpu_zarr.engine.nvcomp_batch.copy_spans` (the kernel lives with the other
+    device code of the decode stage).
     """
-    import cupy
+    from gpu_zarr.engine.nvcomp_batch import copy_spans
 
-    n = len(sizes)
-    if n == 0:
-        return
-    from gpu_zarr.engine.runtime import get_runtime
+    copy_spans(src, src_offsets, dst, dst_offsets, sizes, stream, keep)
 
-    kern = get_runtime().resource(("kernel", "copy_spans", cupy.cuda.Device().id),
-                                  lambda: cupy.RawKernel(_COPY_KERNEL, "copy_spans"))
-    longest = int(np.max(sizes))
-    gx = max(1, min(64, -(-longest // (256 * 4))))
-    table = np.concatenate([np.asarray(src_offsets, np.int64), np.asarray(dst_offsets, np.int64),
-                            np.asarray(sizes, np.int64)])
-    with stream:
-        meta = cupy.empty(3 * n, np.int64)
-    if keep is None:
-        meta.set(table, stream=stream)  # pageable: the copy waits for the stream's earlier work
-    else:
-        from gpu_zarr.engine.nvcomp_batch import _h2d, _pinned
 
-        host = _pinned(3 * n)
-        host[:] = table
-        _h2d(int(meta.data.ptr), host, stream)  # pinned: asynchronous, ``keep`` holds it until the batch is checked
-        keep += [host, meta]
-    so, do, nn = meta[:n], meta[n:2 * n], meta[2 * n:]
-    with stream:
-        for p0 in range(0, n, 65535):
-            cnt = min(65535, n - p0)
-            kern((gx, cnt), (256,), (src, dst, so[p0:], do[p0:], nn[p0:]))
 def decode_zstd_gpu(src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any, dst_offsets: np.ndarray,
                     dst_size: int, stream: Any, names: Sequence[str] | None = None) -> None:
     """zstd frames, one decoded size for all: :func:`decode_batch_gpu` with ``algo="zstd"``."""

@@ -39,6 +39,7 @@ __all__ = [
     "NvcompLibrary",
     "PendingBatch",
     "batched_decoder",
+    "copy_spans",
     "load_library",
     "nvcomp_info",
 ]
@@ -341,11 +342,55 @@ def _d2h(host: np.ndarray, dev_ptr: int, stream: Any) -> None:
                                   stream.ptr)
 
 
-def _copy_spans(src: Any, src_off: np.ndarray, dst: Any, dst_off: np.ndarray, sizes: np.ndarray, stream: Any,
-                keep: list) -> None:
-    from gpu_zarr.engine.decode import copy_spans_gpu
+_COPY_KERNEL = r"""
+extern "C" __global__ void copy_spans(const unsigned char* __restrict__ src, unsigned char* __restrict__ dst,
+                                      const long long* __restrict__ so, const long long* __restrict__ dof,
+                                      const long long* __restrict__ n)
+{
+    const long long k = blockIdx.y;
+    const long long len = n[k];
+    const unsigned char* s = src + so[k];
+    unsigned char* d = dst + dof[k];
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += (long long)gridDim.x * blockDim.x)
+        d[i] = s[i];
+}
+"""
 
-    copy_spans_gpu(src, src_off, dst, dst_off, sizes, stream, keep)
+
+def copy_spans(src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
+               stream: Any, keep: list | None = None) -> None:
+    """Copy many byte spans between device buffers with one kernel launch per 65535 spans.
+
+    With ``keep`` (a list), the offsets go up through pinned memory without waiting for the
+    stream, and the buffers that must outlive the queued copy are appended to ``keep``.
+    """
+    import cupy
+
+    n = len(sizes)
+    if n == 0:
+        return
+    from gpu_zarr.engine.runtime import get_runtime
+
+    kern = get_runtime().resource(("kernel", "copy_spans", cupy.cuda.Device().id),
+                                  lambda: cupy.RawKernel(_COPY_KERNEL, "copy_spans"))
+    longest = int(np.max(sizes))
+    gx = max(1, min(64, -(-longest // (256 * 4))))
+    table = np.concatenate([np.asarray(src_offsets, np.int64), np.asarray(dst_offsets, np.int64),
+                            np.asarray(sizes, np.int64)])
+    with stream:
+        meta = cupy.empty(3 * n, np.int64)
+    if keep is None:
+        meta.set(table, stream=stream)  # pageable: the copy waits for the stream's earlier work
+    else:
+        host = _pinned(3 * n)
+        host[:] = table
+        _h2d(int(meta.data.ptr), host, stream)  # pinned: asynchronous, ``keep`` holds it until the batch is checked
+        keep += [host, meta]
+    so, do, nn = meta[:n], meta[n:2 * n], meta[2 * n:]
+    with stream:
+        for p0 in range(0, n, 65535):
+            cnt = min(65535, n - p0)
+            kern((gx, cnt), (256,), (src, dst, so[p0:], do[p0:], nn[p0:]))
 
 
 def _round_up(x: np.ndarray, a: int) -> np.ndarray:
@@ -597,7 +642,7 @@ class BatchedDecoder:
             staged_so = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
             with stream:
                 staged_in = cp.empty(max(int(padded.sum()), 1), np.uint8)
-            _copy_spans(src, so, staged_in, staged_so, ss, stream, keep)
+            copy_spans(src, so, staged_in, staged_so, ss, stream, keep)
             keep.append(staged_in)
             src_base, so = int(staged_in.data.ptr), staged_so
         out_do, staged_out = do, None
@@ -663,7 +708,7 @@ class BatchedDecoder:
         keep += [host, res, status]
         event = stream.record()
         if staged_out is not None:
-            _copy_spans(staged_out, out_do, dst, do, ds, stream, keep)
+            copy_spans(staged_out, out_do, dst, do, ds, stream, keep)
             event = stream.record()
         return PendingBatch(self.algo, event, result, ds, names, n, keep, crc32)
 

@@ -26,6 +26,7 @@ class Ops(Protocol):
 
     name: str
     overlap: bool
+    lanes: int  # independent work streams: slot s decodes and places on lane s % lanes
     xp: Any
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any: ...
@@ -41,7 +42,10 @@ class Ops(Protocol):
     def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray,
                    sizes: np.ndarray, slot: int = 0, wait: Any = None) -> None: ...
     def place(self, src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
-              slot: int = 0, wait: Any = None) -> None: ...
+              slot: int = 0, wait: Any = None, perm: tuple[int, ...] | None = None) -> None: ...
+    def take(self, buf: Any, offset: int, nbytes: int, slot: int = 0) -> Any: ...
+    def place_chunks(self, chunks: list[Any], table: np.ndarray, out: Any, disk_dtype: np.dtype,
+                     perm: tuple[int, ...] | None = None) -> None: ...
     def fill(self, out: Any, table: np.ndarray, value: Any) -> None: ...
     def sync(self) -> None: ...
     def free_bytes(self) -> int | None: ...
@@ -76,6 +80,7 @@ class CpuOps:
 
     name = "cpu"
     overlap = False
+    lanes = 1
 
     def __init__(self, pool: ThreadPoolExecutor | None = None, threads: int = 1) -> None:
         self.xp: Any = np
@@ -126,15 +131,32 @@ class CpuOps:
                      names: Sequence[str] | None, slot: int = 0, wait: Any = None, crc32: np.ndarray | None = None,
                      adler32: np.ndarray | None = None) -> None:
         self._run(self._decode_parallel, algo, src, np.asarray(src_offsets), np.asarray(src_sizes), dst,
-                  np.asarray(dst_offsets), np.asarray(dst_sizes), names, crc32, adler32, after=wait)
+                  np.asarray(dst_offsets), np.asarray(dst_sizes), names, crc32, adler32, slot=slot,
+                  after=wait)
 
     def copy_spans(self, src: np.ndarray, src_offsets: np.ndarray, dst: np.ndarray, dst_offsets: np.ndarray,
                    sizes: np.ndarray, slot: int = 0, wait: Any = None) -> None:
-        self._run(copy_spans_cpu, src, src_offsets, dst, dst_offsets, sizes, after=wait)
+        self._run(copy_spans_cpu, src, src_offsets, dst, dst_offsets, sizes, slot=slot, after=wait)
 
     def place(self, src: np.ndarray, src_offsets: np.ndarray, table: np.ndarray, out: np.ndarray,
-              disk_dtype: np.dtype, slot: int = 0, wait: Any = None) -> None:
-        self._run(place_cpu, src, src_offsets, table, out, disk_dtype, after=wait)
+              disk_dtype: np.dtype, slot: int = 0, wait: Any = None, perm: tuple[int, ...] | None = None) -> None:
+        self._run(place_cpu, src, src_offsets, table, out, disk_dtype, perm, slot=slot, after=wait)
+
+    def place_chunks(self, chunks: list[Any], table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype,
+                     perm: tuple[int, ...] | None = None) -> None:
+        """Place whole decoded chunks held in separate buffers (the chunk cache's)."""
+        zero = np.zeros(1, np.int64)
+        for k, chunk in enumerate(chunks):
+            self._run(place_cpu, chunk, zero, table[k:k + 1], out, disk_dtype, perm)
+
+    def take(self, buf: np.ndarray, offset: int, nbytes: int, slot: int = 0) -> np.ndarray:
+        """A copy of ``buf[offset:offset + nbytes]``, made after the slot's queued work."""
+        copy = np.empty(nbytes, np.uint8)
+
+        def fill() -> None:
+            copy[:] = buf[offset:offset + nbytes]
+        self._run(fill, slot=slot)
+        return copy
 
     def fill(self, out: np.ndarray, table: np.ndarray, value: Any) -> None:
         _fill_boxes(out, table, value)
@@ -151,17 +173,18 @@ class CpuOps:
 
 class AsyncCpuOps(CpuOps):
     """The CPU twin with overlap on: copies run on one worker thread per slot ("copy
-    streams"), decode and place in order on one work thread ("the work stream"); events are
-    futures. Used by tests to prove that the pipeline never refills a slot before the work
-    that reads it has finished.
+    streams"), decode and place in order on one work thread per lane ("work streams"); events
+    are futures. Used by tests to prove that the pipeline never refills a slot, nor reuses a
+    lane's decoded buffer, before the work that reads it has finished.
     """
 
     overlap = True
 
-    def __init__(self, slots: int = 3) -> None:
-        super().__init__()  # decodes on its work thread, one stream after the other
+    def __init__(self, slots: int = 3, lanes: int | None = None) -> None:
+        super().__init__()  # each lane decodes on its own thread, one batch after the other
+        self.lanes = max(1, min(slots, lanes or slots))
         self._copy = [ThreadPoolExecutor(1, thread_name_prefix=f"cpu-copy-{s}") for s in range(slots)]
-        self._work = ThreadPoolExecutor(1, thread_name_prefix="cpu-work")
+        self._lanes = [ThreadPoolExecutor(1, thread_name_prefix=f"cpu-lane-{n}") for n in range(self.lanes)]
         self._last: list[Future[Any]] = []
 
     def _submit(self, pool: ThreadPoolExecutor, fn: Any, *args: Any, after: Any = None) -> Future[Any]:
@@ -174,7 +197,7 @@ class AsyncCpuOps(CpuOps):
         return fut
 
     def _run(self, fn: Any, *args: Any, slot: int = 0, after: Any = None) -> Any:
-        return self._submit(self._work, fn, *args, after=after)
+        return self._submit(self._lanes[slot % self.lanes], fn, *args, after=after)
 
     def upload(self, host: np.ndarray, dev: np.ndarray, nbytes: int, slot: int = 0, after: Any = None) -> Any:
         def copy() -> None:
@@ -186,7 +209,7 @@ class AsyncCpuOps(CpuOps):
             event.result()
 
     def record(self, slot: int = 0) -> Any:
-        return self._work.submit(lambda: None)
+        return self._lanes[slot % self.lanes].submit(lambda: None)
 
     def sync(self) -> None:
         pending, self._last = self._last, []
@@ -194,23 +217,25 @@ class AsyncCpuOps(CpuOps):
             fut.result()
 
     def close(self) -> None:
-        for p in (*self._copy, self._work):
+        for p in (*self._copy, *self._lanes):
             p.shutdown(wait=True)
 
 
 class GpuOps:
     """cupy device buffers, pinned host staging, nvCOMP decode.
 
-    Each slot copies on its own stream; decoding and placing happen in order on ONE work
-    stream, so nvCOMP's scratch exists once and one decoded buffer serves every batch.
-    CUDA events order a slot's copy before its decode, and the decode before the slot is
-    refilled. Streams and pinned staging belong to the runtime.
+    Each slot copies on its own stream; decoding and placing happen in order on the work
+    stream of the slot's lane (``slot % lanes``). nvCOMP's batched decode is latency-bound
+    (a call takes 5-16 ms whatever it holds), so several lanes keep several calls in flight;
+    each lane has its own decoded buffer and decoder scratch. CUDA events order a slot's
+    copy before its decode, and the decode before the slot is refilled. Streams and pinned
+    staging belong to the runtime.
     """
 
     name = "gpu"
     overlap = True
 
-    def __init__(self, slots: int = 3, runtime: Any = None) -> None:
+    def __init__(self, slots: int = 3, runtime: Any = None, lanes: int = 1) -> None:
         try:
             import cupy
         except ImportError as exc:
@@ -226,15 +251,21 @@ class GpuOps:
         self.xp: Any = cupy
         self._cupy = cupy
         self._rt = runtime or get_runtime()
+        self.lanes = max(1, min(slots, lanes))
         self.copy_streams: list[Any]
-        self.copy_streams, self.stream = self._rt.streams(max(1, slots))
+        self.work_streams: list[Any]
+        self.copy_streams, self.work_streams = self._rt.streams(max(1, slots), self.lanes)
+        self.stream = self.work_streams[0]
 
     def _copy(self, slot: int) -> Any:
         return self.copy_streams[slot % len(self.copy_streams)]
 
-    def _after(self, event: Any) -> None:
+    def _work(self, slot: int) -> Any:
+        return self.work_streams[slot % self.lanes]
+
+    def _after(self, event: Any, slot: int = 0) -> None:
         if event is not None:
-            self.stream.wait_event(event)
+            self._work(slot).wait_event(event)
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         with self.stream:
@@ -246,9 +277,10 @@ class GpuOps:
         return self._rt.pinned.lease(nbytes, count, self._rt.pinned_alloc)
 
     def device_buffer(self, nbytes: int, slot: int = 0) -> Any:
-        with self.stream:
+        s = self._work(slot)
+        with s:
             buf = self._cupy.empty(max(nbytes, 1), np.uint8)
-        self.stream.synchronize()  # copy streams and kvikio write into it
+        s.synchronize()  # copy streams and kvikio write into it
         return buf
 
     def upload(self, host: np.ndarray, dev: Any, nbytes: int, slot: int = 0, after: Any = None) -> Any:
@@ -265,37 +297,46 @@ class GpuOps:
             event.synchronize()
 
     def record(self, slot: int = 0) -> Any:
-        """An event after the work queued so far on the work stream."""
-        return self.stream.record()
+        """An event after the work queued so far on the slot's work stream."""
+        return self._work(slot).record()
 
     def decode_batch(self, algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
                      dst_offsets: np.ndarray, dst_sizes: np.ndarray, names: Sequence[str] | None,
                      slot: int = 0, wait: Any = None, crc32: np.ndarray | None = None,
                      adler32: np.ndarray | None = None) -> None:
-        """ONE nvCOMP batched call on the work stream; CRC-32 checked on the GPU, Adler-32 not."""
-        self._after(wait)
-        # every slot decodes on the one work stream, in order: one decoder (one scratch) serves them all
-        decode_batch_gpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, self.stream, names,
-                         crc32=crc32)
+        """ONE nvCOMP batched call on the slot's work stream; CRC-32 checked on the GPU, Adler-32 not."""
+        self._after(wait, slot)
+        decode_batch_gpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, self._work(slot), names,
+                         slot, crc32=crc32)
 
     def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
                    slot: int = 0, wait: Any = None) -> None:
-        self._after(wait)
-        copy_spans_gpu(src, src_offsets, dst, dst_offsets, sizes, self.stream)
+        self._after(wait, slot)
+        copy_spans_gpu(src, src_offsets, dst, dst_offsets, sizes, self._work(slot))
 
     def place(self, src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
-              slot: int = 0, wait: Any = None) -> None:
-        self._after(wait)
-        place_gpu(src, src_offsets, table, out, disk_dtype, self.stream)
+              slot: int = 0, wait: Any = None, perm: tuple[int, ...] | None = None) -> None:
+        self._after(wait, slot)
+        place_gpu(src, src_offsets, table, out, disk_dtype, self._work(slot), perm)
+
+    def place_chunks(self, chunks: list[Any], table: np.ndarray, out: Any, disk_dtype: np.dtype,
+                     perm: tuple[int, ...] | None = None) -> None:
+        """Place whole decoded chunks held in separate device buffers: one kernel launch."""
+        ptrs = np.fromiter((c.data.ptr for c in chunks), np.int64, len(chunks))
+        place_gpu(None, ptrs, table, out, disk_dtype, self.stream, perm)
+
+    def take(self, buf: Any, offset: int, nbytes: int, slot: int = 0) -> Any:
+        """A device copy of ``buf[offset:offset + nbytes]``, ordered on the slot's work stream."""
+        with self._work(slot):
+            return buf[offset:offset + nbytes].copy()
 
     def fill(self, out: Any, table: np.ndarray, value: Any) -> None:
         with self.stream:
             _fill_boxes(out, table, value)
 
     def sync(self) -> None:
-        for s in self.copy_streams:
+        for s in (*self.copy_streams, *self.work_streams):
             s.synchronize()
-        self.stream.synchronize()
 
     def free_bytes(self) -> int:
         free, _ = self._cupy.cuda.runtime.memGetInfo()
@@ -310,10 +351,10 @@ class GpuOps:
         return res
 
 
-def ops_for(device: str, slots: int = 3) -> Ops:
-    """``"gpu"`` or ``"cpu"``."""
+def ops_for(device: str, slots: int = 3, lanes: int = 1) -> Ops:
+    """``"gpu"`` or ``"cpu"``; ``lanes`` work streams on the GPU."""
     if device == "gpu":
-        return GpuOps(slots)
+        return GpuOps(slots, lanes=lanes)
     if device == "cpu":
         return CpuOps()
     raise ValueError(f"device must be 'gpu' or 'cpu', not {device!r}")

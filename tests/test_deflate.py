@@ -356,3 +356,45 @@ def test_cpu_backend_names_the_corrupt_chunk(tmp_path, codec):
     f.write_bytes(b[:len(b) // 2])
     with pytest.raises(CorruptChunkError, match=r"chunk 2\.0\.1"):
         read_zarr(tmp_path / "a.zarr", prefer="cpu")
+
+
+_ADLER_SHIM = """
+extern "C" void run(const long long* ptrs, const long long* sizes, long long n, unsigned int* out) {
+    blockDim.x = 256; gridDim.x = 1; blockIdx.x = 0;
+    for (long long k = 0; k < n; ++k)
+        for (int t = 255; t >= 0; --t) { threadIdx.x = t; adler32_batch(ptrs + k, sizes + k, 1, out + k); }
+}
+"""
+
+
+def test_gpu_adler32_kernel_matches_zlib(tmp_path):
+    """The GPU Adler-32 kernel (compiled here as plain C++) equals zlib.adler32."""
+    import ctypes
+
+    from kernel_shim import build
+
+    lib = build(tmp_path, _ADLER_SHIM)
+    rng = np.random.default_rng(0)
+    bufs = [rng.integers(0, 256, n, dtype=np.uint8) for n in (0, 1, 5, 255, 256, 257, 4097, 70000, 1 << 20)]
+    bufs += [np.full(3 << 20, 255, np.uint8), np.frombuffer(RAW[0], np.uint8)]
+    ptrs = np.array([b.ctypes.data for b in bufs], np.int64)
+    sizes = np.array([len(b) for b in bufs], np.int64)
+    out = np.zeros(len(bufs), np.uint32)
+    lib.run(ptrs.ctypes.data_as(ctypes.c_void_p), sizes.ctypes.data_as(ctypes.c_void_p), ctypes.c_longlong(len(bufs)),
+            out.ctypes.data_as(ctypes.c_void_p))
+    np.testing.assert_array_equal(out, [zlib.adler32(b) for b in bufs])
+
+
+@pytest.mark.gpu
+def test_gpu_zlib_adler_mismatch_is_caught_on_the_gpu(tmp_path):
+    from gpu_zarr.engine.nvcomp_batch import _adler_works
+    from gpu_zarr.zarr_io import read_zarr_to_gpu
+
+    assert _adler_works()
+    write(tmp_path / "a.zarr", fmt=2, codec="zlib", level=6, partial=False)
+    f = tmp_path / "a.zarr" / "0.1.2"
+    b = bytearray(f.read_bytes())
+    b[-1] ^= 0x01  # Adler-32 in the trailer; the deflate stream stays valid
+    f.write_bytes(bytes(b))
+    with pytest.raises(CorruptChunkError, match=r"0\.1\.2.*Adler-32"):
+        read_zarr_to_gpu(tmp_path / "a.zarr", prefer="kvikio")

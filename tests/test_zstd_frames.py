@@ -82,11 +82,6 @@ def test_truncated_frame_header_is_reported_not_an_index_error():
 
 
 _SHIM = """
-#define __global__
-#define __device__
-struct D3 { long long x; };
-static D3 blockIdx, threadIdx, blockDim = {1}, gridDim = {1};
-#include "k.cu"
 extern "C" void run(long long* table, long long n, long long dummy_ptr, long long dummy_bytes, long long* code) {
     blockDim.x = n + 1;
     for (long long k = 0; k < n; ++k) { threadIdx.x = k; zstd_sanitize(table, n, dummy_ptr, dummy_bytes, code); }
@@ -97,19 +92,10 @@ extern "C" void run(long long* table, long long n, long long dummy_ptr, long lon
 def test_gpu_frame_check_kernel_agrees_with_the_host_check(tmp_path):
     """The CUDA frame walk (compiled here as plain C++) flags exactly what check_frames flags."""
     import ctypes
-    import shutil
-    import subprocess
 
-    from gpu_zarr.engine.nvcomp_batch import _KERNELS
+    from kernel_shim import build
 
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler to build the kernel's host shim")
-    (tmp_path / "k.cu").write_text(_KERNELS)
-    (tmp_path / "shim.cpp").write_text(_SHIM)
-    subprocess.run([cxx, "-shared", "-fPIC", "-O1", "-o", str(tmp_path / "k.so"), str(tmp_path / "shim.cpp")],
-                   check=True, cwd=tmp_path)
-    lib = ctypes.CDLL(str(tmp_path / "k.so"))
+    lib = build(tmp_path, _SHIM)
     frames, raw = _frames(n=2)
     frames += [numcodecs.Zstd(level=3, checksum=True).encode(raw[0]), _frame_without_content_size(frames[0]),
                numcodecs.Zstd(level=1).encode(bytes(N))]

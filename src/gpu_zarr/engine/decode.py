@@ -46,7 +46,7 @@ def _as_sizes(v: Any, n: int) -> np.ndarray:
 def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
                      dst_offsets: np.ndarray, dst_sizes: np.ndarray | int, stream: Any,
                      names: Sequence[str] | None = None, slot: int = 0, check: bool = True,
-                     crc32: np.ndarray | None = None) -> Any:
+                     crc32: np.ndarray | None = None, adler32: np.ndarray | None = None) -> Any:
     """Decode a batch of streams from one device buffer into another, in ONE nvCOMP call.
 
     Parameters
@@ -72,6 +72,9 @@ def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np
     crc32 : ndarray of uint32, optional
         Expected CRC-32 of each stream's decoded bytes (gzip trailers): computed by nvCOMP on
         the GPU after the decode and checked with the statuses.
+    adler32 : ndarray of uint32, optional
+        Expected Adler-32 of each stream's decoded bytes (zlib trailers): computed by a
+        kernel on the GPU after the decode and checked with the statuses.
 
     Raises
     ------
@@ -96,7 +99,7 @@ def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np
     dec = batched_decoder(algo, stream, slot)
     return dec.decode(src, np.asarray(src_offsets, np.int64), np.asarray(src_sizes, np.int64), dst,
                       np.asarray(dst_offsets, np.int64), _as_sizes(dst_sizes, n), stream, names, check=check,
-                      crc32=crc32)
+                      crc32=crc32, adler32=adler32)
 
 
 def _nvcomp() -> Any:

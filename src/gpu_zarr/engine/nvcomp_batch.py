@@ -304,6 +304,40 @@ extern "C" __global__ void zstd_sanitize(long long* table, long long n, long lon
     code[k] = c;
     if (c != 0) { table[k] = dummy_ptr; table[n + k] = dummy_bytes; }
 }
+
+// Adler-32 of n device buffers, one block per buffer: each thread sums a contiguous segment,
+// thread 0 combines the segments in order (adler32_combine). ptrs/sizes: n int64 each.
+extern "C" __global__ void adler32_batch(const long long* ptrs, const long long* sizes, long long n,
+                                         unsigned int* out) {
+    const unsigned long long M = 65521ull;
+    __shared__ unsigned long long sa[256], sb[256], sl[256];
+    for (long long k = blockIdx.x; k < n; k += gridDim.x) {
+        const unsigned char* p = (const unsigned char*)ptrs[k];
+        long long len = sizes[k];
+        long long per = (len + blockDim.x - 1) / blockDim.x;
+        long long s = (long long)threadIdx.x * per;
+        if (s > len) s = len;
+        long long e = s + per;
+        if (e > len) e = len;
+        unsigned long long a = 0, b = 0;
+        for (long long i = s; i < e; ) {
+            long long stop = i + 4096 < e ? i + 4096 : e;  // reduce before a 64-bit sum could overflow
+            for (; i < stop; ++i) { a += p[i]; b += a; }
+            a %= M; b %= M;
+        }
+        sa[threadIdx.x] = a; sb[threadIdx.x] = b; sl[threadIdx.x] = (unsigned long long)(e - s);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned long long A = 1, B = 0;
+            for (unsigned int t = 0; t < blockDim.x; ++t) {
+                B = (B + (sl[t] % M) * A + sb[t]) % M;
+                A = (A + sa[t]) % M;
+            }
+            out[k] = (unsigned int)((B << 16) | A);
+        }
+        __syncthreads();
+    }
+}
 """
 _ZSTD_CODES = {1: "too short for a zstd frame", 2: "does not start with the zstd magic number 28b52ffd",
                3: "frame header has its reserved bit set", 4: "frame needs a zstd dictionary, which zarr never uses",
@@ -393,6 +427,37 @@ def copy_spans(src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndar
             kern((gx, cnt), (256,), (src, dst, so[p0:], do[p0:], nn[p0:]))
 
 
+def _adler_works() -> bool:
+    """Whether the Adler-32 kernel agrees with ``zlib.adler32`` on this device (checked once per device)."""
+    import zlib
+
+    import cupy
+
+    dev = int(cupy.cuda.Device().id)
+    cache = getattr(_adler_works, "cache", None)
+    if cache is None:
+        cache = _adler_works.cache = {}  # type: ignore[attr-defined]
+    ok = cache.get(dev)
+    if ok is None:
+        rng = np.random.default_rng(7)
+        bufs = [rng.integers(0, 256, n, dtype=np.uint8) for n in (1, 300, 70001)] + [np.full(1 << 20, 255, np.uint8)]
+        want = np.array([zlib.adler32(b) for b in bufs], np.uint32)
+        dev_bufs = [cupy.asarray(b) for b in bufs]
+        ptrs = cupy.asarray(np.array([int(b.data.ptr) for b in dev_bufs], np.int64))
+        sizes = cupy.asarray(np.array([b.nbytes for b in bufs], np.int64))
+        out = cupy.zeros(len(bufs), np.uint32)
+        _kernel("adler32_batch")((len(bufs),), (256,), (ptrs, sizes, np.int64(len(bufs)), out))
+        ok = bool((out.get() == want).all())
+        if not ok:
+            import warnings
+
+            warnings.warn("the GPU Adler-32 kernel disagrees with zlib on this device: zlib chunks decoded on the "
+                          "GPU are not checked against their Adler-32 (nvCOMP statuses and sizes still are)",
+                          RuntimeWarning, stacklevel=3)
+        cache[dev] = ok
+    return ok
+
+
 def _round_up(x: np.ndarray, a: int) -> np.ndarray:
     return -(-x // a) * a
 
@@ -424,10 +489,10 @@ class PendingBatch:
     """
 
     def __init__(self, algo: str, event: Any, host: np.ndarray, expected: np.ndarray, names: Sequence[str] | None, n: int,
-                 keep: list, crc32: np.ndarray | None = None) -> None:
+                 keep: list, checksum: tuple[str, np.ndarray] | None = None) -> None:
         self._algo, self._event, self._host, self._expected, self._names, self._n = algo, event, host, expected, names, n
         self._keep = keep
-        self._crc32 = crc32
+        self._checksum = checksum
         self._checked = False
 
     def check(self) -> None:
@@ -444,10 +509,11 @@ class PendingBatch:
         n = self._n
         actual, status, code = self._host[:n], self._host[n:2 * n], self._host[2 * n:3 * n]
         wrong = (code != 0) | (status != 0) | (actual != self._expected)
-        crc = None
-        if self._crc32 is not None:
-            crc = self._host[3 * n:4 * n] & 0xFFFFFFFF
-            wrong |= crc != self._crc32.astype(np.int64)
+        got = want = None
+        if self._checksum is not None:
+            got = self._host[3 * n:4 * n] & 0xFFFFFFFF
+            want = self._checksum[1].astype(np.int64)
+            wrong |= got != want
         bad = np.flatnonzero(wrong)
         if len(bad) == 0:
             return
@@ -461,8 +527,9 @@ class PendingBatch:
         elif actual[k] != self._expected[k]:
             what = f"decoded to {int(actual[k])} bytes, but the array metadata says {int(self._expected[k])}"
         else:
-            what = (f"the decoded bytes' CRC-32 is {int(crc[k]):#010x}, the gzip trailer says "  # type: ignore[index]
-                    f"{int(self._crc32[k]):#010x} (checked on the GPU)")  # type: ignore[index]
+            kind = self._checksum[0] if self._checksum is not None else "checksum"
+            what = (f"the decoded bytes' {kind} is {int(got[k]):#010x}, the stream's trailer says "  # type: ignore[index]
+                    f"{int(want[k]):#010x} (checked on the GPU)")  # type: ignore[index]
         raise CorruptChunkError(f"chunk {name}: {what}{more}. The chunk is corrupt or truncated; nothing of "
                                 "it was placed. Rewrite or delete that chunk.")
 
@@ -574,7 +641,8 @@ class BatchedDecoder:
     # -- decode -----------------------------------------------------------------------
     def decode(self, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any, dst_offsets: np.ndarray,
                dst_sizes: np.ndarray, stream: Any, names: Sequence[str] | None = None,
-               check: bool = True, crc32: np.ndarray | None = None) -> PendingBatch | None:
+               check: bool = True, crc32: np.ndarray | None = None,
+               adler32: np.ndarray | None = None) -> PendingBatch | None:
         """Decode every stream of a batch in ONE nvCOMP call on ``stream``.
 
         Parameters
@@ -593,6 +661,10 @@ class BatchedDecoder:
         crc32 : ndarray of uint32, optional
             Expected CRC-32 (gzip's) of each stream's decoded bytes: computed on the GPU
             after the decode (``nvcompBatchedCRC32Async``) and checked with the statuses.
+        adler32 : ndarray of uint32, optional
+            Expected Adler-32 (zlib's) of each stream's decoded bytes: computed on the GPU
+            by a small kernel (self-tested against ``zlib.adler32`` once per device; if that
+            self-test fails the check is skipped with a warning).
 
         Raises
         ------
@@ -620,7 +692,14 @@ class BatchedDecoder:
                              f"this batch has one of {max_out}: rechunk the array smaller")
         with self._lock:
             try:
-                pending = self._queue(src, so, ss, dst, do, ds, n, max_out, stream, names, crc32)
+                checksum = None
+                if crc32 is not None:
+                    checksum = ("CRC-32", np.asarray(crc32, np.uint32).reshape(-1))
+                elif adler32 is not None and _adler_works():
+                    checksum = ("Adler-32", np.asarray(adler32, np.uint32).reshape(-1))
+                if checksum is not None and len(checksum[1]) != n:
+                    raise ValueError("crc32/adler32 must have one entry per stream")
+                pending = self._queue(src, so, ss, dst, do, ds, n, max_out, stream, names, checksum)
             except _cuda_errors() as exc:  # an earlier batch faulted the GPU: say so, not a raw CUDA error
                 raise _gpu_fault(exc, self.algo, names, n) from exc
         if check:
@@ -629,7 +708,8 @@ class BatchedDecoder:
         return pending
 
     def _queue(self, src: Any, so: np.ndarray, ss: np.ndarray, dst: Any, do: np.ndarray, ds: np.ndarray, n: int,
-               max_out: int, stream: Any, names: Sequence[str] | None, crc32: np.ndarray | None) -> PendingBatch:
+               max_out: int, stream: Any, names: Sequence[str] | None,
+               checksum: tuple[str, np.ndarray] | None) -> PendingBatch:
         """Queue one batch on ``stream`` (under the decoder's lock); the caller checks it."""
         self._on(stream)
         a_in, a_out, a_tmp = self.alignment
@@ -691,11 +771,13 @@ class BatchedDecoder:
                 + (f", chunks {names[0]} .. {names[n - 1]}" if names is not None else "")
                 + ". Nothing was decoded.")
         parts = [meta[24 * n:32 * n].view(np.int64), None, meta[48 * n:56 * n].view(np.int64)]
-        if crc32 is not None:
-            crc32 = np.asarray(crc32, np.uint32).reshape(-1)
-            if len(crc32) != n:
-                raise ValueError("crc32 must have one entry per stream")
-            self._crc32(base + 32 * n, base + 16 * n, n, base + 56 * n, max_out, stream)
+        if checksum is not None:
+            if checksum[0] == "CRC-32":
+                self._crc32(base + 32 * n, base + 16 * n, n, base + 56 * n, max_out, stream)
+            else:
+                with stream:
+                    _kernel("adler32_batch")((min(n, 65535),), (256,), (np.uint64(base + 32 * n),
+                                             np.uint64(base + 16 * n), np.int64(n), np.uint64(base + 56 * n)))
             with stream:
                 parts.append(meta[56 * n:60 * n].view(np.uint32).astype(np.int64))
         with stream:
@@ -710,7 +792,7 @@ class BatchedDecoder:
         if staged_out is not None:
             copy_spans(staged_out, out_do, dst, do, ds, stream, keep)
             event = stream.record()
-        return PendingBatch(self.algo, event, result, ds, names, n, keep, crc32)
+        return PendingBatch(self.algo, event, result, ds, names, n, keep, checksum)
 
     def _crc32(self, ptrs: int, sizes: int, n: int, out: int, max_bytes: int, stream: Any) -> None:
         """CRC-32 (gzip's polynomial) of n device buffers, written as uint32 at ``out``, queued on stream."""

@@ -304,11 +304,11 @@ class GpuOps:
                      dst_offsets: np.ndarray, dst_sizes: np.ndarray, names: Sequence[str] | None,
                      slot: int = 0, wait: Any = None, crc32: np.ndarray | None = None,
                      adler32: np.ndarray | None = None) -> None:
-        """ONE nvCOMP batched call on the slot's work stream; CRC-32 checked on the GPU, Adler-32 not."""
+        """ONE nvCOMP batched call on the slot's work stream; CRC-32 / Adler-32 checked on the GPU."""
         self._after(wait, slot)
         # one nvCOMP decoder (one scratch) per lane: the slots of a lane decode on its stream in order
         decode_batch_gpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, self._work(slot), names,
-                         slot % self.lanes, crc32=crc32)
+                         slot % self.lanes, crc32=crc32, adler32=adler32)
 
     def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
                    slot: int = 0, wait: Any = None) -> None:

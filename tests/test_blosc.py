@@ -29,6 +29,12 @@ class _TwinOps:
     name = "cpu"
     xp = np
 
+    def wait(self, event):
+        pass
+
+    def record(self, slot=0):
+        return None
+
     def decode_batch(self, algo, src, so, ss, dst, do, ds, names, slot=0, wait=None):
         import zlib
 
@@ -47,7 +53,7 @@ class _TwinOps:
                 raise CorruptChunkError(f"chunk {names[k]}: short")
             dst[int(do[k]):int(do[k]) + int(ds[k])] = np.frombuffer(out, np.uint8)
 
-    def copy_spans(self, src, so, dst, do, sizes):
+    def copy_spans(self, src, so, dst, do, sizes, slot=0, wait=None):
         for a, b, n in zip(so.tolist(), do.tolist(), sizes.tolist()):
             dst[b:b + n] = src[a:a + n]
 

@@ -40,6 +40,9 @@ __all__ = [
     "MODE_BYTE",
     "MODE_NONE",
     "BloscPlan",
+    "BloscStage",
+    "blosc_params",
+    "decode_plan",
     "parse_batch",
 ]
 
@@ -395,39 +398,98 @@ def decode_plan(ops, src, plan: BloscPlan, dst, dst_offsets: np.ndarray, names=N
 
     Chunk k of the batch lands in ``dst[dst_offsets[k] : dst_offsets[k] + plan.nbytes]``.
     One ``ops.decode_batch`` per inner algorithm present, ``ops.copy_spans`` for streams
-    stored raw and memcpyed chunks, and ONE unshuffle launch over every block.
+    stored raw and for memcpyed and host-decoded chunks, and ONE unshuffle over every block
+    (a kernel launch on ``ops.stream``; on the CPU twin, after the queued work has finished).
+    Every call waits for ``wait`` (the upload of ``src``).
     """
-    from gpu_zarr.engine.shuffle import unshuffle
+    from gpu_zarr.engine.shuffle import unshuffle_cpu, unshuffle_gpu
 
     dst_offsets = np.asarray(dst_offsets, np.int64)
-    xp = ops.xp
-    if ops.name == "gpu" and wait is not None:
-        ops.stream.wait_event(wait)
+    gpu = ops.name == "gpu"
     nb = plan.nbytes
     if len(plan.s_src):
-        if ops.name == "gpu":
+        if gpu:
             with ops.stream:
-                shuffled = xp.empty(max(plan.shuffled_bytes, 1), np.uint8)
+                shuffled = ops.xp.empty(max(plan.shuffled_bytes, 1), np.uint8)
         else:
             shuffled = np.empty(max(plan.shuffled_bytes, 1), np.uint8)
         for kind, algo in _ALGO.items():
             sel = np.flatnonzero(plan.s_kind == kind)
             if len(sel):
                 ops.decode_batch(algo, src, plan.s_src[sel], plan.s_size[sel], shuffled, plan.s_dst[sel],
-                                 plan.s_dsize[sel], _StreamNames(names, plan.s_chunk[sel]), slot=slot)
+                                 plan.s_dsize[sel], _StreamNames(names, plan.s_chunk[sel]), slot=slot, wait=wait)
         sel = np.flatnonzero(plan.s_kind == KIND_COPY)
         if len(sel):
-            ops.copy_spans(src, plan.s_src[sel], shuffled, plan.s_dst[sel], plan.s_size[sel])
-        unshuffle(ops, shuffled, plan.b_src, dst, dst_offsets[plan.b_chunk] + plan.b_off, plan.b_size,
-                  plan.b_ts, plan.b_mode)
+            ops.copy_spans(src, plan.s_src[sel], shuffled, plan.s_dst[sel], plan.s_size[sel], slot=slot, wait=wait)
+        b_dst = dst_offsets[plan.b_chunk] + plan.b_off
+        if gpu:
+            if wait is not None:
+                ops.stream.wait_event(wait)
+            unshuffle_gpu(shuffled, plan.b_src, dst, b_dst, plan.b_size, plan.b_ts, plan.b_mode, ops.stream)
+        else:
+            ops.wait(wait)
+            ops.wait(ops.record(slot))  # the decodes above have finished (the twin may run them on a thread)
+            unshuffle_cpu(shuffled, plan.b_src, dst, b_dst, plan.b_size, plan.b_ts, plan.b_mode)
     if len(plan.m_chunk):
-        ops.copy_spans(src, plan.m_src, dst, dst_offsets[plan.m_chunk],
-                       np.full(len(plan.m_chunk), nb, np.int64))
+        ops.copy_spans(src, plan.m_src, dst, dst_offsets[plan.m_chunk], np.full(len(plan.m_chunk), nb, np.int64),
+                       slot=slot, wait=wait)
     if len(plan.h_chunk):
-        if ops.name == "gpu":
+        if gpu:
             with ops.stream:
-                host = xp.asarray(plan.h_data)
+                host = ops.xp.asarray(plan.h_data)
         else:
             host = plan.h_data
         ops.copy_spans(host, np.arange(len(plan.h_chunk), dtype=np.int64) * nb, dst, dst_offsets[plan.h_chunk],
-                       np.full(len(plan.h_chunk), nb, np.int64))
+                       np.full(len(plan.h_chunk), nb, np.int64), slot=slot, wait=wait)
+
+
+class BloscStage:
+    """The Blosc codec stage (see :mod:`gpu_zarr.engine.codecs`): parse on the host, decode on the device.
+
+    ``prepare`` is :func:`parse_batch` (vectorised, checks everything nvCOMP would trip on);
+    ``decode`` is :func:`decode_plan`.
+    """
+
+    name = "blosc"
+    decodes = True
+
+    def prepare(self, staging: np.ndarray, batch, lay, names) -> BloscPlan:
+        return parse_batch(staging, batch.src_offsets, batch.src_sizes, lay.inner_nbytes, names)
+
+    def decode(self, ops, src, batch, prep: BloscPlan, dst, dst_offsets: np.ndarray, lay, names, slot: int,
+               wait) -> None:
+        decode_plan(ops, src, prep, dst, dst_offsets, names, slot, wait)
+
+    def scratch_bytes(self, chunks_per_batch: int, lay) -> int:
+        """The shuffled buffer, plus nvCOMP's zstd scratch (about 3.1x the decoded batch) when the
+        metadata names zstd (other inner codecs need none)."""
+        dec = chunks_per_batch * (-(-lay.inner_nbytes // 16) * 16)
+        cname = str(getattr(lay, "codec_params", {}).get("cname", "zstd"))
+        return dec + (dec * 31 // 10 if cname == "zstd" else 0)
+
+
+def blosc_params(codec) -> dict | None:
+    """Codec parameters when ``codec`` is a Blosc codec (numcodecs v2 compressor or zarr v3 codec).
+
+    Returns
+    -------
+    dict or None
+        ``{"cname", "clevel", "shuffle", "typesize", "blocksize"}`` as the metadata states them
+        (informative only: every chunk's own header decides how it is decoded); None when
+        ``codec`` is not Blosc.
+    """
+    if getattr(codec, "codec_id", None) == "blosc":  # numcodecs.Blosc (zarr v2 compressor)
+        cfg = codec.get_config()
+        shuffle = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle", -1: "autoshuffle"}.get(cfg.get("shuffle"), "?")
+        return {"cname": str(cfg.get("cname")), "clevel": int(cfg.get("clevel", 5)), "shuffle": shuffle,
+                "typesize": None, "blocksize": int(cfg.get("blocksize", 0))}
+    try:
+        from zarr.codecs import BloscCodec
+    except ImportError:  # pragma: no cover - zarr is a dependency
+        return None
+    if isinstance(codec, BloscCodec):
+        def val(v):
+            return getattr(v, "value", v)
+        return {"cname": str(val(codec.cname)), "clevel": int(codec.clevel), "shuffle": str(val(codec.shuffle)),
+                "typesize": codec.typesize, "blocksize": int(codec.blocksize)}
+    return None

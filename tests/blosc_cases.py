@@ -84,3 +84,64 @@ def reorder_blocks(chunk: bytes, order: list[int]) -> bytes:
         parts.append(body[i])
         pos += len(body[i])
     return chunk[:16] + new_starts.astype("<i4").tobytes() + b"".join(p.tobytes() for p in parts)
+
+
+def write_blosc(path, *, fmt: int = 2, cname: str = "lz4", clevel: int = 5, shuffle: str = "shuffle",
+                dtype="<u2", shape=(37, 50, 23), chunks=(8, 16, 7), shards=None, endian=None, partial=True,
+                typesize=None, seed: int = 0):
+    """A Blosc array written by zarr-python (v2 compressor, v3 codec, or v3 sharded inner codec).
+
+    Returns the array opened read-only and the values written (``partial`` leaves chunks out).
+    """
+    import zarr
+    from stores import data  # tests/stores.py
+    from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec
+
+    kw: dict = {}
+    if fmt == 2:
+        kw["compressors"] = numcodecs.Blosc(cname=cname, clevel=clevel, shuffle=SHUFFLES[shuffle])
+    else:
+        blosc = BloscCodec(cname=cname, clevel=clevel, shuffle=shuffle, typesize=typesize)
+        ser = BytesCodec(endian=endian) if endian else BytesCodec()
+        if shards is not None:
+            kw["serializer"] = ShardingCodec(chunk_shape=chunks, codecs=[ser, blosc],
+                                             index_codecs=[BytesCodec(), Crc32cCodec()])
+            kw["compressors"] = None
+            chunks = shards
+        else:
+            kw["serializer"] = ser
+            kw["compressors"] = blosc
+    arr = zarr.create_array(str(path), shape=shape, chunks=chunks, dtype=dtype, zarr_format=fmt, fill_value=0,
+                            overwrite=True, **kw)
+    values = data(shape, dtype, seed)
+    if np.dtype(dtype).kind in "iu":  # smooth plus noise: some streams compress, some are stored raw
+        ramp = np.indices(shape).sum(axis=0) % 200
+        values = (ramp + (values % 7)).astype(dtype)
+    if partial:
+        half = shape[0] // 2
+        arr[:half] = values[:half]
+        arr[-3:, : shape[1] // 3] = values[-3:, : shape[1] // 3]
+    else:
+        arr[...] = values
+    return zarr.open_array(str(path), mode="r"), values
+
+
+# (id, kwargs) of Blosc layouts the engine reads
+BLOSC_LAYOUTS = [
+    ("v2-lz4-shuffle", {"fmt": 2, "cname": "lz4", "shuffle": "shuffle"}),
+    ("v2-zstd-bitshuffle", {"fmt": 2, "cname": "zstd", "shuffle": "bitshuffle"}),
+    ("v2-zlib-noshuffle-f8", {"fmt": 2, "cname": "zlib", "shuffle": "noshuffle", "dtype": "<f8"}),
+    ("v2-blosclz-host", {"fmt": 2, "cname": "blosclz", "shuffle": "shuffle"}),
+    ("v2-lz4hc-bigendian", {"fmt": 2, "cname": "lz4hc", "shuffle": "shuffle", "dtype": ">i4"}),
+    ("v2-lz4-u1-bitshuffle", {"fmt": 2, "cname": "lz4", "shuffle": "bitshuffle", "dtype": "|u1"}),
+    ("v2-zstd-c16", {"fmt": 2, "cname": "zstd", "shuffle": "shuffle", "dtype": "<c16"}),
+    ("v2-lz4-clevel0", {"fmt": 2, "cname": "lz4", "clevel": 0, "shuffle": "shuffle"}),
+    ("v2-lz4-big-chunks", {"fmt": 2, "cname": "lz4", "shuffle": "shuffle", "shape": (3, 300, 257), "chunks": (1, 256, 256)}),
+    ("v3-zstd-shuffle", {"fmt": 3, "cname": "zstd", "shuffle": "shuffle"}),
+    ("v3-lz4-bitshuffle-f4", {"fmt": 3, "cname": "lz4", "shuffle": "bitshuffle", "dtype": "<f4"}),
+    ("v3-zstd-bigendian", {"fmt": 3, "cname": "zstd", "shuffle": "shuffle", "dtype": ">u2", "endian": "big"}),
+    ("v3-lz4-typesize-default", {"fmt": 3, "cname": "lz4", "shuffle": None, "dtype": "<u2"}),
+    ("v3-shard-zstd", {"fmt": 3, "cname": "zstd", "shuffle": "shuffle", "chunks": (4, 8, 7), "shards": (8, 16, 14)}),
+    ("v3-shard-lz4-bit-u1", {"fmt": 3, "cname": "lz4", "shuffle": "bitshuffle", "dtype": "|u1", "chunks": (4, 8, 7),
+                                 "shards": (8, 16, 14)}),
+]

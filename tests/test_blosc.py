@@ -8,10 +8,27 @@ import struct
 import numcodecs
 import numpy as np
 import pytest
-from blosc_cases import (BLOCKSIZES, CLEVELS, CNAMES, SHUFFLES, TYPESIZES, decode_chunks, encode, payload,
-                         reorder_blocks, stage)
+from blosc_cases import (
+    BLOCKSIZES,
+    CLEVELS,
+    CNAMES,
+    SHUFFLES,
+    TYPESIZES,
+    decode_chunks,
+    encode,
+    payload,
+    reorder_blocks,
+    stage,
+)
 
-from gpu_zarr.engine.blosc import KIND_COPY, KIND_LZ4, MODE_BIT, MODE_BYTE, MODE_NONE, parse_batch
+from gpu_zarr.engine.blosc import (
+    KIND_COPY,
+    KIND_LZ4,
+    MODE_BIT,
+    MODE_BYTE,
+    MODE_NONE,
+    parse_batch,
+)
 from gpu_zarr.engine.shuffle import unshuffle_cpu
 from gpu_zarr.errors import CorruptChunkError
 

@@ -306,17 +306,19 @@ def _parse_streams(plan: BloscPlan, staging, offs, cbytes, block, ts, flags, com
         act = np.flatnonzero(nsplit > s)
         pos = cur[act]
         cb = cbytes[bc[act]]
+        jj = j[act]
         _check(pos + 4 > cb, names, chunk_of_block[act],
-               lambda i: f"stream {s} of block {j[act][i]} starts at byte {pos[i]}, past the chunk's end "
-                         f"({cb[i]} bytes)")
+               lambda i, s=s, jj=jj, pos=pos, cb=cb: f"stream {s} of block {jj[i]} starts at byte {pos[i]}, "
+                                                     f"past the chunk's end ({cb[i]} bytes)")
         csize = _i32(staging, base[act] + pos)
         ne = neblock[act]
         _check((csize <= 0) | (csize > ne), names, chunk_of_block[act],
-               lambda i: f"stream {s} of block {j[act][i]} says {csize[i]} compressed bytes for "
-                         f"{ne[i]} decoded bytes")
+               lambda i, s=s, jj=jj, csize=csize, ne=ne: f"stream {s} of block {jj[i]} says {csize[i]} "
+                                                         f"compressed bytes for {ne[i]} decoded bytes")
         _check(pos + 4 + csize > cb, names, chunk_of_block[act],
-               lambda i: f"stream {s} of block {j[act][i]} ({csize[i]} bytes at byte {pos[i] + 4}) runs past "
-                         f"the chunk's end ({cb[i]} bytes)")
+               lambda i, s=s, jj=jj, csize=csize, pos=pos, cb=cb: (
+                   f"stream {s} of block {jj[i]} ({csize[i]} bytes at byte {pos[i] + 4}) runs past the "
+                   f"chunk's end ({cb[i]} bytes)"))
         out = s_first[act] + s
         s_src[out] = base[act] + pos + 4
         s_size[out] = csize

@@ -24,7 +24,9 @@ naming the chunk and what was wrong.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +62,7 @@ _COMP_NAME = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
 _ZSTD_MAGIC = 0xFD2FB528
 
 
-def _empty(dtype=np.int64) -> np.ndarray:
+def _empty(dtype: Any = np.int64) -> np.ndarray:
     return np.zeros(0, dtype)
 
 
@@ -118,10 +120,10 @@ class BloscPlan:
     m_src: np.ndarray = field(default_factory=_empty)
     h_chunk: np.ndarray = field(default_factory=_empty)
     h_data: np.ndarray | None = None
-    h_reasons: dict = field(default_factory=dict)
+    h_reasons: dict[str, int] = field(default_factory=dict)
     shuffled_bytes: int = 0
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         """Counts for the read's stats: streams per kind, blocks per mode, memcpyed/host chunks."""
         kinds, counts = np.unique(self.s_kind, return_counts=True)
         out = {f"blosc_streams_{KIND_NAMES[int(k)]}": int(c) for k, c in zip(kinds, counts)}
@@ -133,7 +135,7 @@ class BloscPlan:
         return out
 
 
-def _fail(names, k: int, what: str) -> CorruptChunkError:
+def _fail(names: Sequence[str] | None, k: int, what: str) -> CorruptChunkError:
     name = names[int(k)] if names is not None else f"#{int(k)}"
     return CorruptChunkError(
         f"chunk {name}: not a valid Blosc chunk: {what}. The chunk is corrupt or truncated; "
@@ -141,7 +143,7 @@ def _fail(names, k: int, what: str) -> CorruptChunkError:
     )
 
 
-def _check(bad: np.ndarray, names, chunk_of: np.ndarray, what) -> None:
+def _check(bad: np.ndarray, names: Sequence[str] | None, chunk_of: np.ndarray, what: Callable[[int], str]) -> None:
     """Raise for the first True in ``bad``; ``what(i)`` describes element i."""
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
@@ -154,8 +156,8 @@ def _i32(buf: np.ndarray, pos: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view("<i4").reshape(-1).astype(np.int64)
 
 
-def _host_decode(staging: np.ndarray, offs, sizes, idx: np.ndarray, nbytes: int, names,
-                 versions: np.ndarray) -> np.ndarray:
+def _host_decode(staging: np.ndarray, offs: np.ndarray, sizes: np.ndarray, idx: np.ndarray, nbytes: int,
+                 names: Sequence[str] | None, versions: np.ndarray) -> np.ndarray:
     """numcodecs' c-blosc decodes the chunks ``idx`` (a Python loop: the slow path)."""
     from numcodecs import Blosc
 
@@ -177,7 +179,7 @@ def _host_decode(staging: np.ndarray, offs, sizes, idx: np.ndarray, nbytes: int,
 
 
 def parse_batch(staging: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray, nbytes: int,
-                names=None, *, align: int = 16) -> BloscPlan:
+                names: Sequence[str] | None = None, *, align: int = 16) -> BloscPlan:
     """Parse and check every Blosc chunk of a batch; lay out its streams and blocks.
 
     Parameters
@@ -258,8 +260,9 @@ def parse_batch(staging: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndar
     return plan
 
 
-def _parse_streams(plan: BloscPlan, staging, offs, cbytes, block, ts, flags, comp, chunk_ids, nbytes: int,
-                   names, align: int) -> None:
+def _parse_streams(plan: BloscPlan, staging: np.ndarray, offs: np.ndarray, cbytes: np.ndarray, block: np.ndarray,
+                   ts: np.ndarray, flags: np.ndarray, comp: np.ndarray, chunk_ids: np.ndarray, nbytes: int,
+                   names: Sequence[str] | None, align: int) -> None:
     g = len(offs)
     nblocks = -(-nbytes // block)
     leftover = nbytes % block
@@ -306,19 +309,8 @@ def _parse_streams(plan: BloscPlan, staging, offs, cbytes, block, ts, flags, com
         act = np.flatnonzero(nsplit > s)
         pos = cur[act]
         cb = cbytes[bc[act]]
-        jj = j[act]
-        _check(pos + 4 > cb, names, chunk_of_block[act],
-               lambda i, s=s, jj=jj, pos=pos, cb=cb: f"stream {s} of block {jj[i]} starts at byte {pos[i]}, "
-                                                     f"past the chunk's end ({cb[i]} bytes)")
-        csize = _i32(staging, base[act] + pos)
+        csize = _stream_sizes(staging, base[act], pos, cb, neblock[act], j[act], chunk_of_block[act], s, names)
         ne = neblock[act]
-        _check((csize <= 0) | (csize > ne), names, chunk_of_block[act],
-               lambda i, s=s, jj=jj, csize=csize, ne=ne: f"stream {s} of block {jj[i]} says {csize[i]} "
-                                                         f"compressed bytes for {ne[i]} decoded bytes")
-        _check(pos + 4 + csize > cb, names, chunk_of_block[act],
-               lambda i, s=s, jj=jj, csize=csize, pos=pos, cb=cb: (
-                   f"stream {s} of block {jj[i]} ({csize[i]} bytes at byte {pos[i] + 4}) runs past the "
-                   f"chunk's end ({cb[i]} bytes)"))
         out = s_first[act] + s
         s_src[out] = base[act] + pos + 4
         s_size[out] = csize
@@ -349,7 +341,22 @@ def _parse_streams(plan: BloscPlan, staging, offs, cbytes, block, ts, flags, com
     plan.shuffled_bytes = g * stride
 
 
-def _check_zstd(staging, s_src, s_size, kind, s_chunk, names) -> None:
+def _stream_sizes(staging: np.ndarray, base: np.ndarray, pos: np.ndarray, cb: np.ndarray, ne: np.ndarray,
+                  blk: np.ndarray, chunk_of: np.ndarray, s: int, names: Sequence[str] | None) -> np.ndarray:
+    """Read and check the size prefix of split ``s`` of some blocks (positions relative to the chunk)."""
+    _check(pos + 4 > cb, names, chunk_of,
+           lambda i: f"stream {s} of block {blk[i]} starts at byte {pos[i]}, past the chunk's end ({cb[i]} bytes)")
+    csize = _i32(staging, base + pos)
+    _check((csize <= 0) | (csize > ne), names, chunk_of,
+           lambda i: f"stream {s} of block {blk[i]} says {csize[i]} compressed bytes for {ne[i]} decoded bytes")
+    _check(pos + 4 + csize > cb, names, chunk_of,
+           lambda i: f"stream {s} of block {blk[i]} ({csize[i]} bytes at byte {pos[i] + 4}) runs past the "
+                     f"chunk's end ({cb[i]} bytes)")
+    return csize
+
+
+def _check_zstd(staging: np.ndarray, s_src: np.ndarray, s_size: np.ndarray, kind: np.ndarray, s_chunk: np.ndarray,
+                names: Sequence[str] | None) -> None:
     z = np.flatnonzero(kind == KIND_ZSTD)
     if len(z) == 0:
         return
@@ -359,7 +366,8 @@ def _check_zstd(staging, s_src, s_size, kind, s_chunk, names) -> None:
            lambda i: f"a zstd stream starts with {int(magic[i]):#010x}, not the zstd magic number")
 
 
-def _strip_zlib(staging, s_src, s_size, kind, s_chunk, names):
+def _strip_zlib(staging: np.ndarray, s_src: np.ndarray, s_size: np.ndarray, kind: np.ndarray, s_chunk: np.ndarray,
+                names: Sequence[str] | None) -> tuple[np.ndarray, np.ndarray]:
     """zlib streams -> raw deflate: drop the 2-byte header and the 4-byte Adler-32."""
     z = np.flatnonzero(kind == KIND_DEFLATE)
     if len(z) == 0:
@@ -383,7 +391,7 @@ _ALGO = {KIND_LZ4: "lz4", KIND_ZSTD: "zstd", KIND_DEFLATE: "deflate"}
 class _StreamNames:
     """Stream -> chunk name, looked up only when an error message needs one."""
 
-    def __init__(self, names, chunks: np.ndarray):
+    def __init__(self, names: Sequence[str] | None, chunks: np.ndarray) -> None:
         self._names, self._chunks = names, chunks
 
     def __len__(self) -> int:
@@ -394,8 +402,8 @@ class _StreamNames:
         return self._names[c] if self._names is not None else f"#{c}"
 
 
-def decode_plan(ops, src, plan: BloscPlan, dst, dst_offsets: np.ndarray, names=None, slot: int = 0,
-                wait=None) -> None:
+def decode_plan(ops: Any, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.ndarray,
+                names: Sequence[str] | None = None, slot: int = 0, wait: Any = None) -> None:
     """Decode a parsed batch through ``ops`` (GPU or its CPU twin): streams, copies, unshuffle.
 
     Chunk k of the batch lands in ``dst[dst_offsets[k] : dst_offsets[k] + plan.nbytes]``.
@@ -455,14 +463,14 @@ class BloscStage:
     name = "blosc"
     decodes = True
 
-    def prepare(self, staging: np.ndarray, batch, lay, names) -> BloscPlan:
+    def prepare(self, staging: np.ndarray, batch: Any, lay: Any, names: Sequence[str]) -> BloscPlan:
         return parse_batch(staging, batch.src_offsets, batch.src_sizes, lay.inner_nbytes, names)
 
-    def decode(self, ops, src, batch, prep: BloscPlan, dst, dst_offsets: np.ndarray, lay, names, slot: int,
-               wait) -> None:
+    def decode(self, ops: Any, src: Any, batch: Any, prep: BloscPlan, dst: Any, dst_offsets: np.ndarray, lay: Any,
+               names: Sequence[str], slot: int, wait: Any) -> None:
         decode_plan(ops, src, prep, dst, dst_offsets, names, slot, wait)
 
-    def scratch_bytes(self, chunks_per_batch: int, lay) -> int:
+    def scratch_bytes(self, chunks_per_batch: int, lay: Any) -> int:
         """The shuffled buffer, plus nvCOMP's zstd scratch (about 3.1x the decoded batch) when the
         metadata names zstd (other inner codecs need none)."""
         dec = chunks_per_batch * (-(-lay.inner_nbytes // 16) * 16)
@@ -470,7 +478,7 @@ class BloscStage:
         return dec + (dec * 31 // 10 if cname == "zstd" else 0)
 
 
-def blosc_params(codec) -> dict | None:
+def blosc_params(codec: Any) -> dict[str, Any] | None:
     """Codec parameters when ``codec`` is a Blosc codec (numcodecs v2 compressor or zarr v3 codec).
 
     Returns
@@ -490,7 +498,7 @@ def blosc_params(codec) -> dict | None:
     except ImportError:  # pragma: no cover - zarr is a dependency
         return None
     if isinstance(codec, BloscCodec):
-        def val(v):
+        def val(v: Any) -> Any:
             return getattr(v, "value", v)
         return {"cname": str(val(codec.cname)), "clevel": int(codec.clevel), "shuffle": str(val(codec.shuffle)),
                 "typesize": codec.typesize, "blocksize": int(codec.blocksize)}

@@ -20,6 +20,8 @@ any order and have different sizes (the last partial block of a chunk).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 __all__ = ["unshuffle", "unshuffle_cpu", "unshuffle_gpu"]
@@ -138,7 +140,7 @@ extern "C" __global__ void blosc_unshuffle(
 _THREADS = 256
 
 
-def _kernel(cupy):
+def _kernel(cupy: Any) -> Any:
     """The compiled kernel, cached by the engine's runtime when it exists (else per process)."""
     try:
         from gpu_zarr.engine.runtime import get_runtime
@@ -153,8 +155,8 @@ def _kernel(cupy):
     return cache[key]
 
 
-def unshuffle_gpu(src, b_src: np.ndarray, dst, b_dst: np.ndarray, b_size: np.ndarray, b_ts: np.ndarray,
-                  b_mode: np.ndarray, stream) -> None:
+def unshuffle_gpu(src: Any, b_src: np.ndarray, dst: Any, b_dst: np.ndarray, b_size: np.ndarray, b_ts: np.ndarray,
+                  b_mode: np.ndarray, stream: Any) -> None:
     """Unshuffle every block from device buffer ``src`` into ``dst`` in ONE kernel launch on ``stream``.
 
     Notes
@@ -179,7 +181,8 @@ def unshuffle_gpu(src, b_src: np.ndarray, dst, b_dst: np.ndarray, b_size: np.nda
                       (src, dst, d_table[:nb], d_table[nb:], d_small[:nb], d_small[nb:2 * nb], d_small[2 * nb:]))
 
 
-def unshuffle(ops, src, b_src, dst, b_dst, b_size, b_ts, b_mode) -> None:
+def unshuffle(ops: Any, src: Any, b_src: np.ndarray, dst: Any, b_dst: np.ndarray, b_size: np.ndarray,
+              b_ts: np.ndarray, b_mode: np.ndarray) -> None:
     """Dispatch on ``ops.name``: the GPU kernel on ``ops.stream`` or the numpy twin."""
     if ops.name == "gpu":
         unshuffle_gpu(src, b_src, dst, b_dst, b_size, b_ts, b_mode, ops.stream)

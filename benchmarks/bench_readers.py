@@ -127,7 +127,7 @@ def _ours_cpu(path: str):
 def _ours_engine_cpu(path: str):
     from gpu_zarr.engine import read
 
-    return read(path, device="cpu")
+    return read(path, device="cpu").data
 
 
 def _zarr_cpu(path: str):
@@ -397,7 +397,7 @@ class _OursLazyPlanes(PlaneReader):
         self.device = device
         self.name = f"ours-lazy-{backend}"
         self.description = (
-            f'gpu_zarr.engine.read_region(arr, (z, :, :), backend="{backend}")'
+            f'gpu_zarr.zarr_io.read_region(arr, (z, :, :), backend="{backend}")'
             + (".get()" if device == "gpu" else "")
         )
 
@@ -407,7 +407,7 @@ class _OursLazyPlanes(PlaneReader):
         self.arr = zarr.open_array(path, mode="r")
 
     def plane(self, z: int):
-        from gpu_zarr.engine import read_region
+        from gpu_zarr.zarr_io import read_region
 
         out = read_region(self.arr, (z, slice(None), slice(None)), backend=self.backend)
         return to_host(out)
@@ -426,7 +426,7 @@ class _OursEngineCpuPlanes(PlaneReader):
     def plane(self, z: int):
         from gpu_zarr.engine import read
 
-        return read(self.arr, (z, slice(None), slice(None)), device="cpu")
+        return read(self.arr, (z, slice(None), slice(None)), device="cpu").data
 
 
 class _OursResidentPlanes(PlaneReader):

@@ -73,7 +73,11 @@ def _stats() -> dict[str, Any] | None:
     except Exception:
         return None
     try:
-        st = last_read_stats()
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            st = last_read_stats()
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
     if st is None:

@@ -36,43 +36,7 @@ from gpu_zarr.errors import CorruptChunkError
 def cpu_ops():
     from gpu_zarr.engine.ops import ops_for
 
-    ops = ops_for("cpu")
-    if not hasattr(ops, "decode_batch"):  # before the runtime refactor lands: a local twin
-        ops = _TwinOps()
-    return ops
-
-
-class _TwinOps:
-    name = "cpu"
-    xp = np
-
-    def wait(self, event):
-        pass
-
-    def record(self, slot=0):
-        return None
-
-    def decode_batch(self, algo, src, so, ss, dst, do, ds, names, slot=0, wait=None):
-        import zlib
-
-        for k in range(len(so)):
-            data = bytes(src[int(so[k]):int(so[k]) + int(ss[k])])
-            try:
-                if algo == "lz4":
-                    out = numcodecs.lz4.decompress(struct.pack("<I", int(ds[k])) + data)
-                elif algo == "zstd":
-                    out = numcodecs.Zstd().decode(data)
-                else:
-                    out = zlib.decompressobj(-15).decompress(data)
-            except Exception as exc:
-                raise CorruptChunkError(f"chunk {names[k]}: {exc}") from exc
-            if len(out) != ds[k]:
-                raise CorruptChunkError(f"chunk {names[k]}: short")
-            dst[int(do[k]):int(do[k]) + int(ds[k])] = np.frombuffer(out, np.uint8)
-
-    def copy_spans(self, src, so, dst, do, sizes, slot=0, wait=None):
-        for a, b, n in zip(so.tolist(), do.tolist(), sizes.tolist()):
-            dst[b:b + n] = src[a:a + n]
+    return ops_for("cpu")
 
 
 def _check_matrix(ops, cname: str, shuffle: int, typesizes=TYPESIZES, clevels=CLEVELS, blocksizes=BLOCKSIZES):

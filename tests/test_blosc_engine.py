@@ -21,10 +21,10 @@ def test_engine_reads_blosc_like_zarr(tmp_path, kw):
     lay = layout_of(arr)
     assert lay.codec == "blosc"
     want = arr[...]
-    got = read(arr, device="cpu")
+    got = read(arr, device="cpu").data
     assert got.dtype == want.dtype.newbyteorder("=") and np.array_equal(got, want)
     sel = (slice(3, 30, 2), slice(None, None, -3), slice(1, 20))
-    assert np.array_equal(read(arr, sel, device="cpu"), want[sel])
+    assert np.array_equal(read(arr, sel, device="cpu").data, want[sel])
 
 
 def test_blosc_detection_params(tmp_path):
@@ -56,3 +56,41 @@ def test_corrupt_blosc_chunk_named(tmp_path, fmt):
     victim.write_bytes(bytes(b[:-40]))  # truncated
     with pytest.raises(CorruptChunkError, match="Blosc"):
         read(arr, device="cpu")
+
+
+def test_overlapped_cpu_twin_orders_blosc_work(tmp_path):
+    """With ops that run decodes late on a worker thread, the unshuffle still sees decoded bytes."""
+    import time
+
+    from gpu_zarr.engine import EngineOptions
+    from gpu_zarr.engine.ops import AsyncCpuOps
+
+    class SlowDecodes(AsyncCpuOps):
+        def decode_batch(self, *args, **kw):
+            wait = kw.pop("wait", None)
+            from gpu_zarr.engine.decode import decode_batch_cpu
+
+            def slow(*a):
+                time.sleep(0.01)
+                decode_batch_cpu(*a)
+            self._run(slow, *args[:7], args[7] if len(args) > 7 else kw.get("names"), after=wait)
+
+    arr, _ = write_blosc(tmp_path / "a.zarr", fmt=3, cname="zstd", shuffle="bitshuffle", chunks=(4, 8, 7),
+                         shards=(8, 16, 14))
+    ops = SlowDecodes(3)
+    try:
+        res = read(arr, device="cpu", ops=ops, options=EngineOptions(batch_bytes=1, slots=3, threads=2))
+    finally:
+        ops.sync()
+        ops.close()
+    assert res.stats["batches"] > 10 and res.stats["blosc_streams_zstd"] > 0
+    np.testing.assert_array_equal(res.data, arr[...])
+
+
+def test_host_decoded_chunks_are_reported(tmp_path):
+    from gpu_zarr.kvikio_zarr import describe
+
+    arr, _ = write_blosc(tmp_path / "a.zarr", fmt=2, cname="blosclz", shuffle="shuffle")
+    res = read(arr, device="cpu")
+    assert res.stats["blosc_host_chunks"] == res.stats["blosc_host_blosclz"] > 0
+    assert "host" in describe(layout_of(arr))

@@ -63,10 +63,10 @@ def test_engine_reads_blosc_gpu(tmp_path, kw):
 
     arr, _ = write_blosc(tmp_path / "a.zarr", **kw)
     want = arr[...]
-    got = read(arr, device="gpu").get()
+    got = read(arr, device="gpu").data.get()
     assert np.array_equal(got, want)
     sel = (slice(3, 30, 2), slice(None, None, -3), slice(1, 20))
-    assert np.array_equal(read(arr, sel, device="gpu").get(), want[sel])
+    assert np.array_equal(read(arr, sel, device="gpu").data.get(), want[sel])
 
 
 @pytest.mark.parametrize("what", list(CORRUPT))

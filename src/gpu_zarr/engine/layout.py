@@ -125,22 +125,31 @@ def _fill(arr: Any, dtype: np.dtype) -> Any:
     return np.array(fv, dtype=dtype)[()]
 
 
-def _codec_of_chain(codecs: Sequence[Any], where: str) -> tuple[str, str | None]:
-    """(codec, endian) for a v3 chain [bytes, (zstd)]; anything else is unsupported."""
+def _blosc_params(codec: Any) -> dict[str, Any] | None:
+    from gpu_zarr.engine.blosc import blosc_params
+
+    return blosc_params(codec)
+
+
+def _codec_of_chain(codecs: Sequence[Any], where: str) -> tuple[str, str | None, dict[str, Any]]:
+    """(codec, endian, codec_params) for a v3 chain [bytes, (zstd | blosc)]; anything else is unsupported."""
     from zarr.codecs import BytesCodec, ZstdCodec
 
+    what = "chains [bytes], [bytes, zstd] or [bytes, blosc]"
     if not codecs or not isinstance(codecs[0], BytesCodec):
         names = [type(c).__name__ for c in codecs]
-        raise _unsupported("chains [bytes] or [bytes, zstd]", f"{where} codecs {names}")
+        raise _unsupported(what, f"{where} codecs {names}")
     endian = codecs[0].endian
     endian = getattr(endian, "value", endian)
     rest = list(codecs[1:])
     if not rest:
-        return "raw", endian
+        return "raw", endian, {}
     if len(rest) == 1 and (isinstance(rest[0], ZstdCodec) or type(rest[0]).__name__ == "NvcompZstdCodec"):
-        return "zstd", endian
+        return "zstd", endian, {}
+    if len(rest) == 1 and (params := _blosc_params(rest[0])) is not None:
+        return "blosc", endian, params
     names = [type(c).__name__ for c in codecs]
-    raise _unsupported("chains [bytes] or [bytes, zstd]", f"{where} codecs {names}")
+    raise _unsupported(what, f"{where} codecs {names}")
 
 
 def layout_of(arr: Any) -> Layout:
@@ -172,15 +181,18 @@ def layout_of(arr: Any) -> Layout:
         if meta.filters:
             raise _unsupported("arrays without filters", f"filters {[f.codec_id for f in meta.filters]}")
         comp = meta.compressor
+        params: dict[str, Any] = {}
         if comp is None:
             codec = "raw"
         elif getattr(comp, "codec_id", None) == "zstd":
             codec = "zstd"
+        elif (blosc := _blosc_params(comp)) is not None:
+            codec, params = "blosc", {**blosc, "typesize": dtype.itemsize}
         else:
-            raise _unsupported("raw or zstd chunks", f"compressor {comp.get_config() if hasattr(comp, 'get_config') else comp!r}")
+            raise _unsupported("raw, zstd or blosc chunks", f"compressor {comp.get_config() if hasattr(comp, 'get_config') else comp!r}")
         disk = dtype
         return Layout(shape, disk, native_dtype(disk), _fill(arr, native_dtype(disk)), chunks, chunks, codec,
-                      False, True, False, root, meta.encode_chunk_key, 2)
+                      False, True, False, root, meta.encode_chunk_key, 2, codec_params=params)
 
     dtype = np.dtype(meta.data_type.to_native_dtype())
     codecs = tuple(meta.codecs)
@@ -188,7 +200,7 @@ def layout_of(arr: Any) -> Layout:
     if sharded:
         sc = codecs[0]
         inner = tuple(int(c) for c in sc.chunk_shape)
-        codec, endian = _codec_of_chain(tuple(sc.codecs), "inner")
+        codec, endian, params = _codec_of_chain(tuple(sc.codecs), "inner")
         idx = tuple(sc.index_codecs)
         idx_names = [type(c).__name__ for c in idx]
         if idx_names not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]):
@@ -200,11 +212,11 @@ def layout_of(arr: Any) -> Layout:
         index_crc = len(idx) == 2
     else:
         inner = chunks
-        codec, endian = _codec_of_chain(codecs, "array")
+        codec, endian, params = _codec_of_chain(codecs, "array")
         index_at_end, index_crc = True, False
     disk = dtype if dtype.itemsize == 1 else dtype.newbyteorder("<" if endian in ("little", None) else ">")
     if dtype.kind == "c":
         disk = np.dtype(disk)
     out = native_dtype(disk)
     return Layout(shape, disk, out, _fill(arr, out), chunks, inner, codec, sharded, index_at_end,
-                  index_crc, root, meta.encode_chunk_key, 3)
+                  index_crc, root, meta.encode_chunk_key, 3, codec_params=params)

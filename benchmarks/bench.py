@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "mode": args.mode,
         "complete": False,
-        "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "argv": list(argv) if argv is not None else sys.argv[1:],
         "device": device,
         "device_reason": device_why,

@@ -145,7 +145,7 @@ class GpuMemory:
         self.interval_s = interval_s
         self.result: dict[str, Any] = {}
 
-    def __enter__(self) -> "GpuMemory":
+    def __enter__(self) -> GpuMemory:
         import cupy
 
         self._cupy = cupy

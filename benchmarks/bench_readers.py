@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 __all__ = [
     "Reader",

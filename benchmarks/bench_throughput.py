@@ -13,10 +13,11 @@ import gc
 import statistics
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import bench_env
-from bench_readers import Reader, synchronize, to_host, throughput_readers
+from bench_readers import Reader, synchronize, throughput_readers, to_host
 from bench_volumes import VolumeInfo
 
 __all__ = ["TARGETS", "time_volume", "summarise"]

@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
@@ -36,7 +37,7 @@ def _resolve_array(path: Path, level: int):
     return open_array(path)
 
 
-def _print_result(con, label: str, res) -> None:
+def _print_result(con: Any, label: str, res: Any) -> None:
     from rich.table import Table
 
     t = Table(title=label, show_header=False, box=None)
@@ -52,18 +53,19 @@ def _print_result(con, label: str, res) -> None:
     con.print(t)
 
 
-def _read_with_progress(con, arr, backend: str):
+def _read_with_progress(con: Any, arr: Any, backend: str) -> Any:
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
+    from gpu_zarr.backends import check_backend
     from gpu_zarr.zarr_io import read_zarr
 
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                   TransferSpeedColumn(), console=con, transient=True) as bar:
         task = bar.add_task(f"reading ({backend})", total=arr.nbytes)
-        return read_zarr(arr, prefer=backend, progress=lambda d, t: bar.update(task, completed=d, total=t))
+        return read_zarr(arr, prefer=check_backend(backend), progress=lambda d, t: bar.update(task, completed=d, total=t))
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     from gpu_zarr.capabilities import probe
     from gpu_zarr.omezarr import read_omezarr
     from gpu_zarr.sample import sample_path
@@ -88,14 +90,14 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def cmd_info(args) -> int:
+def cmd_info(args: argparse.Namespace) -> int:
     from gpu_zarr.capabilities import probe
 
     print(probe().report())
     return 0
 
 
-def cmd_read(args) -> int:
+def cmd_read(args: argparse.Namespace) -> int:
     from gpu_zarr.zarr_io import choose_backend
 
     con = _console()
@@ -114,6 +116,7 @@ def _load_bench():
     for cand in (here.parents[2] / "benchmarks" / "bench.py", Path.cwd() / "benchmarks" / "bench.py"):
         if cand.exists():
             spec = importlib.util.spec_from_file_location("gpu_zarr_benchmarks_bench", cand)
+            assert spec is not None and spec.loader is not None
             mod = importlib.util.module_from_spec(spec)
             sys.path.insert(0, str(cand.parent))
             spec.loader.exec_module(mod)

@@ -94,8 +94,9 @@ def write_blosc(path, *, fmt: int = 2, cname: str = "lz4", clevel: int = 5, shuf
     Returns the array opened read-only and the values written (``partial`` leaves chunks out).
     """
     import zarr
-    from stores import data  # tests/stores.py
     from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec
+
+    from stores import data  # tests/stores.py
 
     kw: dict = {}
     if fmt == 2:

@@ -8,6 +8,7 @@ import struct
 import numcodecs
 import numpy as np
 import pytest
+
 from blosc_cases import (
     BLOCKSIZES,
     CLEVELS,
@@ -20,7 +21,6 @@ from blosc_cases import (
     reorder_blocks,
     stage,
 )
-
 from gpu_zarr.engine.blosc import (
     KIND_COPY,
     KIND_LZ4,
@@ -75,13 +75,18 @@ def test_stream_layout_lz4_shuffle():
     plan = parse_batch(staging, offs, sizes, nbytes)
     nblocks = -(-nbytes // 131072)  # numcodecs: 65536 * typesize
     # full blocks split into typesize streams, the last partial block not
-    assert len(plan.b_src) == nblocks  # the incompressible chunk is memcpyed
+    assert len(plan.b_off) == nblocks  # the incompressible chunk is memcpyed
     assert len(plan.s_src) == (nblocks - 1) * ts + 1
     assert plan.stats()["blosc_memcpyed_chunks"] == 1
     assert set(plan.b_mode.tolist()) == {MODE_BYTE}
     assert (plan.s_kind == KIND_COPY).any()  # the noisy low-byte streams are stored raw
     assert (plan.s_kind == KIND_LZ4).any()
     assert plan.s_dsize.sum() == nbytes
+    # raw streams are read in place; compressed ones decode to 16-aligned slots
+    assert (plan.s_dst[plan.s_kind == KIND_COPY] == -1).all()
+    assert (plan.s_dst[plan.s_kind != KIND_COPY] % 16 == 0).all()
+    assert plan.shuffled_bytes < nbytes
+    assert (plan.b_nsplit[:-1] == ts).all() and plan.b_nsplit[-1] == 1
     # every stream lies inside its chunk
     assert ((plan.s_src >= offs[plan.s_chunk]) & (plan.s_src + plan.s_size <= offs[plan.s_chunk] + sizes[plan.s_chunk])).all()
     st = plan.stats()
@@ -149,20 +154,35 @@ def _ref_shuffle(x: np.ndarray, ts: int, mode: int) -> np.ndarray:
     return out
 
 
-def test_unshuffle_cpu_against_definition():
+@pytest.mark.parametrize("split", [False, True])
+def test_unshuffle_cpu_against_definition(split):
+    """Blocks (and, split, their streams) scattered in any order; each unshuffled by definition."""
     rng = np.random.default_rng(1)
     blocks = [(ts, size, mode) for ts in (1, 2, 3, 4, 8, 16, 17) for size in (ts * 16, ts * 24 + 5, 7)
               for mode in (MODE_NONE, MODE_BYTE, MODE_BIT)]
+    if split:  # c-blosc splits only typesize <= 16 blocks that are whole multiples of typesize
+        blocks = [(ts, size, m) for ts, size, m in blocks if 1 < ts <= 16 and size % ts == 0]
     xs = [rng.integers(0, 256, size, dtype=np.uint8) for _, size, _ in blocks]
-    src = np.concatenate([_ref_shuffle(x, ts, m) for x, (ts, _, m) in zip(xs, blocks)])
-    b_src = np.cumsum([0] + [len(x) for x in xs[:-1]]).astype(np.int64)
-    perm = rng.permutation(len(blocks))  # destination order differs from source order
+    shuffled = [_ref_shuffle(x, ts, m) for x, (ts, _, m) in zip(xs, blocks)]
+    nsplit = np.array([ts if split else 1 for ts, _, _ in blocks], np.int32)
+    streams = [np.split(sh, n) for sh, n in zip(shuffled, nsplit)]
+    flat = [st for per in streams for st in per]
+    order = rng.permutation(len(flat))  # streams stored in any order, with gaps
+    space = np.zeros(sum(len(f) + 3 for f in flat), np.uint8)
+    addr = np.zeros(len(flat), np.int64)
+    pos = 0
+    for i in order:
+        addr[i] = pos
+        space[pos:pos + len(flat[i])] = flat[i]
+        pos += len(flat[i]) + 3
+    b_first = (np.cumsum(nsplit) - nsplit).astype(np.int64)
     sizes = np.array([len(x) for x in xs], np.int64)
+    perm = rng.permutation(len(blocks))  # destination order differs from source order
     b_dst = np.zeros(len(xs), np.int64)
     b_dst[perm] = np.cumsum(np.concatenate([[0], sizes[perm][:-1]]))
     dst = np.zeros(int(sizes.sum()), np.uint8)
-    unshuffle_cpu(src, b_src, dst, b_dst, sizes.astype(np.int32), np.array([b[0] for b in blocks], np.int32),
-                  np.array([b[2] for b in blocks], np.int32))
+    unshuffle_cpu(space, addr, b_first, nsplit, sizes.astype(np.int32),
+                  np.array([b[0] for b in blocks], np.int32), np.array([b[2] for b in blocks], np.int32), dst, b_dst)
     for x, d in zip(xs, b_dst):
         assert np.array_equal(dst[d:d + len(x)], x)
 

@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 import pytest
-from blosc_cases import BLOSC_LAYOUTS, write_blosc
 
+from blosc_cases import BLOSC_LAYOUTS, write_blosc
 from gpu_zarr.engine import read
 from gpu_zarr.engine.layout import layout_of
 from gpu_zarr.errors import CorruptChunkError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from blosc_cases import (
     BLOSC_LAYOUTS,
     CNAMES,
@@ -14,9 +15,8 @@ from blosc_cases import (
     reorder_blocks,
     write_blosc,
 )
-from test_blosc import CORRUPT, _check_matrix, _good
-
 from gpu_zarr.errors import CorruptChunkError
+from test_blosc import CORRUPT, _check_matrix, _good
 
 pytestmark = pytest.mark.gpu
 

@@ -60,6 +60,7 @@ _F_SHUFFLE, _F_MEMCPY, _F_BITSHUFFLE, _F_NOSPLIT = 0x01, 0x02, 0x04, 0x10
 _COMP_KIND = {1: KIND_LZ4, 3: KIND_DEFLATE, 4: KIND_ZSTD}
 _COMP_NAME = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
 _ZSTD_MAGIC = 0xFD2FB528
+_DEFLATE_ALIGN = 8  # nvCOMP's Deflate decompression alignment is at most 4 (deflate.h); 8 is safe
 
 
 def _empty(dtype: Any = np.int64) -> np.ndarray:
@@ -71,20 +72,24 @@ class BloscPlan:
     """The parsed layout of one batch of Blosc chunks.
 
     Offsets ``*_src`` are into the staging buffer (the device copy of it has the same layout);
-    ``s_dst``/``b_src`` are into the per-batch shuffled buffer of ``shuffled_bytes`` bytes;
-    ``b_off``/``h_off`` are within the decoded chunk, whose place in the output is only known
-    at decode time (``dst_offsets[chunk]``).
+    ``s_dst`` into the per-batch buffer of ``shuffled_bytes`` bytes that the compressed streams
+    decode into (each at an aligned slot; streams stored raw are read in place, ``s_dst = -1``);
+    ``b_off`` is within the decoded chunk, whose place in the output is only known at decode
+    time (``dst_offsets[chunk]``).
 
     Attributes
     ----------
     s_src, s_size, s_dst, s_dsize : ndarray of int64
-        Per stream: encoded offset and size, decoded offset (shuffled buffer) and exact size.
+        Per stream: encoded offset and size, decoded offset (-1 when stored raw) and exact size.
     s_kind : ndarray of int8
         ``KIND_COPY``, ``KIND_LZ4``, ``KIND_ZSTD`` or ``KIND_DEFLATE``.
     s_chunk : ndarray of int64
         Chunk (position in the batch) each stream belongs to.
-    b_src, b_off : ndarray of int64
-        Per block: offset in the shuffled buffer, offset in the decoded chunk.
+    b_first, b_off : ndarray of int64
+        Per block: its first stream (a block's streams are consecutive), offset in the decoded chunk.
+    b_nsplit : ndarray of int32
+        Streams per block (typesize when split, else 1); stream i holds the block's shuffled
+        bytes ``[i * size / nsplit, (i + 1) * size / nsplit)``.
     b_size, b_ts, b_mode : ndarray of int32
         Per block: bytes, typesize, ``MODE_NONE``/``MODE_BYTE``/``MODE_BIT`` (a bitshuffled
         block whose element count is not a multiple of 8 is ``MODE_NONE``: c-blosc 1.x left it).
@@ -100,7 +105,7 @@ class BloscPlan:
     nbytes : int
         Decoded size of every chunk.
     shuffled_bytes : int
-        Size of the shuffled buffer the streams decode into.
+        Size of the buffer the compressed streams decode into.
     """
 
     nbytes: int
@@ -110,7 +115,8 @@ class BloscPlan:
     s_dsize: np.ndarray = field(default_factory=_empty)
     s_kind: np.ndarray = field(default_factory=lambda: _empty(np.int8))
     s_chunk: np.ndarray = field(default_factory=_empty)
-    b_src: np.ndarray = field(default_factory=_empty)
+    b_first: np.ndarray = field(default_factory=_empty)
+    b_nsplit: np.ndarray = field(default_factory=lambda: _empty(np.int32))
     b_off: np.ndarray = field(default_factory=_empty)
     b_size: np.ndarray = field(default_factory=lambda: _empty(np.int32))
     b_ts: np.ndarray = field(default_factory=lambda: _empty(np.int32))
@@ -127,7 +133,7 @@ class BloscPlan:
         """Counts for the read's stats: streams per kind, blocks per mode, memcpyed/host chunks."""
         kinds, counts = np.unique(self.s_kind, return_counts=True)
         out = {f"blosc_streams_{KIND_NAMES[int(k)]}": int(c) for k, c in zip(kinds, counts)}
-        out["blosc_blocks"] = len(self.b_src)
+        out["blosc_blocks"] = len(self.b_off)
         out["blosc_memcpyed_chunks"] = len(self.m_chunk)
         out["blosc_host_chunks"] = len(self.h_chunk)
         for why, n in self.h_reasons.items():
@@ -193,7 +199,7 @@ def parse_batch(staging: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndar
     names : sequence of str, optional
         Chunk names for error messages (looked up only on error).
     align : int
-        Alignment of each chunk's region in the shuffled buffer.
+        Alignment of each decoded stream's slot in the per-batch buffer.
 
     Returns
     -------
@@ -289,16 +295,11 @@ def _parse_streams(plan: BloscPlan, staging: np.ndarray, offs: np.ndarray, cbyte
            lambda i: f"block {j[i]} of {bsize[i]} bytes cannot be split into {nsplit[i]} streams")
     neblock = bsize // nsplit
 
-    # the shuffled buffer: each GPU chunk's decoded bytes at an aligned stride
-    stride = -(-nbytes // align) * align
-    b_shuf = bc * stride + j * block[bc]
-
     # streams: one vectorised step per split index (at most 16)
     ns_total = int(nsplit.sum())
     s_first = np.cumsum(nsplit) - nsplit
     s_src = np.empty(ns_total, np.int64)
     s_size = np.empty(ns_total, np.int64)
-    s_dst = np.empty(ns_total, np.int64)
     s_dsize = np.empty(ns_total, np.int64)
     s_block = np.empty(ns_total, np.int64)
     cur = bstart.copy()  # relative to the chunk
@@ -314,7 +315,6 @@ def _parse_streams(plan: BloscPlan, staging: np.ndarray, offs: np.ndarray, cbyte
         out = s_first[act] + s
         s_src[out] = base[act] + pos + 4
         s_size[out] = csize
-        s_dst[out] = b_shuf[act] + s * ne
         s_dsize[out] = ne
         s_block[out] = act
         cur[act] = pos + 4 + csize
@@ -323,6 +323,10 @@ def _parse_streams(plan: BloscPlan, staging: np.ndarray, offs: np.ndarray, cbyte
     s_chunk = chunk_of_block[s_block]
     _check_zstd(staging, s_src, s_size, kind, s_chunk, names)
     s_src, s_size = _strip_zlib(staging, s_src, s_size, kind, s_chunk, names)
+    # decoded streams get their own aligned slot in the per-batch buffer (nvCOMP wants aligned
+    # outputs); streams stored raw are read where they are by the unshuffle
+    slot = np.where(kind == KIND_COPY, 0, -(-s_dsize // align) * align)
+    s_dst = np.where(kind == KIND_COPY, -1, np.cumsum(slot) - slot)
 
     plan.s_src, plan.s_size, plan.s_dst, plan.s_dsize = s_src, s_size, s_dst, s_dsize
     plan.s_kind, plan.s_chunk = kind, s_chunk
@@ -332,13 +336,14 @@ def _parse_streams(plan: BloscPlan, staging: np.ndarray, offs: np.ndarray, cbyte
     nel = bsize // tsb
     mode = np.where(shuffle & (tsb > 1), MODE_BYTE,
                     np.where(bit & (nel % 8 == 0), MODE_BIT, MODE_NONE))
-    plan.b_src = b_shuf
+    plan.b_first = s_first
+    plan.b_nsplit = nsplit.astype(np.int32)
     plan.b_off = j * block[bc]
     plan.b_size = bsize.astype(np.int32)
     plan.b_ts = tsb.astype(np.int32)
     plan.b_mode = mode.astype(np.int32)
     plan.b_chunk = chunk_of_block
-    plan.shuffled_bytes = g * stride
+    plan.shuffled_bytes = int(slot.sum())
 
 
 def _stream_sizes(staging: np.ndarray, base: np.ndarray, pos: np.ndarray, cb: np.ndarray, ne: np.ndarray,
@@ -404,42 +409,60 @@ class _StreamNames:
 
 def decode_plan(ops: Any, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.ndarray,
                 names: Sequence[str] | None = None, slot: int = 0, wait: Any = None) -> None:
-    """Decode a parsed batch through ``ops`` (GPU or its CPU twin): streams, copies, unshuffle.
+    """Decode a parsed batch through ``ops`` (GPU or its CPU twin): streams, then one unshuffle.
 
     Chunk k of the batch lands in ``dst[dst_offsets[k] : dst_offsets[k] + plan.nbytes]``.
-    One ``ops.decode_batch`` per inner algorithm present, ``ops.copy_spans`` for streams
-    stored raw and for memcpyed and host-decoded chunks, and ONE unshuffle over every block
-    (a kernel launch on ``ops.stream``; on the CPU twin, after the queued work has finished).
-    Every call waits for ``wait`` (the upload of ``src``).
+    One ``ops.decode_batch`` per inner algorithm present decodes the compressed streams into
+    aligned slots of a per-batch buffer; then ONE unshuffle over every block reads each
+    block's streams where they are (decoded slot, or in ``src`` for streams stored raw: no
+    copy pass) and writes the block to ``dst`` (a kernel launch on ``ops.stream``; on the CPU
+    twin, after the queued work has finished). Memcpyed and host-decoded chunks are copied
+    with ``ops.copy_spans``. Every call waits for ``wait`` (the upload of ``src``).
     """
     from gpu_zarr.engine.shuffle import unshuffle_cpu, unshuffle_gpu
 
     dst_offsets = np.asarray(dst_offsets, np.int64)
     gpu = ops.name == "gpu"
     nb = plan.nbytes
+
+    def alloc(n: int) -> Any:
+        if not gpu:
+            return np.empty(max(n, 1), np.uint8)
+        with ops.stream:
+            return ops.xp.empty(max(n, 1), np.uint8)
+
     if len(plan.s_src):
-        if gpu:
-            with ops.stream:
-                shuffled = ops.xp.empty(max(plan.shuffled_bytes, 1), np.uint8)
-        else:
-            shuffled = np.empty(max(plan.shuffled_bytes, 1), np.uint8)
+        dec = alloc(plan.shuffled_bytes)
         for kind, algo in _ALGO.items():
             sel = np.flatnonzero(plan.s_kind == kind)
-            if len(sel):
-                ops.decode_batch(algo, src, plan.s_src[sel], plan.s_size[sel], shuffled, plan.s_dst[sel],
-                                 plan.s_dsize[sel], _StreamNames(names, plan.s_chunk[sel]), slot=slot, wait=wait)
-        sel = np.flatnonzero(plan.s_kind == KIND_COPY)
-        if len(sel):
-            ops.copy_spans(src, plan.s_src[sel], shuffled, plan.s_dst[sel], plan.s_size[sel], slot=slot, wait=wait)
+            if len(sel) == 0:
+                continue
+            buf, s_src, s_size = src, plan.s_src[sel], plan.s_size[sel]
+            if kind == KIND_DEFLATE and (s_src % _DEFLATE_ALIGN).any():
+                # nvCOMP Deflate wants aligned inputs; zlib payloads start anywhere: one copy kernel
+                pad = -(-s_size // 16) * 16
+                offs = np.cumsum(pad) - pad
+                buf = alloc(int(pad.sum()))
+                ops.copy_spans(src, s_src, buf, offs, s_size, slot=slot, wait=wait)
+                s_src = offs
+            ops.decode_batch(algo, buf, s_src, s_size, dec, plan.s_dst[sel], plan.s_dsize[sel],
+                             _StreamNames(names, plan.s_chunk[sel]), slot=slot, wait=wait)
+        raw = plan.s_kind == KIND_COPY
         b_dst = dst_offsets[plan.b_chunk] + plan.b_off
         if gpu:
+            s_addr = np.where(raw, np.uint64(src.data.ptr) + plan.s_src.astype(np.uint64),
+                              np.uint64(dec.data.ptr) + np.maximum(plan.s_dst, 0).astype(np.uint64))
             if wait is not None:
                 ops.stream.wait_event(wait)
-            unshuffle_gpu(shuffled, plan.b_src, dst, b_dst, plan.b_size, plan.b_ts, plan.b_mode, ops.stream)
+            unshuffle_gpu(s_addr, plan.b_first, plan.b_nsplit, plan.b_size, plan.b_ts, plan.b_mode, dst, b_dst,
+                          ops.stream)
         else:
             ops.wait(wait)
             ops.wait(ops.record(slot))  # the decodes above have finished (the twin may run them on a thread)
-            unshuffle_cpu(shuffled, plan.b_src, dst, b_dst, plan.b_size, plan.b_ts, plan.b_mode)
+            space = np.concatenate([np.asarray(src).reshape(-1), dec])
+            s_addr = np.where(raw, plan.s_src, len(space) - len(dec) + plan.s_dst)
+            unshuffle_cpu(space, s_addr, plan.b_first, plan.b_nsplit, plan.b_size, plan.b_ts, plan.b_mode, dst,
+                          b_dst)
     if len(plan.m_chunk):
         ops.copy_spans(src, plan.m_src, dst, dst_offsets[plan.m_chunk], np.full(len(plan.m_chunk), nb, np.int64),
                        slot=slot, wait=wait)
@@ -471,9 +494,9 @@ class BloscStage:
         decode_plan(ops, src, prep, dst, dst_offsets, names, slot, wait)
 
     def scratch_bytes(self, chunks_per_batch: int, lay: Any) -> int:
-        """The shuffled buffer, plus nvCOMP's zstd scratch (about 3.1x the decoded batch) when the
-        metadata names zstd (other inner codecs need none)."""
-        dec = chunks_per_batch * (-(-lay.inner_nbytes // 16) * 16)
+        """The decoded-streams buffer (at most the decoded batch plus alignment), plus nvCOMP's zstd
+        scratch (about 3.1x the decoded batch) when the metadata names zstd (LZ4 needs none)."""
+        dec = chunks_per_batch * (-(-lay.inner_nbytes // 16) * 16) * 9 // 8
         cname = str(getattr(lay, "codec_params", {}).get("cname", "zstd"))
         return dec + (dec * 31 // 10 if cname == "zstd" else 0)
 

@@ -189,7 +189,8 @@ def layout_of(arr: Any) -> Layout:
         elif (blosc := _blosc_params(comp)) is not None:
             codec, params = "blosc", {**blosc, "typesize": dtype.itemsize}
         else:
-            raise _unsupported("raw, zstd or blosc chunks", f"compressor {comp.get_config() if hasattr(comp, 'get_config') else comp!r}")
+            found = comp.get_config() if hasattr(comp, "get_config") else comp
+            raise _unsupported("raw, zstd or blosc chunks", f"compressor {found!r}")
         disk = dtype
         return Layout(shape, disk, native_dtype(disk), _fill(arr, native_dtype(disk)), chunks, chunks, codec,
                       False, True, False, root, meta.encode_chunk_key, 2, codec_params=params)

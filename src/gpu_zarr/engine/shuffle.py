@@ -1,21 +1,23 @@
 """Undo Blosc's byte shuffle and bitshuffle, block by block, for a whole batch at once.
 
-Each block is described by its offset in a source buffer (the decoded, still shuffled
-streams), its offset in the destination, its size, typesize and mode
-(:data:`~gpu_zarr.engine.blosc.MODE_NONE`, ``MODE_BYTE``, ``MODE_BIT``). Blocks may come in
-any order and have different sizes (the last partial block of a chunk).
+A block's shuffled bytes live in ``nsplit`` streams (1, or typesize when c-blosc split the
+block): stream ``i`` holds bytes ``[i * ne, (i + 1) * ne)`` with ``ne = size / nsplit`` and
+starts at address ``s_addr[b_first + i]`` -- in the decoded-streams buffer, or, for a stream
+stored raw, right where it lies in the fetched chunk (no copy pass). Blocks may come in any
+order and have different sizes (the last partial block of a chunk).
 
 - byte shuffle (c-blosc ``unshuffle``): with ``n = size // typesize``, output byte
-  ``i * typesize + j`` is input byte ``j * n + i``; the ``size % typesize`` trailing bytes are
-  copied.
+  ``i * typesize + j`` is shuffled byte ``j * n + i``; the ``size % typesize`` trailing bytes
+  are copied.
 - bitshuffle (bitshuffle's ``bshuf_untrans_bit_elem`` as c-blosc 1.x calls it): the first
   ``n * typesize`` bytes are ``8 * typesize`` rows of ``n / 8`` bytes, row ``8 * j + b`` holding
   bit ``b`` of byte ``j`` of each element, least-significant bit first; trailing bytes are
   copied. ``n`` is a multiple of 8 here: c-blosc 1.x leaves other blocks unshuffled, and the
   parser marks them ``MODE_NONE``.
 
-:func:`unshuffle_cpu` is the numpy twin (vectorised per group of equal blocks);
-:func:`unshuffle_gpu` is ONE cupy kernel launch over every block of the batch.
+:func:`unshuffle_cpu` is the numpy twin (addresses into one host buffer, vectorised per group
+of equal blocks); :func:`unshuffle_gpu` is ONE cupy kernel launch over every block of the batch
+(device addresses).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["unshuffle", "unshuffle_cpu", "unshuffle_gpu"]
+__all__ = ["unshuffle_cpu", "unshuffle_gpu"]
 
 MODE_NONE, MODE_BYTE, MODE_BIT = 0, 1, 2
 
@@ -49,69 +51,86 @@ def _unshuffle_rows(x: np.ndarray, ts: int, mode: int) -> np.ndarray:
     return out
 
 
-def unshuffle_cpu(src: np.ndarray, b_src: np.ndarray, dst: np.ndarray, b_dst: np.ndarray, b_size: np.ndarray,
-                  b_ts: np.ndarray, b_mode: np.ndarray) -> None:
-    """numpy twin: unshuffle every block from ``src`` into ``dst`` (uint8 buffers).
+def unshuffle_cpu(space: np.ndarray, s_addr: np.ndarray, b_first: np.ndarray, b_nsplit: np.ndarray,
+                  b_size: np.ndarray, b_ts: np.ndarray, b_mode: np.ndarray, dst: np.ndarray, b_dst: np.ndarray) -> None:
+    """numpy twin: unshuffle every block into ``dst`` (uint8), its streams read from ``space``.
 
-    Blocks are grouped by (size, typesize, mode); each group is one vectorised numpy step.
+    ``s_addr`` are offsets into ``space``. Blocks are grouped by (size, typesize, mode,
+    nsplit); each group is gathered (the kernel's addressing: stream ``k // ne``, offset
+    ``k % ne``) and unshuffled in one vectorised numpy step.
     """
-    if len(b_src) == 0:
+    if len(b_first) == 0:
         return
-    key = np.stack([np.asarray(b_size, np.int64), np.asarray(b_ts, np.int64), np.asarray(b_mode, np.int64)], 1)
+    key = np.stack([np.asarray(a, np.int64) for a in (b_size, b_ts, b_mode, b_nsplit)], 1)
     groups, inv = np.unique(key, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
-    for gi, (size, ts, mode) in enumerate(groups.tolist()):
+    s_addr = np.asarray(s_addr, np.int64)
+    first = np.asarray(b_first, np.int64)
+    bdst = np.asarray(b_dst, np.int64)
+    for gi, (size, ts, mode, nsplit) in enumerate(groups.tolist()):
         sel = np.flatnonzero(inv == gi)
-        # a bounded number of blocks at a time keeps the index arrays small
-        step = max(1, (64 << 20) // max(1, size * 8))
+        k = np.arange(size, dtype=np.int64)
+        ne = size // nsplit
+        stream, off = k // ne, k % ne
+        step = max(1, (64 << 20) // max(1, size * 8))  # bounded index arrays
         for a in range(0, len(sel), step):
             part = sel[a:a + step]
-            col = np.arange(size, dtype=np.int64)
-            x = src[np.asarray(b_src, np.int64)[part][:, None] + col]
-            dst[np.asarray(b_dst, np.int64)[part][:, None] + col] = _unshuffle_rows(x, int(ts), int(mode))
+            x = space[s_addr[first[part][:, None] + stream] + off]
+            dst[bdst[part][:, None] + k] = _unshuffle_rows(x, int(ts), int(mode))
 
 
 _SOURCE = r"""
 extern "C" __global__ void blosc_unshuffle(
-    const unsigned char* __restrict__ src, unsigned char* __restrict__ dst,
-    const long long* __restrict__ b_src, const long long* __restrict__ b_dst,
-    const int* __restrict__ b_size, const int* __restrict__ b_ts, const int* __restrict__ b_mode)
+    unsigned char* __restrict__ dst, const long long* __restrict__ b_dst,
+    const long long* __restrict__ b_first, const unsigned long long* __restrict__ s_addr,
+    const int* __restrict__ b_size, const int* __restrict__ b_ts, const int* __restrict__ b_mode,
+    const int* __restrict__ b_nsplit)
 {
+    __shared__ const unsigned char* sp[16];
     const long long blk = blockIdx.x;
-    const unsigned char* s = src + b_src[blk];
+    const int nsplit = b_nsplit[blk];
+    if (threadIdx.x < nsplit && threadIdx.x < 16)
+        sp[threadIdx.x] = (const unsigned char*)s_addr[b_first[blk] + threadIdx.x];
+    __syncthreads();
     unsigned char* d = dst + b_dst[blk];
     const long long size = b_size[blk];
     const int ts = b_ts[blk];
     const int mode = b_mode[blk];
+    const bool split = nsplit > 1;        /* then nsplit == ts and size % ts == 0 */
+    const unsigned char* s0 = sp[0];
+    const long long ne = size / nsplit;
     const long long tid = (long long)blockIdx.y * blockDim.x + threadIdx.x;
     const long long nthreads = (long long)gridDim.y * blockDim.x;
     long long done = 0;  /* bytes handled by the mode-specific loops; the rest is copied */
     if (mode == 1 && ts > 1) {
         const long long n = size / ts;
         done = n * ts;
+        /* plane j (byte j of every element) starts at shuffled byte j * n */
+        #define PLANE(j) (split ? sp[(j)] : s0 + (long long)(j) * n)
         if (ts == 2 && ((((unsigned long long)d) & 1) == 0)) {
-            for (long long i = tid; i < n; i += nthreads) {
-                unsigned short v = (unsigned short)s[i] | ((unsigned short)s[n + i] << 8);
-                ((unsigned short*)d)[i] = v;
-            }
+            const unsigned char *p0 = PLANE(0), *p1 = PLANE(1);
+            for (long long i = tid; i < n; i += nthreads)
+                ((unsigned short*)d)[i] = (unsigned short)p0[i] | ((unsigned short)p1[i] << 8);
         } else if (ts == 4 && ((((unsigned long long)d) & 3) == 0)) {
-            for (long long i = tid; i < n; i += nthreads) {
-                unsigned int v = (unsigned int)s[i] | ((unsigned int)s[n + i] << 8)
-                               | ((unsigned int)s[2 * n + i] << 16) | ((unsigned int)s[3 * n + i] << 24);
-                ((unsigned int*)d)[i] = v;
-            }
+            const unsigned char *p0 = PLANE(0), *p1 = PLANE(1), *p2 = PLANE(2), *p3 = PLANE(3);
+            for (long long i = tid; i < n; i += nthreads)
+                ((unsigned int*)d)[i] = (unsigned int)p0[i] | ((unsigned int)p1[i] << 8)
+                                      | ((unsigned int)p2[i] << 16) | ((unsigned int)p3[i] << 24);
         } else if (ts == 8 && ((((unsigned long long)d) & 7) == 0)) {
+            const unsigned char* p[8];
+            #pragma unroll
+            for (int j = 0; j < 8; j++) p[j] = PLANE(j);
             for (long long i = tid; i < n; i += nthreads) {
                 unsigned long long v = 0;
                 #pragma unroll
-                for (int j = 0; j < 8; j++) v |= (unsigned long long)s[j * n + i] << (8 * j);
+                for (int j = 0; j < 8; j++) v |= (unsigned long long)p[j][i] << (8 * j);
                 ((unsigned long long*)d)[i] = v;
             }
         } else {
-            for (long long i = tid; i < n; i += nthreads) {
-                for (int j = 0; j < ts; j++) d[i * ts + j] = s[j * n + i];
-            }
+            for (long long i = tid; i < n; i += nthreads)
+                for (int j = 0; j < ts; j++) d[i * ts + j] = PLANE(j)[i];
         }
+        #undef PLANE
     } else if (mode == 2) {
         const long long n = size / ts;
         const long long n8 = n / 8;
@@ -119,10 +138,11 @@ extern "C" __global__ void blosc_unshuffle(
         const long long work = n8 * ts;
         for (long long t = tid; t < work; t += nthreads) {
             const long long g = t % n8;   /* group of 8 elements */
-            const long long j = t / n8;   /* byte within the element */
+            const long long j = t / n8;   /* byte within the element: rows 8j .. 8j+7 */
+            const unsigned char* rows = split ? sp[j] : s0 + j * 8 * n8;
             unsigned long long x = 0;
             #pragma unroll
-            for (int b = 0; b < 8; b++) x |= (unsigned long long)s[(j * 8 + b) * n8 + g] << (8 * b);
+            for (int b = 0; b < 8; b++) x |= (unsigned long long)rows[b * n8 + g] << (8 * b);
             /* 8x8 bit transpose: bit k of byte b -> bit b of byte k */
             unsigned long long q;
             q = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAULL;  x = x ^ q ^ (q << 7);
@@ -133,7 +153,11 @@ extern "C" __global__ void blosc_unshuffle(
             for (int k = 0; k < 8; k++) o[k * ts] = (unsigned char)(x >> (8 * k));
         }
     }
-    for (long long i = done + tid; i < size; i += nthreads) d[i] = s[i];
+    if (split) {
+        for (long long i = done + tid; i < size; i += nthreads) d[i] = sp[i / ne][i % ne];
+    } else {
+        for (long long i = done + tid; i < size; i += nthreads) d[i] = s0[i];
+    }
 }
 """
 
@@ -141,50 +165,37 @@ _THREADS = 256
 
 
 def _kernel(cupy: Any) -> Any:
-    """The compiled kernel, cached by the engine's runtime when it exists (else per process)."""
-    try:
-        from gpu_zarr.engine.runtime import get_runtime
-    except ImportError:  # before the runtime lands
-        get_runtime = None
-    key = ("blosc_unshuffle_kernel", cupy.cuda.runtime.getDevice())
-    if get_runtime is not None:
-        return get_runtime().resource(key, lambda: cupy.RawKernel(_SOURCE, "blosc_unshuffle"))
-    cache = _kernel.__dict__.setdefault("cache", {})
-    if key not in cache:
-        cache[key] = cupy.RawKernel(_SOURCE, "blosc_unshuffle")
-    return cache[key]
+    """The compiled kernel, kept by the engine's runtime (compiled once per device)."""
+    from gpu_zarr.engine.runtime import get_runtime
+
+    key = ("kernel", "blosc_unshuffle", cupy.cuda.runtime.getDevice())
+    return get_runtime().resource(key, lambda: cupy.RawKernel(_SOURCE, "blosc_unshuffle"))
 
 
-def unshuffle_gpu(src: Any, b_src: np.ndarray, dst: Any, b_dst: np.ndarray, b_size: np.ndarray, b_ts: np.ndarray,
-                  b_mode: np.ndarray, stream: Any) -> None:
-    """Unshuffle every block from device buffer ``src`` into ``dst`` in ONE kernel launch on ``stream``.
+def unshuffle_gpu(s_addr: np.ndarray, b_first: np.ndarray, b_nsplit: np.ndarray, b_size: np.ndarray,
+                  b_ts: np.ndarray, b_mode: np.ndarray, dst: Any, b_dst: np.ndarray, stream: Any) -> None:
+    """Unshuffle every block into device buffer ``dst`` in ONE kernel launch on ``stream``.
+
+    ``s_addr`` are device addresses (uint64) of the streams.
 
     Notes
     -----
-    Grid: x = block, y = tiles of 256 threads striding over the block's work; the block
-    tables go to the device with one small copy each on the same stream.
+    Grid: x = block, y = tiles of 256 threads striding over the block's work. The tables go
+    to the device in one small copy on the same stream.
     """
     import cupy
 
-    nb = len(b_src)
+    nb = len(b_first)
     if nb == 0:
         return
-    sizes = np.asarray(b_size, np.int64)
-    tiles = int(min(65535, max(1, -(-int(sizes.max()) // (_THREADS * 16)))))  # ~16 bytes per thread
-    table = np.concatenate([np.asarray(b_src, np.int64), np.asarray(b_dst, np.int64)])
-    small = np.concatenate([np.asarray(b_size, np.int32), np.asarray(b_ts, np.int32),
-                            np.asarray(b_mode, np.int32)])
+    tiles = int(min(65535, max(1, -(-int(np.max(b_size)) // (_THREADS * 16)))))  # ~16 bytes per thread
+    ns = len(s_addr)
+    wide = np.concatenate([np.asarray(b_dst, np.int64), np.asarray(b_first, np.int64),
+                           np.asarray(s_addr, np.uint64).view(np.int64)])
+    small = np.concatenate([np.asarray(a, np.int32) for a in (b_size, b_ts, b_mode, b_nsplit)])
     with stream:
-        d_table = cupy.asarray(table)
+        d_wide = cupy.asarray(wide)
         d_small = cupy.asarray(small)
         _kernel(cupy)((nb, tiles), (_THREADS,),
-                      (src, dst, d_table[:nb], d_table[nb:], d_small[:nb], d_small[nb:2 * nb], d_small[2 * nb:]))
-
-
-def unshuffle(ops: Any, src: Any, b_src: np.ndarray, dst: Any, b_dst: np.ndarray, b_size: np.ndarray,
-              b_ts: np.ndarray, b_mode: np.ndarray) -> None:
-    """Dispatch on ``ops.name``: the GPU kernel on ``ops.stream`` or the numpy twin."""
-    if ops.name == "gpu":
-        unshuffle_gpu(src, b_src, dst, b_dst, b_size, b_ts, b_mode, ops.stream)
-    else:
-        unshuffle_cpu(src, b_src, dst, b_dst, b_size, b_ts, b_mode)
+                      (dst, d_wide[:nb], d_wide[nb:2 * nb], d_wide[2 * nb:2 * nb + ns],
+                       d_small[:nb], d_small[nb:2 * nb], d_small[2 * nb:3 * nb], d_small[3 * nb:]))

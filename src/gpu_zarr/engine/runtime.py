@@ -55,7 +55,7 @@ class PinnedPool:
             fits = [b for b in self._free if b.nbytes >= nbytes]
             if fits:
                 buf = min(fits, key=lambda b: b.nbytes)
-                self._free.remove(buf)
+                self._free = [b for b in self._free if b is not buf]  # by identity: == on arrays is elementwise
                 return buf, True
             limit = settings.get("pinned_bytes")
             # drop free buffers that are too small to make room for a bigger one

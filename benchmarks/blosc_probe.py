@@ -49,6 +49,47 @@ def write_volume(path: Path, planes: int, codec: dict, threads: int = 16) -> flo
     return planes * 2 * 1024 * 1024 / sum(sizes)
 
 
+def decode_only(path: Path, planes: int, batch_chunks: int = 96, repeat: int = 3) -> dict:
+    """GPU time of the Blosc stage alone (parse excluded): chunks already on the device."""
+    import cupy
+
+    from gpu_zarr.engine.blosc import BloscStage, parse_batch
+    from gpu_zarr.engine.ops import ops_for
+
+    ops = ops_for("gpu")
+    stage = BloscStage()
+    nbytes = 2 * 1024 * 1024
+    batches = []
+    t_parse = 0.0
+    for first in range(0, planes, batch_chunks):
+        blobs = [(path / f"{z}.0.0").read_bytes() for z in range(first, min(planes, first + batch_chunks))]
+        sizes = np.array([len(b) for b in blobs], np.int64)
+        offs = np.cumsum(sizes) - sizes
+        host = np.frombuffer(b"".join(blobs), np.uint8)
+        t = time.perf_counter()
+        plan = parse_batch(host, offs, sizes, nbytes)
+        t_parse += time.perf_counter() - t
+        batches.append((cupy.asarray(host), plan, np.arange(len(blobs), dtype=np.int64) * nbytes))
+    out = cupy.empty(batch_chunks * nbytes, np.uint8)
+    cupy.cuda.Device().synchronize()  # the uploads (default stream) before work on the engine's stream
+    times = []
+    for _ in range(repeat):
+        ops.sync()
+        start = ops.stream.record()
+        t = time.perf_counter()
+        for src, plan, dst_off in batches:
+            stage.decode(ops, src, None, plan, out, dst_off, None, None, 0, None)
+        host_s = time.perf_counter() - t
+        end = ops.stream.record()
+        end.synchronize()
+        times.append((cupy.cuda.get_elapsed_time(start, end) / 1e3, host_s))
+    gib = planes * nbytes / 2**30
+    best = min(times)
+    return {"decode_only_gib_s": round(gib / best[0], 1), "decode_only_s": round(best[0], 4),
+            "decode_host_s": round(best[1], 4), "parse_s_total": round(t_parse, 4),
+            "batch_chunks": batch_chunks}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gib", type=float, default=2.0)
@@ -94,6 +135,10 @@ def main() -> None:
                    "engine_s": [round(x, 3) for x in times], "zarr_cpu_gib_s": round(gib / cpu_s, 2),
                    "zarr_cpu_cupy_gib_s": round(gib / cpu_gpu_s, 2), "reason": reason,
                    "stats": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in (stats or {}).items()}}
+        try:
+            row["decode_only"] = decode_only(path, planes)
+        except Exception as exc:  # noqa: BLE001 - a probe: report and go on
+            row["decode_only"] = f"failed: {type(exc).__name__}: {exc}"
         print(json.dumps({name: row}, indent=1, default=str), flush=True)
         report[name] = row
         del want_gpu

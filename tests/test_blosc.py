@@ -229,6 +229,17 @@ def test_corrupt_chunk_names_the_chunk(what):
         decode_chunks(cpu_ops(), [good2, bad], nbytes, names=["0.0.0", "0.1.2"])
 
 
+def test_malformed_zstd_frame_is_caught_before_decode():
+    """zstd streams are walked on the host like plain zstd chunks (nvCOMP never sees them)."""
+    chunk, nbytes = _good(cname="zstd", shuffle=0)
+    s0 = _stream0(chunk) + 4
+    b = bytearray(chunk)
+    b[s0 + 4] |= 0x08  # frame header's reserved bit
+    staging, offs, sizes = stage([bytes(b)])
+    with pytest.raises(CorruptChunkError, match=r"chunk 7\.7: frame header has its reserved bit set"):
+        parse_batch(staging, offs, sizes, nbytes, ["7.7"])
+
+
 @pytest.mark.parametrize("cname,what", [("zstd", "magic"), ("zlib", "header"), ("lz4", "payload"),
                                         ("zstd", "payload"), ("zlib", "payload")])
 def test_corrupt_stream_content(cname, what):

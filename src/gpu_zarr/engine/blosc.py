@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -59,7 +59,6 @@ _F_SHUFFLE, _F_MEMCPY, _F_BITSHUFFLE, _F_NOSPLIT = 0x01, 0x02, 0x04, 0x10
 # compressor code (flags >> 5) -> stream kind; blosclz (0) and snappy (2) have none on the GPU
 _COMP_KIND = {1: KIND_LZ4, 3: KIND_DEFLATE, 4: KIND_ZSTD}
 _COMP_NAME = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
-_ZSTD_MAGIC = 0xFD2FB528
 _DEFLATE_ALIGN = 8  # nvCOMP's Deflate decompression alignment is at most 4 (deflate.h); 8 is safe
 
 
@@ -321,7 +320,7 @@ def _parse_streams(plan: BloscPlan, staging: np.ndarray, offs: np.ndarray, cbyte
 
     kind = np.where(s_size == s_dsize, KIND_COPY, kind_of_comp[comp[bc[s_block]]]).astype(np.int8)
     s_chunk = chunk_of_block[s_block]
-    _check_zstd(staging, s_src, s_size, kind, s_chunk, names)
+    _check_zstd(staging, s_src, s_size, s_dsize, kind, s_chunk, names)
     s_src, s_size = _strip_zlib(staging, s_src, s_size, kind, s_chunk, names)
     # decoded streams get their own aligned slot in the per-batch buffer (nvCOMP wants aligned
     # outputs); streams stored raw are read where they are by the unshuffle
@@ -360,15 +359,19 @@ def _stream_sizes(staging: np.ndarray, base: np.ndarray, pos: np.ndarray, cb: np
     return csize
 
 
-def _check_zstd(staging: np.ndarray, s_src: np.ndarray, s_size: np.ndarray, kind: np.ndarray, s_chunk: np.ndarray,
-                names: Sequence[str] | None) -> None:
+def _check_zstd(staging: np.ndarray, s_src: np.ndarray, s_size: np.ndarray, s_dsize: np.ndarray, kind: np.ndarray,
+                s_chunk: np.ndarray, names: Sequence[str] | None) -> None:
+    """Walk every zstd frame (header, block headers, end) as the plain zstd stage does: nvCOMP
+    must never see a malformed frame. One vectorised walk per distinct decoded size (full
+    blocks, the last partial block, split streams: a few per batch)."""
+    from gpu_zarr.engine.zstd_frames import check_frames
+
     z = np.flatnonzero(kind == KIND_ZSTD)
     if len(z) == 0:
         return
-    _check(s_size[z] < 9, names, s_chunk[z], lambda i: f"a zstd stream of {s_size[z][i]} bytes is too short")
-    magic = _i32(staging, s_src[z]) & 0xFFFFFFFF
-    _check(magic != _ZSTD_MAGIC, names, s_chunk[z],
-           lambda i: f"a zstd stream starts with {int(magic[i]):#010x}, not the zstd magic number")
+    for ds in np.unique(s_dsize[z]).tolist():
+        g = z[s_dsize[z] == ds]
+        check_frames(staging, s_src[g], s_size[g], int(ds), cast(Sequence[str], _StreamNames(names, s_chunk[g])))
 
 
 def _strip_zlib(staging: np.ndarray, s_src: np.ndarray, s_size: np.ndarray, kind: np.ndarray, s_chunk: np.ndarray,

@@ -237,7 +237,7 @@ class GpuLazyArray:
 
                 return cupy.empty(out_shape, self.dtype)
             return np.empty(out_shape, self.dtype)
-        tile = self._src.prepared().read(full).data
+        tile = self._src.prepared().read(full, where="device" if gpu else "host").data
         if gpu:
             if not hasattr(tile, "__cuda_array_interface__"):
                 raise GPUUnavailable(

@@ -418,8 +418,8 @@ def decode_plan(ops: Any, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.n
     One ``ops.decode_batch`` per inner algorithm present decodes the compressed streams into
     aligned slots of a per-batch buffer; then ONE unshuffle over every block reads each
     block's streams where they are (decoded slot, or in ``src`` for streams stored raw: no
-    copy pass) and writes the block to ``dst`` (a kernel launch on ``ops.stream``; on the CPU
-    twin, after the queued work has finished). Memcpyed and host-decoded chunks are copied
+    copy pass) and writes the block to ``dst`` (a kernel launch on the slot's work stream; on
+    the CPU twin, after the queued work has finished). Memcpyed and host-decoded chunks are copied
     with ``ops.copy_spans``. Every call waits for ``wait`` (the upload of ``src``).
     """
     from gpu_zarr.engine.shuffle import unshuffle_cpu, unshuffle_gpu
@@ -428,10 +428,14 @@ def decode_plan(ops: Any, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.n
     gpu = ops.name == "gpu"
     nb = plan.nbytes
 
+    # the slot's work stream (its lane): decode_batch and copy_spans run there, so do our
+    # allocations (cupy's pool reuses memory in the order of the stream it was allocated on)
+    stream = ops.work_streams[slot % ops.lanes] if gpu else None
+
     def alloc(n: int) -> Any:
         if not gpu:
             return np.empty(max(n, 1), np.uint8)
-        with ops.stream:
+        with stream:
             return ops.xp.empty(max(n, 1), np.uint8)
 
     if len(plan.s_src):
@@ -456,9 +460,9 @@ def decode_plan(ops: Any, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.n
             s_addr = np.where(raw, np.uint64(src.data.ptr) + plan.s_src.astype(np.uint64),
                               np.uint64(dec.data.ptr) + np.maximum(plan.s_dst, 0).astype(np.uint64))
             if wait is not None:
-                ops.stream.wait_event(wait)
+                stream.wait_event(wait)
             unshuffle_gpu(s_addr, plan.b_first, plan.b_nsplit, plan.b_size, plan.b_ts, plan.b_mode, dst, b_dst,
-                          ops.stream)
+                          stream)
         else:
             ops.wait(wait)
             ops.wait(ops.record(slot))  # the decodes above have finished (the twin may run them on a thread)
@@ -471,7 +475,7 @@ def decode_plan(ops: Any, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.n
                        slot=slot, wait=wait)
     if len(plan.h_chunk):
         if gpu:
-            with ops.stream:
+            with stream:
                 host = ops.xp.asarray(plan.h_data)
         else:
             host = plan.h_data

@@ -52,6 +52,12 @@ class EngineOptions:
         per batch (``settings`` ``batch_bytes``, environment ``GPU_ZARR_BATCH_MIB``).
     slots : int
         Batches in flight (``GPU_ZARR_SLOTS``); 2 is double buffering, 3 lets reads run ahead.
+    lanes : int
+        GPU work streams decoding at once (``GPU_ZARR_LANES``, at most ``slots``).
+    budget_bytes : int
+        GPU memory the read may use beyond its result: staging, decoded buffers and decoder
+        scratch (``GPU_ZARR_BUDGET_MIB``; 0: a quarter of the free memory, at most 3 GiB).
+        Batches are sized to fit it; the stats report it.
     threads : int
         Read threads (kvikio's pool or ours; ``GPU_ZARR_THREADS``). kvikio's own default is 1.
     reader : {"auto", "kvikio", "threads"}
@@ -70,6 +76,8 @@ class EngineOptions:
 
     batch_bytes: int = field(default_factory=_setting("batch_bytes"))
     slots: int = field(default_factory=_setting("slots"))
+    lanes: int = field(default_factory=_setting("lanes"))
+    budget_bytes: int = field(default_factory=_setting("budget_bytes"))
     threads: int = field(default_factory=_setting("threads"))
     reader: str = field(default_factory=_setting("reader"))
     direct_raw: bool = field(default_factory=_setting("direct_raw"))
@@ -162,16 +170,16 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     box_shape = region.box_shape
     out_nbytes = int(np.prod(box_shape, dtype=np.int64)) * lay.out_dtype.itemsize
     slots = max(1, opts.slots)
-    batch = max(lay.inner_nbytes, min(opts.batch_bytes, max(opts.pinned_limit, lay.inner_nbytes) // slots))
-    per_batch = max(1, batch // lay.inner_nbytes)
-    dec_cap = per_batch * _stride(lay) if stage.decodes else 0
-    scratch = slots * batch + dec_cap + stage.scratch_bytes(per_batch, lay)
+    lanes = max(1, min(slots, opts.lanes)) if device == "gpu" else 1
+    budget = _budget(opts, device, out_nbytes)
+    batch, scratch = _size_batches(lay, stage, opts, slots, lanes, budget)
     if not region.is_box:
         scratch += out_nbytes  # the box, then the stepped/squeezed copy
     # before anything is planned or allocated: an absurd shape fails here, in microseconds
     check_fits(out_nbytes, scratch if device == "gpu" else 0, device=device,
                what=f"reading {box_shape} {lay.out_dtype}")
-    ops = ops or ops_for(device, slots)
+    stats.update(budget_bytes=budget, planned_device_bytes=scratch, lanes=lanes)
+    ops = ops or ops_for(device, slots, lanes)
     pieces = plan_pieces(lay, region.start, region.stop)
     stats["plan_s"] = time.perf_counter() - t0
 
@@ -194,6 +202,36 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     stats["total_s"] = time.perf_counter() - t0
     _last.stats = stats
     return EngineResult(result, stats)
+
+
+def _budget(opts: EngineOptions, device: str, out_nbytes: int) -> int:
+    """GPU bytes the read may use beyond its result (see :class:`EngineOptions`)."""
+    if opts.budget_bytes:
+        return opts.budget_bytes
+    if device != "gpu":
+        return 3 * GiB
+    from gpu_zarr.engine.fit import device_memory
+
+    free, _ = device_memory()
+    return int(max(256 * MiB, min(3 * GiB, (free - out_nbytes) // 4)))
+
+
+def _size_batches(lay: Layout, stage: CodecStage, opts: EngineOptions, slots: int, lanes: int,
+                  budget: int) -> tuple[int, int]:
+    """(staging bytes per batch, device bytes beyond the result) within ``budget``.
+
+    Per slot a device buffer for the fetched bytes; per lane a decoded buffer and the
+    decoder's scratch. A batch holds at least one chunk whatever the budget.
+    """
+    inner = lay.inner_nbytes
+    per_lane = (_stride(lay) + stage.scratch_bytes(1, lay)) if stage.decodes else 0
+    per_chunk = lanes * per_lane + slots * inner
+    per_batch = max(1, budget // per_chunk)
+    batch = max(inner, min(opts.batch_bytes, per_batch * inner, max(opts.pinned_limit, inner) // slots))
+    per_batch = max(1, batch // inner)
+    device_bytes = slots * batch + (lanes * (per_batch * _stride(lay) + stage.scratch_bytes(per_batch, lay))
+                                    if stage.decodes else 0)
+    return batch, device_bytes
 
 
 def _stride(lay: Layout) -> int:
@@ -239,7 +277,8 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
     per = max(len(b.pieces) for b in batches)
     dstride = _stride(lay)
     dev_in = [ops.device_buffer(cap, s) for s in range(nslots)]
-    dev_out = ops.device_buffer(per * dstride) if stage.decodes else None  # one: decode and place are in order
+    # per lane one decoded buffer: a lane decodes and places its batches in order
+    dev_out = [ops.device_buffer(per * dstride, lane) for lane in range(ops.lanes)] if stage.decodes else []
     released: list[Any] = [None] * nslots  # event: the slot's read buffer (host, or device when direct) is free
     consumed: list[Any] = [None] * nslots  # event: the work stream is done with the slot's device buffer
     dst_offsets = np.arange(per, dtype=np.int64) * dstride
@@ -293,10 +332,10 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
             timings["upload_s"] += time.perf_counter() - t
             if stage.decodes:
                 t = time.perf_counter()
-                stage.decode(ops, dev_in[s], b, prep, dev_out, dst_offsets[:len(b.pieces)], lay, names, s,
-                             uploaded)
+                stage.decode(ops, dev_in[s], b, prep, dev_out[s % ops.lanes], dst_offsets[:len(b.pieces)], lay,
+                             names, s, uploaded)
                 timings["decode_s"] += time.perf_counter() - t
-                src, src_off = dev_out, dst_offsets[:len(b.pieces)]
+                src, src_off = dev_out[s % ops.lanes], dst_offsets[:len(b.pieces)]
             else:
                 src, src_off = dev_in[s], b.src_offsets
             t = time.perf_counter()

@@ -52,11 +52,9 @@ class PinnedPool:
 
     def _take(self, nbytes: int, pinned_alloc: Callable[[int], np.ndarray]) -> tuple[np.ndarray, bool]:
         with self._lock:
-            fits = [b for b in self._free if b.nbytes >= nbytes]
+            fits = [i for i, b in enumerate(self._free) if b.nbytes >= nbytes]
             if fits:
-                buf = min(fits, key=lambda b: b.nbytes)
-                self._free = [b for b in self._free if b is not buf]  # by identity: == on arrays is elementwise
-                return buf, True
+                return self._free.pop(min(fits, key=lambda i: self._free[i].nbytes)), True
             limit = settings.get("pinned_bytes")
             # drop free buffers that are too small to make room for a bigger one
             while self._free and self._held + nbytes > limit:
@@ -133,20 +131,24 @@ class Runtime:
             res.close(res.value)
 
     # -- GPU pieces ---------------------------------------------------------------
-    def streams(self, n: int) -> tuple[list[Any], Any]:
-        """``n`` copy streams and one work stream (non-blocking) of the current device."""
+    def streams(self, copies: int, lanes: int = 1) -> tuple[list[Any], list[Any]]:
+        """``copies`` copy streams and ``lanes`` work streams (non-blocking) of the current device.
+
+        The same streams are handed to every read: concurrent reads order their work on them.
+        """
         import cupy
 
         dev = cupy.cuda.runtime.getDevice()
 
-        def make() -> list[Any]:
-            return []
+        def make() -> dict[str, list[Any]]:
+            return {"copy": [], "work": []}
 
         with self._lock:
-            pool = self.resource(("streams", dev), make)
-            while len(pool) < n + 1:
-                pool.append(cupy.cuda.Stream(non_blocking=True))
-            return pool[1:n + 1], pool[0]
+            pools = self.resource(("streams", dev), make)
+            for kind, n in (("copy", copies), ("work", lanes)):
+                while len(pools[kind]) < n:
+                    pools[kind].append(cupy.cuda.Stream(non_blocking=True))
+            return pools["copy"][:copies], pools["work"][:lanes]
 
     @staticmethod
     def pinned_alloc(nbytes: int) -> np.ndarray:

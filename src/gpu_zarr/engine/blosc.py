@@ -430,7 +430,7 @@ def decode_plan(ops: Any, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.n
 
     # the slot's work stream (its lane): decode_batch and copy_spans run there, so do our
     # allocations (cupy's pool reuses memory in the order of the stream it was allocated on)
-    stream = ops.work_streams[slot % ops.lanes] if gpu else None
+    stream: Any = ops.work_streams[slot % ops.lanes] if gpu else None
 
     def alloc(n: int) -> Any:
         if not gpu:

@@ -66,20 +66,19 @@ def test_overlapped_cpu_twin_orders_blosc_work(tmp_path):
     from gpu_zarr.engine.ops import AsyncCpuOps
 
     class SlowDecodes(AsyncCpuOps):
-        def decode_batch(self, *args, **kw):
-            wait = kw.pop("wait", None)
+        def decode_batch(self, algo, src, so, ss, dst, do, ds, names, slot=0, wait=None):
             from gpu_zarr.engine.decode import decode_batch_cpu
 
             def slow(*a):
                 time.sleep(0.01)
                 decode_batch_cpu(*a)
-            self._run(slow, *args[:7], args[7] if len(args) > 7 else kw.get("names"), after=wait)
+            self._run(slow, algo, src, so, ss, dst, do, ds, names, slot=slot, after=wait)
 
     arr, _ = write_blosc(tmp_path / "a.zarr", fmt=3, cname="zstd", shuffle="bitshuffle", chunks=(4, 8, 7),
                          shards=(8, 16, 14))
-    ops = SlowDecodes(3)
+    ops = SlowDecodes(3)  # one worker thread per lane, lane = slot % lanes
     try:
-        res = read(arr, device="cpu", ops=ops, options=EngineOptions(batch_bytes=1, slots=3, threads=2))
+        res = read(arr, device="cpu", ops=ops, options=EngineOptions(batch_bytes=1, slots=3, lanes=3, threads=2))
     finally:
         ops.sync()
         ops.close()

@@ -64,13 +64,13 @@ class CheckingCpuOps(AsyncCpuOps):
     def decode_batch(self, algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names, slot=0,
                      wait=None):
         fut = self._run(pipeline_decode(algo), src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names,
-                        after=wait)
+                        slot=slot, after=wait)
         self._read_by(src, fut)
 
-    def place(self, src, src_offsets, table, out, disk_dtype, slot=0, wait=None):
+    def place(self, src, src_offsets, table, out, disk_dtype, slot=0, wait=None, perm=None):
         from gpu_zarr.engine.place import place_cpu
 
-        fut = self._run(place_cpu, src, src_offsets, table, out, disk_dtype, after=wait)
+        fut = self._run(place_cpu, src, src_offsets, table, out, disk_dtype, perm, slot=slot, after=wait)
         self._read_by(src, fut)
 
 

@@ -31,6 +31,9 @@ pinned_bytes   ``GPU_ZARR_PINNED_MIB``     bound of the pinned host staging shar
                                            all reads of the process (default 1024 MiB)
 headroom_bytes ``GPU_ZARR_HEADROOM_MIB``   GPU memory left free by any read (default:
                                            512 MiB, or 5 % of the device if larger)
+cache_bytes    ``GPU_ZARR_CACHE_MIB``      decoded chunks kept on the GPU for lazy arrays
+                                           (viewers), least recently used first out
+                                           (default 1024 MiB; 0 turns it off)
 small_read     ``GPU_ZARR_SMALL_READ_MIB`` compressed reads touching at most this many
                                            decoded bytes decode on CPU threads (nvCOMP
                                            costs 5-16 ms a call whatever its size);
@@ -75,6 +78,7 @@ def _defaults() -> dict[str, Any]:
         "direct_raw": os.environ.get("GPU_ZARR_DIRECT_RAW", "1") != "0",
         "pinned_bytes": _env_int("GPU_ZARR_PINNED_MIB", 1024 * MiB, MiB),
         "headroom_bytes": _env_int("GPU_ZARR_HEADROOM_MIB", 0, MiB),  # 0: automatic
+        "cache_bytes": _env_int("GPU_ZARR_CACHE_MIB", 1024 * MiB, MiB),
         "small_read": _env_int("GPU_ZARR_SMALL_READ_MIB", min(128, 6 * (os.cpu_count() or 1)) * MiB, MiB),
     }
 
@@ -90,6 +94,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "pinned_bytes": lambda v: isinstance(v, int) and v >= 0,
     "headroom_bytes": lambda v: isinstance(v, int) and v >= 0,
     "small_read": lambda v: isinstance(v, int) and v >= 0,
+    "cache_bytes": lambda v: isinstance(v, int) and v >= 0,
 }
 _lock = threading.Lock()
 _values: dict[str, Any] = _defaults()

@@ -41,7 +41,10 @@ class Ops(Protocol):
     def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray,
                    sizes: np.ndarray, slot: int = 0, wait: Any = None) -> None: ...
     def place(self, src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
-              slot: int = 0, wait: Any = None) -> None: ...
+              slot: int = 0, wait: Any = None, perm: tuple[int, ...] | None = None) -> None: ...
+    def take(self, buf: Any, offset: int, nbytes: int, slot: int = 0) -> Any: ...
+    def place_chunks(self, chunks: list[Any], table: np.ndarray, out: Any, disk_dtype: np.dtype,
+                     perm: tuple[int, ...] | None = None) -> None: ...
     def fill(self, out: Any, table: np.ndarray, value: Any) -> None: ...
     def sync(self) -> None: ...
     def free_bytes(self) -> int | None: ...
@@ -131,8 +134,24 @@ class CpuOps:
         self._run(copy_spans_cpu, src, src_offsets, dst, dst_offsets, sizes, slot=slot, after=wait)
 
     def place(self, src: np.ndarray, src_offsets: np.ndarray, table: np.ndarray, out: np.ndarray,
-              disk_dtype: np.dtype, slot: int = 0, wait: Any = None) -> None:
-        self._run(place_cpu, src, src_offsets, table, out, disk_dtype, slot=slot, after=wait)
+              disk_dtype: np.dtype, slot: int = 0, wait: Any = None, perm: tuple[int, ...] | None = None) -> None:
+        self._run(place_cpu, src, src_offsets, table, out, disk_dtype, perm, slot=slot, after=wait)
+
+    def place_chunks(self, chunks: list[Any], table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype,
+                     perm: tuple[int, ...] | None = None) -> None:
+        """Place whole decoded chunks held in separate buffers (the chunk cache's)."""
+        zero = np.zeros(1, np.int64)
+        for k, chunk in enumerate(chunks):
+            self._run(place_cpu, chunk, zero, table[k:k + 1], out, disk_dtype, perm)
+
+    def take(self, buf: np.ndarray, offset: int, nbytes: int, slot: int = 0) -> np.ndarray:
+        """A copy of ``buf[offset:offset + nbytes]``, made after the slot's queued work."""
+        copy = np.empty(nbytes, np.uint8)
+
+        def fill() -> None:
+            copy[:] = buf[offset:offset + nbytes]
+        self._run(fill, slot=slot)
+        return copy
 
     def fill(self, out: np.ndarray, table: np.ndarray, value: Any) -> None:
         _fill_boxes(out, table, value)
@@ -288,9 +307,20 @@ class GpuOps:
         copy_spans_gpu(src, src_offsets, dst, dst_offsets, sizes, self._work(slot))
 
     def place(self, src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
-              slot: int = 0, wait: Any = None) -> None:
+              slot: int = 0, wait: Any = None, perm: tuple[int, ...] | None = None) -> None:
         self._after(wait, slot)
-        place_gpu(src, src_offsets, table, out, disk_dtype, self._work(slot))
+        place_gpu(src, src_offsets, table, out, disk_dtype, self._work(slot), perm)
+
+    def place_chunks(self, chunks: list[Any], table: np.ndarray, out: Any, disk_dtype: np.dtype,
+                     perm: tuple[int, ...] | None = None) -> None:
+        """Place whole decoded chunks held in separate device buffers: one kernel launch."""
+        ptrs = np.fromiter((c.data.ptr for c in chunks), np.int64, len(chunks))
+        place_gpu(None, ptrs, table, out, disk_dtype, self.stream, perm)
+
+    def take(self, buf: Any, offset: int, nbytes: int, slot: int = 0) -> Any:
+        """A device copy of ``buf[offset:offset + nbytes]``, ordered on the slot's work stream."""
+        with self._work(slot):
+            return buf[offset:offset + nbytes].copy()
 
     def fill(self, out: Any, table: np.ndarray, value: Any) -> None:
         with self.stream:

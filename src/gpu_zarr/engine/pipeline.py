@@ -30,7 +30,7 @@ from gpu_zarr.engine.plan import Batch, Pieces, make_batches, normalize_selectio
 from gpu_zarr.engine.runtime import Runtime, get_runtime
 from gpu_zarr.errors import ReadCancelled
 
-__all__ = ["EngineOptions", "EngineResult", "last_read_stats", "read"]
+__all__ = ["EngineOptions", "EngineResult", "decode_chunks", "last_read_stats", "read"]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -68,6 +68,9 @@ class EngineOptions:
     pinned_limit : int, optional
         Upper bound of this read's staging (``slots * batch_bytes`` is reduced to fit);
         default ``settings`` ``pinned_bytes``.
+    cache : bool
+        Serve decoded chunks from the runtime's chunk cache and keep the ones this read
+        decodes there (``settings`` ``cache_bytes``); lazy arrays (viewers) turn it on.
     progress : callable, optional
         ``progress(done_bytes, total_bytes)`` after each batch (decoded bytes).
     cancel : object with ``is_set()``, optional
@@ -82,6 +85,7 @@ class EngineOptions:
     reader: str = field(default_factory=_setting("reader"))
     direct_raw: bool = field(default_factory=_setting("direct_raw"))
     pinned_limit: int = field(default_factory=_setting("pinned_bytes"))
+    cache: bool = False
     progress: Callable[[int, int], None] | None = None
     cancel: Any = None
 
@@ -192,16 +196,76 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     missing = np.flatnonzero(loc.nbytes < 0)
     if len(missing):
         ops.fill(out, pieces.table[missing], lay.fill_value)
-    batches = make_batches(loc.file_id, loc.offset, loc.nbytes, lay.inner_nbytes, batch)
+    cache = rt.chunk_cache(device) if opts.cache and stage.decodes and settings.get("cache_bytes") else None
+    keys: list[Any] = []
+    to_read = loc.nbytes
+    held: list[Any] = []
+    if cache is not None:
+        keys = _cache_keys(loc)
+        to_read, held = _place_cached(cache, keys, loc, pieces, out, ops, lay, stats)
+    batches = make_batches(loc.file_id, loc.offset, to_read, lay.inner_nbytes, batch)
     stats.update(codec=lay.codec, pieces=len(pieces), missing=len(missing), batches=len(batches),
                  encoded_bytes=int(loc.nbytes[loc.nbytes > 0].sum()), decoded_bytes=out_nbytes)
     reader = rt.reader(opts.reader if device == "gpu" else "threads", opts.threads)
-    _run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats)
+    decoded: list[tuple[Any, Any]] = []  # (cache key, chunk) kept once the read is complete
+    _run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats,
+                 (lambda k, chunk: decoded.append((keys[k], chunk))) if cache is not None else None)
     result = ops.finish(out, None if region.is_box else region.post)
     ops.sync()
+    if cache is not None:  # only now: every stream is done with them
+        for key, chunk in decoded:
+            cache.put(key, chunk)
+    del held
     stats["total_s"] = time.perf_counter() - t0
     _last.stats = stats
     return EngineResult(result, stats)
+
+
+def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence[str] | None = None,
+                  device: str = "gpu") -> tuple[Any, np.ndarray]:
+    """Decode whole chunks already in host memory (read by someone else, e.g. zarr-python)
+    with the layout's codec stage: the same host check and ONE batched device decode.
+
+    Parameters
+    ----------
+    lay : Layout
+        See :func:`gpu_zarr.engine.layout.chunk_layout`.
+    encoded : sequence of uint8 ndarray
+        The chunks' encoded bytes.
+    names : sequence of str, optional
+        Chunk names for error messages.
+    device : {"gpu", "cpu"}
+
+    Returns
+    -------
+    (buffer, offsets)
+        Chunk k decoded is ``buffer[offsets[k] : offsets[k] + lay.inner_nbytes]``.
+    """
+    stage = stage_for(lay)
+    ops = ops_for(device, 1, 1)
+    n = len(encoded)
+    names = list(names) if names is not None else [f"#{k}" for k in range(n)]
+    sizes = np.array([int(e.nbytes) for e in encoded], np.int64)
+    offsets = np.zeros(n, np.int64)
+    if n > 1:
+        offsets[1:] = np.cumsum(-(-sizes[:-1] // 16) * 16)
+    total = int(offsets[-1] + sizes[-1]) if n else 0
+    batch = Batch(np.arange(n), np.zeros(n, np.int64), np.zeros(n, np.int64), offsets, sizes,
+                  np.array([[k, k + 1] for k in range(n)], np.int64).reshape(-1, 2), total)
+    with ops.host_buffers(total, 1) as (host,):
+        for e, o, size in zip(encoded, offsets.tolist(), sizes.tolist()):
+            host[o:o + size] = np.frombuffer(memoryview(e).cast("B"), np.uint8)
+        prep = stage.prepare(host, batch, lay, names) if stage.decodes else None
+        dev_in = ops.device_buffer(total)
+        uploaded = ops.upload(host, dev_in, total, 0)
+        if not stage.decodes:
+            ops.sync()
+            return dev_in, offsets
+        dst_offsets = np.arange(n, dtype=np.int64) * _stride(lay)
+        dev_out = ops.device_buffer(n * _stride(lay))
+        stage.decode(ops, dev_in, batch, prep, dev_out, dst_offsets, lay, names, 0, uploaded)
+        ops.sync()
+    return dev_out, dst_offsets
 
 
 def _budget(opts: EngineOptions, device: str, out_nbytes: int) -> int:
@@ -234,6 +298,39 @@ def _size_batches(lay: Layout, stage: CodecStage, opts: EngineOptions, slots: in
     return batch, device_bytes
 
 
+def _cache_keys(loc: Located) -> list[Any]:
+    """Per piece, where its bytes are on disk (file, offset, size, modification time): a
+    chunk rewritten on disk gets another key. None for missing pieces."""
+    mtimes: dict[int, int] = {}
+    for f in np.unique(loc.file_id[loc.nbytes >= 0]).tolist():
+        try:
+            mtimes[f] = os.stat(loc.files[f]).st_mtime_ns
+        except FileNotFoundError:
+            mtimes[f] = -1
+    return [(str(loc.files[f]), o, n, mtimes[f]) if n >= 0 else None
+            for f, o, n in zip(loc.file_id.tolist(), loc.offset.tolist(), loc.nbytes.tolist())]
+
+
+def _place_cached(cache: Any, keys: list[Any], loc: Located, pieces: Pieces, out: Any, ops: Ops, lay: Layout,
+                  stats: dict[str, Any]) -> tuple[np.ndarray, list[Any]]:
+    """Place the pieces the cache holds; return sizes with those marked as not to be read, and
+    the chunks placed (the caller holds them until the read is done: an eviction meanwhile
+    must not free memory a kernel still reads)."""
+    to_read = loc.nbytes.copy()
+    found: list[int] = []
+    chunks: list[Any] = []
+    for k, key in enumerate(keys):
+        chunk = cache.get(key) if key is not None else None
+        if chunk is not None:
+            found.append(k)
+            chunks.append(chunk)
+    if found:
+        ops.place_chunks(chunks, pieces.table[found], out, lay.disk_dtype, lay.transpose)
+        to_read[found] = -1
+    stats["cache_hits"] = len(found)
+    return to_read, chunks
+
+
 def _stride(lay: Layout) -> int:
     """Bytes between decoded chunks in the decoded buffer (16-byte aligned)."""
     return -(-lay.inner_nbytes // 16) * 16
@@ -255,7 +352,8 @@ class _Names(Sequence[str]):
 
 
 def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: list[Batch], out: Any,
-                 ops: Ops, reader: Any, opts: EngineOptions, stats: dict[str, Any]) -> None:
+                 ops: Ops, reader: Any, opts: EngineOptions, stats: dict[str, Any],
+                 keep: Callable[[int, Any], None] | None = None) -> None:
     if not batches:
         return
     nslots = min(max(1, opts.slots), len(batches))
@@ -263,7 +361,7 @@ def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, b
     # raw chunks read by kvikio land in device memory directly: nothing to check on the host
     direct = (not stage.decodes) and ops.name == "gpu" and reader.name == "kvikio" and opts.direct_raw
     with ops.host_buffers(0 if direct else cap, 0 if direct else nslots) as host:
-        _run(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, nslots, cap, direct, host)
+        _run(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, nslots, cap, direct, host, keep)
     stats["reader"] = reader.name + (" (into device memory)" if direct else " (staging)")
     stats["threads"] = getattr(reader, "threads", None)
     stats["slots"] = nslots
@@ -272,7 +370,7 @@ def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, b
 
 def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: list[Batch], out: Any, ops: Ops,
          reader: Any, opts: EngineOptions, stats: dict[str, Any], nslots: int, cap: int, direct: bool,
-         host: list[np.ndarray]) -> None:
+         host: list[np.ndarray], keep: Callable[[int, Any], None] | None) -> None:
     t_setup = time.perf_counter()
     per = max(len(b.pieces) for b in batches)
     dstride = _stride(lay)
@@ -336,11 +434,14 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
                              names, s, uploaded)
                 timings["decode_s"] += time.perf_counter() - t
                 src, src_off = dev_out[s % ops.lanes], dst_offsets[:len(b.pieces)]
+                if keep is not None:  # copies for the chunk cache, ordered after the decode
+                    for j, piece in enumerate(b.pieces.tolist()):
+                        keep(piece, ops.take(src, int(src_off[j]), lay.inner_nbytes, s))
             else:
                 src, src_off = dev_in[s], b.src_offsets
             t = time.perf_counter()
             ops.place(src, src_off, pieces.table[b.pieces], out, lay.disk_dtype, s,
-                      wait=None if stage.decodes else uploaded)
+                      wait=None if stage.decodes else uploaded, perm=lay.transpose)
             consumed[s] = ops.record(s)
             if direct:  # the device slot is free only once this batch is placed
                 released[s] = consumed[s]

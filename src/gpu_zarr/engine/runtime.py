@@ -158,6 +158,33 @@ class Runtime:
         mem = cupy.cuda.alloc_pinned_memory(nbytes)
         return np.frombuffer(mem, np.uint8, nbytes)
 
+    # -- decoded-chunk cache ---------------------------------------------------------
+    def chunk_cache(self, device: str) -> Any:
+        """The bounded LRU cache of decoded chunks for ``device`` ("gpu": the current CUDA
+        device; "cpu"), sized by ``settings`` ``cache_bytes`` when first used."""
+        from gpu_zarr.engine.cache import ChunkCache
+
+        key: tuple[Any, ...] = ("chunk-cache", device)
+        if device == "gpu":
+            import cupy
+
+            key = (*key, cupy.cuda.runtime.getDevice())
+        return self.resource(key, lambda: ChunkCache(settings.get("cache_bytes")), close=lambda c: c.clear(),
+                             nbytes=lambda c: c.nbytes)
+
+    def clear_caches(self) -> int:
+        """Drop every cached decoded chunk (the widget's "Free GPU memory"); returns the bytes
+        that were held on the GPU."""
+        with self._lock:
+            caches = [(k, r.value) for k, r in self._resources.items()
+                      if isinstance(k, tuple) and k[:1] == ("chunk-cache",)]
+        freed = 0
+        for key, cache in caches:
+            if key[1] == "gpu":
+                freed += cache.nbytes
+            cache.clear()
+        return freed
+
     # -- readers ------------------------------------------------------------------
     def reader(self, kind: str, threads: int) -> Any:
         """A byte-range reader ("kvikio", "threads" or "auto"), kept for reuse."""

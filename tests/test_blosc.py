@@ -262,3 +262,10 @@ def test_corrupt_stream_content(cname, what):
         assert "3.4" in str(exc)
     else:  # lz4 has no checksum: a corrupt payload may decode to other bytes, never a crash
         assert what == "payload" and len(out[0]) == nbytes
+
+
+def test_blosc2_chunk_is_named_as_such():
+    chunk, nbytes = _good()
+    staging, offs, sizes = stage([_patch(chunk, 0, "B", 5)])
+    with pytest.raises(CorruptChunkError, match=r"chunk 1\.2: a Blosc2-format chunk \(header version 5\)"):
+        parse_batch(staging, offs, sizes, nbytes, ["1.2"])

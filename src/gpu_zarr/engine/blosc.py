@@ -174,9 +174,14 @@ def _host_decode(staging: np.ndarray, offs: np.ndarray, sizes: np.ndarray, idx: 
             dec = np.frombuffer(codec.decode(enc), np.uint8)
         except Exception as exc:
             v = int(versions[k])
-            hint = (f" (a Blosc2-format chunk, header version {v}: numcodecs' c-blosc 1.x cannot read it)"
-                    if v >= 3 else "")
-            raise _fail(names, k, f"numcodecs could not decode it{hint}: {exc}") from exc
+            if v >= 3:
+                name = names[int(k)] if names is not None else f"#{int(k)}"
+                raise CorruptChunkError(
+                    f"chunk {name}: a Blosc2-format chunk (header version {v}), which numcodecs' c-blosc 1.x "
+                    f"cannot decode ({exc}); zarr-python cannot read it either. Rewrite the array with c-blosc "
+                    "1.x (numcodecs) or Blosc2's Blosc1-compatible writer, or delete the chunk if it is damaged."
+                ) from exc
+            raise _fail(names, k, f"numcodecs could not decode it: {exc}") from exc
         if dec.nbytes != nbytes:
             raise _fail(names, k, f"it decodes to {dec.nbytes} bytes, the array's chunks hold {nbytes}")
         out[i * nbytes:(i + 1) * nbytes] = dec

@@ -22,6 +22,7 @@ of equal blocks); :func:`unshuffle_gpu` is ONE cupy kernel launch over every blo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -83,19 +84,19 @@ _SOURCE = r"""
 extern "C" __global__ void blosc_unshuffle(
     unsigned char* __restrict__ dst, const long long* __restrict__ b_dst,
     const long long* __restrict__ b_first, const unsigned long long* __restrict__ s_addr,
-    const int* __restrict__ b_size, const int* __restrict__ b_ts, const int* __restrict__ b_mode,
-    const int* __restrict__ b_nsplit)
+    const long long* __restrict__ b_size, const long long* __restrict__ b_ts,
+    const long long* __restrict__ b_mode, const long long* __restrict__ b_nsplit)
 {
     __shared__ const unsigned char* sp[16];
     const long long blk = blockIdx.x;
-    const int nsplit = b_nsplit[blk];
+    const int nsplit = (int)b_nsplit[blk];
     if (threadIdx.x < nsplit && threadIdx.x < 16)
         sp[threadIdx.x] = (const unsigned char*)s_addr[b_first[blk] + threadIdx.x];
     __syncthreads();
     unsigned char* d = dst + b_dst[blk];
     const long long size = b_size[blk];
-    const int ts = b_ts[blk];
-    const int mode = b_mode[blk];
+    const int ts = (int)b_ts[blk];
+    const int mode = (int)b_mode[blk];
     const bool split = nsplit > 1;        /* then nsplit == ts and size % ts == 0 */
     const unsigned char* s0 = sp[0];
     const long long ne = size / nsplit;
@@ -172,6 +173,62 @@ def _kernel(cupy: Any) -> Any:
     return get_runtime().resource(key, lambda: cupy.RawKernel(_SOURCE, "blosc_unshuffle"))
 
 
+@dataclass
+class _RingSlot:
+    lock: Any
+    buf: np.ndarray | None = None
+    event: Any = None
+
+
+class _TableRing:
+    """Pinned host buffers for the per-batch block tables, so that their upload is asynchronous
+    (a copy from pageable memory would wait for everything queued on the stream).
+
+    A buffer is refilled only after the event recorded behind its previous copy has passed.
+    """
+
+    def __init__(self, size: int = 8) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._next = 0
+        self._slots = [_RingSlot(threading.Lock()) for _ in range(size)]
+
+    def nbytes(self) -> int:
+        """Pinned bytes held."""
+        return sum(s.buf.nbytes for s in self._slots if s.buf is not None)
+
+    def upload(self, table: np.ndarray, stream: Any) -> Any:
+        """A device copy of the int64 ``table``, ordered on ``stream``."""
+        import cupy
+
+        from gpu_zarr.engine.runtime import Runtime
+
+        with self._lock:
+            slot = self._slots[self._next]
+            self._next = (self._next + 1) % len(self._slots)
+        nbytes = int(table.nbytes)
+        with slot.lock:
+            if slot.event is not None:
+                slot.event.synchronize()  # the copy that last read this buffer is done
+            if slot.buf is None or slot.buf.nbytes < nbytes:
+                slot.buf = Runtime.pinned_alloc(max(nbytes, 1 << 16))
+            host = slot.buf[:nbytes]
+            host[:] = table.view(np.uint8)
+            with stream:
+                dev = cupy.empty(nbytes, np.uint8)
+            dev.set(host, stream=stream)
+            slot.event = stream.record()
+        return dev.view(np.int64)
+
+
+def _ring(cupy: Any) -> _TableRing:
+    from gpu_zarr.engine.runtime import get_runtime
+
+    return get_runtime().resource(("blosc_table_ring", cupy.cuda.runtime.getDevice()), _TableRing,
+                                  nbytes=lambda ring: ring.nbytes())
+
+
 def unshuffle_gpu(s_addr: np.ndarray, b_first: np.ndarray, b_nsplit: np.ndarray, b_size: np.ndarray,
                   b_ts: np.ndarray, b_mode: np.ndarray, dst: Any, b_dst: np.ndarray, stream: Any) -> None:
     """Unshuffle every block into device buffer ``dst`` in ONE kernel launch on ``stream``.
@@ -181,7 +238,7 @@ def unshuffle_gpu(s_addr: np.ndarray, b_first: np.ndarray, b_nsplit: np.ndarray,
     Notes
     -----
     Grid: x = block, y = tiles of 256 threads striding over the block's work. The tables go
-    to the device in one small copy on the same stream.
+    to the device in one asynchronous copy from pinned memory on the same stream.
     """
     import cupy
 
@@ -190,12 +247,12 @@ def unshuffle_gpu(s_addr: np.ndarray, b_first: np.ndarray, b_nsplit: np.ndarray,
         return
     tiles = int(min(65535, max(1, -(-int(np.max(b_size)) // (_THREADS * 16)))))  # ~16 bytes per thread
     ns = len(s_addr)
-    wide = np.concatenate([np.asarray(b_dst, np.int64), np.asarray(b_first, np.int64),
-                           np.asarray(s_addr, np.uint64).view(np.int64)])
-    small = np.concatenate([np.asarray(a, np.int32) for a in (b_size, b_ts, b_mode, b_nsplit)])
+    table = np.concatenate([np.asarray(b_dst, np.int64), np.asarray(b_first, np.int64),
+                            np.asarray(b_size, np.int64), np.asarray(b_ts, np.int64),
+                            np.asarray(b_mode, np.int64), np.asarray(b_nsplit, np.int64),
+                            np.asarray(s_addr, np.uint64).view(np.int64)])
+    d = _ring(cupy).upload(table, stream)
     with stream:
-        d_wide = cupy.asarray(wide)
-        d_small = cupy.asarray(small)
         _kernel(cupy)((nb, tiles), (_THREADS,),
-                      (dst, d_wide[:nb], d_wide[nb:2 * nb], d_wide[2 * nb:2 * nb + ns],
-                       d_small[:nb], d_small[nb:2 * nb], d_small[2 * nb:3 * nb], d_small[3 * nb:]))
+                      (dst, d[:nb], d[nb:2 * nb], d[6 * nb:6 * nb + ns], d[2 * nb:3 * nb], d[3 * nb:4 * nb],
+                       d[4 * nb:5 * nb], d[5 * nb:6 * nb]))

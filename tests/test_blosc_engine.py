@@ -93,3 +93,23 @@ def test_host_decoded_chunks_are_reported(tmp_path):
     res = read(arr, device="cpu")
     assert res.stats["blosc_host_chunks"] == res.stats["blosc_host_blosclz"] > 0
     assert "host" in describe(layout_of(arr))
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_cpu_backend_names_the_corrupt_blosc_chunk(tmp_path, monkeypatch, fmt):
+    """zarr-python's own Blosc error becomes a CorruptChunkError naming the chunk; nothing is written."""
+    from gpu_zarr import zarr_io
+    from gpu_zarr.capabilities import Capabilities
+
+    monkeypatch.setattr(zarr_io, "probe", lambda: Capabilities(notes=["no GPU in this test"]))
+    root = tmp_path / "a.zarr"
+    write_blosc(root, fmt=fmt, cname="lz4", shuffle="shuffle", shape=(16, 32), chunks=(8, 16), partial=False)
+    key = "0.1" if fmt == 2 else "c/0/1"
+    f = root / key
+    b = bytearray(f.read_bytes())
+    b[4:8] = (12345).to_bytes(4, "little")  # header's decoded size
+    f.write_bytes(bytes(b))
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    with pytest.raises(CorruptChunkError, match=key.replace(".", r"\.")):
+        zarr_io.read_zarr(root, prefer="cpu")
+    assert before == {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}

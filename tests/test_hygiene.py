@@ -21,6 +21,7 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
         import gpu_zarr.kvikio_zarr, gpu_zarr.capabilities, gpu_zarr.cli, gpu_zarr.lazy, gpu_zarr.sample
         import gpu_zarr.engine.nvcomp_batch, gpu_zarr.engine.deflate, gpu_zarr.engine.decode
         import gpu_zarr.dask_array
+        import gpu_zarr.engine.blosc, gpu_zarr.engine.shuffle
         from gpu_zarr.errors import GPUUnavailable
         caps = gpu_zarr.probe()
         assert not caps.gpu and not caps.kvikio and not caps.nvcomp, caps

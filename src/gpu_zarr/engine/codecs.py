@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gpu_zarr.engine.blosc import BloscStage
 from gpu_zarr.engine.deflate import DeflateStage
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.ops import Ops
@@ -94,7 +95,7 @@ class ZstdStage:
 
 
 # one stage object per codec name (stages are stateless; long-lived state lives in the runtime)
-_STAGES: dict[str, CodecStage] = {"raw": RawStage(), "zstd": ZstdStage(),
+_STAGES: dict[str, CodecStage] = {"raw": RawStage(), "zstd": ZstdStage(), "blosc": BloscStage(),
                                   "gzip": DeflateStage("gzip"), "zlib": DeflateStage("zlib")}
 
 

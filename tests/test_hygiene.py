@@ -19,6 +19,7 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
         sys.meta_path.insert(0, Blocker())
         import gpu_zarr, gpu_zarr.zarr_io, gpu_zarr.engine, gpu_zarr.omezarr, gpu_zarr.nvcomp_zstd
         import gpu_zarr.kvikio_zarr, gpu_zarr.capabilities, gpu_zarr.cli, gpu_zarr.lazy, gpu_zarr.sample
+        import gpu_zarr.bench, gpu_zarr.bench.cli, gpu_zarr.bench.readers, gpu_zarr.bench.report
         from gpu_zarr.errors import GPUUnavailable
         caps = gpu_zarr.probe()
         assert not caps.gpu and not caps.kvikio and not caps.nvcomp, caps

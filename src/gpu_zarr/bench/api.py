@@ -269,7 +269,8 @@ def run(
             raise ValueError("layouts select synthetic volumes; they do not apply to a user store")
         shape = user.shape
         lays: list[Any] = []
-        stem = f"store-{Path(str(path)).name}{'-level' + str(level) if user.meta.get('ome_level') is not None else ''}-{mode}-{dev}"
+        lvl = f"-level{level}" if user.meta.get("ome_level") is not None else ""
+        stem = f"store-{Path(str(path)).name}{lvl}-{mode}-{dev}"
     else:
         table = volumes.THROUGHPUT_SHAPES if mode == "throughput" else volumes.BROWSE_SHAPES
         shape = volumes.parse_shape(size, table)
@@ -280,7 +281,7 @@ def run(
     result: dict[str, Any] = {
         "mode": mode,
         "complete": False,
-        "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "argv": list(argv) if argv is not None else None,
         "device": dev,
         "device_reason": dev_why,

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from gpu_zarr.bench import env
-from gpu_zarr.errors import BackendUnavailable
 from gpu_zarr.bench.readers import PlaneReader, browse_readers, fingerprint, select_readers
 from gpu_zarr.bench.volumes import VolumeInfo
+from gpu_zarr.errors import BackendUnavailable
 
 __all__ = ["PATTERNS", "plane_patterns", "time_planes", "default_plane_readers"]
 

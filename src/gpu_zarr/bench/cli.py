@@ -25,8 +25,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gpu_zarr.errors import GpuZarrError
 from gpu_zarr.bench.api import DEFAULT_WORKDIR, MODES, _main_print, layouts_for, run
+from gpu_zarr.errors import GpuZarrError
 
 __all__ = ["build_parser", "main"]
 

@@ -3,7 +3,6 @@ own rate) and GPU memory probes."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import platform
 import threading
@@ -121,7 +120,8 @@ def _drop_system() -> tuple[bool, str]:
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")
     except OSError as exc:
-        return False, why + f"writing /proc/sys/vm/drop_caches: not permitted ({type(exc).__name__}: {exc.strerror or exc})"
+        detail = f"{type(exc).__name__}: {exc.strerror or exc}"
+        return False, why + f"writing /proc/sys/vm/drop_caches: not permitted ({detail})"
     return True, "sync; echo 3 > /proc/sys/vm/drop_caches"
 
 
@@ -254,7 +254,7 @@ class GpuMemory:
         self.interval_s = interval_s
         self.result: dict[str, Any] = {}
 
-    def __enter__(self) -> "GpuMemory":
+    def __enter__(self) -> GpuMemory:
         import cupy
 
         self._cupy = cupy

@@ -22,17 +22,19 @@ class Progress:
         self._plain: dict[int, list[Any]] = {}
         self._t0 = time.perf_counter()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self.enabled:
             try:
                 from rich.console import Console
                 from rich.progress import (
                     BarColumn,
                     MofNCompleteColumn,
-                    Progress as RichProgress,
                     TextColumn,
                     TimeElapsedColumn,
                     TimeRemainingColumn,
+                )
+                from rich.progress import (
+                    Progress as RichProgress,
                 )
 
                 console = Console(file=sys.stdout)

@@ -196,10 +196,15 @@ def _ours_cpu(path: str) -> Any:
     return read_zarr(path, prefer="cpu").data
 
 
+def _data(res: Any) -> Any:
+    """The array of an engine read (an array, or a result object holding it in ``data``)."""
+    return res if isinstance(res, np.ndarray) or _is_cupy(res) else res.data
+
+
 def _ours_engine_cpu(path: str) -> Any:
     from gpu_zarr.engine import read
 
-    return read(path, device="cpu")
+    return _data(read(path, device="cpu"))
 
 
 def _zarr_cpu(path: str) -> Any:
@@ -672,7 +677,7 @@ class _OursEngineCpuPlanes(PlaneReader):
     def plane(self, idx: tuple[int, ...]) -> np.ndarray:
         from gpu_zarr.engine import read
 
-        return np.asarray(read(self.arr, (*idx, slice(None), slice(None)), device="cpu"))
+        return np.asarray(_data(read(self.arr, (*idx, slice(None), slice(None)), device="cpu")))
 
 
 class _OursResidentPlanes(PlaneReader):

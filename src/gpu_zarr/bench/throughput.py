@@ -14,12 +14,13 @@ import gc
 import statistics
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gpu_zarr.bench import env
-from gpu_zarr.errors import BackendUnavailable
-from gpu_zarr.bench.readers import Reader, fingerprint, select_readers, synchronize, to_host, throughput_readers
+from gpu_zarr.bench.readers import Reader, fingerprint, select_readers, synchronize, throughput_readers, to_host
 from gpu_zarr.bench.volumes import VolumeInfo
+from gpu_zarr.errors import BackendUnavailable
 
 __all__ = ["TARGETS", "EXTRA_GPU_TARGET", "time_volume", "summarise", "default_readers"]
 
@@ -78,7 +79,11 @@ def _stats() -> dict[str, Any] | None:
     except Exception:
         return None
     try:
-        st = last_read_stats()
+        import warnings
+
+        with warnings.catch_warnings():  # deprecated by the runtime refactor; still what we need
+            warnings.simplefilter("ignore", DeprecationWarning)
+            st = last_read_stats()
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
     if st is None:

@@ -332,8 +332,8 @@ def run(
                 prog.update(wtask, done >> 20, total >> 20)
 
             vols = volumes.ensure_volumes(
-                Path(workdir), mode, lays, shape, seed=seed, rewrite=rewrite, log=log,
-                progress=wprogress, threads=write_threads,
+                Path(workdir), mode, lays, (shape[0], shape[1], shape[2]), seed=seed, rewrite=rewrite,
+                log=log, progress=wprogress, threads=write_threads,
             )
             prog.update(wtask, 1, 1)
         for v in vols:

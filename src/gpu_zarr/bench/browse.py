@@ -51,7 +51,7 @@ def plane_patterns(
     def idx(k: int) -> tuple[int, ...]:
         return tuple(int(i) for i in np.unravel_index(int(k), lead)) if shape[:-2] else ()
 
-    warm = idx(rng.integers(0, total))
+    warm = idx(int(rng.integers(0, total)))
     out: dict[str, list[tuple[int, ...]]] = {}
     for pattern in patterns:
         if pattern == "random":
@@ -143,9 +143,9 @@ def time_planes(
                     continue
                 bad = []
                 for pattern, idxs in pats.items():
-                    got = res["patterns"][pattern]
-                    rec["patterns"][pattern] = _summary(got["ms"], plane_bytes, pattern)
-                    bad += [i for i, fp in zip(idxs, got["fingerprints"], strict=True)
+                    child = res["patterns"][pattern]
+                    rec["patterns"][pattern] = _summary(child["ms"], plane_bytes, pattern)
+                    bad += [i for i, fp in zip(idxs, child["fingerprints"], strict=True)
                             if [int(x) for x in fp] != fingerprint(reference()[i])]
                 _verdict(rec, bad, len(every), "fingerprint")
             else:

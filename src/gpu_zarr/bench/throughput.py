@@ -235,6 +235,7 @@ def time_volume(
                         st = _stats()
                         if st is not None and st != before:  # else this read did not use the engine
                             stages.append(st)
+                assert out is not None  # n_timed >= 1
                 rec["output_bytes"] = int(out.nbytes)
                 if peaks:
                     rec["peak_gpu_bytes"] = max(peaks)

@@ -344,7 +344,7 @@ def _is_complete(path: Path, spec: dict[str, Any]) -> bool:
 
     try:
         arr = zarr.open_array(str(path), mode="r")
-        got = dict(arr.attrs.get("gpu_zarr_bench", {}))
+        got = dict(arr.attrs.get("gpu_zarr_bench", {}))  # type: ignore[arg-type]
     except Exception:
         return False
     return bool(got.pop("complete", False)) and got == spec
@@ -369,7 +369,7 @@ def _codec_kwargs(lay: Layout) -> dict[str, Any]:
             mode = numcodecs.Blosc.BITSHUFFLE if shuffle == "bitshuffle" else numcodecs.Blosc.SHUFFLE
             comp = numcodecs.Blosc(cname=cname, clevel=5, shuffle=mode, blocksize=0)
         else:
-            comp = BloscCodec(cname=cname, clevel=5, shuffle=shuffle, typesize=DTYPE.itemsize)
+            comp = BloscCodec(cname=cname, clevel=5, shuffle=shuffle, typesize=DTYPE.itemsize)  # type: ignore[arg-type]
     kwargs["compressors"] = comp
     if v2:
         kwargs["filters"] = None
@@ -389,7 +389,7 @@ def _create(path: Path, lay: Layout, shape: tuple[int, ...], spec: dict[str, Any
         chunks=lay.chunks,
         dtype=DTYPE,
         fill_value=0,
-        zarr_format=lay.zarr_format,
+        zarr_format=2 if lay.zarr_format == 2 else 3,
         attributes={"gpu_zarr_bench": {**spec, "complete": False}},
         overwrite=True,
         **_codec_kwargs(lay),
@@ -550,7 +550,7 @@ def user_volume(path: str | os.PathLike[str], level: int = 0) -> VolumeInfo:
         "ome_level": ome_level,
         "zarr_format": int(arr.metadata.zarr_format),
         "chunks": list(arr.chunks),
-        "shards": None if getattr(arr, "shards", None) is None else list(arr.shards),
+        "shards": None if arr.shards is None else list(arr.shards),
         "codec": "+".join(_codec_names(getattr(arr, "filters", ())) + _codec_names(arr.compressors))
         or "raw",
     }

@@ -60,7 +60,11 @@ for path in paths:
     stop.set(); t.join()
     times.sort()
     med = times[len(times) // 2]
-    st = last_read_stats() or {}
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        st = last_read_stats() or {}
     print(json.dumps({"path": path, "gib_per_s": out_bytes / GiB / med,
                       "median_s": med, "peak_extra_gib": (base - low[0] - out_bytes) / GiB,
                       "stages_ms": {k: round(v * 1e3, 1) for k, v in st.items() if k.endswith("_s")},

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from stores import DTYPES, LAYOUTS, SELECTIONS, write
 
-from gpu_zarr.engine import EngineOptions, last_read_stats, read
+from gpu_zarr.engine import EngineOptions, read
 from gpu_zarr.errors import CorruptChunkError, UnsupportedArrayError
 
 
@@ -17,12 +17,14 @@ def _expect(arr, sel):
 
 
 def _check(arr, sel, **kw):
-    got = read(arr, sel, device="cpu", **kw)
+    res = read(arr, sel, device="cpu", **kw)
+    got = res.data
     want = _expect(arr, sel)
     assert got.shape == want.shape
     assert got.dtype == want.dtype.newbyteorder("=")
     assert got.dtype.isnative
     np.testing.assert_array_equal(got, want)
+    return res.stats
 
 
 @pytest.mark.parametrize("name,kw", LAYOUTS, ids=[n for n, _ in LAYOUTS])
@@ -44,8 +46,7 @@ def test_dtypes_match_zarr(tmp_path, dtype, fmt, codec):
 def test_small_batches_many_slots(tmp_path):
     """Batches of one chunk: the batching and slot rotation paths all run."""
     arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", chunks=(4, 8, 7), shards=(8, 16, 14))
-    _check(arr, Ellipsis, options=EngineOptions(batch_bytes=1, slots=2, threads=3))
-    stats = last_read_stats()
+    stats = _check(arr, Ellipsis, options=EngineOptions(batch_bytes=1, slots=2, threads=3))
     assert stats["batches"] == stats["pieces"] - stats["missing"] > 10
 
 
@@ -53,8 +54,8 @@ def test_missing_everything_is_fill(tmp_path):
     import zarr
 
     arr = zarr.create_array(str(tmp_path / "e.zarr"), shape=(10, 10), chunks=(3, 3), dtype="f4", fill_value=2.5)
-    got = read(arr, Ellipsis, device="cpu")
-    assert (got == 2.5).all() and last_read_stats()["batches"] == 0
+    res = read(arr, Ellipsis, device="cpu")
+    assert (res.data == 2.5).all() and res.stats["batches"] == 0
 
 
 def test_read_never_writes(tmp_path):
@@ -141,5 +142,5 @@ def test_bad_selection_errors(tmp_path):
 
 def test_path_input_is_opened_read_only(tmp_path):
     arr, values = write(tmp_path / "a.zarr", partial=False)
-    np.testing.assert_array_equal(read(str(tmp_path / "a.zarr"), Ellipsis, device="cpu"), values)
+    np.testing.assert_array_equal(read(str(tmp_path / "a.zarr"), Ellipsis, device="cpu").data, values)
     assert os.access(tmp_path / "a.zarr", os.W_OK)  # we did not need to change permissions

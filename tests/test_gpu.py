@@ -47,30 +47,31 @@ def test_dtypes_kvikio(tmp_path, dtype, fmt, codec):
 @pytest.mark.parametrize("name,kw", LAYOUTS, ids=[n for n, _ in LAYOUTS])
 @pytest.mark.parametrize("sel", SELECTIONS, ids=range(len(SELECTIONS)))
 def test_regions_kvikio(tmp_path, name, kw, sel):
-    from gpu_zarr.engine import read_region
+    from gpu_zarr.zarr_io import read_region
 
     arr, _ = write(tmp_path / "a.zarr", **kw)
     _eq(read_region(arr, sel, backend="kvikio"), _cpu(arr, sel))
 
 
 def test_threads_reader_and_tiny_batches(tmp_path):
-    from gpu_zarr.engine import EngineOptions, last_read_stats, read
+    from gpu_zarr.engine import EngineOptions, read
 
     arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", chunks=(4, 8, 7), shards=(8, 16, 14))
     for reader in ("threads", "kvikio"):
-        got = read(arr, Ellipsis, device="gpu", options=EngineOptions(batch_bytes=1, slots=3, reader=reader))
-        _eq(got, _cpu(arr))
-        assert last_read_stats()["reader"].startswith(reader) and last_read_stats()["batches"] > 10
+        res = read(arr, Ellipsis, device="gpu", options=EngineOptions(batch_bytes=1, slots=3, reader=reader))
+        _eq(res.data, _cpu(arr))
+        assert res.stats["reader"].startswith(reader) and res.stats["batches"] > 10
 
 
 @pytest.mark.parametrize("direct", [True, False])
 def test_raw_direct_to_device_and_staged(tmp_path, direct):
-    from gpu_zarr.engine import EngineOptions, last_read_stats, read
+    from gpu_zarr.engine import EngineOptions, read
 
     arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="raw", dtype=">i2", endian="big")
     opts = EngineOptions(batch_bytes=1, slots=2, reader="kvikio", direct_raw=direct)
-    _eq(read(arr, (slice(1, 30), slice(None, None, -2)), device="gpu", options=opts), _cpu(arr)[1:30, ::-2])
-    assert ("device memory" in last_read_stats()["reader"]) == direct
+    res = read(arr, (slice(1, 30), slice(None, None, -2)), device="gpu", options=opts)
+    _eq(res.data, _cpu(arr)[1:30, ::-2])
+    assert ("device memory" in res.stats["reader"]) == direct
 
 
 def test_auto_falls_back_for_blosc(tmp_path):
@@ -113,14 +114,33 @@ def test_corrupt_frame_never_reaches_nvcomp(tmp_path):
 
 
 def test_out_of_gpu_memory_raises_before_allocating(tmp_path, monkeypatch):
-    from gpu_zarr.engine import ops
+    from gpu_zarr.engine import fit
     from gpu_zarr.errors import OutOfGPUMemory
     from gpu_zarr.zarr_io import read_zarr_to_gpu
 
     write(tmp_path / "a.zarr", fmt=3, codec="raw")
-    monkeypatch.setattr(ops.GpuOps, "free_bytes", lambda self: 1000)
-    with pytest.raises(OutOfGPUMemory, match="read_region"):
-        read_zarr_to_gpu(tmp_path / "a.zarr", prefer="kvikio")
+    monkeypatch.setattr(fit, "device_memory", lambda: (1000, 80 << 30))
+    for backend in ("kvikio", "zarr-gpu"):
+        with pytest.raises(OutOfGPUMemory, match="read_region"):
+            read_zarr_to_gpu(tmp_path / "a.zarr", prefer=backend)
+
+
+@pytest.mark.parametrize("backend", ["auto", "kvikio", "zarr-gpu"])
+def test_absurd_shape_is_a_clear_error(tmp_path, backend):
+    """A store whose metadata asks for exabytes: a clear error at once, the process stays small."""
+    import resource
+
+    import zarr
+
+    from gpu_zarr.errors import OutOfGPUMemory
+    from gpu_zarr.zarr_io import read_zarr_to_gpu
+
+    zarr.create_array(str(tmp_path / "huge.zarr"), shape=(2**40, 2**20), chunks=(64, 1024), dtype="u2",
+                      compressors=None)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(OutOfGPUMemory, match="GiB"):
+        read_zarr_to_gpu(tmp_path / "huge.zarr", prefer=backend)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024  # KiB: < 200 MiB
 
 
 # --- the nvCOMP codec ------------------------------------------------------------------

@@ -10,11 +10,11 @@ import functools
 import importlib.util
 from dataclasses import dataclass, field
 
+from gpu_zarr.backends import BACKENDS
 from gpu_zarr.errors import INSTALL_HINT
 
 __all__ = ["Capabilities", "probe"]
 
-BACKENDS = ("auto", "kvikio", "zarr-gpu", "cpu")
 
 
 @dataclass(frozen=True)

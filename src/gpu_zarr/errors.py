@@ -10,8 +10,12 @@ __all__ = [
     "CorruptChunkError",
     "GPUUnavailable",
     "GpuZarrError",
+    "InvalidOmeMetadata",
     "NotAZarrError",
+    "NotOmeZarrError",
     "OutOfGPUMemory",
+    "OutOfHostMemory",
+    "OutOfMemory",
     "ReadCancelled",
     "UnsupportedArrayError",
 ]
@@ -43,8 +47,24 @@ class CorruptChunkError(GpuZarrError, ValueError):
     """A chunk (or shard) on disk is truncated or corrupt."""
 
 
-class OutOfGPUMemory(GpuZarrError, MemoryError):
+class OutOfMemory(GpuZarrError, MemoryError):
+    """The requested read does not fit in free memory (GPU or host)."""
+
+
+class OutOfGPUMemory(OutOfMemory):
     """The requested read does not fit in free GPU memory."""
+
+
+class OutOfHostMemory(OutOfMemory):
+    """The requested read does not fit in the host's available memory."""
+
+
+class NotOmeZarrError(NotAZarrError):
+    """The path is a zarr node but carries no OME-NGFF ``multiscales`` metadata."""
+
+
+class InvalidOmeMetadata(GpuZarrError, ValueError):
+    """OME-NGFF metadata is present but malformed or inconsistent with the arrays."""
 
 
 class ReadCancelled(GpuZarrError):

@@ -1,39 +1,68 @@
 """kvikio reader: chunk and shard bytes read by kvikio's thread pool, decoded on the GPU.
 
-This is the ``"kvikio"`` backend of :func:`gpu_zarr.zarr_io.read_zarr_to_gpu`: the direct
-engine (:mod:`gpu_zarr.engine`) with kvikio as its reader. It serves uncompressed and zstd
-arrays, zarr v2 and v3, sharded or not, C order, every numeric dtype and both byte orders;
-missing chunks read as the fill value. Anything else raises
-:class:`~gpu_zarr.errors.UnsupportedArrayError`, which ``auto`` uses to fall back to zarr-gpu.
+This is the ``"kvikio"`` backend of :func:`gpu_zarr.zarr_io.read_zarr_to_gpu` and the one
+place the kvikio read path is exposed: the direct engine (:mod:`gpu_zarr.engine`) with
+kvikio as its reader (GDS native where the system has it, POSIX compat mode otherwise).
+It serves the codecs the engine decodes (see :func:`supports`), zarr v2 and v3, sharded or
+not, every numeric dtype and both byte orders; missing chunks read as the fill value.
+Anything else raises :class:`~gpu_zarr.errors.UnsupportedArrayError`, which ``auto`` uses
+to fall back to zarr-gpu.
 """
 
 from __future__ import annotations
 
-from gpu_zarr.engine import EngineOptions, read
-from gpu_zarr.engine.layout import layout_of
+from typing import Any
+
+from gpu_zarr.engine import EngineOptions, EngineResult, read
+from gpu_zarr.engine.layout import Layout, layout_of
 from gpu_zarr.errors import INSTALL_HINT, BackendUnavailable, UnsupportedArrayError
+from gpu_zarr.store import open_array
 
-__all__ = ["read_zarr_via_kvikio", "supports"]
+__all__ = ["describe", "read_with_stats", "read_zarr_via_kvikio", "supports"]
 
 
-def supports(array_or_path) -> tuple[bool, str]:
+def describe(lay: Layout) -> str:
+    """A short description of what the engine reads, e.g. ``"zstd zarr v3, sharded"``."""
+    codec = "uncompressed" if lay.codec == "raw" else lay.codec
+    return f"{codec} zarr v{lay.zarr_format}" + (", sharded" if lay.sharded else "")
+
+
+def supports(array_or_path: Any) -> tuple[bool, str]:
     """Whether the kvikio reader can serve this array, and why (not).
 
     Returns
     -------
     (bool, str)
     """
-    from gpu_zarr.zarr_io import open_array
-
     try:
         lay = layout_of(open_array(array_or_path))
     except UnsupportedArrayError as exc:
         return False, str(exc)
-    return True, f"{lay.codec} zarr v{lay.zarr_format}" + (", sharded" if lay.sharded else "")
+    return True, describe(lay)
 
 
-def read_zarr_via_kvikio(array_path, selection=Ellipsis, *, threads: int | None = None,
-                         options: EngineOptions | None = None):
+def read_with_stats(array: Any, selection: Any = Ellipsis, *, layout: Layout | None = None,
+                    options: EngineOptions | None = None) -> EngineResult:
+    """Read ``array[selection]`` onto the GPU with the engine; the data and the read's stats.
+
+    Parameters
+    ----------
+    array : zarr.Array or path
+    selection : basic index
+    layout : Layout, optional
+        Already computed by :func:`gpu_zarr.engine.layout.layout_of` (saves re-parsing).
+    options : EngineOptions, optional
+
+    Returns
+    -------
+    gpu_zarr.engine.EngineResult
+    """
+    return read(None if layout is not None else open_array(array), selection, device="gpu",
+                options=options, layout=layout)
+
+
+def read_zarr_via_kvikio(array_path: Any, selection: Any = Ellipsis, *, threads: int | None = None,
+                         options: EngineOptions | None = None) -> Any:
     """Read a zarr array (or a selection of it) onto the GPU with kvikio.
 
     Parameters
@@ -57,6 +86,5 @@ def read_zarr_via_kvikio(array_path, selection=Ellipsis, *, threads: int | None 
         import kvikio  # noqa: F401
     except ImportError as exc:
         raise BackendUnavailable(f"kvikio is not installed: {INSTALL_HINT}") from exc
-    opts = options or EngineOptions()
-    opts = EngineOptions(**{**opts.__dict__, "reader": "kvikio", **({"threads": threads} if threads else {})})
-    return read(array_path, selection, device="gpu", options=opts)
+    opts = (options or EngineOptions()).with_(reader="kvikio", **({"threads": threads} if threads else {}))
+    return read_with_stats(array_path, selection, options=opts).data

@@ -17,64 +17,31 @@ from typing import Any
 import numpy as np
 import zarr
 
-from .errors import GPUUnavailable, OutOfGPUMemory
+from .backends import BACKENDS, check_backend
+from .engine.fit import check_fits
+from .engine.plan import normalize_key as _normalize
+from .errors import GPUUnavailable
+from .zarr_io import BackendChoice, PreparedArray, ReadResult
 
 __all__ = ["BACKENDS", "GpuLazyArray", "check_fits_on_gpu", "normalize_key"]
-
-BACKENDS = ("auto", "kvikio", "zarr-gpu", "cpu")
-_MIN_HEADROOM = 512 * 2**20  # bytes kept free on the device after a resident load
-_HEADROOM_FRACTION = 0.10  # ... or this fraction of the device, whichever is larger
 
 
 def normalize_key(key: Any, shape: tuple[int, ...]) -> tuple[int | slice, ...] | None:
     """Normalise a basic-indexing key to one int or slice per axis, like numpy.
 
-    Parameters
-    ----------
-    key : int, slice, Ellipsis or tuple of them
-    shape : tuple of int
-
-    Returns
-    -------
-    tuple or None
-        One entry per axis: a non-negative in-range int, or a slice with explicit
-        ``start, stop, step`` as returned by ``slice.indices`` (step may be negative).
-        None when ``key`` is not basic indexing (arrays, booleans, ``None``...).
+    The engine's normaliser (:func:`gpu_zarr.engine.plan.normalize_key`), returning None
+    instead of raising TypeError when ``key`` is not basic indexing (arrays, booleans,
+    ``None``...).
 
     Raises
     ------
     IndexError
         Too many indices, more than one Ellipsis, or an integer out of range.
     """
-    if not isinstance(key, tuple):
-        key = (key,)
-    if any(k is Ellipsis for k in key):
-        if sum(k is Ellipsis for k in key) > 1:
-            raise IndexError("an index can only have a single ellipsis ('...')")
-        i = next(j for j, k in enumerate(key) if k is Ellipsis)
-        fill = len(shape) - (len(key) - 1)
-        key = key[:i] + (slice(None),) * max(fill, 0) + key[i + 1 :]
-    if len(key) > len(shape):
-        raise IndexError(
-            f"too many indices for array: array is {len(shape)}-dimensional, "
-            f"but {len(key)} were indexed"
-        )
-    key = key + (slice(None),) * (len(shape) - len(key))
-    out: list[int | slice] = []
-    for axis, (k, n) in enumerate(zip(key, shape, strict=True)):
-        if isinstance(k, slice):
-            out.append(slice(*k.indices(n)))
-            continue
-        if isinstance(k, (bool, np.bool_)) or k is None:
-            return None
-        try:
-            idx = operator.index(k)
-        except TypeError:
-            return None
-        if not -n <= idx < n:
-            raise IndexError(f"index {idx} is out of bounds for axis {axis} with size {n}")
-        out.append(idx % n)
-    return tuple(out)
+    try:
+        return _normalize(shape, key)
+    except TypeError:
+        return None
 
 
 def _slice_len(s: slice) -> int:
@@ -111,6 +78,14 @@ class _Source:
         self.resident: Any = None  # cupy array of the whole level, or None
         self.resident_backend: str | None = None
         self.lock = threading.RLock()
+        self._prepared: PreparedArray | None = None
+
+    def prepared(self) -> PreparedArray:
+        """The array with its backend chosen and layout parsed, once (not per tile)."""
+        with self.lock:
+            if self._prepared is None or self._prepared.prefer != self.backend:
+                self._prepared = PreparedArray(self.array, check_backend(self.backend))
+            return self._prepared
 
 
 class GpuLazyArray:
@@ -146,8 +121,7 @@ class GpuLazyArray:
         else:
             if not isinstance(zarr_array, zarr.Array):
                 raise TypeError(f"expected a zarr.Array, got {type(zarr_array).__name__}")
-            _check_backend(backend)
-            self._src = _Source(zarr_array, backend)
+            self._src = _Source(zarr_array, check_backend(backend))
         self._fixed = tuple(sorted(_fixed))  # (axis in the base array, index)
         fixed_axes = {a for a, _ in self._fixed}
         base = tuple(int(s) for s in self._src.array.shape)
@@ -202,19 +176,11 @@ class GpuLazyArray:
 
     @backend.setter
     def backend(self, value: str) -> None:
-        _check_backend(value)
-        self._src.backend = value
+        self._src.backend = check_backend(value)
 
-    def backend_choice(self):
-        """The concrete backend the core would use now, and why.
-
-        Returns
-        -------
-        gpu_zarr.zarr_io.BackendChoice
-        """
-        from .zarr_io import choose_backend
-
-        return choose_backend(self._src.array, prefer=self._src.backend)
+    def backend_choice(self) -> BackendChoice:
+        """The concrete backend the core uses for this array, and why."""
+        return self._src.prepared().choice
 
     # -- views ---------------------------------------------------------------------
     def index_axis(self, axis: int, index: int) -> GpuLazyArray:
@@ -271,9 +237,7 @@ class GpuLazyArray:
 
                 return cupy.empty(out_shape, self.dtype)
             return np.empty(out_shape, self.dtype)
-        from .engine import read_region
-
-        tile = read_region(self._src.array, full, backend=self._src.backend)
+        tile = self._src.prepared().read(full).data
         if gpu:
             if not hasattr(tile, "__cuda_array_interface__"):
                 raise GPUUnavailable(
@@ -311,7 +275,7 @@ class GpuLazyArray:
         return 0 if r is None else int(r.nbytes)
 
     def load_resident(self, *, progress: Callable[[int, int], None] | None = None,
-                      cancel: Any = None):
+                      cancel: Any = None) -> ReadResult:
         """Read the whole level (all channels of it) into GPU memory and keep it there.
 
         Afterwards ``self[key]`` (and every view of the same level) is a device slice
@@ -336,19 +300,14 @@ class GpuLazyArray:
         OutOfGPUMemory
             The level plus headroom does not fit in free device memory.
         """
-        from .zarr_io import read_zarr
-
         choice = self.backend_choice()
         if choice.backend == "cpu":
             raise GPUUnavailable(
                 "GPU-resident mode needs a GPU backend; backend "
                 f"{self._src.backend!r} resolves to the CPU here: {choice.reason}"
             )
-        arr = self._src.array
-        need = int(np.prod(arr.shape, dtype=np.int64)) * self.dtype.itemsize
         self.release_resident()
-        check_fits_on_gpu(need, what=f"level {arr.store_path} {tuple(arr.shape)} {self.dtype}")
-        result = read_zarr(arr, prefer=self._src.backend, progress=progress, cancel=cancel)
+        result = self._src.prepared().read(Ellipsis, progress=progress, cancel=cancel)
         if isinstance(result.data, np.ndarray):
             raise GPUUnavailable(f"backend {result.backend!r} returned host memory: {result.reason}")
         with self._src.lock:
@@ -371,27 +330,7 @@ class GpuLazyArray:
 def check_fits_on_gpu(nbytes: int, *, what: str = "the read") -> None:
     """Raise OutOfGPUMemory unless ``nbytes`` plus headroom fits in free device memory.
 
-    Headroom is the larger of 512 MiB and 10 % of the device, so that napari, the
-    CUDA context and decode buffers still have room.
+    The one fit check of the engine (:func:`gpu_zarr.engine.fit.check_fits`); headroom is
+    ``gpu_zarr.settings`` ``headroom_bytes`` (default: 512 MiB or 5 % of the device).
     """
-    try:
-        import cupy
-    except ImportError as exc:
-        from .errors import INSTALL_HINT
-
-        raise GPUUnavailable(f"cupy is not installed: {INSTALL_HINT}") from exc
-    free, total = cupy.cuda.runtime.memGetInfo()
-    free += cupy.get_default_memory_pool().free_bytes()  # cached blocks are reusable
-    headroom = max(_MIN_HEADROOM, int(total * _HEADROOM_FRACTION))
-    if nbytes + headroom > free:
-        gib = 2**30
-        raise OutOfGPUMemory(
-            f"{what} needs {nbytes / gib:.2f} GiB of GPU memory plus {headroom / gib:.2f} GiB "
-            f"headroom, but only {free / gib:.2f} GiB of {total / gib:.2f} GiB is free; "
-            "pick a coarser level or browse without GPU-resident mode"
-        )
-
-
-def _check_backend(name: str) -> None:
-    if name not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    check_fits(nbytes, 0, device="gpu", what=what)

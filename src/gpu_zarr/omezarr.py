@@ -24,7 +24,8 @@ from typing import Any
 
 import zarr
 
-from .errors import GpuZarrError, NotAZarrError
+from .errors import InvalidOmeMetadata, NotAZarrError, NotOmeZarrError
+from .store import METADATA_FILES, is_zarr_node, open_array, open_node
 
 __all__ = [
     "Axis",
@@ -36,21 +37,13 @@ __all__ = [
     "find_zarr_node",
     "is_ome_zarr",
     "is_zarr_node",
+    "ome_attrs",
     "open_node",
     "open_ome",
     "read_omezarr",
 ]
 
-_METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
 _DEFAULT_AXES = "tczyx"
-
-
-class NotOmeZarrError(NotAZarrError):
-    """The path is a zarr node but carries no OME-NGFF ``multiscales`` metadata."""
-
-
-class InvalidOmeMetadata(GpuZarrError, ValueError):
-    """OME-NGFF metadata is present but malformed or inconsistent with the arrays."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +193,7 @@ class OmeImage:
             Opened with ``mode="r"``; slicing it inside ``gpu_zarr_context()`` yields cupy.
         """
         lvl = self.levels[_check_level(level, len(self.levels), self.path)]
-        return _open_array(_join(self.path, lvl.path))
+        return open_array(_join(self.path, lvl.path))
 
 
 def _join(base: str, sub: str) -> str:
@@ -220,46 +213,6 @@ def _check_level(level: int, n: int, path: str) -> int:
     return level % n
 
 
-def _open_array(path: str) -> zarr.Array:
-    try:
-        return zarr.open_array(path, mode="r")
-    except Exception as exc:  # noqa: BLE001 - re-raised with context
-        raise NotAZarrError(
-            f"expected a zarr array at {path}, but it could not be opened: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-
-
-def open_node(path: str | os.PathLike[str]) -> zarr.Group | zarr.Array:
-    """Open a zarr group or array read-only; NotAZarrError (saying what was found) otherwise."""
-    p = os.fspath(path)
-    if "://" not in p and not os.path.exists(p):
-        raise NotAZarrError(f"expected a zarr group or array at {p}, but nothing exists there")
-    try:
-        return zarr.open(p, mode="r")
-    except Exception as exc:  # noqa: BLE001
-        found = ""
-        if "://" not in p and os.path.isdir(p):
-            names = sorted(os.listdir(p))[:8]
-            found = f"; the folder holds {names}" if names else "; the folder is empty"
-        raise NotAZarrError(
-            f"expected a zarr group or array at {p} (a folder with zarr.json, .zgroup or "
-            f".zarray), but it could not be opened as one: {type(exc).__name__}: {exc}{found}"
-        ) from exc
-
-
-def is_zarr_node(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` is a local folder holding zarr v2 or v3 metadata.
-
-    Cheap: looks for metadata files only, never raises.
-    """
-    try:
-        p = Path(path)
-        return p.is_dir() and any((p / f).is_file() for f in _METADATA_FILES)
-    except (OSError, ValueError, TypeError):
-        return False
-
-
 def find_zarr_node(path: str | os.PathLike[str]) -> Path | None:
     """Return the zarr node a local path designates, or None.
 
@@ -270,7 +223,7 @@ def find_zarr_node(path: str | os.PathLike[str]) -> Path | None:
     """
     try:
         p = Path(path).expanduser()
-        if p.is_file() and p.name in _METADATA_FILES:
+        if p.is_file() and p.name in METADATA_FILES:
             p = p.parent
         if is_zarr_node(p):
             return p
@@ -286,7 +239,7 @@ def find_zarr_node(path: str | os.PathLike[str]) -> Path | None:
         return None
 
 
-def _ome_attrs(attrs: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+def ome_attrs(attrs: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     """The OME block of a node's attributes and its version (0.5: under "ome")."""
     attrs = dict(attrs)
     if isinstance(attrs.get("ome"), Mapping):
@@ -309,7 +262,7 @@ def is_ome_zarr(path: str | os.PathLike[str]) -> bool:
         node = open_node(path)
         if not isinstance(node, zarr.Group):
             return False
-        ome, _ = _ome_attrs(node.attrs)
+        ome, _ = ome_attrs(node.attrs)
         if "multiscales" in ome:
             return True
         if "bioformats2raw.layout" in ome:
@@ -462,7 +415,7 @@ def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True) -> OmeIm
             f"expected an OME-Zarr image group at {p}, found a zarr array "
             f"(shape {node.shape}, dtype {node.dtype}); open its parent folder instead"
         )
-    ome, version = _ome_attrs(node.attrs)
+    ome, version = ome_attrs(node.attrs)
     if "multiscales" not in ome and "bioformats2raw.layout" in ome:
         return open_ome(_join(p, "0"), with_labels=with_labels)
     if "multiscales" not in ome:
@@ -542,7 +495,7 @@ def _read_labels(node: zarr.Group, path: str) -> dict[str, OmeImage]:
         return {}
     if not isinstance(lab, zarr.Group):
         return {}
-    ome, _ = _ome_attrs(lab.attrs)
+    ome, _ = ome_attrs(lab.attrs)
     names = ome.get("labels")
     if not isinstance(names, list):
         names = [k for k, v in lab.groups()]

@@ -25,42 +25,47 @@ Backends (``prefer``):
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
+from gpu_zarr.backends import BACKENDS, Backend, check_backend
 from gpu_zarr.capabilities import probe
+from gpu_zarr.engine.fit import check_fits
+from gpu_zarr.engine.layout import Layout, layout_of
+from gpu_zarr.engine.pipeline import EngineOptions
+from gpu_zarr.engine.plan import Region, normalize_selection
 from gpu_zarr.errors import (
     INSTALL_HINT,
     BackendUnavailable,
     GPUUnavailable,
-    NotAZarrError,
     ReadCancelled,
     UnsupportedArrayError,
 )
+from gpu_zarr.store import open_array
 
 __all__ = [
+    "BACKENDS",
     "Backend",
     "BackendChoice",
+    "PreparedArray",
     "ReadResult",
     "choose_backend",
     "gpu_zarr_context",
     "last_choice",
     "open_array",
+    "prepare",
+    "read_region",
     "read_selection",
     "read_zarr",
     "read_zarr_to_gpu",
     "read_zarr_via_zarr_gpu",
 ]
 
-Backend = Literal["auto", "kvikio", "zarr-gpu", "cpu"]
-_BACKENDS = ("auto", "kvikio", "zarr-gpu", "cpu")
 GiB = 1 << 30
 
 
@@ -113,46 +118,44 @@ def last_choice() -> BackendChoice | None:
     return getattr(_last, "choice", None)
 
 
-def open_array(path_or_array):
-    """Open a zarr array read-only, with an error that helps when the path is not one.
+def _what(lay: Layout) -> str:
+    from gpu_zarr.kvikio_zarr import describe
 
-    Parameters
-    ----------
-    path_or_array : str, os.PathLike or zarr.Array
+    return describe(lay)
 
-    Raises
-    ------
-    NotAZarrError
-        The path does not exist, is not a zarr array, or is a group (the message lists
-        the arrays inside it).
-    """
-    import zarr
 
-    if not isinstance(path_or_array, (str, os.PathLike)):
-        return path_or_array
-    path = Path(path_or_array)
-    if not path.exists():
-        raise NotAZarrError(f"{path} does not exist; expected the directory of a zarr array "
-                            "(holding zarr.json or .zarray).")
-    markers = [m for m in ("zarr.json", ".zarray", ".zgroup") if (path / m).exists()]
-    if not markers:
-        raise NotAZarrError(
-            f"{path} is not a zarr array: expected a directory holding zarr.json (zarr v3) or .zarray "
-            f"(zarr v2), found {'a file' if path.is_file() else 'a directory without either'}."
-        )
+def _decide(arr: Any, prefer: str) -> tuple[BackendChoice, Layout | None]:
+    """The backend for ``arr`` and, for the direct engine, its layout (parsed once)."""
+    check_backend(prefer)
+    if prefer == "cpu":
+        return BackendChoice("cpu", "forced: numpy via zarr-python"), None
+    caps = probe()
+    if not caps.gpu:
+        if prefer == "auto":
+            return BackendChoice("cpu", "no usable GPU" + (f" ({caps.notes[0]})" if caps.notes else "")), None
+        raise GPUUnavailable(f"backend {prefer!r} needs a CUDA GPU, and none is usable here: "
+                             f"{caps.backend_status(prefer)[1]}. Use prefer='cpu', or {INSTALL_HINT}.")
+    if prefer == "zarr-gpu":
+        return BackendChoice("zarr-gpu", "forced: " + caps.backend_status("zarr-gpu")[1]), None
     try:
-        node = zarr.open(store=str(path), mode="r")
-    except Exception as exc:
-        raise NotAZarrError(f"{path} could not be opened as zarr: {type(exc).__name__}: {exc}") from exc
-    if isinstance(node, zarr.Group):
-        inside = sorted(k for k, _ in node.arrays())
-        hint = f" It holds the arrays {', '.join(inside)}: pass one of those paths." if inside else ""
-        raise NotAZarrError(f"{path} is a zarr group, not an array.{hint} For OME-Zarr images use "
-                            "gpu_zarr.omezarr.read_omezarr(path, level=0).")
-    return node
+        lay = layout_of(arr)
+        if arr.ndim == 0:
+            raise UnsupportedArrayError("the direct (kvikio) engine reads arrays with at least one "
+                                        "dimension; this one is 0-dimensional. Use prefer='zarr-gpu'.")
+        if lay.codec != "raw" and not caps.nvcomp:
+            raise UnsupportedArrayError(
+                f"this array is {lay.codec}-compressed and nvCOMP is not installed, so the direct engine "
+                f"cannot decode it on the GPU: {INSTALL_HINT}")
+    except UnsupportedArrayError as exc:
+        if prefer == "kvikio":
+            raise
+        return BackendChoice("zarr-gpu", f"direct engine cannot serve: {exc}"), None
+    status = caps.backend_status("kvikio")[1]
+    tag = "forced" if prefer == "kvikio" else "fastest path"
+    return BackendChoice("kvikio", f"{tag}: {_what(lay)}; {status}"), lay
 
 
-def choose_backend(array_or_path, prefer: Backend = "auto") -> BackendChoice:
+def choose_backend(array_or_path: Any, prefer: Backend = "auto") -> BackendChoice:
     """Decide which backend serves this array on this machine, and say why.
 
     Parameters
@@ -171,39 +174,86 @@ def choose_backend(array_or_path, prefer: Backend = "auto") -> BackendChoice:
     BackendUnavailable, GPUUnavailable, UnsupportedArrayError
         A forced backend cannot serve (no GPU, kvikio engine cannot read the codec...).
     """
-    if prefer not in _BACKENDS:
-        raise ValueError(f"prefer must be one of {', '.join(_BACKENDS)}; got {prefer!r}")
-    if prefer == "cpu":
-        return BackendChoice("cpu", "forced: numpy via zarr-python")
-    caps = probe()
-    if not caps.gpu:
-        if prefer == "auto":
-            return BackendChoice("cpu", "no usable GPU" + (f" ({caps.notes[0]})" if caps.notes else ""))
-        raise GPUUnavailable(f"backend {prefer!r} needs a CUDA GPU, and none is usable here: "
-                             f"{caps.backend_status(prefer)[1]}. Use prefer='cpu', or {INSTALL_HINT}.")
-    if prefer == "zarr-gpu":
-        return BackendChoice("zarr-gpu", "forced: " + caps.backend_status("zarr-gpu")[1])
-    from gpu_zarr.engine.layout import layout_of
+    check_backend(prefer)
+    arr = None if prefer in ("cpu", "zarr-gpu") else open_array(array_or_path)
+    return _decide(arr, prefer)[0]
 
-    arr = open_array(array_or_path)
-    try:
-        lay = layout_of(arr)
-        if arr.ndim == 0:
-            raise UnsupportedArrayError("the direct (kvikio) engine reads arrays with at least one "
-                                        "dimension; this one is 0-dimensional. Use prefer='zarr-gpu'.")
-        if lay.codec == "zstd" and not caps.nvcomp:
-            raise UnsupportedArrayError(
-                f"this array is zstd-compressed and nvCOMP is not installed, so the direct engine "
-                f"cannot decode it on the GPU: {INSTALL_HINT}")
-    except UnsupportedArrayError as exc:
-        if prefer == "kvikio":
-            raise
-        return BackendChoice("zarr-gpu", f"direct engine cannot serve: {exc}")
-    what = ("zstd" if lay.codec == "zstd" else "uncompressed") + f" zarr v{lay.zarr_format}" + (
-        ", sharded" if lay.sharded else "")
-    status = caps.backend_status("kvikio")[1]
-    tag = "forced" if prefer == "kvikio" else "fastest path"
-    return BackendChoice("kvikio", f"{tag}: {what}; {status}")
+
+class PreparedArray:
+    """An array with its backend chosen once (and, for the direct engine, its layout).
+
+    Lazy arrays and the CLI read many regions of one array: preparing it once spares
+    re-choosing the backend and re-parsing the metadata for every tile.
+
+    Attributes
+    ----------
+    array : zarr.Array
+    prefer : str
+    choice : BackendChoice
+    layout : Layout or None
+    """
+
+    def __init__(self, array: Any, prefer: Backend = "auto") -> None:
+        self.array = open_array(array)
+        self.prefer = check_backend(prefer)
+        self.choice, self.layout = _decide(self.array, self.prefer)
+
+    @property
+    def backend(self) -> str:
+        return self.choice.backend
+
+    def __repr__(self) -> str:
+        return f"PreparedArray({self.array.store_path}, backend={self.choice})"
+
+    def read(self, selection: Any = Ellipsis, *, options: EngineOptions | None = None,
+             progress: Callable[[int, int], None] | None = None, cancel: Any = None) -> ReadResult:
+        """Read ``array[selection]`` with the prepared backend and measure it (see :func:`read_selection`)."""
+        arr, choice = self.array, self.choice
+        region = normalize_selection(tuple(int(s) for s in arr.shape), selection)
+        if cancel is not None and cancel.is_set():
+            raise ReadCancelled("read cancelled before it started")
+        stats: dict = {}
+        t0 = time.perf_counter()
+        if choice.backend == "kvikio":
+            from gpu_zarr.kvikio_zarr import read_with_stats
+
+            opts = options or EngineOptions()
+            if progress is not None or cancel is not None:
+                opts = opts.with_(progress=progress or opts.progress, cancel=cancel or opts.cancel)
+            try:
+                res = read_with_stats(arr, selection, layout=self.layout, options=opts)
+                data, stats = res.data, res.stats
+            except UnsupportedArrayError as exc:
+                if self.prefer == "kvikio":
+                    raise
+                # the engine found something it cannot serve: zarr-gpu from now on
+                self.choice, self.layout = BackendChoice("zarr-gpu", f"direct engine cannot serve: {exc}"), None
+                return self.read(selection, options=options, progress=progress, cancel=cancel)
+        else:
+            device = "gpu" if choice.backend == "zarr-gpu" else "cpu"
+            nbytes = int(np.prod(region.box_shape, dtype=np.int64)) * np.dtype(arr.dtype).itemsize
+            check_fits(nbytes, 0 if region.is_box else nbytes, device=device,
+                       what=f"reading {region.out_shape} {arr.dtype} of {arr.store_path}")
+            read = (lambda sel: _zarr_gpu_read(arr, sel)) if device == "gpu" else (
+                lambda sel: to_native_order(np.asarray(arr[sel])))
+            data = _in_slabs(arr, region, selection, read, device, progress, cancel)
+        if hasattr(data, "__cuda_array_interface__"):
+            import cupy
+
+            cupy.cuda.get_current_stream().synchronize()
+            gpu_bytes = int(data.nbytes)
+        else:
+            gpu_bytes = 0
+        seconds = time.perf_counter() - t0
+        nbytes = int(data.nbytes)
+        _last.choice = choice
+        return ReadResult(data, choice.backend, choice.reason, nbytes, seconds,
+                          nbytes / GiB / seconds if seconds > 0 else float("inf"), gpu_bytes, stats)
+
+
+def prepare(array_or_path: Any, prefer: Backend = "auto") -> PreparedArray:
+    """Open an array read-only and choose its backend once (see :class:`PreparedArray`)."""
+    return PreparedArray(array_or_path, prefer)
 
 
 @contextlib.contextmanager
@@ -243,7 +293,7 @@ def gpu_zarr_context() -> Iterator[None]:
         yield
 
 
-def read_zarr_via_zarr_gpu(array_path):
+def read_zarr_via_zarr_gpu(array_path: Any) -> Any:
     """Load a zarr array onto the GPU using ``zarr.config.enable_gpu()``.
 
     Works for any array zarr can read; zstd is decoded by nvCOMP when installed.
@@ -260,7 +310,7 @@ def read_zarr_via_zarr_gpu(array_path):
     return _zarr_gpu_read(open_array(array_path), Ellipsis)
 
 
-def _zarr_gpu_read(arr, selection):
+def _zarr_gpu_read(arr: Any, selection: Any) -> Any:
     import zarr
 
     meta = arr.metadata
@@ -270,20 +320,20 @@ def _zarr_gpu_read(arr, selection):
         # Decode on the host, then one copy to the device.
         import cupy
 
-        return cupy.asarray(_native(np.asarray(arr[selection])))
+        return cupy.asarray(to_native_order(np.asarray(arr[selection])))
     with gpu_zarr_context():
         a = zarr.open_array(store=arr.store, path=arr.path, mode="r") if arr.store is not None else arr
         out = a[selection]
     import cupy
 
     if not isinstance(out, cupy.ndarray):
-        out = cupy.asarray(_native(np.asarray(out)))
+        out = cupy.asarray(to_native_order(np.asarray(out)))
     elif not out.dtype.isnative:
         out = out.astype(out.dtype.newbyteorder("="))
     return out
 
 
-def _big_endian(arr) -> bool:
+def _big_endian(arr: Any) -> bool:
     if arr.dtype.byteorder == ">":
         return True
     for codec in getattr(arr.metadata, "codecs", ()):
@@ -294,12 +344,14 @@ def _big_endian(arr) -> bool:
     return False
 
 
-def _native(a: np.ndarray) -> np.ndarray:
+def to_native_order(a: np.ndarray) -> np.ndarray:
+    """``a`` with its values in native byte order (a copy only when it is not)."""
     return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
 
 
-def read_selection(array_or_path, selection=Ellipsis, *, prefer: Backend = "auto", options=None,
-                   progress=None, cancel=None) -> ReadResult:
+def read_selection(array_or_path: Any, selection: Any = Ellipsis, *, prefer: Backend = "auto",
+                   options: EngineOptions | None = None, progress: Callable[[int, int], None] | None = None,
+                   cancel: Any = None) -> ReadResult:
     """Read ``array[selection]`` with the chosen backend and measure it.
 
     Parameters
@@ -315,55 +367,46 @@ def read_selection(array_or_path, selection=Ellipsis, *, prefer: Backend = "auto
     Returns
     -------
     ReadResult
+
+    Raises
+    ------
+    OutOfGPUMemory, OutOfHostMemory
+        The result does not fit (checked before anything is allocated, on every backend).
     """
-    arr = open_array(array_or_path)
-    choice = choose_backend(arr, prefer)
-    if cancel is not None and cancel.is_set():
-        raise ReadCancelled("read cancelled before it started")
-    stats: dict = {}
-    t0 = time.perf_counter()
-    if choice.backend == "kvikio":
-        from gpu_zarr.engine import EngineOptions, last_read_stats, read
-
-        opts = options or EngineOptions()
-        if progress is not None or cancel is not None:
-            opts = EngineOptions(**{**opts.__dict__, "progress": progress or opts.progress,
-                                    "cancel": cancel or opts.cancel})
-        try:
-            data = read(arr, selection, device="gpu", options=opts)
-            stats = last_read_stats() or {}
-        except UnsupportedArrayError as exc:
-            if prefer == "kvikio":
-                raise
-            choice = BackendChoice("zarr-gpu", f"direct engine cannot serve: {exc}")
-            data = _zarr_gpu_read(arr, selection)
-    elif choice.backend == "zarr-gpu":
-        data = _in_slabs(arr, selection, lambda sel: _zarr_gpu_read(arr, sel), "gpu", progress, cancel)
-    else:
-        data = _in_slabs(arr, selection, lambda sel: _native(np.asarray(arr[sel])), "cpu", progress, cancel)
-    if hasattr(data, "__cuda_array_interface__"):
-        import cupy
-
-        cupy.cuda.get_current_stream().synchronize()
-        gpu_bytes = int(data.nbytes)
-    else:
-        gpu_bytes = 0
-    seconds = time.perf_counter() - t0
-    nbytes = int(data.nbytes)
-    _last.choice = choice
-    return ReadResult(data, choice.backend, choice.reason, nbytes, seconds,
-                      nbytes / GiB / seconds if seconds > 0 else float("inf"), gpu_bytes, stats)
+    return PreparedArray(array_or_path, prefer).read(selection, options=options, progress=progress,
+                                                     cancel=cancel)
 
 
-def _in_slabs(arr, selection, read, device: str, progress, cancel, parts: int = 16):
+def read_region(array: Any, selection: Any = Ellipsis, *, backend: Backend = "auto",
+                options: EngineOptions | None = None) -> Any:
+    """Read ``array[selection]`` through a backend.
+
+    Parameters
+    ----------
+    array : zarr.Array or path
+        Opened read-only (a path is opened read-only).
+    selection : basic index
+        Integers, slices (any step) and Ellipsis, as numpy.
+    backend : {"auto", "kvikio", "zarr-gpu", "cpu"}
+        "kvikio" is the direct engine; "auto" picks as :func:`choose_backend`.
+    options : EngineOptions, optional
+        Engine knobs (direct engine only).
+
+    Returns
+    -------
+    cupy.ndarray or numpy.ndarray
+        cupy for GPU backends, numpy for "cpu"; equal to ``array[selection]``.
+    """
+    return read_selection(array, selection, prefer=backend, options=options).data
+
+
+def _in_slabs(arr: Any, region: Region, selection: Any, read: Callable[[Any], Any], device: str,
+              progress: Callable[[int, int], None] | None, cancel: Any, parts: int = 16) -> Any:
     """``read(selection)`` in chunk-aligned slabs along the first axis, so that zarr-python
     reads report progress and can be cancelled between slabs. Without a progress callback
     or cancel event it is one plain read."""
     if progress is None and cancel is None or arr.ndim == 0:
         return read(selection)
-    from gpu_zarr.engine.plan import normalize_selection
-
-    region = normalize_selection(tuple(arr.shape), selection)
     box = region.box_shape
     total = int(np.prod(region.out_shape, dtype=np.int64)) * np.dtype(arr.dtype).itemsize
     outer = (getattr(arr, "shards", None) or arr.chunks)[0]
@@ -391,13 +434,14 @@ def _in_slabs(arr, selection, read, device: str, progress, cancel, parts: int = 
     return out if region.is_box else out[region.post].copy()
 
 
-def read_zarr(array_or_path, *, prefer: Backend = "auto", options=None, progress=None, cancel=None) -> ReadResult:
+def read_zarr(array_or_path: Any, *, prefer: Backend = "auto", options: EngineOptions | None = None,
+              progress: Callable[[int, int], None] | None = None, cancel: Any = None) -> ReadResult:
     """Read a whole array with the chosen backend and measure it (see :func:`read_selection`)."""
     return read_selection(array_or_path, Ellipsis, prefer=prefer, options=options, progress=progress,
                           cancel=cancel)
 
 
-def read_zarr_to_gpu(array_path, *, prefer: Backend = "auto"):
+def read_zarr_to_gpu(array_path: Any, *, prefer: Backend = "auto") -> Any:
     """Load a zarr array onto the GPU using the fastest available path.
 
     Parameters

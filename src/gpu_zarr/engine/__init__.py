@@ -1,36 +1,26 @@
 """The direct read engine: plan -> fetch -> decode -> place.
 
-Public entry points: :func:`read` (the engine itself, GPU or its CPU twin),
-:func:`read_region` (a selection through any backend, what napari layer data use) and
-:func:`last_read_stats` (per-stage timings of the last engine read).
+Public entry points: :func:`read` (the engine itself, GPU or its CPU twin; returns the data
+and the read's stats), :class:`EngineOptions`, and :func:`get_runtime` (the owner of what
+lives across reads). The engine imports nothing above it: backend choice and
+``read_region`` live in :mod:`gpu_zarr.zarr_io`.
 """
 
 from __future__ import annotations
 
-from gpu_zarr.engine.pipeline import EngineOptions, last_read_stats, read
+import importlib
+import warnings
+from typing import Any
 
-__all__ = ["EngineOptions", "last_read_stats", "read", "read_region"]
+from gpu_zarr.engine.pipeline import EngineOptions, EngineResult, last_read_stats, read
+from gpu_zarr.engine.runtime import close_runtime, get_runtime
+
+__all__ = ["EngineOptions", "EngineResult", "close_runtime", "get_runtime", "last_read_stats", "read"]
 
 
-def read_region(array, selection=Ellipsis, *, backend: str = "auto", options: EngineOptions | None = None):
-    """Read ``array[selection]`` through a backend.
-
-    Parameters
-    ----------
-    array : zarr.Array or path
-        Opened read-only (a path is opened read-only).
-    selection : basic index
-        Integers, slices (any step) and Ellipsis, as numpy.
-    backend : {"auto", "kvikio", "zarr-gpu", "cpu"}
-        "kvikio" is the direct engine; "auto" picks as :func:`gpu_zarr.zarr_io.choose_backend`.
-    options : EngineOptions, optional
-        Engine knobs (direct engine only).
-
-    Returns
-    -------
-    cupy.ndarray or numpy.ndarray
-        cupy for GPU backends, numpy for "cpu"; equal to ``array[selection]``.
-    """
-    from gpu_zarr.zarr_io import read_selection
-
-    return read_selection(array, selection, prefer=backend, options=options).data
+def __getattr__(name: str) -> Any:
+    if name == "read_region":  # moved to gpu_zarr.zarr_io (it dispatches over every backend)
+        warnings.warn("gpu_zarr.engine.read_region moved to gpu_zarr.zarr_io.read_region (also "
+                      "gpu_zarr.read_region)", DeprecationWarning, stacklevel=2)
+        return importlib.import_module("gpu_zarr.zarr_io").read_region
+    raise AttributeError(f"module 'gpu_zarr.engine' has no attribute {name!r}")

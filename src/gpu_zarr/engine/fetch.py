@@ -12,17 +12,20 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["KvikioReader", "ThreadReader", "make_reader", "read_tasks"]
+if TYPE_CHECKING:
+    from gpu_zarr.engine.plan import Batch
+    from gpu_zarr.engine.runtime import Runtime
+
+__all__ = ["KvikioReader", "Reader", "ThreadReader", "make_reader", "read_tasks"]
 
 PART_BYTES = 4 << 20
 
 
-def read_tasks(batch, part: int = PART_BYTES) -> list[tuple[int, int, list[tuple[int, int]]]]:
+def read_tasks(batch: Batch, part: int = PART_BYTES) -> list[tuple[int, int, list[tuple[int, int]]]]:
     """Vectored read tasks for a batch: (file id, file offset, [(dest offset, length), ...]).
 
     Each coalesced run of adjacent pieces becomes tasks of about ``part`` bytes, cut at piece
@@ -78,16 +81,27 @@ def _read_task(path: Path, offset: int, dest: memoryview, spans: list[tuple[int,
         os.close(fd)
 
 
+class Reader(Protocol):
+    """What the pipeline needs of a reader (:class:`ThreadReader`, :class:`KvikioReader`)."""
+
+    name: str
+    threads: int
+
+    def read(self, files: list[Path], batch: Batch, dest: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class ThreadReader:
     """Read byte ranges with a pool of Python threads (``os.preadv``, GIL released)."""
 
     name = "threads"
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, pool: ThreadPoolExecutor | None = None):
         self.threads = threads
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="gpu-zarr-read")
+        self._pool = pool or ThreadPoolExecutor(threads, thread_name_prefix="gpu-zarr-read")
 
-    def read(self, files: list[Path], batch, dest: np.ndarray) -> None:
+    def read(self, files: list[Path], batch: Batch, dest: Any) -> None:
         """Fill ``dest`` (host uint8) with the encoded bytes of every piece of ``batch``."""
         mv = memoryview(dest).cast("B")
         futs = [self._pool.submit(_read_task, files[f], o, mv, spans) for f, o, spans in read_tasks(batch)]
@@ -95,7 +109,7 @@ class ThreadReader:
             fut.result()
 
     def close(self) -> None:
-        """Readers are kept for the life of the process; nothing to release per read."""
+        """The pool belongs to the runtime; nothing to release here."""
 
 
 class KvikioReader:
@@ -119,7 +133,7 @@ class KvikioReader:
         if kvikio.defaults.get("num_threads") != threads:
             kvikio.defaults.set("num_threads", threads)
 
-    def read(self, files: list[Path], batch, dest) -> None:
+    def read(self, files: list[Path], batch: Batch, dest: Any) -> None:
         """Fill ``dest`` (host or device uint8) with the encoded bytes of every piece of ``batch``."""
         handles: dict[int, object] = {}
         futs = []
@@ -149,18 +163,11 @@ class KvikioReader:
         pass
 
 
-_READERS: dict = {}
+def make_reader(kind: str, threads: int, runtime: Runtime | None = None) -> Reader:
+    """A reader of ``kind`` "kvikio", "threads" or "auto" (kvikio when importable).
 
-
-def make_reader(kind: str, threads: int):
-    """``kind`` "kvikio", "threads" or "auto" (kvikio when importable); kept for reuse."""
-    key = (kind, threads)
-    if key not in _READERS:
-        _READERS[key] = _make_reader(kind, threads)
-    return _READERS[key]
-
-
-def _make_reader(kind: str, threads: int):
+    Readers are long-lived: get them through :meth:`Runtime.reader`, which keeps them.
+    """
     if kind == "auto":
         try:
             import kvikio  # noqa: F401
@@ -170,4 +177,6 @@ def _make_reader(kind: str, threads: int):
             kind = "threads"
     if kind == "kvikio":
         return KvikioReader(threads)
-    return ThreadReader(threads)
+    if kind != "threads":
+        raise ValueError(f"reader must be 'auto', 'kvikio' or 'threads'; got {kind!r}")
+    return ThreadReader(threads, runtime.pool("read", threads) if runtime is not None else None)

@@ -7,15 +7,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from gpu_zarr.errors import UnsupportedArrayError
 
-__all__ = ["Layout", "layout_of"]
+__all__ = ["Layout", "layout_of", "native_dtype"]
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,9 @@ class Layout:
         Shape of one stored object (a shard when sharded).
     inner_shape : tuple of int
         Shape of one decodable chunk (equal to ``chunk_shape`` unless sharded).
-    codec : {"raw", "zstd"}
-        Codec of each (inner) chunk's bytes.
+    codec : str
+        Codec stage of each (inner) chunk's bytes ("raw", "zstd", ...; see
+        :func:`gpu_zarr.engine.codecs.stage_for`).
     sharded : bool
     index_at_end : bool
         Shard index position (``index_location``).
@@ -47,6 +49,10 @@ class Layout:
     chunk_key : callable
         Chunk-grid coordinates -> key relative to ``root`` (zarr's own encoder).
     zarr_format : int
+    codec_params : mapping
+        Parameters of the codec stage (e.g. a Blosc typesize), empty when it needs none.
+    order : {"C", "F"}
+        Element order inside a decoded chunk.
     """
 
     shape: tuple[int, ...]
@@ -62,6 +68,8 @@ class Layout:
     root: Path
     chunk_key: Callable[[tuple[int, ...]], str]
     zarr_format: int
+    codec_params: Mapping[str, Any] = field(default_factory=dict)
+    order: str = "C"
 
     @property
     def ndim(self) -> int:
@@ -87,7 +95,7 @@ def _unsupported(what: str, found: str) -> UnsupportedArrayError:
     )
 
 
-def _local_root(arr) -> Path:
+def _local_root(arr: Any) -> Path:
     store = arr.store
     root = getattr(store, "root", None)
     if root is None or type(store).__name__ != "LocalStore":
@@ -95,13 +103,14 @@ def _local_root(arr) -> Path:
     return Path(root) / arr.path if arr.path else Path(root)
 
 
-def _native(dtype: np.dtype) -> np.dtype:
+def native_dtype(dtype: np.dtype) -> np.dtype:
+    """``dtype`` in native byte order; UnsupportedArrayError for non-numeric dtypes."""
     if dtype.kind not in "biufc" or dtype.itemsize > 16:
         raise _unsupported("numeric and bool arrays", f"dtype {dtype}")
     return dtype.newbyteorder("=") if dtype.byteorder not in ("=", "|") else dtype
 
 
-def _regular_chunks(meta) -> tuple[int, ...]:
+def _regular_chunks(meta: Any) -> tuple[int, ...]:
     grid = getattr(meta, "chunk_grid", None)
     shape = getattr(grid, "chunk_shape", None)
     if shape is None:
@@ -109,14 +118,14 @@ def _regular_chunks(meta) -> tuple[int, ...]:
     return tuple(int(c) for c in shape)
 
 
-def _fill(arr, dtype: np.dtype):
+def _fill(arr: Any, dtype: np.dtype) -> Any:
     fv = arr.fill_value
     if fv is None:  # zarr v2 ``fill_value: null``: zarr-python reads missing chunks as zeros
         fv = 0
     return np.array(fv, dtype=dtype)[()]
 
 
-def _codec_of_chain(codecs, where: str) -> tuple[str, str | None]:
+def _codec_of_chain(codecs: Sequence[Any], where: str) -> tuple[str, str | None]:
     """(codec, endian) for a v3 chain [bytes, (zstd)]; anything else is unsupported."""
     from zarr.codecs import BytesCodec, ZstdCodec
 
@@ -134,7 +143,7 @@ def _codec_of_chain(codecs, where: str) -> tuple[str, str | None]:
     raise _unsupported("chains [bytes] or [bytes, zstd]", f"{where} codecs {names}")
 
 
-def layout_of(arr) -> Layout:
+def layout_of(arr: Any) -> Layout:
     """Describe a zarr array for the direct engine.
 
     Parameters
@@ -170,7 +179,7 @@ def layout_of(arr) -> Layout:
         else:
             raise _unsupported("raw or zstd chunks", f"compressor {comp.get_config() if hasattr(comp, 'get_config') else comp!r}")
         disk = dtype
-        return Layout(shape, disk, _native(disk), _fill(arr, _native(disk)), chunks, chunks, codec,
+        return Layout(shape, disk, native_dtype(disk), _fill(arr, native_dtype(disk)), chunks, chunks, codec,
                       False, True, False, root, meta.encode_chunk_key, 2)
 
     dtype = np.dtype(meta.data_type.to_native_dtype())
@@ -196,6 +205,6 @@ def layout_of(arr) -> Layout:
     disk = dtype if dtype.itemsize == 1 else dtype.newbyteorder("<" if endian in ("little", None) else ">")
     if dtype.kind == "c":
         disk = np.dtype(disk)
-    out = _native(disk)
+    out = native_dtype(disk)
     return Layout(shape, disk, out, _fill(arr, out), chunks, inner, codec, sharded, index_at_end,
                   index_crc, root, meta.encode_chunk_key, 3)

@@ -1,95 +1,189 @@
-"""The device calls of the engine, for the GPU (cupy, nvCOMP) and for its CPU twin (numpy).
+"""The device calls of the engine, for the GPU (cupy, nvCOMP) and for its CPU twins (numpy).
 
-The pipeline is written once against this small interface; only these calls differ
-between the GPU path and the CPU twin that CI runs.
+The pipeline and the codec stages are written once against :class:`Ops`; only these calls
+differ between the GPU path and the CPU twins that CI runs. :class:`CpuOps` runs every call
+at once, in order; :class:`AsyncCpuOps` runs them on worker threads ordered by "events"
+(futures), as the GPU's streams are, so CI exercises the slot/event ordering too.
 """
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
 
 import numpy as np
 
-from gpu_zarr.engine.decode import decode_zstd_cpu, decode_zstd_gpu
+from gpu_zarr.engine.decode import copy_spans_cpu, copy_spans_gpu, decode_batch_cpu, decode_batch_gpu
 from gpu_zarr.engine.place import place_cpu, place_gpu
 from gpu_zarr.errors import INSTALL_HINT, GPUUnavailable
 
-__all__ = ["CpuOps", "GpuOps", "ops_for"]
+__all__ = ["AsyncCpuOps", "CpuOps", "GpuOps", "Ops", "ops_for"]
+
+
+class Ops(Protocol):
+    """What the pipeline and the codec stages call; ``name`` is "gpu" or "cpu"."""
+
+    name: str
+    overlap: bool
+    xp: Any
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any: ...
+    def host_buffers(self, nbytes: int, count: int) -> Any: ...
+    def device_buffer(self, nbytes: int, slot: int = 0) -> Any: ...
+    def upload(self, host: np.ndarray, dev: Any, nbytes: int, slot: int = 0, after: Any = None) -> Any: ...
+    def wait(self, event: Any) -> None: ...
+    def record(self, slot: int = 0) -> Any: ...
+    def decode_batch(self, algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
+                     dst_offsets: np.ndarray, dst_sizes: np.ndarray, names: Sequence[str] | None,
+                     slot: int = 0, wait: Any = None) -> None: ...
+    def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray,
+                   sizes: np.ndarray, slot: int = 0, wait: Any = None) -> None: ...
+    def place(self, src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
+              slot: int = 0, wait: Any = None) -> None: ...
+    def fill(self, out: Any, table: np.ndarray, value: Any) -> None: ...
+    def sync(self) -> None: ...
+    def free_bytes(self) -> int | None: ...
+    def finish(self, out: Any, post: tuple | None) -> Any: ...
+
+
+class _HostLease:
+    """Plain numpy staging (the CPU twins need no pinned memory)."""
+
+    def __init__(self, nbytes: int, count: int) -> None:
+        self.buffers = [np.empty(max(nbytes, 1), np.uint8)[:nbytes] for _ in range(count)]
+
+    def __enter__(self) -> list[np.ndarray]:
+        return self.buffers
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _fill_boxes(out: Any, table: np.ndarray, value: Any) -> None:
+    for t in table:
+        out[tuple(slice(int(a), int(a + n)) for a, n in zip(t[:, 3], t[:, 2]))] = value
 
 
 class CpuOps:
-    """numpy buffers, numcodecs decode, numpy placement."""
+    """numpy buffers, numcodecs decode, numpy placement; every call completes at once."""
 
     name = "cpu"
     xp = np
     overlap = False
 
-    def empty(self, shape, dtype):
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype)
 
-    def host_buffer(self, nbytes: int, slot: int = 0) -> np.ndarray:
-        return np.empty(nbytes, np.uint8)
+    def host_buffers(self, nbytes: int, count: int) -> _HostLease:
+        return _HostLease(nbytes, count)
 
     def device_buffer(self, nbytes: int, slot: int = 0) -> np.ndarray:
-        return np.empty(nbytes, np.uint8)
+        return np.empty(max(nbytes, 1), np.uint8)
 
-    def upload(self, host: np.ndarray, dev: np.ndarray, nbytes: int, slot: int = 0, after=None):
-        dev[:nbytes] = host[:nbytes]
+    def _run(self, fn: Any, *args: Any, slot: int = 0, after: Any = None) -> Any:
+        fn(*args)
         return None
 
-    def wait(self, event) -> None:
-        pass
+    def upload(self, host: np.ndarray, dev: np.ndarray, nbytes: int, slot: int = 0, after: Any = None) -> Any:
+        def copy() -> None:
+            dev[:nbytes] = host[:nbytes]
+        return self._run(copy, slot=slot, after=after)
 
-    def record(self, slot: int = 0):
+    def wait(self, event: Any) -> None:
         return None
 
-    def decode_zstd(self, src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names, slot: int = 0,
-                    wait=None) -> None:
-        decode_zstd_cpu(src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names)
+    def record(self, slot: int = 0) -> Any:
+        return None
 
-    def place(self, src, src_offsets, table, out, disk_dtype, slot: int = 0, wait=None) -> None:
-        place_cpu(src, src_offsets, table, out, disk_dtype)
+    def decode_batch(self, algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray,
+                     dst: np.ndarray, dst_offsets: np.ndarray, dst_sizes: np.ndarray,
+                     names: Sequence[str] | None, slot: int = 0, wait: Any = None) -> None:
+        self._run(decode_batch_cpu, algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names,
+                  after=wait)
 
-    def fill(self, out, table, value) -> None:
-        for t in table:
-            out[tuple(slice(int(a), int(a + n)) for a, n in zip(t[:, 3], t[:, 2]))] = value
+    def copy_spans(self, src: np.ndarray, src_offsets: np.ndarray, dst: np.ndarray, dst_offsets: np.ndarray,
+                   sizes: np.ndarray, slot: int = 0, wait: Any = None) -> None:
+        self._run(copy_spans_cpu, src, src_offsets, dst, dst_offsets, sizes, after=wait)
+
+    def place(self, src: np.ndarray, src_offsets: np.ndarray, table: np.ndarray, out: np.ndarray,
+              disk_dtype: np.dtype, slot: int = 0, wait: Any = None) -> None:
+        self._run(place_cpu, src, src_offsets, table, out, disk_dtype, after=wait)
+
+    def fill(self, out: np.ndarray, table: np.ndarray, value: Any) -> None:
+        _fill_boxes(out, table, value)
 
     def sync(self) -> None:
-        pass
+        return None
 
     def free_bytes(self) -> int | None:
         return None
 
-    def finish(self, out, post):
+    def finish(self, out: np.ndarray, post: tuple | None) -> np.ndarray:
         return np.ascontiguousarray(out[post]) if post is not None else out
 
 
-_STREAMS: list = []
-_PINNED: dict = {}
+class AsyncCpuOps(CpuOps):
+    """The CPU twin with overlap on: copies run on one worker thread per slot ("copy
+    streams"), decode and place in order on one work thread ("the work stream"); events are
+    futures. Used by tests to prove that the pipeline never refills a slot before the work
+    that reads it has finished.
+    """
 
+    overlap = True
 
-def _streams(n: int) -> list:
-    """Process-wide, long-lived non-blocking streams: n copy streams, then the work stream."""
-    import cupy
+    def __init__(self, slots: int = 3) -> None:
+        self._copy = [ThreadPoolExecutor(1, thread_name_prefix=f"cpu-copy-{s}") for s in range(slots)]
+        self._work = ThreadPoolExecutor(1, thread_name_prefix="cpu-work")
+        self._last: list[Future[Any]] = []
 
-    while len(_STREAMS) < n + 1:
-        _STREAMS.append(cupy.cuda.Stream(non_blocking=True))
-    return _STREAMS[1:n + 1], _STREAMS[0]
+    def _submit(self, pool: ThreadPoolExecutor, fn: Any, *args: Any, after: Any = None) -> Future[Any]:
+        def run() -> None:
+            if after is not None:
+                after.result()
+            fn(*args)
+        fut = pool.submit(run)
+        self._last.append(fut)
+        return fut
+
+    def _run(self, fn: Any, *args: Any, slot: int = 0, after: Any = None) -> Any:
+        return self._submit(self._work, fn, *args, after=after)
+
+    def upload(self, host: np.ndarray, dev: np.ndarray, nbytes: int, slot: int = 0, after: Any = None) -> Any:
+        def copy() -> None:
+            dev[:nbytes] = host[:nbytes]
+        return self._submit(self._copy[slot % len(self._copy)], copy, after=after)
+
+    def wait(self, event: Any) -> None:
+        if event is not None:
+            event.result()
+
+    def record(self, slot: int = 0) -> Any:
+        return self._work.submit(lambda: None)
+
+    def sync(self) -> None:
+        pending, self._last = self._last, []
+        for fut in pending:
+            fut.result()
+
+    def close(self) -> None:
+        for p in (*self._copy, self._work):
+            p.shutdown(wait=True)
 
 
 class GpuOps:
     """cupy device buffers, pinned host staging, nvCOMP decode.
 
     Each slot copies on its own stream; decoding and placing happen in order on ONE work
-    stream with one long-lived nvCOMP codec, so nvCOMP's scratch (about 3x the decoded
-    bytes of a batch) exists once, and one decoded buffer serves every batch. CUDA events
-    order a slot's copy before its decode, and the decode before the slot is refilled.
+    stream, so nvCOMP's scratch exists once and one decoded buffer serves every batch.
+    CUDA events order a slot's copy before its decode, and the decode before the slot is
+    refilled. Streams and pinned staging belong to the runtime.
     """
 
     name = "gpu"
     overlap = True
 
-    def __init__(self, slots: int = 3):
+    def __init__(self, slots: int = 3, runtime: Any = None) -> None:
         try:
             import cupy
         except ImportError as exc:
@@ -100,39 +194,36 @@ class GpuOps:
         except cupy.cuda.runtime.CUDARuntimeError as exc:
             raise GPUUnavailable(f"cupy cannot reach a CUDA device ({exc}); check the NVIDIA driver "
                                  "(nvidia-smi) or use backend 'cpu'") from exc
+        from gpu_zarr.engine.runtime import get_runtime
+
         self.xp = cupy
         self._cupy = cupy
-        self.copy_streams, self.stream = _streams(max(1, slots))
+        self._rt = runtime or get_runtime()
+        self.copy_streams, self.stream = self._rt.streams(max(1, slots))
 
-    def _copy(self, slot: int):
+    def _copy(self, slot: int) -> Any:
         return self.copy_streams[slot % len(self.copy_streams)]
 
-    def _after(self, event) -> None:
+    def _after(self, event: Any) -> None:
         if event is not None:
             self.stream.wait_event(event)
 
-    def empty(self, shape, dtype):
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         with self.stream:
             out = self._cupy.empty(shape, dtype)
         return out
 
-    def host_buffer(self, nbytes: int, slot: int = 0) -> np.ndarray:
-        """Pinned staging for ``slot``, kept between reads (pinning memory is slow: ~0.5 s/GiB)."""
-        key = (threading.get_ident(), slot)  # concurrent reads never share staging
-        cur = _PINNED.get(key)
-        if cur is None or cur.nbytes < nbytes:
-            _PINNED.pop(key, None)
-            mem = self._cupy.cuda.alloc_pinned_memory(max(nbytes, 1))
-            cur = _PINNED[key] = np.frombuffer(mem, np.uint8, max(nbytes, 1))
-        return cur[:nbytes]
+    def host_buffers(self, nbytes: int, count: int) -> Any:
+        """A lease of ``count`` pinned staging buffers from the runtime's shared, bounded pool."""
+        return self._rt.pinned.lease(nbytes, count, self._rt.pinned_alloc)
 
-    def device_buffer(self, nbytes: int, slot: int = 0):
+    def device_buffer(self, nbytes: int, slot: int = 0) -> Any:
         with self.stream:
             buf = self._cupy.empty(max(nbytes, 1), np.uint8)
         self.stream.synchronize()  # copy streams and kvikio write into it
         return buf
 
-    def upload(self, host: np.ndarray, dev, nbytes: int, slot: int = 0, after=None):
+    def upload(self, host: np.ndarray, dev: Any, nbytes: int, slot: int = 0, after: Any = None) -> Any:
         """Copy staging to the device on the slot's stream, once ``after`` has happened."""
         s = self._copy(slot)
         if after is not None:
@@ -141,27 +232,33 @@ class GpuOps:
             dev[:nbytes].set(host[:nbytes], stream=s)
         return s.record()
 
-    def wait(self, event) -> None:
+    def wait(self, event: Any) -> None:
         if event is not None:
             event.synchronize()
 
-    def record(self, slot: int = 0):
+    def record(self, slot: int = 0) -> Any:
         """An event after the work queued so far on the work stream."""
         return self.stream.record()
 
-    def decode_zstd(self, src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names, slot: int = 0,
-                    wait=None) -> None:
+    def decode_batch(self, algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
+                     dst_offsets: np.ndarray, dst_sizes: np.ndarray, names: Sequence[str] | None,
+                     slot: int = 0, wait: Any = None) -> None:
         self._after(wait)
-        decode_zstd_gpu(src, src_offsets, src_sizes, dst, dst_offsets, dst_size, self.stream, names)
+        decode_batch_gpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, self.stream, names)
 
-    def place(self, src, src_offsets, table, out, disk_dtype, slot: int = 0, wait=None) -> None:
+    def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
+                   slot: int = 0, wait: Any = None) -> None:
+        self._after(wait)
+        copy_spans_gpu(src, src_offsets, dst, dst_offsets, sizes, self.stream)
+
+    def place(self, src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
+              slot: int = 0, wait: Any = None) -> None:
         self._after(wait)
         place_gpu(src, src_offsets, table, out, disk_dtype, self.stream)
 
-    def fill(self, out, table, value) -> None:
+    def fill(self, out: Any, table: np.ndarray, value: Any) -> None:
         with self.stream:
-            for t in table:
-                out[tuple(slice(int(a), int(a + n)) for a, n in zip(t[:, 3], t[:, 2]))] = value
+            _fill_boxes(out, table, value)
 
     def sync(self) -> None:
         for s in self.copy_streams:
@@ -172,7 +269,7 @@ class GpuOps:
         free, _ = self._cupy.cuda.runtime.memGetInfo()
         return int(free) + int(self._cupy.get_default_memory_pool().free_bytes())
 
-    def finish(self, out, post):
+    def finish(self, out: Any, post: tuple | None) -> Any:
         if post is None:
             return out
         with self.stream:
@@ -181,7 +278,7 @@ class GpuOps:
         return res
 
 
-def ops_for(device: str, slots: int = 3):
+def ops_for(device: str, slots: int = 3) -> Ops:
     """``"gpu"`` or ``"cpu"``."""
     if device == "gpu":
         return GpuOps(slots)

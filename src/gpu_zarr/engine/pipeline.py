@@ -1,10 +1,11 @@
-"""plan -> fetch -> decode -> place, with batches double-buffered so the stages overlap.
+"""plan -> fetch -> decode -> place, with batches in flight so the stages overlap.
 
-While the GPU copies, decodes and places batch k (all ordered on one CUDA stream), the read
-threads are already filling the pinned staging slots of batches k+1 and k+2. A slot is
-refilled only after the host->device copy that read it has finished (a CUDA event).
-Memory stays bounded whatever the volume: ``slots`` pinned buffers of ``batch_bytes`` and
-the same on the device for encoded and decoded bytes.
+While the GPU copies, decodes and places batch k (decode and place ordered on one CUDA
+stream), the read threads are already filling the staging slots of batches k+1 and k+2. A
+slot is refilled only after the work that reads it has finished (a CUDA event).
+Memory stays bounded whatever the volume: ``slots`` staging buffers of ``batch_bytes`` and
+the same on the device for encoded and decoded bytes, checked to fit before anything is
+planned or allocated.
 """
 
 from __future__ import annotations
@@ -12,104 +13,118 @@ from __future__ import annotations
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Callable
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
-from gpu_zarr.engine.fetch import make_reader
+from gpu_zarr import settings
+from gpu_zarr.engine.codecs import CodecStage, stage_for
+from gpu_zarr.engine.fit import check_fits
 from gpu_zarr.engine.layout import Layout, layout_of
-from gpu_zarr.engine.locate import locate
-from gpu_zarr.engine.ops import ops_for
-from gpu_zarr.engine.plan import make_batches, normalize_selection, plan_pieces
-from gpu_zarr.engine.zstd_frames import check_frames
-from gpu_zarr.errors import OutOfGPUMemory, ReadCancelled
+from gpu_zarr.engine.locate import Located, locate
+from gpu_zarr.engine.ops import Ops, ops_for
+from gpu_zarr.engine.plan import Batch, Pieces, make_batches, normalize_selection, plan_pieces
+from gpu_zarr.engine.runtime import Runtime, get_runtime
+from gpu_zarr.errors import ReadCancelled
 
-__all__ = ["EngineOptions", "last_read_stats", "read"]
+__all__ = ["EngineOptions", "EngineResult", "last_read_stats", "read"]
 
 MiB = 1 << 20
 GiB = 1 << 30
-_stats_lock = threading.Lock()
-_last_stats: dict | None = None
+_last = threading.local()  # only for the deprecated last_read_stats()
+
+
+def _setting(name: str) -> Callable[[], Any]:
+    return lambda: settings.get(name)
 
 
 @dataclass
 class EngineOptions:
-    """Knobs of the direct engine.
+    """Knobs of the direct engine for one read; defaults come from :mod:`gpu_zarr.settings`.
 
     Attributes
     ----------
     batch_bytes : int
-        Encoded (and decoded) bytes per batch; one nvCOMP call and one copy per batch
-        (environment: ``GPU_ZARR_BATCH_MIB``). GPU memory beyond the output is about
-        ``slots * batch`` (read buffers) plus ``4.1 * batch`` for zstd (decoded buffer and
-        nvCOMP's scratch); larger batches decode faster.
+        Encoded (and decoded) bytes per batch; one read, one copy and one batched decode
+        per batch (``settings`` ``batch_bytes``, environment ``GPU_ZARR_BATCH_MIB``).
     slots : int
-        Batches in flight (staging buffers); 2 is double buffering, 3 lets reads run ahead
-        (environment: ``GPU_ZARR_SLOTS``).
+        Batches in flight (``GPU_ZARR_SLOTS``); 2 is double buffering, 3 lets reads run ahead.
     threads : int
-        Read threads (kvikio's pool or ours). kvikio's own default is 1; we use >= 8.
+        Read threads (kvikio's pool or ours; ``GPU_ZARR_THREADS``). kvikio's own default is 1.
     reader : {"auto", "kvikio", "threads"}
-        "auto" uses kvikio when installed on the GPU path, threads otherwise
-        (environment: ``GPU_ZARR_READER``).
+        "auto" uses kvikio when installed on the GPU path (``GPU_ZARR_READER``).
     direct_raw : bool
-        Uncompressed arrays read by kvikio go straight into device memory (no pinned
-        staging, no separate copy); zstd always stages on the host, where frames are
-        checked before nvCOMP sees them (environment: ``GPU_ZARR_DIRECT_RAW=0`` turns it off).
-    pinned_limit : int
-        Upper bound of pinned host staging (slots * batch_bytes is reduced to fit).
-    headroom : int
-        GPU memory left free beyond output and scratch when checking a read fits.
+        Uncompressed chunks read by kvikio go straight into device memory
+        (``GPU_ZARR_DIRECT_RAW=0`` turns it off).
+    pinned_limit : int, optional
+        Upper bound of this read's staging (``slots * batch_bytes`` is reduced to fit);
+        default ``settings`` ``pinned_bytes``.
     progress : callable, optional
         ``progress(done_bytes, total_bytes)`` after each batch (decoded bytes).
     cancel : object with ``is_set()``, optional
         Checked between batches; raises :class:`~gpu_zarr.errors.ReadCancelled`.
     """
 
-    batch_bytes: int = field(default_factory=lambda: int(os.environ.get("GPU_ZARR_BATCH_MIB", 192)) * MiB)
-    slots: int = field(default_factory=lambda: int(os.environ.get("GPU_ZARR_SLOTS", 3)))
-    threads: int = field(default_factory=lambda: max(8, min(32, os.cpu_count() or 8)))
-    reader: str = field(default_factory=lambda: os.environ.get("GPU_ZARR_READER", "auto"))
-    direct_raw: bool = field(default_factory=lambda: os.environ.get("GPU_ZARR_DIRECT_RAW", "1") != "0")
-    pinned_limit: int = 1 * GiB
-    headroom: int = 256 * MiB
+    batch_bytes: int = field(default_factory=_setting("batch_bytes"))
+    slots: int = field(default_factory=_setting("slots"))
+    threads: int = field(default_factory=_setting("threads"))
+    reader: str = field(default_factory=_setting("reader"))
+    direct_raw: bool = field(default_factory=_setting("direct_raw"))
+    pinned_limit: int = field(default_factory=_setting("pinned_bytes"))
     progress: Callable[[int, int], None] | None = None
-    cancel: object | None = None
+    cancel: Any = None
+
+    def with_(self, **changes: Any) -> EngineOptions:
+        """A copy with some fields changed."""
+        return replace(self, **changes)
 
 
-def last_read_stats() -> dict | None:
-    """Per-stage timings of the most recent engine read (seconds, bytes, counts)."""
-    with _stats_lock:
-        return dict(_last_stats) if _last_stats else None
+@dataclass
+class EngineResult:
+    """What an engine read returns: the data and what was measured.
+
+    Attributes
+    ----------
+    data : cupy.ndarray or numpy.ndarray
+    stats : dict
+        Per-stage seconds, bytes and counts (``plan_s``, ``locate_s``, ``read_s``,
+        ``decode_s``, ``place_s``, ``pieces``, ``batches``, ``encoded_bytes``, ...).
+    """
+
+    data: Any
+    stats: dict[str, Any]
 
 
-_POOLS: dict = {}
+def last_read_stats() -> dict[str, Any] | None:
+    """Deprecated: per-stage timings of this thread's most recent engine read.
+
+    Use the ``stats`` of :func:`read`'s :class:`EngineResult` (or of
+    :class:`gpu_zarr.zarr_io.ReadResult`), which belong to that read alone.
+    """
+    warnings.warn("last_read_stats() is deprecated: use the stats of the read's result",
+                  DeprecationWarning, stacklevel=2)
+    stats = getattr(_last, "stats", None)
+    return dict(stats) if stats else None
 
 
-def _pool(name: str, n: int) -> ThreadPoolExecutor:
-    """Thread pools kept for the life of the process (starting threads per read costs)."""
-    key = (name, n)
-    if key not in _POOLS:
-        _POOLS[key] = ThreadPoolExecutor(n, thread_name_prefix=f"gpu-zarr-{name}")
-    return _POOLS[key]
-
-
-def _open(arr):
+def _open(arr: Any) -> Any:
     if isinstance(arr, (str, os.PathLike)):
-        from gpu_zarr.zarr_io import open_array
+        from gpu_zarr.store import open_array
 
         return open_array(arr)
     return arr
 
 
-def read(arr, selection=Ellipsis, *, device: str = "gpu", options: EngineOptions | None = None,
-         layout: Layout | None = None):
+def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: EngineOptions | None = None,
+         layout: Layout | None = None, ops: Ops | None = None, runtime: Runtime | None = None) -> EngineResult:
     """Read ``arr[selection]`` with the engine.
 
     Parameters
     ----------
-    arr : zarr.Array or path
+    arr : zarr.Array, path, or None when ``layout`` is given
         Opened read-only (a path is opened read-only).
     selection : basic index
         Integers, slices with any step, Ellipsis.
@@ -118,11 +133,15 @@ def read(arr, selection=Ellipsis, *, device: str = "gpu", options: EngineOptions
     options : EngineOptions, optional
     layout : Layout, optional
         Precomputed :func:`~gpu_zarr.engine.layout.layout_of` (saves re-parsing metadata).
+    ops : Ops, optional
+        The device calls (default: :func:`~gpu_zarr.engine.ops.ops_for` ``device``).
+    runtime : Runtime, optional
+        Owner of pools, streams and staging (default: :func:`get_runtime`).
 
     Returns
     -------
-    cupy.ndarray or numpy.ndarray
-        Equal to ``arr[selection]``, in native byte order.
+    EngineResult
+        ``data`` equal to ``arr[selection]`` in native byte order, and the read's stats.
 
     Raises
     ------
@@ -130,68 +149,59 @@ def read(arr, selection=Ellipsis, *, device: str = "gpu", options: EngineOptions
         The array's codecs or layout are not for the direct engine.
     CorruptChunkError
         A chunk or shard is truncated or corrupt (named in the message).
-    OutOfGPUMemory
-        The result does not fit in free GPU memory (checked before allocating).
+    OutOfGPUMemory, OutOfHostMemory
+        The result and its scratch do not fit (checked before planning or allocating).
     """
     opts = options or EngineOptions()
-    stats: dict = {"device": device}
+    rt = runtime or get_runtime()
+    stats: dict[str, Any] = {"device": device}
     t0 = time.perf_counter()
-    arr = _open(arr)
-    lay = layout or layout_of(arr)
+    lay = layout or layout_of(_open(arr))
+    stage = stage_for(lay)
     region = normalize_selection(lay.shape, selection)
-    pieces = plan_pieces(lay, region.start, region.stop)
-    ops = ops_for(device, max(1, opts.slots))
     box_shape = region.box_shape
     out_nbytes = int(np.prod(box_shape, dtype=np.int64)) * lay.out_dtype.itemsize
-
     slots = max(1, opts.slots)
-    batch = max(lay.inner_nbytes, min(opts.batch_bytes, opts.pinned_limit // slots))
+    batch = max(lay.inner_nbytes, min(opts.batch_bytes, max(opts.pinned_limit, lay.inner_nbytes) // slots))
     per_batch = max(1, batch // lay.inner_nbytes)
-    dec_cap = per_batch * (-(-lay.inner_nbytes // 16) * 16) if lay.codec == "zstd" else 0
-    # per slot a device read buffer; one decoded buffer; nvCOMP's own decode scratch for
-    # one batch (measured: about 3x the decoded batch), kept by its codec
-    scratch = slots * batch + dec_cap + (dec_cap * 31 // 10 if device == "gpu" else 0)
-    free = ops.free_bytes()
-    if free is not None:
-        extra = out_nbytes if not region.is_box else 0
-        need = out_nbytes + extra + scratch + opts.headroom
-        if need > free:
-            raise OutOfGPUMemory(
-                f"reading {box_shape} {lay.out_dtype} needs {out_nbytes / GiB:.2f} GiB for the result plus "
-                f"{(need - out_nbytes) / GiB:.2f} GiB of scratch and headroom, but only {free / GiB:.2f} GiB "
-                "of GPU memory is free. Read a region instead (gpu_zarr.engine.read_region(array, "
-                "selection)), free GPU memory, or use a GPU with more memory."
-            )
+    dec_cap = per_batch * _stride(lay) if stage.decodes else 0
+    scratch = slots * batch + dec_cap + stage.scratch_bytes(per_batch, lay)
+    if not region.is_box:
+        scratch += out_nbytes  # the box, then the stepped/squeezed copy
+    # before anything is planned or allocated: an absurd shape fails here, in microseconds
+    check_fits(out_nbytes, scratch if device == "gpu" else 0, device=device,
+               what=f"reading {box_shape} {lay.out_dtype}")
+    ops = ops or ops_for(device, slots)
+    pieces = plan_pieces(lay, region.start, region.stop)
     stats["plan_s"] = time.perf_counter() - t0
 
-    io_pool = _pool("locate", min(opts.threads, 64))
-    reader = make_reader(opts.reader if device == "gpu" else "threads", opts.threads)
-    try:
-        t = time.perf_counter()
-        loc = locate(lay, pieces, io_pool)
-        stats["locate_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        out = ops.empty(box_shape, lay.out_dtype)
-        stats["alloc_s"] = time.perf_counter() - t
-        missing = np.flatnonzero(loc.nbytes < 0)
-        if len(missing):
-            ops.fill(out, pieces.table[missing], lay.fill_value)
-        batches = make_batches(loc.file_id, loc.offset, loc.nbytes, lay.inner_nbytes, batch)
-        stats.update(pieces=len(pieces), missing=len(missing), batches=len(batches),
-                     encoded_bytes=int(loc.nbytes[loc.nbytes > 0].sum()), decoded_bytes=out_nbytes)
-        _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats)
-        result = ops.finish(out, None if region.is_box else region.post)
-        ops.sync()
-    finally:
-        reader.close()
+    t = time.perf_counter()
+    loc = locate(lay, pieces, rt.pool("locate", min(opts.threads, 64)))
+    stats["locate_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    out = ops.empty(box_shape, lay.out_dtype)
+    stats["alloc_s"] = time.perf_counter() - t
+    missing = np.flatnonzero(loc.nbytes < 0)
+    if len(missing):
+        ops.fill(out, pieces.table[missing], lay.fill_value)
+    batches = make_batches(loc.file_id, loc.offset, loc.nbytes, lay.inner_nbytes, batch)
+    stats.update(codec=lay.codec, pieces=len(pieces), missing=len(missing), batches=len(batches),
+                 encoded_bytes=int(loc.nbytes[loc.nbytes > 0].sum()), decoded_bytes=out_nbytes)
+    reader = rt.reader(opts.reader if device == "gpu" else "threads", opts.threads)
+    _run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats)
+    result = ops.finish(out, None if region.is_box else region.post)
+    ops.sync()
     stats["total_s"] = time.perf_counter() - t0
-    global _last_stats
-    with _stats_lock:
-        _last_stats = stats
-    return result
+    _last.stats = stats
+    return EngineResult(result, stats)
 
 
-class _Names:
+def _stride(lay: Layout) -> int:
+    """Bytes between decoded chunks in the decoded buffer (16-byte aligned)."""
+    return -(-lay.inner_nbytes // 16) * 16
+
+
+class _Names(Sequence[str]):
     """Chunk names of a batch, looked up only when an error message needs one."""
 
     def __init__(self, names: list[str], pieces: np.ndarray):
@@ -200,26 +210,38 @@ class _Names:
     def __len__(self) -> int:
         return len(self._pieces)
 
-    def __getitem__(self, k: int) -> str:
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
         return self._names[int(self._pieces[k])]
 
 
-def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> None:
+def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: list[Batch], out: Any,
+                 ops: Ops, reader: Any, opts: EngineOptions, stats: dict[str, Any]) -> None:
     if not batches:
         return
-    t_setup = time.perf_counter()
     nslots = min(max(1, opts.slots), len(batches))
     cap = max(b.staging_bytes for b in batches)
-    per = max(len(b.pieces) for b in batches)
-    dstride = -(-lay.inner_nbytes // 16) * 16
-    zstd = lay.codec == "zstd"
     # raw chunks read by kvikio land in device memory directly: nothing to check on the host
-    direct = (not zstd) and ops.name == "gpu" and reader.name == "kvikio" and opts.direct_raw
-    host = [None] * nslots if direct else [ops.host_buffer(cap, s) for s in range(nslots)]
+    direct = (not stage.decodes) and ops.name == "gpu" and reader.name == "kvikio" and opts.direct_raw
+    with ops.host_buffers(0 if direct else cap, 0 if direct else nslots) as host:
+        _run(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, nslots, cap, direct, host)
+    stats["reader"] = reader.name + (" (into device memory)" if direct else " (staging)")
+    stats["threads"] = getattr(reader, "threads", None)
+    stats["slots"] = nslots
+    stats["batch_bytes"] = cap
+
+
+def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: list[Batch], out: Any, ops: Ops,
+         reader: Any, opts: EngineOptions, stats: dict[str, Any], nslots: int, cap: int, direct: bool,
+         host: list[np.ndarray]) -> None:
+    t_setup = time.perf_counter()
+    per = max(len(b.pieces) for b in batches)
+    dstride = _stride(lay)
     dev_in = [ops.device_buffer(cap, s) for s in range(nslots)]
-    dev_out = ops.device_buffer(per * dstride) if zstd else None  # one: decode and place are in order
-    released = [None] * nslots  # event: the slot's read buffer (pinned, or device when direct) is free
-    consumed = [None] * nslots  # event: the work stream is done with the slot's device buffer
+    dev_out = ops.device_buffer(per * dstride) if stage.decodes else None  # one: decode and place are in order
+    released: list[Any] = [None] * nslots  # event: the slot's read buffer (host, or device when direct) is free
+    consumed: list[Any] = [None] * nslots  # event: the work stream is done with the slot's device buffer
     dst_offsets = np.arange(per, dtype=np.int64) * dstride
     total = int(np.prod(out.shape, dtype=np.int64)) * out.dtype.itemsize
     done = 0
@@ -236,17 +258,18 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
             timings["read_s"] += time.perf_counter() - t
 
     # one coordinator per slot keeps `nslots` batches being read while the GPU works
-    coord = _pool("fetch", nslots)
-    futures = {}
+    coord = get_runtime().pool("fetch", nslots)
+    futures: dict[int, Any] = {}
+    ahead = nslots if ops.overlap else 1
 
-    def _submit(k: int) -> None:
+    def submit(k: int) -> None:
         # a slot's next read is submitted only after `released` holds the event that frees it
         if k < len(batches):
             futures[k] = coord.submit(fetch, k)
+
     try:
-        ahead = nslots if ops.overlap else 1
         for k in range(min(ahead, len(batches))):
-            futures[k] = coord.submit(fetch, k)
+            submit(k)
         for k, b in enumerate(batches):
             if opts.cancel is not None and opts.cancel.is_set():
                 raise ReadCancelled("read cancelled: the partial result was discarded")
@@ -254,33 +277,33 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
             t = time.perf_counter()
             futures.pop(k).result()
             timings["wait_read_s"] += time.perf_counter() - t
-            names = _Names(loc.names, b.pieces) if zstd else None
-            if zstd:
+            names = _Names(loc.names, b.pieces)
+            prep = None
+            if stage.decodes:
                 t = time.perf_counter()
-                check_frames(host[s], b.src_offsets, b.src_sizes, lay.inner_nbytes, names)
+                prep = stage.prepare(host[s], b, lay, names)
                 timings["check_s"] += time.perf_counter() - t
             t = time.perf_counter()
             uploaded = None
             if not direct:
                 uploaded = released[s] = ops.upload(host[s], dev_in[s], b.staging_bytes, s, after=consumed[s])
+                submit(k + ahead)  # the host slot is free once its copy is done: read ahead now
             timings["upload_s"] += time.perf_counter() - t
-            if not direct:  # the pinned slot is free once its copy is done: read ahead now
-                _submit(k + ahead)
-            if zstd:
+            if stage.decodes:
                 t = time.perf_counter()
-                ops.decode_zstd(dev_in[s], b.src_offsets, b.src_sizes, dev_out, dst_offsets[:len(b.pieces)],
-                                lay.inner_nbytes, names, s, wait=uploaded)
+                stage.decode(ops, dev_in[s], b, prep, dev_out, dst_offsets[:len(b.pieces)], lay, names, s,
+                             uploaded)
                 timings["decode_s"] += time.perf_counter() - t
                 src, src_off = dev_out, dst_offsets[:len(b.pieces)]
             else:
                 src, src_off = dev_in[s], b.src_offsets
             t = time.perf_counter()
             ops.place(src, src_off, pieces.table[b.pieces], out, lay.disk_dtype, s,
-                      wait=None if zstd else uploaded)
+                      wait=None if stage.decodes else uploaded)
             consumed[s] = ops.record(s)
             if direct:  # the device slot is free only once this batch is placed
                 released[s] = consumed[s]
-                _submit(k + ahead)
+                submit(k + ahead)
             timings["place_s"] += time.perf_counter() - t
             done += int(np.prod(pieces.table[b.pieces][:, :, 2], axis=1).sum()) * out.dtype.itemsize
             if opts.progress is not None:
@@ -295,11 +318,7 @@ def _run_batches(lay, loc, pieces, batches, out, ops, reader, opts, stats) -> No
             if not f.cancelled():
                 try:
                     f.result()
-                except Exception:
+                except Exception:  # noqa: BLE001 - the read already failed or was cancelled
                     pass
         ops.sync()
-    stats.update(timings)
-    stats["reader"] = reader.name + (" (into device memory)" if direct else " (pinned staging)")
-    stats["threads"] = getattr(reader, "threads", None)
-    stats["slots"] = nslots
-    stats["batch_bytes"] = cap
+        stats.update(timings)

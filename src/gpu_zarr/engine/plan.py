@@ -6,13 +6,15 @@ scatter kernel and its CPU twin both consume.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from gpu_zarr.engine.layout import Layout
 
-__all__ = ["Batch", "Pieces", "Region", "make_batches", "normalize_selection", "plan_pieces"]
+__all__ = ["Batch", "Pieces", "Region", "make_batches", "normalize_key", "normalize_selection", "plan_pieces"]
 
 
 @dataclass(frozen=True)
@@ -44,52 +46,65 @@ class Region:
         return all(p == slice(None) for p in self.post)
 
 
-def normalize_selection(shape: tuple[int, ...], selection=Ellipsis) -> Region:
-    """Normalise ints, slices (any step) and Ellipsis the way numpy does.
+def normalize_key(shape: tuple[int, ...], key: Any) -> tuple[int | slice, ...]:
+    """Normalise a basic-indexing key the way numpy does: one entry per axis, an in-range
+    non-negative int or a ``slice(start, stop, step)`` as ``slice.indices`` gives it.
 
     Raises
     ------
     IndexError
-        Out-of-range integers, too many indices.
+        Out-of-range integers, too many indices, more than one Ellipsis.
     TypeError
-        Fancy indexing (arrays, lists), newaxis.
+        Not basic indexing (arrays, lists, booleans, ``None``).
     """
-    sel = selection if isinstance(selection, tuple) else (selection,)
+    sel = key if isinstance(key, tuple) else (key,)
     if sum(s is Ellipsis for s in sel) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
     if Ellipsis in sel:
         i = next(k for k, s in enumerate(sel) if s is Ellipsis)
         fill = len(shape) - (len(sel) - 1)
-        sel = sel[:i] + (slice(None),) * fill + sel[i + 1:]
+        sel = sel[:i] + (slice(None),) * max(fill, 0) + sel[i + 1:]
     if len(sel) > len(shape):
         raise IndexError(f"too many indices: array is {len(shape)}-dimensional, {len(sel)} were indexed")
     sel = sel + (slice(None),) * (len(shape) - len(sel))
-    start, stop, post, out_shape = [], [], [], []
+    out: list[int | slice] = []
     for dim, (s, n) in enumerate(zip(sel, shape)):
-        if isinstance(s, (int, np.integer)) and not isinstance(s, bool):
-            i = int(s)
-            if not -n <= i < n:
-                raise IndexError(f"index {i} is out of bounds for axis {dim} with size {n}")
-            i %= n
-            start.append(i), stop.append(i + 1), post.append(0)
-        elif isinstance(s, slice):
-            r = range(*s.indices(n))
-            if len(r) == 0:
-                start.append(0), stop.append(0), post.append(slice(None)), out_shape.append(0)
-                continue
-            lo, hi = min(r[0], r[-1]), max(r[0], r[-1]) + 1
-            start.append(lo), stop.append(hi), out_shape.append(len(r))
-            if r.step == 1:
-                post.append(slice(None))
-            elif r.step > 0:
-                post.append(slice(0, None, r.step))
-            else:
-                post.append(slice(hi - 1 - lo, None, r.step))
+        if isinstance(s, slice):
+            out.append(slice(*s.indices(n)))
+            continue
+        if isinstance(s, (bool, np.bool_)) or s is None:
+            raise TypeError(f"only integers, slices and Ellipsis are supported (basic indexing); got {s!r} "
+                            f"for axis {dim}")
+        try:
+            i = operator.index(s)
+        except TypeError:
+            raise TypeError(f"only integers, slices and Ellipsis are supported (basic indexing); got "
+                            f"{type(s).__name__} for axis {dim}") from None
+        if not -n <= i < n:
+            raise IndexError(f"index {i} is out of bounds for axis {dim} with size {n}")
+        out.append(i % n)
+    return tuple(out)
+
+
+def normalize_selection(shape: tuple[int, ...], selection: Any = Ellipsis) -> Region:
+    """The :class:`Region` of a basic-indexing selection (see :func:`normalize_key`)."""
+    start, stop, post, out_shape = [], [], [], []
+    for s in normalize_key(shape, selection):
+        if isinstance(s, int):
+            start.append(s), stop.append(s + 1), post.append(0)
+            continue
+        r = range(s.start, s.stop, s.step)
+        if len(r) == 0:
+            start.append(0), stop.append(0), post.append(slice(None)), out_shape.append(0)
+            continue
+        lo, hi = min(r[0], r[-1]), max(r[0], r[-1]) + 1
+        start.append(lo), stop.append(hi), out_shape.append(len(r))
+        if r.step == 1:
+            post.append(slice(None))
+        elif r.step > 0:
+            post.append(slice(0, None, r.step))
         else:
-            raise TypeError(
-                f"only integers, slices and Ellipsis are supported (basic indexing); got {type(s).__name__} "
-                f"for axis {dim}"
-            )
+            post.append(slice(hi - 1 - lo, None, r.step))
     return Region(tuple(start), tuple(stop), tuple(post), tuple(out_shape))
 
 

@@ -19,14 +19,14 @@ from gpu_zarr.lazy import GpuLazyArray
 from gpu_zarr.omezarr import (
     Channel,
     OmeImage,
-    _ome_attrs,
+    ome_attrs,
     find_zarr_node,
     is_ome_zarr,
     open_node,
     open_ome,
 )
 
-__all__ = ["napari_get_reader", "read_zarr_layers"]
+__all__ = ["napari_get_reader", "read_for_napari", "read_zarr_layers"]
 
 LayerData = tuple[Any, dict[str, Any], str]
 
@@ -47,7 +47,7 @@ def napari_get_reader(path: str | list[str]) -> Callable[[Any], list[LayerData]]
         target = _resolve(path)
     except Exception:  # noqa: BLE001 - sniffing must never raise
         return None
-    return None if target is None else partial(_read_for_napari, target)
+    return None if target is None else partial(read_for_napari, target)
 
 
 def _resolve(path: Any) -> str | None:
@@ -63,7 +63,7 @@ def _resolve(path: Any) -> str | None:
     return None if node is None else str(node)
 
 
-def _read_for_napari(path: str, _paths: Any = None) -> list[LayerData]:
+def read_for_napari(path: str, _paths: Any = None) -> list[LayerData]:
     layers = read_zarr_layers(path)
     _notify_if_cpu(layers)
     return layers
@@ -223,7 +223,7 @@ def _label_layers(img: OmeImage, *, visible: bool) -> list[LayerData]:
 
 def _labels_group_layers(node: zarr.Group, path: str) -> list[LayerData]:
     """A ``labels/`` group opened directly: each listed label image, shown."""
-    ome, _ = _ome_attrs(node.attrs)
+    ome, _ = ome_attrs(node.attrs)
     names = ome.get("labels")
     if not isinstance(names, list):
         return []

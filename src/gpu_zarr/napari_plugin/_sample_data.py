@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpu_zarr.napari_plugin._reader import LayerData, _read_for_napari
+from gpu_zarr.napari_plugin._reader import LayerData, read_for_napari
 from gpu_zarr.sample import sample_path
 
 __all__ = ["make_sample_data"]
@@ -14,4 +14,4 @@ def make_sample_data() -> list[LayerData]:
     Written once to the cache folder (``$GPU_ZARR_CACHE`` or ``~/.cache/napari-gpu-zarr``;
     about 40 MiB on disk) and reused afterwards.
     """
-    return _read_for_napari(str(sample_path()))
+    return read_for_napari(str(sample_path()))

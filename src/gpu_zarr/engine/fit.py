@@ -1,0 +1,86 @@
+"""The one memory-fit check: does a read fit, with headroom, before anything is allocated."""
+
+from __future__ import annotations
+
+import os
+
+from gpu_zarr import settings
+from gpu_zarr.errors import GPUUnavailable, INSTALL_HINT, OutOfGPUMemory, OutOfHostMemory
+
+__all__ = ["check_fits", "device_memory", "headroom_bytes", "host_available_bytes"]
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def headroom_bytes(total: int) -> int:
+    """GPU memory every read leaves free: ``settings.headroom_bytes``, or by default the
+    larger of 512 MiB and 5 % of the device (for napari, the CUDA context, other work)."""
+    fixed = settings.get("headroom_bytes")
+    return fixed if fixed else max(512 * MiB, total // 20)
+
+
+def device_memory() -> tuple[int, int]:
+    """(free, total) bytes of the current CUDA device; cupy's cached free blocks count as free."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise GPUUnavailable(f"cupy is not installed: {INSTALL_HINT}") from exc
+    free, total = cupy.cuda.runtime.memGetInfo()
+    return int(free) + int(cupy.get_default_memory_pool().free_bytes()), int(total)
+
+
+def host_available_bytes() -> int | None:
+    """Memory the host can still give (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits(result_bytes: int, scratch_bytes: int = 0, *, device: str = "gpu", what: str = "the read",
+               free_total: tuple[int, int] | None = None) -> None:
+    """Raise unless ``result_bytes + scratch_bytes`` (plus headroom on the GPU) fits now.
+
+    Parameters
+    ----------
+    result_bytes : int
+        Bytes of the result.
+    scratch_bytes : int
+        Temporary bytes the read needs beside its result (buffers, decoder scratch).
+    device : {"gpu", "cpu"}
+    what : str
+        What is read, for the message.
+    free_total : (int, int), optional
+        (free, total) device bytes when the caller already knows them.
+
+    Raises
+    ------
+    OutOfGPUMemory, OutOfHostMemory
+        Saying how much was needed, how much is free, and what to do.
+    """
+    need = int(result_bytes) + int(scratch_bytes)
+    if device == "cpu":
+        avail = host_available_bytes()
+        if avail is not None and need > avail:
+            raise OutOfHostMemory(
+                f"{what} needs {need / GiB:,.2f} GiB of host memory ({result_bytes / GiB:,.2f} GiB for the "
+                f"result), but only {avail / GiB:,.2f} GiB is available. Read a region instead "
+                "(gpu_zarr.zarr_io.read_region(array, selection)) or a coarser level.")
+        return
+    free, total = free_total if free_total is not None else device_memory()
+    room = headroom_bytes(total)
+    if need + room > free:
+        raise OutOfGPUMemory(
+            f"{what} needs {result_bytes / GiB:,.2f} GiB of GPU memory for the result plus "
+            f"{scratch_bytes / GiB:,.2f} GiB of scratch and {room / GiB:.2f} GiB of headroom, but only "
+            f"{free / GiB:,.2f} GiB of {total / GiB:,.2f} GiB is free. Read a region instead "
+            "(gpu_zarr.zarr_io.read_region(array, selection)), a coarser level, free GPU memory, "
+            "or use a GPU with more memory.")

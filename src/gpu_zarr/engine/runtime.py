@@ -1,0 +1,216 @@
+"""The one owner of what lives across reads.
+
+A :class:`Runtime` holds the engine's thread pools, readers, CUDA streams, the pinned host
+staging (one bounded pool shared by every thread, not one per thread), and any other
+long-lived resource a stage registers with :meth:`Runtime.resource` (nvCOMP decoders and
+their scratch, kernels, caches). It is created lazily by :func:`get_runtime`, is safe to
+use from many threads at once (napari slices from several), reports what it holds
+(:meth:`Runtime.report`) and releases everything with :meth:`Runtime.close`; the next
+:func:`get_runtime` then starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Hashable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpu_zarr import settings
+
+__all__ = ["PinnedPool", "Runtime", "close_runtime", "get_runtime"]
+
+
+@dataclass
+class _Resource:
+    value: Any
+    close: Callable[[Any], None] | None
+    nbytes: Callable[[Any], int] | None
+
+
+class PinnedPool:
+    """Page-locked host buffers shared by all reads, bounded by ``settings.pinned_bytes``.
+
+    A read leases the buffers it needs for its duration; concurrent reads get distinct
+    buffers. When the bound is reached and nothing is free, a lease gets ordinary
+    (pageable) memory instead: slower copies, never a wait or a failure.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[np.ndarray] = []
+        self._held = 0  # bytes of pinned memory allocated (free or leased)
+        self.pageable_leases = 0
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+    def _take(self, nbytes: int, pinned_alloc: Callable[[int], np.ndarray]) -> tuple[np.ndarray, bool]:
+        with self._lock:
+            fits = [b for b in self._free if b.nbytes >= nbytes]
+            if fits:
+                buf = min(fits, key=lambda b: b.nbytes)
+                self._free.remove(buf)
+                return buf, True
+            limit = settings.get("pinned_bytes")
+            # drop free buffers that are too small to make room for a bigger one
+            while self._free and self._held + nbytes > limit:
+                self._held -= self._free.pop().nbytes
+            if self._held + nbytes > limit:
+                self.pageable_leases += 1
+                return np.empty(nbytes, np.uint8), False
+            self._held += nbytes
+        return pinned_alloc(nbytes), True
+
+    @contextlib.contextmanager
+    def lease(self, nbytes: int, count: int, pinned_alloc: Callable[[int], np.ndarray]) -> Iterator[list[np.ndarray]]:
+        """``count`` host buffers of at least ``nbytes`` each, returned to the pool on exit."""
+        taken = [self._take(max(nbytes, 1), pinned_alloc) for _ in range(count)]
+        try:
+            yield [buf[:nbytes] for buf, _ in taken]
+        finally:
+            with self._lock:
+                self._free.extend(buf for buf, pinned in taken if pinned)
+
+    def clear(self) -> None:
+        with self._lock:
+            for b in self._free:
+                self._held -= b.nbytes
+            self._free.clear()
+
+
+class Runtime:
+    """Long-lived engine state: pools, readers, streams, pinned staging, registered resources."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._pools: dict[tuple[str, int], ThreadPoolExecutor] = {}
+        self._resources: dict[Hashable, _Resource] = {}
+        self.pinned = PinnedPool()
+
+    # -- thread pools -------------------------------------------------------------
+    def pool(self, name: str, threads: int) -> ThreadPoolExecutor:
+        """A thread pool kept for the life of the runtime (starting threads per read costs)."""
+        key = (name, threads)
+        with self._lock:
+            pool = self._pools.get(key)
+            if pool is None:
+                pool = self._pools[key] = ThreadPoolExecutor(threads, thread_name_prefix=f"gpu-zarr-{name}")
+            return pool
+
+    # -- registered resources -----------------------------------------------------
+    def resource(self, key: Hashable, factory: Callable[[], Any], *, close: Callable[[Any], None] | None = None,
+                 nbytes: Callable[[Any], int] | None = None) -> Any:
+        """The object registered under ``key``, made by ``factory()`` on first use.
+
+        Parameters
+        ----------
+        key : hashable
+            Identifies the resource, e.g. ``("nvcomp", "zstd", device, stream)``.
+        factory : callable
+            Builds it (called once, under the runtime's lock).
+        close : callable, optional
+            ``close(obj)`` is called by :meth:`close`.
+        nbytes : callable, optional
+            ``nbytes(obj)``: memory it holds, for :meth:`report`.
+        """
+        with self._lock:
+            res = self._resources.get(key)
+            if res is None:
+                res = self._resources[key] = _Resource(factory(), close, nbytes)
+            return res.value
+
+    def drop(self, key: Hashable) -> None:
+        """Release one registered resource (no error when absent)."""
+        with self._lock:
+            res = self._resources.pop(key, None)
+        if res is not None and res.close is not None:
+            res.close(res.value)
+
+    # -- GPU pieces ---------------------------------------------------------------
+    def streams(self, n: int) -> tuple[list[Any], Any]:
+        """``n`` copy streams and one work stream (non-blocking) of the current device."""
+        import cupy
+
+        dev = cupy.cuda.runtime.getDevice()
+
+        def make() -> list[Any]:
+            return []
+
+        with self._lock:
+            pool = self.resource(("streams", dev), make)
+            while len(pool) < n + 1:
+                pool.append(cupy.cuda.Stream(non_blocking=True))
+            return pool[1:n + 1], pool[0]
+
+    @staticmethod
+    def pinned_alloc(nbytes: int) -> np.ndarray:
+        """Allocate page-locked host memory (about 0.5 s per GiB: keep and reuse it)."""
+        import cupy
+
+        mem = cupy.cuda.alloc_pinned_memory(nbytes)
+        return np.frombuffer(mem, np.uint8, nbytes)
+
+    # -- readers ------------------------------------------------------------------
+    def reader(self, kind: str, threads: int) -> Any:
+        """A byte-range reader ("kvikio", "threads" or "auto"), kept for reuse."""
+        from gpu_zarr.engine.fetch import make_reader
+
+        return self.resource(("reader", kind, threads), lambda: make_reader(kind, threads, self),
+                             close=lambda r: r.close())
+
+    # -- report / close -----------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        """What the runtime holds now (threads, streams, pinned bytes, resources)."""
+        with self._lock:
+            resources = {}
+            for key, res in self._resources.items():
+                size = res.nbytes(res.value) if res.nbytes is not None else None
+                resources[" ".join(map(str, key if isinstance(key, tuple) else (key,)))] = size
+            return {
+                "thread_pools": {name: threads for name, threads in self._pools},
+                "pinned_bytes": self.pinned.held_bytes,
+                "pinned_limit": settings.get("pinned_bytes"),
+                "pageable_fallbacks": self.pinned.pageable_leases,
+                "resources": resources,
+            }
+
+    def close(self) -> None:
+        """Release everything: pools shut down, resources closed, pinned memory freed."""
+        with self._lock:
+            pools, self._pools = self._pools, {}
+            resources, self._resources = self._resources, {}
+        for pool in pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
+        for res in resources.values():
+            if res.close is not None:
+                with contextlib.suppress(Exception):
+                    res.close(res.value)
+        self.pinned.clear()
+
+
+_current: Runtime | None = None
+_current_lock = threading.Lock()
+
+
+def get_runtime() -> Runtime:
+    """The process-wide runtime, created on first use."""
+    global _current
+    with _current_lock:
+        if _current is None:
+            _current = Runtime()
+        return _current
+
+
+def close_runtime() -> None:
+    """Close the process-wide runtime (the next :func:`get_runtime` makes a new one)."""
+    global _current
+    with _current_lock:
+        rt, _current = _current, None
+    if rt is not None:
+        rt.close()

@@ -1,0 +1,135 @@
+"""Process-wide settings of gpu_zarr, in the pattern of ``kvikio.defaults``.
+
+Each setting has a default, an environment variable that overrides the default at import
+time, a getter and a setter that also works as a context manager::
+
+    from gpu_zarr import settings
+    settings.get("batch_bytes")
+    settings.set(slots=4)                      # from now on
+    with settings.set(batch_bytes=256 << 20):  # only inside the block
+        ...
+
+============== =========================== ==========================================
+setting        environment variable        meaning
+============== =========================== ==========================================
+batch_bytes    ``GPU_ZARR_BATCH_MIB``      encoded (and decoded) bytes per engine
+                                           batch: one read, one copy and one batched
+                                           decode per batch (default 192 MiB)
+slots          ``GPU_ZARR_SLOTS``          batches in flight (default 3)
+threads        ``GPU_ZARR_THREADS``        read threads (default: cores, 8..32)
+reader         ``GPU_ZARR_READER``         "auto", "kvikio" or "threads"
+direct_raw     ``GPU_ZARR_DIRECT_RAW``     raw chunks read by kvikio straight into
+                                           device memory (default 1)
+pinned_bytes   ``GPU_ZARR_PINNED_MIB``     bound of the pinned host staging shared by
+                                           all reads of the process (default 1024 MiB)
+headroom_bytes ``GPU_ZARR_HEADROOM_MIB``   GPU memory left free by any read (default:
+                                           512 MiB, or 5 % of the device if larger)
+============== =========================== ==========================================
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["get", "names", "set", "snapshot"]
+
+MiB = 1 << 20
+
+
+def _env_int(var: str, default: int, scale: int = 1) -> int:
+    raw = os.environ.get(var)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(float(raw) * scale)
+    except ValueError:
+        raise ValueError(f"environment variable {var}={raw!r}: expected a number") from None
+    if value < 0:
+        raise ValueError(f"environment variable {var}={raw!r}: expected a number >= 0")
+    return value
+
+
+def _defaults() -> dict[str, Any]:
+    return {
+        "batch_bytes": _env_int("GPU_ZARR_BATCH_MIB", 192 * MiB, MiB),
+        "slots": _env_int("GPU_ZARR_SLOTS", 3),
+        "threads": _env_int("GPU_ZARR_THREADS", max(8, min(32, os.cpu_count() or 8))),
+        "reader": os.environ.get("GPU_ZARR_READER", "auto"),
+        "direct_raw": os.environ.get("GPU_ZARR_DIRECT_RAW", "1") != "0",
+        "pinned_bytes": _env_int("GPU_ZARR_PINNED_MIB", 1024 * MiB, MiB),
+        "headroom_bytes": _env_int("GPU_ZARR_HEADROOM_MIB", 0, MiB),  # 0: automatic
+    }
+
+
+_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "batch_bytes": lambda v: isinstance(v, int) and v >= MiB,
+    "slots": lambda v: isinstance(v, int) and 1 <= v <= 64,
+    "threads": lambda v: isinstance(v, int) and 1 <= v <= 256,
+    "reader": lambda v: v in ("auto", "kvikio", "threads"),
+    "direct_raw": lambda v: isinstance(v, bool),
+    "pinned_bytes": lambda v: isinstance(v, int) and v >= 0,
+    "headroom_bytes": lambda v: isinstance(v, int) and v >= 0,
+}
+_lock = threading.Lock()
+_values: dict[str, Any] = _defaults()
+for _k, _v in _values.items():
+    if not _CHECKS[_k](_v):
+        raise ValueError(f"gpu_zarr setting {_k!r} from the environment is invalid: {_v!r}")
+
+
+def names() -> tuple[str, ...]:
+    """The names of every setting."""
+    return tuple(_values)
+
+
+def get(name: str) -> Any:
+    """The current value of setting ``name`` (see the module docstring for the list)."""
+    with _lock:
+        if name not in _values:
+            raise KeyError(f"unknown gpu_zarr setting {name!r}; settings are {', '.join(_values)}")
+        return _values[name]
+
+
+class _Restore:
+    """Returned by :func:`set`: restores the previous values when used as a context manager."""
+
+    def __init__(self, previous: dict[str, Any]) -> None:
+        self._previous = previous
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        with _lock:
+            _values.update(self._previous)
+
+
+def set(**values: Any) -> _Restore:  # noqa: A001 - the kvikio.defaults.set pattern
+    """Change settings; use as ``with settings.set(...):`` to restore them afterwards.
+
+    Raises
+    ------
+    KeyError
+        An unknown setting.
+    ValueError
+        A value out of range (e.g. ``slots=0`` or ``reader="fast"``).
+    """
+    for k, v in values.items():
+        if k not in _CHECKS:
+            raise KeyError(f"unknown gpu_zarr setting {k!r}; settings are {', '.join(_values)}")
+        if not _CHECKS[k](v):
+            raise ValueError(f"gpu_zarr setting {k}={v!r} is out of range")
+    with _lock:
+        previous = {k: _values[k] for k in values}
+        _values.update(values)
+    return _Restore(previous)
+
+
+def snapshot() -> dict[str, Any]:
+    """All settings as a dict (a copy)."""
+    with _lock:
+        return dict(_values)
+

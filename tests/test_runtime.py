@@ -1,0 +1,243 @@
+"""The runtime, settings, the fit check and the pipeline's ordering, on the CPU (no GPU needed)."""
+
+from __future__ import annotations
+
+import resource
+import threading
+import time
+
+import numpy as np
+import pytest
+import zarr
+from stores import write
+
+from gpu_zarr import settings
+from gpu_zarr.engine import EngineOptions, read
+from gpu_zarr.engine import pipeline as pipeline_mod
+from gpu_zarr.engine.ops import AsyncCpuOps
+from gpu_zarr.engine.runtime import Runtime, get_runtime
+from gpu_zarr.errors import CorruptChunkError, OutOfHostMemory
+from gpu_zarr.zarr_io import read_selection, read_zarr
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+class CheckingCpuOps(AsyncCpuOps):
+    """AsyncCpuOps that fails when a buffer is written while earlier submitted work that reads
+    it has not finished (a slot refilled too early), and that slows its copies down so that
+    such a race would show."""
+
+    def __init__(self, slots: int = 3, delay: float = 0.002) -> None:
+        super().__init__(slots)
+        self.delay = delay
+        self.readers: dict[int, list] = {}
+        self.lock = threading.Lock()
+        self.violations: list[str] = []
+
+    def _read_by(self, buf, fut) -> None:
+        with self.lock:
+            self.readers.setdefault(_ptr(buf), []).append(fut)
+
+    def earlier_readers(self, buf) -> list:
+        with self.lock:
+            return list(self.readers.get(_ptr(buf), []))
+
+    def check_writable(self, buf, who: str, earlier: list | None = None) -> None:
+        """Every operation submitted before this write that reads ``buf`` must be done."""
+        pending = [f for f in (self.earlier_readers(buf) if earlier is None else earlier) if not f.done()]
+        if pending:
+            self.violations.append(f"{who} wrote a buffer that {len(pending)} queued operation(s) still read")
+
+    def upload(self, host, dev, nbytes, slot=0, after=None):
+        earlier = self.earlier_readers(dev)  # in program order: readers queued before this copy
+
+        def copy():
+            time.sleep(self.delay)
+            self.check_writable(dev, "upload", earlier)
+            dev[:nbytes] = host[:nbytes]
+        fut = self._submit(self._copy[slot % len(self._copy)], copy, after=after)
+        self._read_by(host, fut)
+        return fut
+
+    def decode_batch(self, algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names, slot=0,
+                     wait=None):
+        fut = self._run(pipeline_decode(algo), src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names,
+                        after=wait)
+        self._read_by(src, fut)
+
+    def place(self, src, src_offsets, table, out, disk_dtype, slot=0, wait=None):
+        from gpu_zarr.engine.place import place_cpu
+
+        fut = self._run(place_cpu, src, src_offsets, table, out, disk_dtype, after=wait)
+        self._read_by(src, fut)
+
+
+def pipeline_decode(algo):
+    from gpu_zarr.engine.decode import decode_batch_cpu
+
+    return lambda *a: decode_batch_cpu(algo, *a)
+
+
+class CheckingReader:
+    """Wraps the real reader: before filling a buffer, asks the ops whether that is safe."""
+
+    def __init__(self, inner, ops: CheckingCpuOps) -> None:
+        self.inner, self.ops = inner, ops
+        self.name, self.threads = inner.name, inner.threads
+
+    def read(self, files, batch, dest) -> None:
+        self.ops.check_writable(dest, "reader")
+        self.inner.read(files, batch, dest)
+
+    def close(self) -> None:
+        pass
+
+
+def _read_checked(arr, monkeypatch, *, break_ordering: bool = False):
+    ops = CheckingCpuOps(slots=3)
+    rt = Runtime()
+    real_reader = rt.reader
+    monkeypatch.setattr(rt, "reader", lambda kind, threads: CheckingReader(real_reader(kind, threads), ops))
+    if break_ordering:  # a pipeline that does not wait for a slot to be free before refilling it
+        monkeypatch.setattr(ops, "wait", lambda event: None)
+    res: object = None
+    try:
+        res = read(arr, Ellipsis, device="cpu", ops=ops, runtime=rt,
+                   options=EngineOptions(batch_bytes=1, slots=3, threads=2))
+    except CorruptChunkError as exc:  # what a race does to zstd data: keep it as evidence
+        if not break_ordering:
+            raise
+        ops.violations.append(f"corrupt data: {exc}")
+    finally:
+        ops.sync()
+        ops.close()
+        rt.close()
+    return res, ops
+
+
+@pytest.mark.parametrize("codec", ["zstd", "raw"])
+def test_overlapped_cpu_twin_never_refills_a_busy_slot(tmp_path, monkeypatch, codec):
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec=codec, chunks=(4, 8, 7), shards=(8, 16, 14))
+    res, ops = _read_checked(arr, monkeypatch)
+    assert ops.violations == []
+    assert res.stats["batches"] > 10
+    np.testing.assert_array_equal(res.data, arr[...])
+
+
+def test_the_ordering_check_catches_a_broken_pipeline(tmp_path, monkeypatch):
+    """The double is not a test that cannot fail: without the slot wait it reports the race."""
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", chunks=(4, 8, 7), shards=(8, 16, 14))
+    monkeypatch.setattr(pipeline_mod, "get_runtime", lambda: Runtime())
+    _, ops = _read_checked(arr, monkeypatch, break_ordering=True)
+    assert ops.violations, "a refill before the upload finished went unnoticed"
+
+
+def test_reads_from_several_threads_report_their_own_stats(tmp_path):
+    small, _ = write(tmp_path / "s.zarr", fmt=3, codec="zstd", shape=(8, 16, 14), chunks=(4, 8, 7))
+    big, _ = write(tmp_path / "b.zarr", fmt=3, codec="zstd", shape=(40, 32, 28), chunks=(4, 8, 7))
+    want = {"s": (small, 2 * 2 * 2), "b": (big, 10 * 4 * 4)}
+    errors: list[str] = []
+    barrier = threading.Barrier(4)
+
+    def work(name: str) -> None:
+        arr, pieces = want[name]
+        barrier.wait()
+        for _ in range(5):
+            res = read(arr, Ellipsis, device="cpu")
+            if res.stats["pieces"] != pieces:
+                errors.append(f"{name}: {res.stats['pieces']} pieces, expected {pieces}")
+            if res.data.shape != arr.shape:
+                errors.append(f"{name}: shape {res.data.shape}")
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in ("s", "b", "s", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_read_result_stats_belong_to_the_read(tmp_path, monkeypatch):
+    from gpu_zarr import zarr_io
+    from gpu_zarr.capabilities import Capabilities
+
+    monkeypatch.setattr(zarr_io, "probe", lambda: Capabilities())
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd")
+    res = read_selection(arr, (0,), prefer="cpu")
+    assert res.backend == "cpu" and res.stats == {}
+
+
+def test_absurd_shape_is_a_clear_error_on_the_cpu(tmp_path, monkeypatch):
+    from gpu_zarr import zarr_io
+    from gpu_zarr.capabilities import Capabilities
+
+    monkeypatch.setattr(zarr_io, "probe", lambda: Capabilities())
+    zarr.create_array(str(tmp_path / "huge.zarr"), shape=(2**40, 2**20), chunks=(64, 1024), dtype="u2",
+                      compressors=None)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    with pytest.raises(OutOfHostMemory, match=r"needs 2,147,483,648\.00 GiB of host memory"):
+        read_zarr(tmp_path / "huge.zarr", prefer="auto")
+    with pytest.raises(OutOfHostMemory, match="read_region"):
+        read(str(tmp_path / "huge.zarr"), Ellipsis, device="cpu")
+    assert time.perf_counter() - t < 5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024  # KiB
+
+
+def test_runtime_owns_pools_resources_and_closes_them():
+    rt = Runtime()
+    closed = []
+    obj = rt.resource(("thing", 1), lambda: [1, 2, 3], close=closed.append, nbytes=lambda o: 24)
+    assert rt.resource(("thing", 1), lambda: pytest.fail("made twice")) is obj
+    pool = rt.pool("x", 2)
+    assert rt.pool("x", 2) is pool
+    rep = rt.report()
+    assert rep["resources"] == {"thing 1": 24} and rep["thread_pools"] == {"x": 2}
+    rt.close()
+    assert closed == [obj] and rt.report()["resources"] == {}
+    with pytest.raises(RuntimeError):
+        pool.submit(lambda: None)
+
+
+def test_get_runtime_is_one_object_across_threads():
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(get_runtime())) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r is seen[0] for r in seen)
+
+
+def test_pinned_pool_is_shared_and_bounded():
+    rt = Runtime()
+    allocs = []
+
+    def alloc(n):
+        allocs.append(n)
+        return np.empty(n, np.uint8)
+
+    with settings.set(pinned_bytes=3000):
+        with rt.pinned.lease(1000, 2, alloc) as a:
+            assert len(a) == 2 and all(b.nbytes == 1000 for b in a)
+            with rt.pinned.lease(1000, 2, alloc) as b:  # only 1000 bytes left: one pinned, one pageable
+                assert len(b) == 2
+            assert rt.pinned.pageable_leases == 1
+        with rt.pinned.lease(800, 3, alloc):  # reuses the three pinned buffers
+            pass
+    assert allocs == [1000, 1000, 1000]
+    assert rt.report()["pinned_bytes"] == 3000
+
+
+def test_settings_get_set_and_restore():
+    before = settings.get("slots")
+    with settings.set(slots=5):
+        assert settings.get("slots") == 5
+        assert EngineOptions().slots == 5
+    assert settings.get("slots") == before
+    with pytest.raises(ValueError, match="out of range"):
+        settings.set(slots=0)
+    with pytest.raises(KeyError, match="unknown gpu_zarr setting"):
+        settings.get("nope")

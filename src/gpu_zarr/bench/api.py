@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BenchResult", "run", "DEFAULT_WORKDIR"]
+__all__ = ["BenchResult", "run", "layouts_for", "print_result", "DEFAULT_WORKDIR", "MODES"]
 
 DEFAULT_WORKDIR = str(Path(tempfile.gettempdir()) / "gpu-zarr-bench")
 MODES = ("throughput", "browse")
@@ -385,7 +385,8 @@ def run(
     return res
 
 
-def _main_print(res: BenchResult) -> None:  # used by the command
+def print_result(res: BenchResult) -> None:
+    """Print the tables, where the files went and the elapsed time (what the command shows)."""
     from gpu_zarr.bench import report
 
     print()

@@ -25,7 +25,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gpu_zarr.bench.api import DEFAULT_WORKDIR, MODES, _main_print, layouts_for, run
+from gpu_zarr.bench.api import DEFAULT_WORKDIR, MODES, print_result, layouts_for, run
 from gpu_zarr.errors import GpuZarrError
 
 __all__ = ["build_parser", "main"]
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, GpuZarrError) as exc:
         print(f"gpu-zarr bench: {exc}", file=sys.stderr)
         return 2
-    _main_print(res)
+    print_result(res)
     return 1 if res.failed else 0
 
 

@@ -529,7 +529,7 @@ def user_volume(path: str | os.PathLike[str], level: int = 0) -> VolumeInfo:
         it found).
     """
     from gpu_zarr.omezarr import is_ome_zarr, read_omezarr
-    from gpu_zarr.zarr_io import open_array
+    from gpu_zarr.store import open_array
 
     p = Path(path)
     ome_level: int | None = None

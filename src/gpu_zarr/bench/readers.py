@@ -155,6 +155,9 @@ class Reader:
     #: extra facts to record (e.g. the backend ``auto`` chose)
     info: Callable[[str], dict[str, Any]] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    #: when a peer's untimed warm-up runs: once per process (CPU decoders: imports and
+    #: thread pools) or once per codec chain (GPU decoders: kernels, nvCOMP handles)
+    warmup: str = "process"
     #: a reader that times itself elsewhere (czarr's child process): ``run(path, repeat,
     #: reference_fingerprint)`` returns the record's fields
     external: Callable[[str, int, Callable[[], list[int]]], dict[str, Any]] | None = None
@@ -505,6 +508,7 @@ def throughput_readers(device: str) -> list[Reader]:
             "peer",
             "zarr-python with zarr.config.enable_gpu() (stock zstd codec)",
             _zarr_gpu,
+            warmup="codec",
         ),
         Reader(
             "kvikio-gds",
@@ -513,6 +517,7 @@ def throughput_readers(device: str) -> list[Reader]:
             _kvikio_gds,
             skip_reason=gds_skip,
             info=lambda _path: {"kvikio_settings": dict(_KVIKIO_BASELINE or {})},
+            warmup="codec",
         ),
         Reader(
             "tensorstore+cupy", "peer", "TensorStore read (numpy), then cupy.asarray",

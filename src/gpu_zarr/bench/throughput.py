@@ -2,7 +2,8 @@
 
 Per volume: its files are read once (warm page cache). Per reader: one untimed warm-up
 read (ours on every volume, also recording the backend ``auto`` chose and a sampled
-device-memory peak; a peer on its first volume only), with ``--cold`` one read of our
+device-memory peak; a CPU-decoding peer once per process, a GPU peer once per codec
+chain: its kernels and nvCOMP handles are set up), with ``--cold`` one read of our
 primary reader after the page cache is dropped, then ``repeat`` warm reads whose
 median gives GiB/s (decoded bytes / seconds / 2**30). Each timer stops after the
 device is synchronised. Each reader's last result is compared with zarr's CPU read.
@@ -198,15 +199,18 @@ def time_volume(
                     raise _Recorded(rec["error"])
                 times = rec["warm_s"]
             else:
-                # warm-up (untimed): ours on every volume (with a sampled memory peak),
-                # a peer once per process (imports, pools; the page cache is warm already)
+                # warm-up (untimed): ours on every volume (with a sampled memory peak), a peer
+                # once per process or per codec chain (the page cache is warm already)
                 if reader.info is not None:
                     try:
                         rec.update(reader.info(path))
                     except Exception as exc:
                         rec["info_error"] = _err(exc)
                     _free_device_memory(device)
-                if is_ours or reader.name not in _INITIALISED:
+                key = reader.name if reader.warmup == "process" else (
+                    f"{reader.name}|v{record.get('zarr_format')}|{record.get('codec')}|"
+                    f"{'sharded' if record.get('shards') else 'chunked'}")
+                if is_ours or key not in _INITIALISED:
                     out, dt, mem = _run_one(reader, path, device, measure_mem=is_ours, sample_mem=is_ours)
                     rec["warmup_s"] = dt
                     if mem.get("device_peak_bytes_sampled") is not None:
@@ -214,7 +218,7 @@ def time_volume(
                     del out
                     out = None
                     _free_device_memory(device)
-                    _INITIALISED.add(reader.name)
+                    _INITIALISED.add(key)
                 if cold is not None and reader.name == cold_reader:
                     _cold_read(reader, vol, device, cold, rec)
                 times = []

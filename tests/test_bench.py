@@ -379,3 +379,34 @@ def test_no_sys_path_hacks_and_light_import():
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_gpu_mode_harness_with_stand_ins(tmp_path):
+    """GPU-mode bookkeeping (device reference, fingerprints, czarr's child, --cold) with
+    numpy-backed stand-ins for cupy and czarr (tests/fake_gpu), in a subprocess."""
+    fake = Path(__file__).resolve().parent / "fake_gpu"
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake), str(src), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "gpu_zarr.bench", "--size", "tiny", "--device", "gpu", "--repeat", "2",
+           "--peer-repeat", "1", "--workdir", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--no-progress",
+           "--layouts", "zstd-v3-1MiB,blosc-lz4-shuffle-v2", "--readers", "zarr-cpu+cupy,tensorstore+cupy,czarr"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    data = json.loads((tmp_path / "o" / "throughput-tiny-gpu.json").read_text())
+    assert data["device"] == "gpu" and data["peer_repeat"] == 1
+    for lay in data["layouts"]:
+        recs = lay["readers"]
+        assert recs["zarr-cpu+cupy"]["correct_detail"] == "is the reference"
+        assert recs["czarr"]["correct"] is True, recs["czarr"]
+        assert recs["czarr"]["correct_detail"].startswith("fingerprint equals")
+        assert len(recs["czarr"]["warm_s"]) == 1
+        if HAVE_TS:
+            assert recs["tensorstore+cupy"]["correct"] is True
+    browse = [sys.executable, "-m", "gpu_zarr.bench", "--mode", "browse", "--size", "tiny", "--device", "gpu",
+              "--planes", "3", "--workdir", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--no-progress",
+              "--layouts", "zstd-1x512x1024,blosc-lz4-shuffle-v2", "--readers", "zarr-cpu,czarr"]
+    out = subprocess.run(browse, capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    data = json.loads((tmp_path / "o" / "browse-tiny-gpu.json").read_text())
+    for lay in data["layouts"]:
+        assert lay["readers"]["czarr"]["correct"] is True, lay["readers"]["czarr"]

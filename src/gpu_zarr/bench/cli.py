@@ -25,7 +25,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gpu_zarr.bench.api import DEFAULT_WORKDIR, MODES, print_result, layouts_for, run
+from gpu_zarr.bench.api import DEFAULT_WORKDIR, MODES, layouts_for, print_result, run
 from gpu_zarr.errors import GpuZarrError
 
 __all__ = ["build_parser", "main"]

@@ -391,14 +391,17 @@ try:
             from gpu_zarr.bench.readers import fingerprint
             out.update(times=times, fingerprint=fingerprint(a), type=type(a).__module__ + "." + type(a).__name__)
         else:
+            def host(a):
+                get = getattr(a, "get", None)
+                return get() if callable(get) else a
             stage = "first plane"
-            arr[tuple(planes["warm"])].get()
+            host(arr[tuple(planes["warm"])])
             res = {}
             for pattern, idxs in planes["patterns"].items():
                 ms, fps = [], []
                 for idx in idxs:
                     stage = f"{pattern} plane {idx}"
-                    t0 = time.perf_counter(); p = arr[tuple(idx)].get()
+                    t0 = time.perf_counter(); p = host(arr[tuple(idx)])
                     ms.append((time.perf_counter() - t0) * 1e3)
                     from gpu_zarr.bench.readers import fingerprint
                     fps.append(fingerprint(p))

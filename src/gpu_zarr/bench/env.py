@@ -102,12 +102,18 @@ def store_files(path: Path) -> list[str]:
 
 
 def _drop_system() -> tuple[bool, str]:
-    """The whole page cache: kvikio's ``drop_system_page_cache``, else ``drop_caches``."""
+    """The whole page cache: kvikio's ``drop_system_page_cache``, else ``drop_caches``.
+
+    kvikio's function is called only as root: otherwise it retries with ``sudo``, which
+    could stop at a password prompt.
+    """
     why = ""
-    try:
-        from kvikio.cufile import drop_system_page_cache  # type: ignore[import-not-found]
-    except Exception:
-        drop_system_page_cache = None
+    drop_system_page_cache = None
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        try:
+            from kvikio.cufile import drop_system_page_cache  # type: ignore[import-not-found,no-redef]
+        except Exception:
+            drop_system_page_cache = None
     if drop_system_page_cache is not None:
         try:
             if drop_system_page_cache(reclaim_dentries_and_inodes=True, sync_first=True):

@@ -410,3 +410,17 @@ def test_gpu_mode_harness_with_stand_ins(tmp_path):
     data = json.loads((tmp_path / "o" / "browse-tiny-gpu.json").read_text())
     for lay in data["layouts"]:
         assert lay["readers"]["czarr"]["correct"] is True, lay["readers"]["czarr"]
+
+
+def test_cold_drop_falls_back_to_the_arrays_files(user_store, monkeypatch):
+    from gpu_zarr.bench import env
+
+    monkeypatch.setattr(env, "_drop_system", lambda: (False, "writing /proc/sys/vm/drop_caches: not permitted"))
+    cache = env.ColdCache()
+    done, how = cache.drop(user_store)
+    assert done and "posix_fadvise" in how and "not permitted" in how
+    disk = cache.measure_disk(user_store)
+    assert disk["gib_per_s"] > 0 and disk["files"] == len(env.store_files(user_store))
+    monkeypatch.setattr(env, "_drop_files", lambda path: (False, "posix_fadvise(DONTNEED) failed: EPERM"))
+    done, why = env.ColdCache().drop(user_store)
+    assert not done and "not permitted" in why and "EPERM" in why

@@ -6,10 +6,10 @@ import os
 
 import numpy as np
 import pytest
-from stores import DTYPES, LAYOUTS, SELECTIONS, write
 
 from gpu_zarr.engine import EngineOptions, read
 from gpu_zarr.errors import CorruptChunkError, UnsupportedArrayError
+from stores import DTYPES, LAYOUTS, SELECTIONS, write
 
 
 def _expect(arr, sel):

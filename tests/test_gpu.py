@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from stores import DTYPES, LAYOUTS, SELECTIONS, data, write
 
 pytestmark = pytest.mark.gpu
@@ -221,11 +222,11 @@ def test_codec_batches_one_nvcomp_call(tmp_path, monkeypatch):
 
 
 def test_seed_example_runs_with_our_names(tmp_path):
+    import cupy
+
     from gpu_zarr.omezarr import read_omezarr
     from gpu_zarr.sample import write_sample_omezarr
     from gpu_zarr.zarr_io import gpu_zarr_context
-
-    import cupy
 
     path = write_sample_omezarr(tmp_path / "s.ome.zarr")
     cpu, _ = read_omezarr(path, level=0)

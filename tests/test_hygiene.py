@@ -47,3 +47,91 @@ def test_plain_import_is_light():
     code = "import sys, gpu_zarr; bad=[m for m in ('cupy','kvikio','napari','qtpy','zarr') if m in sys.modules]; print(bad)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# --- the import graph: data flows one way -------------------------------------------------
+
+import ast  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "gpu_zarr"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """Every gpu_zarr module -> the gpu_zarr modules it imports (top level or inside functions;
+    ``if TYPE_CHECKING:`` blocks excluded)."""
+    mods = {_module_name(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
+                node.body = []
+        deps: set[str] = set()
+        pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            for t in targets:
+                while t and t not in mods:
+                    t = t.rpartition(".")[0]
+                if t and t != name and t.startswith("gpu_zarr"):
+                    deps.add(t)
+        graph[name] = deps
+    return graph
+
+
+def test_no_import_cycles():
+    graph = _imports()
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph.get(m, ())):
+            if d == "gpu_zarr":  # the package's lazy __getattr__ front door
+                continue
+            if state.get(d) == 1:
+                cycles.append(stack[stack.index(d):] + [d] if d in stack else [m, d])
+            elif d not in state:
+                visit(d, stack + [d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == []
+
+
+def test_engine_imports_nothing_above_it():
+    above = {"gpu_zarr.zarr_io", "gpu_zarr.lazy", "gpu_zarr.cli", "gpu_zarr.omezarr", "gpu_zarr.kvikio_zarr",
+             "gpu_zarr.napari_plugin", "gpu_zarr.capabilities", "gpu_zarr.nvcomp_zstd"}
+    bad = {m: sorted(d for d in deps if any(d == a or d.startswith(a + ".") for a in above))
+           for m, deps in _imports().items() if m.startswith("gpu_zarr.engine")}
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_no_module_imports_another_modules_private_names():
+    bad = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(("gpu_zarr", ".")) or (
+                    isinstance(node, ast.ImportFrom) and node.level):
+                bad += [f"{path.name}: {a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    assert bad == []

@@ -197,6 +197,6 @@ def test_resident_refuses_what_does_not_fit(tmp_path):
     n = int(total // 8 * 2)  # float64 elements: 2x the whole device; metadata only, no chunks
     arr = zarr.create_array(str(tmp_path / "big.zarr"), shape=(n,), chunks=(2**26,), dtype="f8")
     lazy = GpuLazyArray(zarr.open_array(str(tmp_path / "big.zarr"), mode="r"))
-    with pytest.raises(OutOfGPUMemory, match="GiB of GPU memory plus"):
+    with pytest.raises(OutOfGPUMemory, match="GiB of GPU memory for the result plus"):
         lazy.load_resident()
     assert not lazy.is_resident and arr.nchunks > 0

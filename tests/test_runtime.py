@@ -9,7 +9,6 @@ import time
 import numpy as np
 import pytest
 import zarr
-from stores import write
 
 from gpu_zarr import settings
 from gpu_zarr.engine import EngineOptions, read
@@ -18,6 +17,7 @@ from gpu_zarr.engine.ops import AsyncCpuOps
 from gpu_zarr.engine.runtime import Runtime, get_runtime
 from gpu_zarr.errors import CorruptChunkError, OutOfHostMemory
 from gpu_zarr.zarr_io import read_selection, read_zarr
+from stores import write
 
 
 def _ptr(a: np.ndarray) -> int:

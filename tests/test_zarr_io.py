@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zarr
-from stores import write
 
 from gpu_zarr import capabilities, zarr_io
 from gpu_zarr.capabilities import Capabilities
 from gpu_zarr.errors import BackendUnavailable, GPUUnavailable, NotAZarrError, ReadCancelled
+from stores import write
 
 
 @pytest.fixture

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numcodecs
 import numpy as np
 import pytest
-from test_gpu import _frame_without_content_size
 
 from gpu_zarr.engine.zstd_frames import check_frames
 from gpu_zarr.errors import CorruptChunkError
+from test_gpu import _frame_without_content_size
 
 N = 300_000  # several zstd blocks
 

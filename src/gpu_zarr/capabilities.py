@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpu_zarr.backends import BACKENDS
 from gpu_zarr.errors import INSTALL_HINT
@@ -100,7 +101,7 @@ class Capabilities:
         lines = []
         if self.gpu:
             mem = ""
-            if self.total_bytes:
+            if self.total_bytes and self.free_bytes is not None:
                 mem = f", {self.free_bytes / gib:.1f} of {self.total_bytes / gib:.1f} GiB free"
             lines.append(f"GPU:     {self.device_name}{mem}")
         else:
@@ -179,7 +180,7 @@ def _probe() -> Capabilities:
     return Capabilities(cupy_ok, gpu, name, free, total, kvikio_ok, compat, gds, nvcomp_ok, notes)
 
 
-def _kvikio_compat(kvikio) -> bool:
+def _kvikio_compat(kvikio: Any) -> bool:
     d = kvikio.defaults
     for attr in ("is_compat_mode_preferred", "compat_mode"):
         fn = getattr(d, attr, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
@@ -35,7 +36,7 @@ def _resolve_array(path: Path, level: int):
     return open_array(path)
 
 
-def _print_result(con, label: str, res) -> None:
+def _print_result(con: Any, label: str, res: Any) -> None:
     from rich.table import Table
 
     t = Table(title=label, show_header=False, box=None)
@@ -51,18 +52,19 @@ def _print_result(con, label: str, res) -> None:
     con.print(t)
 
 
-def _read_with_progress(con, arr, backend: str):
+def _read_with_progress(con: Any, arr: Any, backend: str) -> Any:
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
+    from gpu_zarr.backends import check_backend
     from gpu_zarr.zarr_io import read_zarr
 
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                   TransferSpeedColumn(), console=con, transient=True) as bar:
         task = bar.add_task(f"reading ({backend})", total=arr.nbytes)
-        return read_zarr(arr, prefer=backend, progress=lambda d, t: bar.update(task, completed=d, total=t))
+        return read_zarr(arr, prefer=check_backend(backend), progress=lambda d, t: bar.update(task, completed=d, total=t))
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     from gpu_zarr.capabilities import probe
     from gpu_zarr.omezarr import read_omezarr
     from gpu_zarr.sample import sample_path
@@ -87,14 +89,14 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def cmd_info(args) -> int:
+def cmd_info(args: argparse.Namespace) -> int:
     from gpu_zarr.capabilities import probe
 
     print(probe().report())
     return 0
 
 
-def cmd_read(args) -> int:
+def cmd_read(args: argparse.Namespace) -> int:
     from gpu_zarr.zarr_io import choose_backend
 
     con = _console()

@@ -226,7 +226,7 @@ class GpuLazyArray:
         full = self._full_key(read)
         with self._src.lock:
             resident = self._src.resident
-        needs_flip = any(f.step == -1 for f in flip)
+        needs_flip = any(isinstance(f, slice) and f.step == -1 for f in flip)
         if resident is not None:
             tile = resident[full]
             tile = tile[flip] if needs_flip else tile
@@ -252,7 +252,7 @@ class GpuLazyArray:
         """Read ``key`` and return host numpy (decoded on the GPU when there is one)."""
         return self._read(key, gpu=False)
 
-    def get_gpu(self, key: Any = Ellipsis):
+    def get_gpu(self, key: Any = Ellipsis) -> Any:
         """Read ``key`` and return the region as a cupy array, in device memory.
 
         Raises

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from zarr.abc.codec import BytesBytesCodec
@@ -39,7 +39,7 @@ _registered = False
 
 
 def _decoded_nbytes(spec: ArraySpec) -> int:
-    dtype = spec.dtype.to_native_dtype() if hasattr(spec.dtype, "to_native_dtype") else np.dtype(spec.dtype)
+    dtype: Any = spec.dtype.to_native_dtype() if hasattr(spec.dtype, "to_native_dtype") else spec.dtype
     return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
@@ -85,7 +85,7 @@ class NvcompZstdCodec(BytesBytesCodec):
         items = list(chunks_and_specs)
         return await asyncio.to_thread(self._decode_batch, items)
 
-    def _decode_batch(self, items):
+    def _decode_batch(self, items: Any) -> Any:
         import cupy
 
         from gpu_zarr.engine.decode import decode_zstd_gpu
@@ -139,7 +139,7 @@ class NvcompZstdCodec(BytesBytesCodec):
         items = list(chunks_and_specs)
         return await asyncio.to_thread(self._encode_batch, items)
 
-    def _encode_batch(self, items):
+    def _encode_batch(self, items: Any) -> Any:
         live = [k for k, (buf, _) in enumerate(items) if buf is not None]
         result: list = [None] * len(items)
         if not live:
@@ -176,11 +176,11 @@ class NvcompZstdCodec(BytesBytesCodec):
         raise NotImplementedError
 
 
-def _is_gpu(prototype) -> bool:
+def _is_gpu(prototype: Any) -> bool:
     return prototype.buffer.__module__.endswith(".gpu")
 
 
-def _to_host(a):
+def _to_host(a: Any) -> Any:
     return a.get() if hasattr(a, "__cuda_array_interface__") else a
 
 

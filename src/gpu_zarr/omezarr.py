@@ -24,7 +24,7 @@ from typing import Any
 
 import zarr
 
-from .errors import InvalidOmeMetadata, NotAZarrError, NotOmeZarrError
+from .errors import GpuZarrError, InvalidOmeMetadata, NotOmeZarrError
 from .store import METADATA_FILES, is_zarr_node, open_array, open_node
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "find_zarr_node",
     "is_ome_zarr",
     "is_zarr_node",
+    "label_images",
     "ome_attrs",
     "open_node",
     "open_ome",
@@ -348,7 +349,8 @@ def _parse_channels(omero: Any) -> list[Channel]:
     for i, c in enumerate(omero.get("channels") or []):
         if not isinstance(c, Mapping):
             continue
-        window = c.get("window") if isinstance(c.get("window"), Mapping) else {}
+        raw_window = c.get("window")
+        window: Mapping[str, Any] = raw_window if isinstance(raw_window, Mapping) else {}
         label = c.get("label")
         chans.append(
             Channel(
@@ -495,14 +497,30 @@ def _read_labels(node: zarr.Group, path: str) -> dict[str, OmeImage]:
         return {}
     if not isinstance(lab, zarr.Group):
         return {}
-    ome, _ = ome_attrs(lab.attrs)
+    return label_images(lab, _join(path, "labels"))
+
+
+def label_images(labels_group: zarr.Group, path: str) -> dict[str, OmeImage]:
+    """The label images of an OME ``labels/`` group, by name.
+
+    The names are the group's ``labels`` list (every sub-group when the list is absent);
+    malformed label images are skipped, not fatal.
+
+    Parameters
+    ----------
+    labels_group : zarr.Group
+        The ``labels/`` group, opened read-only.
+    path : str
+        Its path (or URL).
+    """
+    ome, _ = ome_attrs(labels_group.attrs)
     names = ome.get("labels")
     if not isinstance(names, list):
-        names = [k for k, v in lab.groups()]
+        names = [k for k, _ in labels_group.groups()]
     out: dict[str, OmeImage] = {}
     for name in names:
         try:
-            out[str(name)] = open_ome(_join(_join(path, "labels"), str(name)), with_labels=False)
+            out[str(name)] = open_ome(_join(path, str(name)), with_labels=False)
         except GpuZarrError:
             continue
     return out

@@ -118,13 +118,17 @@ def _compressors(compressor: str | None, zarr_format: int):
         return None
     if compressor == "zstd":
         if zarr_format == 3:
-            return zarr.codecs.ZstdCodec(level=3)
+            from zarr.codecs import ZstdCodec
+
+            return ZstdCodec(level=3)
         import numcodecs
 
         return numcodecs.Zstd(level=3)
     if compressor == "blosc":
         if zarr_format == 3:
-            return zarr.codecs.BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")
+            from zarr.codecs import BloscCodec
+
+            return BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")
         import numcodecs
 
         return numcodecs.Blosc(cname="zstd", clevel=3, shuffle=numcodecs.Blosc.BITSHUFFLE)
@@ -193,7 +197,7 @@ def _set_ome_attrs(group: zarr.Group, version: str, block: dict) -> None:
         group.attrs.update(block)
 
 
-def _write_pyramid(group, data: np.ndarray, levels: int, *, mean: bool, zarr_format: int,
+def _write_pyramid(group: Any, data: np.ndarray, levels: int, *, mean: bool, zarr_format: int,
                    chunks: Sequence[int], compressor: str | None, dim_names: Sequence[str]) -> None:
     level = data
     for i in range(levels):
@@ -276,7 +280,7 @@ def write_sample_omezarr(
     image, lab = make_volume(shape, dtype=dtype, seed=seed)
     name = path.name.removesuffix(".zarr").removesuffix(".ome")
 
-    root = zarr.open_group(str(path), mode="w-", zarr_format=zarr_format)
+    root = zarr.open_group(str(path), mode="w-", zarr_format=zarr_format)  # type: ignore[arg-type]
     _set_ome_attrs(root, version, {
         "multiscales": [_multiscales(levels, version, name, 4)],
         "omero": _omero(image, version),

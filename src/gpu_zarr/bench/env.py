@@ -111,7 +111,7 @@ def _drop_system() -> tuple[bool, str]:
     drop_system_page_cache = None
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         try:
-            from kvikio.cufile import drop_system_page_cache  # type: ignore[import-not-found,no-redef]
+            from kvikio.cufile import drop_system_page_cache  # type: ignore[no-redef]
         except Exception:
             drop_system_page_cache = None
     if drop_system_page_cache is not None:

@@ -75,7 +75,7 @@ def _is_cupy(a: Any) -> bool:
 def to_host(a: Any) -> np.ndarray:
     """Host numpy view/copy of a cupy or numpy array."""
     if _is_cupy(a):
-        return a.get()  # type: ignore[no-any-return]
+        return a.get()
     return np.asarray(a)
 
 
@@ -109,7 +109,7 @@ def _zarr_default_codecs() -> contextlib.AbstractContextManager[Any]:
     """zarr's own codec classes, whatever gpu_zarr registered: the peers run stock zarr."""
     import zarr
 
-    return zarr.config.set({"codecs.zstd": "zarr.codecs.zstd.ZstdCodec"})  # type: ignore[no-any-return]
+    return zarr.config.set({"codecs.zstd": "zarr.codecs.zstd.ZstdCodec"})
 
 
 def _probe_import(module: str, attr: str | None = None) -> str | None:

@@ -328,7 +328,7 @@ def _plt():
     return plt
 
 
-def _bars(ax, groups: list[str], series: dict[str, list[float | None]], ylabel: str, title: str):
+def _bars(ax: Any, groups: list[str], series: dict[str, list[float | None]], ylabel: str, title: str) -> None:
     import numpy as np
 
     n = max(1, len(series))

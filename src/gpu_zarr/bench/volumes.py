@@ -234,7 +234,7 @@ def parse_shape(size: str, table: dict[str, tuple[int, int, int]]) -> tuple[int,
         raise ValueError(
             f"--size expects one of {sorted(table)} or 'Z,Y,X' with positive integers, got {size!r}"
         )
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 def _scale(full: tuple[int, ...], full_shape: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:

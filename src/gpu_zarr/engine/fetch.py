@@ -135,7 +135,7 @@ class KvikioReader:
 
     def read(self, files: list[Path], batch: Batch, dest: Any) -> None:
         """Fill ``dest`` (host or device uint8) with the encoded bytes of every piece of ``batch``."""
-        handles: dict[int, object] = {}
+        handles: dict[int, Any] = {}
         futs = []
         fid, foff, src, size = (batch.file_id.tolist(), batch.file_offset.tolist(),
                                 batch.src_offsets.tolist(), batch.src_sizes.tolist())

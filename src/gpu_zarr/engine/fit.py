@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from gpu_zarr import settings
-from gpu_zarr.errors import GPUUnavailable, INSTALL_HINT, OutOfGPUMemory, OutOfHostMemory
+from gpu_zarr.errors import INSTALL_HINT, GPUUnavailable, OutOfGPUMemory, OutOfHostMemory
 
 __all__ = ["check_fits", "device_memory", "headroom_bytes", "host_available_bytes"]
 

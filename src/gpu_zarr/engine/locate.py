@@ -132,7 +132,8 @@ def _locate_sharded(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) ->
     per = np.asarray(layout.inner_per_shard, np.int64)
     shard_coords = pieces.coords // per
     inner_coords = pieces.coords % per
-    inner_lin = np.ravel_multi_index(inner_coords.T, tuple(per)) if len(pieces) else np.zeros(0, np.int64)
+    inner_lin: np.ndarray = (np.asarray(np.ravel_multi_index(inner_coords.T, tuple(per))) if len(pieces)
+                             else np.zeros(0, np.int64))
     uniq, shard_of = np.unique(shard_coords, axis=0, return_inverse=True)
     shard_of = shard_of.reshape(-1)
     keys = [layout.chunk_key(tuple(c)) for c in uniq.tolist()]

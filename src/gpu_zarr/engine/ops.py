@@ -69,8 +69,10 @@ class CpuOps:
     """numpy buffers, numcodecs decode, numpy placement; every call completes at once."""
 
     name = "cpu"
-    xp = np
     overlap = False
+
+    def __init__(self) -> None:
+        self.xp: Any = np
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype)
@@ -133,6 +135,7 @@ class AsyncCpuOps(CpuOps):
     overlap = True
 
     def __init__(self, slots: int = 3) -> None:
+        super().__init__()
         self._copy = [ThreadPoolExecutor(1, thread_name_prefix=f"cpu-copy-{s}") for s in range(slots)]
         self._work = ThreadPoolExecutor(1, thread_name_prefix="cpu-work")
         self._last: list[Future[Any]] = []
@@ -196,9 +199,10 @@ class GpuOps:
                                  "(nvidia-smi) or use backend 'cpu'") from exc
         from gpu_zarr.engine.runtime import get_runtime
 
-        self.xp = cupy
+        self.xp: Any = cupy
         self._cupy = cupy
         self._rt = runtime or get_runtime()
+        self.copy_streams: list[Any]
         self.copy_streams, self.stream = self._rt.streams(max(1, slots))
 
     def _copy(self, slot: int) -> Any:

@@ -8,6 +8,7 @@ cupy has no big-endian arrays. :func:`place_cpu` is its numpy twin, reading the 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -94,7 +95,8 @@ def _with_units(table: np.ndarray, out_shape: tuple[int, ...], per: int):
     return np.ascontiguousarray(table), strides
 
 
-def place_gpu(src, src_offsets: np.ndarray, table: np.ndarray, out, disk_dtype: np.dtype, stream=None) -> None:
+def place_gpu(src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
+              stream: Any = None) -> None:
     """Scatter pieces of ``src`` (device uint8) into ``out`` (C-contiguous cupy array).
 
     Parameters

@@ -88,17 +88,27 @@ def normalize_key(shape: tuple[int, ...], key: Any) -> tuple[int | slice, ...]:
 
 def normalize_selection(shape: tuple[int, ...], selection: Any = Ellipsis) -> Region:
     """The :class:`Region` of a basic-indexing selection (see :func:`normalize_key`)."""
-    start, stop, post, out_shape = [], [], [], []
+    start: list[int] = []
+    stop: list[int] = []
+    post: list[Any] = []
+    out_shape: list[int] = []
     for s in normalize_key(shape, selection):
         if isinstance(s, int):
-            start.append(s), stop.append(s + 1), post.append(0)
+            start.append(s)
+            stop.append(s + 1)
+            post.append(0)
             continue
         r = range(s.start, s.stop, s.step)
         if len(r) == 0:
-            start.append(0), stop.append(0), post.append(slice(None)), out_shape.append(0)
+            start.append(0)
+            stop.append(0)
+            post.append(slice(None))
+            out_shape.append(0)
             continue
         lo, hi = min(r[0], r[-1]), max(r[0], r[-1]) + 1
-        start.append(lo), stop.append(hi), out_shape.append(len(r))
+        start.append(lo)
+        stop.append(hi)
+        out_shape.append(len(r))
         if r.step == 1:
             post.append(slice(None))
         elif r.step > 0:
@@ -211,7 +221,9 @@ def make_batches(file_id: np.ndarray, offset: np.ndarray, nbytes: np.ndarray, de
     per_batch = max(1, batch_bytes // max(decoded_nbytes, 1))
     fids, offs, sizes = file_id[order].tolist(), offset[order].tolist(), nbytes[order].tolist()
     batches: list[Batch] = []
-    first, src, starts = 0, [], []
+    first = 0
+    src: list[int] = []
+    starts: list[int] = []
     used, prev = 0, None
 
     def flush(last: int) -> None:

@@ -52,11 +52,9 @@ class PinnedPool:
 
     def _take(self, nbytes: int, pinned_alloc: Callable[[int], np.ndarray]) -> tuple[np.ndarray, bool]:
         with self._lock:
-            fits = [b for b in self._free if b.nbytes >= nbytes]
+            fits = [i for i, b in enumerate(self._free) if b.nbytes >= nbytes]
             if fits:
-                buf = min(fits, key=lambda b: b.nbytes)
-                self._free.remove(buf)
-                return buf, True
+                return self._free.pop(min(fits, key=lambda i: self._free[i].nbytes)), True
             limit = settings.get("pinned_bytes")
             # drop free buffers that are too small to make room for a bigger one
             while self._free and self._held + nbytes > limit:

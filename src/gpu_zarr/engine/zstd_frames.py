@@ -8,6 +8,7 @@ a batch (one numpy step per block position, not one Python call per chunk).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +42,7 @@ def _u(buf: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def _fail(names, k: int, what: str) -> CorruptChunkError:
+def _fail(names: Sequence[str], k: int, what: str) -> CorruptChunkError:
     return CorruptChunkError(
         f"chunk {names[k]}: {what}. Expected one standard zstd frame; the chunk is corrupt or "
         "truncated. Nothing was decoded from it; rewrite or delete that chunk."
@@ -49,7 +50,7 @@ def _fail(names, k: int, what: str) -> CorruptChunkError:
 
 
 def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expected: int,
-                 names) -> FrameInfo:
+                 names: Sequence[str]) -> FrameInfo:
     """Validate the zstd frames ``buf[offsets[i] : offsets[i] + sizes[i]]``.
 
     Parameters

@@ -19,9 +19,10 @@ from gpu_zarr.lazy import GpuLazyArray
 from gpu_zarr.omezarr import (
     Channel,
     OmeImage,
-    ome_attrs,
     find_zarr_node,
     is_ome_zarr,
+    label_images,
+    ome_attrs,
     open_node,
     open_ome,
 )
@@ -223,15 +224,11 @@ def _label_layers(img: OmeImage, *, visible: bool) -> list[LayerData]:
 
 def _labels_group_layers(node: zarr.Group, path: str) -> list[LayerData]:
     """A ``labels/`` group opened directly: each listed label image, shown."""
-    ome, _ = ome_attrs(node.attrs)
-    names = ome.get("labels")
-    if not isinstance(names, list):
+    if not isinstance(ome_attrs(node.attrs)[0].get("labels"), list):
         return []
     out: list[LayerData] = []
-    for name in names:
-        sub = os.path.join(path, str(name)) if "://" not in path else f"{path.rstrip('/')}/{name}"
-        if is_ome_zarr(sub):
-            out.extend(_label_layers(open_ome(sub, with_labels=False), visible=True))
+    for img in label_images(node, path).values():
+        out.extend(_label_layers(img, visible=True))
     return out
 
 

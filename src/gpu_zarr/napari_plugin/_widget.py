@@ -9,7 +9,6 @@ asks for is a device slice plus one copy to the host.
 from __future__ import annotations
 
 import dataclasses
-
 import threading
 import time
 from dataclasses import dataclass

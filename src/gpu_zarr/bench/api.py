@@ -38,7 +38,7 @@ class BenchResult:
     """
 
     def __init__(self, data: dict[str, Any]) -> None:
-        from gpu_zarr.bench import report
+        import gpu_zarr.bench.report as report
 
         self.data = data
         self.markdown = report.markdown(data)
@@ -50,7 +50,7 @@ class BenchResult:
     def png_bytes(self) -> bytes | None:
         """The chart as PNG bytes (None, with :attr:`png_error` set, without matplotlib)."""
         if self._png is None and self._png_error is None:
-            from gpu_zarr.bench import report
+            import gpu_zarr.bench.report as report
 
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "chart.png"
@@ -76,7 +76,7 @@ class BenchResult:
             ``{"json": path, "md": path, "png": path}`` (no ``png`` without matplotlib;
             the JSON then says why under ``png_error``).
         """
-        from gpu_zarr.bench import report
+        import gpu_zarr.bench.report as report
 
         out = Path(out)
         _check_out(out, self.data)
@@ -98,7 +98,7 @@ class BenchResult:
         return files
 
     def _repr_html_(self) -> str:
-        from gpu_zarr.bench import report
+        import gpu_zarr.bench.report as report
 
         note = f"no chart: {self.png_error}" if self.png_bytes() is None else ""
         return report.html(self.markdown, self.png_bytes(), note)
@@ -158,7 +158,7 @@ def _resolve_device(requested: str) -> tuple[str, str]:
 
 def layouts_for(mode: str, shape: tuple[int, int, int], only: Sequence[str] = ()) -> list[Any]:
     """The test layouts of ``mode`` scaled to ``shape``, restricted to ``only`` when given."""
-    from gpu_zarr.bench import volumes
+    import gpu_zarr.bench.volumes as volumes
 
     if mode == "throughput":
         full, table = volumes.THROUGHPUT_SHAPES["full"], volumes.THROUGHPUT_LAYOUTS
@@ -244,7 +244,10 @@ def run(
         Its ``data`` holds everything measured; it renders as tables and a chart in a
         notebook.
     """
-    from gpu_zarr.bench import browse, env, throughput, volumes
+    import gpu_zarr.bench.browse as browse
+    import gpu_zarr.bench.env as env
+    import gpu_zarr.bench.throughput as throughput
+    import gpu_zarr.bench.volumes as volumes
     from gpu_zarr.bench.progress import Progress
 
     if mode not in MODES:
@@ -305,7 +308,7 @@ def run(
         Path(out).mkdir(parents=True, exist_ok=True)
         json_path = Path(out) / f"{stem}.json"
 
-    from gpu_zarr.bench import report
+    import gpu_zarr.bench.report as report
 
     show = {True: "bar", False: "off"}.get(progress, progress) if isinstance(progress, bool) else progress
     if show not in ("bar", "lines", "off"):
@@ -387,7 +390,7 @@ def run(
 
 def print_result(res: BenchResult) -> None:
     """Print the tables, where the files went and the elapsed time (what the command shows)."""
-    from gpu_zarr.bench import report
+    import gpu_zarr.bench.report as report
 
     print()
     report.print_tables(res.markdown)

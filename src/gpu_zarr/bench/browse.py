@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_zarr.bench import env
+import gpu_zarr.bench.env as env
 from gpu_zarr.bench.readers import PlaneReader, browse_readers, fingerprint, select_readers
 from gpu_zarr.bench.volumes import VolumeInfo
 from gpu_zarr.errors import BackendUnavailable

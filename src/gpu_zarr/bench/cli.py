@@ -85,7 +85,7 @@ def _split(s: str) -> list[str]:
 
 
 def _list(size: str) -> int:
-    from gpu_zarr.bench import volumes
+    import gpu_zarr.bench.volumes as volumes
     from gpu_zarr.bench.readers import browse_readers, throughput_readers
 
     for mode in MODES:

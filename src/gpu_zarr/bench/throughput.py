@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from gpu_zarr.bench import env
+import gpu_zarr.bench.env as env
 from gpu_zarr.bench.readers import Reader, fingerprint, select_readers, synchronize, throughput_readers, to_host
 from gpu_zarr.bench.volumes import VolumeInfo
 from gpu_zarr.errors import BackendUnavailable

@@ -31,13 +31,16 @@ def data(shape, dtype, seed=0):
 
 def write(path: Path, *, fmt: int = 3, codec: str = "raw", dtype="<u2", shape=SHAPE, chunks=CHUNKS,
           shards=None, fill_value=0, partial: bool = True, seed: int = 0, index_location="end",
-          separator=None, chunk_key_encoding=None, checksum=False, endian=None) -> tuple[zarr.Array, np.ndarray]:
+          separator=None, chunk_key_encoding=None, checksum=False, endian=None, order=None,
+          transpose=None) -> tuple[zarr.Array, np.ndarray]:
     """Write an array; with ``partial`` some chunks (and shards) are never written."""
     kw: dict = {}
     if fmt == 2:
         kw["compressors"] = numcodecs.Zstd(level=1, checksum=checksum) if codec == "zstd" else None
         if separator:
             kw["chunk_key_encoding"] = {"name": "v2", "separator": separator}
+        if order:
+            kw["order"] = order
     else:
         if shards is not None:
             inner = [BytesCodec()] + ([ZstdCodec(level=1, checksum=checksum)] if codec == "zstd" else [])
@@ -52,6 +55,10 @@ def write(path: Path, *, fmt: int = 3, codec: str = "raw", dtype="<u2", shape=SH
                 kw["serializer"] = BytesCodec(endian=endian)
         if chunk_key_encoding:
             kw["chunk_key_encoding"] = chunk_key_encoding
+        if transpose:
+            from zarr.codecs import TransposeCodec
+
+            kw["filters"] = [TransposeCodec(order=transpose)]
     arr = zarr.create_array(str(path), shape=shape, chunks=chunks, dtype=dtype, zarr_format=fmt,
                             fill_value=fill_value, overwrite=True, **kw)
     values = data(shape, dtype, seed)
@@ -81,6 +88,10 @@ LAYOUTS = [
     ("v3-shard-zstd", dict(fmt=3, codec="zstd", chunks=(4, 8, 7), shards=(8, 16, 14))),
     ("v3-shard-zstd-start", dict(fmt=3, codec="zstd", chunks=(4, 8, 7), shards=(8, 16, 14),
                                  index_location="start")),
+    ("v2-F-order", dict(fmt=2, codec="zstd", order="F")),
+    ("v2-F-order-raw-c8", dict(fmt=2, codec="raw", order="F", dtype="<c8")),
+    ("v3-transpose", dict(fmt=3, codec="zstd", transpose=(2, 0, 1))),
+    ("v3-transpose-bigendian", dict(fmt=3, codec="raw", transpose=(1, 2, 0), dtype=">i4", endian="big")),
 ]
 
 DTYPES = ["|u1", "<u2", "<i2", "<f4", ">u2", ">f4", "<i8", "<c8", "|b1"]

@@ -106,7 +106,7 @@ def test_corrupt_shard_index(tmp_path):
         read(arr, Ellipsis, device="cpu")
 
 
-@pytest.mark.parametrize("make", ["blosc", "gzip", "transpose", "order-F", "filters", "string"])
+@pytest.mark.parametrize("make", ["blosc", "gzip", "filters", "string"])
 def test_unsupported_arrays_say_why(tmp_path, make):
     import numcodecs
     import zarr

@@ -11,7 +11,7 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
     code = textwrap.dedent(f"""
         import sys, importlib.abc
         BLOCK = ("cupy", "cupyx", "kvikio", "nvidia", "napari", "qtpy", "PyQt5", "PyQt6", "PySide2",
-                 "PySide6", "magicgui", "vispy")
+                 "PySide6", "magicgui", "vispy", "dask", "distributed", "dask_cuda")
         class Blocker(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
                 if name.split(".")[0] in BLOCK:
@@ -20,6 +20,7 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
         import gpu_zarr, gpu_zarr.zarr_io, gpu_zarr.engine, gpu_zarr.omezarr, gpu_zarr.nvcomp_zstd
         import gpu_zarr.kvikio_zarr, gpu_zarr.capabilities, gpu_zarr.cli, gpu_zarr.lazy, gpu_zarr.sample
         import gpu_zarr.bench, gpu_zarr.bench.cli, gpu_zarr.bench.readers, gpu_zarr.bench.report
+        import gpu_zarr.dask_array
         from gpu_zarr.errors import GPUUnavailable
         caps = gpu_zarr.probe()
         assert not caps.gpu and not caps.kvikio and not caps.nvcomp, caps
@@ -34,6 +35,12 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
             assert "pip install" in str(e)
         else:
             raise AssertionError("no error")
+        try:
+            gpu_zarr.to_dask(path)
+        except ImportError as e:
+            assert "napari-gpu-zarr[dask]" in str(e), e
+        else:
+            raise AssertionError("to_dask without dask: no error")
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCK)
         assert not loaded, loaded
         print("OK")
@@ -44,7 +51,8 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
 
 
 def test_plain_import_is_light():
-    code = "import sys, gpu_zarr; bad=[m for m in ('cupy','kvikio','napari','qtpy','zarr') if m in sys.modules]; print(bad)"
+    code = ("import sys, gpu_zarr; bad=[m for m in ('cupy','kvikio','napari','qtpy','zarr','dask') "
+            "if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 

@@ -64,13 +64,13 @@ class CheckingCpuOps(AsyncCpuOps):
     def decode_batch(self, algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names, slot=0,
                      wait=None):
         fut = self._run(pipeline_decode(algo), src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names,
-                        after=wait)
+                        slot=slot, after=wait)
         self._read_by(src, fut)
 
-    def place(self, src, src_offsets, table, out, disk_dtype, slot=0, wait=None):
+    def place(self, src, src_offsets, table, out, disk_dtype, slot=0, wait=None, perm=None):
         from gpu_zarr.engine.place import place_cpu
 
-        fut = self._run(place_cpu, src, src_offsets, table, out, disk_dtype, after=wait)
+        fut = self._run(place_cpu, src, src_offsets, table, out, disk_dtype, perm, slot=slot, after=wait)
         self._read_by(src, fut)
 
 
@@ -95,8 +95,10 @@ class CheckingReader:
         pass
 
 
-def _read_checked(arr, monkeypatch, *, break_ordering: bool = False):
+def _read_checked(arr, monkeypatch, *, break_ordering: bool = False, lanes: int = 3):
     ops = CheckingCpuOps(slots=3)
+    ops.lanes = lanes
+    ops._lanes = ops._lanes[:lanes]
     rt = Runtime()
     real_reader = rt.reader
     monkeypatch.setattr(rt, "reader", lambda kind, threads: CheckingReader(real_reader(kind, threads), ops))
@@ -105,7 +107,7 @@ def _read_checked(arr, monkeypatch, *, break_ordering: bool = False):
     res: object = None
     try:
         res = read(arr, Ellipsis, device="cpu", ops=ops, runtime=rt,
-                   options=EngineOptions(batch_bytes=1, slots=3, threads=2))
+                   options=EngineOptions(batch_bytes=1, slots=3, lanes=lanes, threads=2))
     except CorruptChunkError as exc:  # what a race does to zstd data: keep it as evidence
         if not break_ordering:
             raise
@@ -117,10 +119,11 @@ def _read_checked(arr, monkeypatch, *, break_ordering: bool = False):
     return res, ops
 
 
+@pytest.mark.parametrize("lanes", [1, 3])
 @pytest.mark.parametrize("codec", ["zstd", "raw"])
-def test_overlapped_cpu_twin_never_refills_a_busy_slot(tmp_path, monkeypatch, codec):
+def test_overlapped_cpu_twin_never_refills_a_busy_slot(tmp_path, monkeypatch, codec, lanes):
     arr, _ = write(tmp_path / "a.zarr", fmt=3, codec=codec, chunks=(4, 8, 7), shards=(8, 16, 14))
-    res, ops = _read_checked(arr, monkeypatch)
+    res, ops = _read_checked(arr, monkeypatch, lanes=lanes)
     assert ops.violations == []
     assert res.stats["batches"] > 10
     np.testing.assert_array_equal(res.data, arr[...])
@@ -229,6 +232,27 @@ def test_pinned_pool_is_shared_and_bounded():
             pass
     assert allocs == [1000, 1000, 1000]
     assert rt.report()["pinned_bytes"] == 3000
+
+
+def test_batches_fit_the_memory_budget(tmp_path):
+    from gpu_zarr.engine.codecs import stage_for
+    from gpu_zarr.engine.layout import layout_of
+    from gpu_zarr.engine.pipeline import _size_batches
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", shape=(64, 64, 64), chunks=(8, 8, 8))
+    lay = layout_of(arr)
+    stage = stage_for(lay)
+    opts = EngineOptions(batch_bytes=1 << 30, pinned_limit=1 << 30)
+    for budget in (50_000, 500_000, 5_000_000):
+        batch, device_bytes = _size_batches(lay, stage, opts, slots=3, lanes=3, budget=budget)
+        assert device_bytes <= max(budget, 3 * lay.inner_nbytes + 3 * (lay.inner_nbytes + stage.scratch_bytes(1, lay)))
+        assert batch >= lay.inner_nbytes
+    small, _ = _size_batches(lay, stage, opts, 3, 3, 50_000)
+    big, _ = _size_batches(lay, stage, opts, 3, 3, 5_000_000)
+    assert big > small
+    res = read(arr, Ellipsis, device="cpu", options=EngineOptions(budget_bytes=50_000))
+    np.testing.assert_array_equal(res.data, arr[...])
+    assert res.stats["budget_bytes"] == 50_000 and res.stats["planned_device_bytes"] <= 50_000 + 4 * 8 * 8 * 8 * 4
 
 
 def test_settings_get_set_and_restore():

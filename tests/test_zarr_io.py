@@ -191,3 +191,36 @@ def test_capabilities_report_without_gpu():
     if not caps.gpu:
         ok, why = caps.backend_status("kvikio")
         assert not ok and ("cupy" in why or "CUDA" in why)
+
+
+@pytest.mark.parametrize("sel", [(3,), (slice(2, 9), 5), (slice(None, None, -3), slice(1, 20), 4)])
+def test_small_reads_decode_on_cpu_threads(tmp_path, fake_gpu, sel):
+    """Reads of a few compressed chunks skip nvCOMP's latency: CPU threads, same planning."""
+    from gpu_zarr import settings
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", chunks=(4, 8, 7), shards=(8, 16, 14))
+    with settings.set(small_read=64 << 20):
+        prep = zarr_io.prepare(arr)
+        assert prep.backend == "kvikio"
+        res = prep.read(sel, where="host")
+    np.testing.assert_array_equal(res.data, arr[...][sel])
+    assert "small read" in res.reason and "CPU threads" in res.reason and res.stats["small_read"]
+    assert res.gpu_bytes == 0
+
+
+def test_small_read_threshold_counts_touched_chunks(tmp_path, fake_gpu):
+    from gpu_zarr import settings
+    from gpu_zarr.engine.plan import normalize_selection
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", shape=(40, 32, 28), chunks=(4, 8, 7))
+    prep = zarr_io.prepare(arr)
+    chunk = 4 * 8 * 7 * arr.dtype.itemsize
+    one_plane = normalize_selection(arr.shape, (5,))  # 4 x 4 chunks of the plane
+    with settings.set(small_read=16 * chunk):
+        assert prep.small_read_bytes(one_plane) == 16 * chunk
+    with settings.set(small_read=16 * chunk - 1):
+        assert prep.small_read_bytes(one_plane) is None
+    with settings.set(small_read=0):
+        assert prep.small_read_bytes(one_plane) is None
+    raw, _ = write(tmp_path / "r.zarr", fmt=3, codec="raw")
+    assert zarr_io.prepare(raw).small_read_bytes(one_plane) is None  # raw: kvikio straight to the GPU

@@ -9,6 +9,8 @@ Headless API (importing this package imports no napari, Qt, cupy, kvikio or nvCO
 - :func:`gpu_zarr_context` — zarr-python returning cupy, zstd decoded by nvCOMP.
 - :func:`read_omezarr` — an OME-Zarr level as a zarr array, with its resolution.
 - :func:`probe` — what this machine offers (GPU, kvikio, GDS, nvCOMP).
+- :func:`to_dask` — a dask array (one per OME-Zarr level) read block by block on the
+  workers' GPUs (needs the ``dask`` extra).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ _EXPORTS = {
     "read_region": "gpu_zarr.engine",
     "read_omezarr": "gpu_zarr.omezarr",
     "probe": "gpu_zarr.capabilities",
+    "to_dask": "gpu_zarr.dask_array",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

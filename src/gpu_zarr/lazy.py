@@ -12,12 +12,15 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 import zarr
 
+from . import settings
 from .backends import BACKENDS, check_backend
+from .engine import EngineOptions, get_runtime
 from .engine.fit import check_fits
 from .engine.plan import normalize_key as _normalize
 from .errors import GPUUnavailable
@@ -79,6 +82,37 @@ class _Source:
         self.resident_backend: str | None = None
         self.lock = threading.RLock()
         self._prepared: PreparedArray | None = None
+        self.last_key: tuple[int | slice, ...] | None = None
+        self.prefetching: Future[None] | None = None
+
+    def prefetch_after(self, key: tuple[int | slice, ...]) -> None:
+        """After a plane read, decode the next planes in the direction the user scrolls into
+        the chunk cache, off the request path (napari asks for planes one by one)."""
+        with self.lock:
+            last, self.last_key = self.last_key, key
+            busy = self.prefetching is not None and not self.prefetching.done()
+        if last is None or busy or not settings.get("cache_bytes"):
+            return
+        moved = [a for a, (p, q) in enumerate(zip(last, key)) if p != q]
+        if len(moved) != 1 or not isinstance(key[moved[0]], int) or not isinstance(last[moved[0]], int):
+            return
+        axis = moved[0]
+        step = key[axis] - last[axis]  # type: ignore[operator]
+        if step not in (-1, 1):
+            return
+        nxt = key[axis] + step  # type: ignore[operator]
+        if not 0 <= nxt < self.array.shape[axis]:
+            return
+        ahead = (*key[:axis], nxt, *key[axis + 1:])
+        prepared = self.prepared()
+
+        def run() -> None:
+            try:
+                prepared.read(ahead, options=EngineOptions(cache=True))
+            except Exception:  # noqa: BLE001 - a failed prefetch only means no head start
+                pass
+        with self.lock:
+            self.prefetching = get_runtime().pool("prefetch", 1).submit(run)
 
     def prepared(self) -> PreparedArray:
         """The array with its backend chosen and layout parsed, once (not per tile)."""
@@ -237,7 +271,11 @@ class GpuLazyArray:
 
                 return cupy.empty(out_shape, self.dtype)
             return np.empty(out_shape, self.dtype)
-        tile = self._src.prepared().read(full).data
+        prepared = self._src.prepared()
+        res = prepared.read(full, where="device" if gpu else "host", options=EngineOptions(cache=True))
+        tile = res.data
+        if prepared.backend == "kvikio" and not res.stats.get("small_read"):
+            self._src.prefetch_after(full)
         if gpu:
             if not hasattr(tile, "__cuda_array_interface__"):
                 raise GPUUnavailable(
@@ -321,7 +359,8 @@ class GpuLazyArray:
             had = self._src.resident is not None
             self._src.resident = None
             self._src.resident_backend = None
-        if had:
+        freed = get_runtime().clear_caches()  # decoded chunks kept for browsing go too
+        if had or freed:
             import cupy
 
             cupy.get_default_memory_pool().free_all_blocks()

@@ -193,8 +193,17 @@ class OmeImage:
         zarr.Array
             Opened with ``mode="r"``; slicing it inside ``gpu_zarr_context()`` yields cupy.
         """
-        lvl = self.levels[_check_level(level, len(self.levels), self.path)]
-        return open_array(_join(self.path, lvl.path))
+        return open_array(self.level_path(level))
+
+    def level_path(self, level: int = 0) -> str:
+        """Location (folder or URL) of one level's array.
+
+        Parameters
+        ----------
+        level : int
+            Index into :attr:`levels` (negative counts from the smallest).
+        """
+        return _join(self.path, self.levels[_check_level(level, len(self.levels), self.path)].path)
 
 
 def _join(base: str, sub: str) -> str:

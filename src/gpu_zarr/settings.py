@@ -16,6 +16,13 @@ batch_bytes    ``GPU_ZARR_BATCH_MIB``      encoded (and decoded) bytes per engin
                                            batch: one read, one copy and one batched
                                            decode per batch (default 192 MiB)
 slots          ``GPU_ZARR_SLOTS``          batches in flight (default 3)
+lanes          ``GPU_ZARR_LANES``          GPU work streams decoding at once (default 3;
+                                           at most ``slots``): nvCOMP is latency-bound,
+                                           so calls in flight add up
+budget_bytes   ``GPU_ZARR_BUDGET_MIB``     GPU memory a read may use beyond its result
+                                           (staging, decoded buffers, nvCOMP scratch);
+                                           default 0: a quarter of the free memory, at
+                                           most 3 GiB
 threads        ``GPU_ZARR_THREADS``        read threads (default: cores, 8..32)
 reader         ``GPU_ZARR_READER``         "auto", "kvikio" or "threads"
 direct_raw     ``GPU_ZARR_DIRECT_RAW``     raw chunks read by kvikio straight into
@@ -24,6 +31,14 @@ pinned_bytes   ``GPU_ZARR_PINNED_MIB``     bound of the pinned host staging shar
                                            all reads of the process (default 1024 MiB)
 headroom_bytes ``GPU_ZARR_HEADROOM_MIB``   GPU memory left free by any read (default:
                                            512 MiB, or 5 % of the device if larger)
+cache_bytes    ``GPU_ZARR_CACHE_MIB``      decoded chunks kept on the GPU for lazy arrays
+                                           (viewers), least recently used first out
+                                           (default 1024 MiB; 0 turns it off)
+small_read     ``GPU_ZARR_SMALL_READ_MIB`` compressed reads touching at most this many
+                                           decoded bytes decode on CPU threads (nvCOMP
+                                           costs 5-16 ms a call whatever its size);
+                                           default 6 MiB per core, at most 128 MiB;
+                                           0 turns it off
 ============== =========================== ==========================================
 """
 
@@ -56,22 +71,30 @@ def _defaults() -> dict[str, Any]:
     return {
         "batch_bytes": _env_int("GPU_ZARR_BATCH_MIB", 192 * MiB, MiB),
         "slots": _env_int("GPU_ZARR_SLOTS", 3),
+        "lanes": _env_int("GPU_ZARR_LANES", 3),
+        "budget_bytes": _env_int("GPU_ZARR_BUDGET_MIB", 0, MiB),  # 0: automatic
         "threads": _env_int("GPU_ZARR_THREADS", max(8, min(32, os.cpu_count() or 8))),
         "reader": os.environ.get("GPU_ZARR_READER", "auto"),
         "direct_raw": os.environ.get("GPU_ZARR_DIRECT_RAW", "1") != "0",
         "pinned_bytes": _env_int("GPU_ZARR_PINNED_MIB", 1024 * MiB, MiB),
         "headroom_bytes": _env_int("GPU_ZARR_HEADROOM_MIB", 0, MiB),  # 0: automatic
+        "cache_bytes": _env_int("GPU_ZARR_CACHE_MIB", 1024 * MiB, MiB),
+        "small_read": _env_int("GPU_ZARR_SMALL_READ_MIB", min(128, 6 * (os.cpu_count() or 1)) * MiB, MiB),
     }
 
 
 _CHECKS: dict[str, Callable[[Any], bool]] = {
     "batch_bytes": lambda v: isinstance(v, int) and v >= MiB,
     "slots": lambda v: isinstance(v, int) and 1 <= v <= 64,
+    "lanes": lambda v: isinstance(v, int) and 1 <= v <= 64,
+    "budget_bytes": lambda v: isinstance(v, int) and v >= 0,
     "threads": lambda v: isinstance(v, int) and 1 <= v <= 256,
     "reader": lambda v: v in ("auto", "kvikio", "threads"),
     "direct_raw": lambda v: isinstance(v, bool),
     "pinned_bytes": lambda v: isinstance(v, int) and v >= 0,
     "headroom_bytes": lambda v: isinstance(v, int) and v >= 0,
+    "small_read": lambda v: isinstance(v, int) and v >= 0,
+    "cache_bytes": lambda v: isinstance(v, int) and v >= 0,
 }
 _lock = threading.Lock()
 _values: dict[str, Any] = _defaults()

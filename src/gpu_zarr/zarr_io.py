@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_zarr import settings
 from gpu_zarr.backends import BACKENDS, Backend, check_backend
 from gpu_zarr.capabilities import probe
 from gpu_zarr.engine.fit import check_fits
@@ -205,16 +206,54 @@ class PreparedArray:
     def __repr__(self) -> str:
         return f"PreparedArray({self.array.store_path}, backend={self.choice})"
 
+    def small_read_bytes(self, region: Region) -> int | None:
+        """Decoded bytes of the chunks a read touches when it is small enough to decode on CPU
+        threads rather than pay nvCOMP's per-call latency (``settings`` ``small_read``); else None."""
+        lay, limit = self.layout, settings.get("small_read")
+        if self.choice.backend != "kvikio" or lay is None or lay.codec == "raw" or not limit:
+            return None
+        chunks = 1
+        for a, b, c in zip(region.start, region.stop, lay.inner_shape):
+            if b <= a:
+                return None
+            chunks *= (b - 1) // c - a // c + 1
+        touched = chunks * lay.inner_nbytes
+        return touched if touched <= limit else None
+
     def read(self, selection: Any = Ellipsis, *, options: EngineOptions | None = None,
-             progress: Callable[[int, int], None] | None = None, cancel: Any = None) -> ReadResult:
-        """Read ``array[selection]`` with the prepared backend and measure it (see :func:`read_selection`)."""
+             progress: Callable[[int, int], None] | None = None, cancel: Any = None,
+             where: str = "device") -> ReadResult:
+        """Read ``array[selection]`` with the prepared backend and measure it (see :func:`read_selection`).
+
+        ``where="host"`` says the caller wants host memory (a viewer): a small read then
+        returns the CPU-decoded numpy array without a round trip through the GPU.
+        """
         arr, choice = self.array, self.choice
         region = normalize_selection(tuple(int(s) for s in arr.shape), selection)
         if cancel is not None and cancel.is_set():
             raise ReadCancelled("read cancelled before it started")
         stats: dict = {}
         t0 = time.perf_counter()
-        if choice.backend == "kvikio":
+        small = self.small_read_bytes(region)
+        if small is not None:
+            from gpu_zarr.engine import read as engine_read
+            from gpu_zarr.engine.ops import CpuOps
+            from gpu_zarr.engine.runtime import get_runtime
+
+            opts = (options or EngineOptions()).with_(reader="threads", progress=progress, cancel=cancel)
+            ops = CpuOps(get_runtime().pool("cpu-decode", opts.threads), opts.threads)
+            res = engine_read(arr, selection, device="cpu", options=opts, layout=self.layout, ops=ops)
+            data, stats = res.data, res.stats
+            on_gpu = where != "host"
+            if on_gpu:
+                import cupy
+
+                data = cupy.asarray(data)
+            choice = BackendChoice(choice.backend, f"{choice.reason}; small read ({small / (1 << 20):.1f} MiB of "
+                                   f"chunks): decoded on {opts.threads} CPU threads"
+                                   + (", one copy to the GPU" if on_gpu else ", returned in host memory"))
+            stats["small_read"] = True
+        elif choice.backend == "kvikio":
             from gpu_zarr.kvikio_zarr import read_with_stats
 
             opts = options or EngineOptions()
@@ -228,7 +267,7 @@ class PreparedArray:
                     raise
                 # the engine found something it cannot serve: zarr-gpu from now on
                 self.choice, self.layout = BackendChoice("zarr-gpu", f"direct engine cannot serve: {exc}"), None
-                return self.read(selection, options=options, progress=progress, cancel=cancel)
+                return self.read(selection, options=options, progress=progress, cancel=cancel, where=where)
         else:
             device = "gpu" if choice.backend == "zarr-gpu" else "cpu"
             nbytes = int(np.prod(region.box_shape, dtype=np.int64)) * np.dtype(arr.dtype).itemsize

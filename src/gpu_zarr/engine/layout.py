@@ -51,8 +51,10 @@ class Layout:
     zarr_format : int
     codec_params : mapping
         Parameters of the codec stage (e.g. a Blosc typesize), empty when it needs none.
-    order : {"C", "F"}
-        Element order inside a decoded chunk.
+    transpose : tuple of int or None
+        How a decoded chunk's elements are ordered: None for C order; else the chunk is
+        stored as ``chunk.transpose(transpose)`` in C order (zarr v2 ``order: "F"`` is the
+        reversed axes, zarr v3's ``transpose`` codec gives its ``order``).
     """
 
     shape: tuple[int, ...]
@@ -69,7 +71,7 @@ class Layout:
     chunk_key: Callable[[tuple[int, ...]], str]
     zarr_format: int
     codec_params: Mapping[str, Any] = field(default_factory=dict)
-    order: str = "C"
+    transpose: tuple[int, ...] | None = None
 
     @property
     def ndim(self) -> int:
@@ -143,6 +145,15 @@ def _codec_of_chain(codecs: Sequence[Any], where: str) -> tuple[str, str | None]
     raise _unsupported("chains [bytes] or [bytes, zstd]", f"{where} codecs {names}")
 
 
+def _strip_transpose(codecs: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[int, ...] | None]:
+    """A leading v3 ``transpose`` codec becomes the layout's permutation (placed by the
+    place stage); the identity permutation is no permutation."""
+    if codecs and type(codecs[0]).__name__ == "TransposeCodec":
+        perm = tuple(int(a) for a in codecs[0].order)
+        return codecs[1:], None if perm == tuple(range(len(perm))) else perm
+    return codecs, None
+
+
 def layout_of(arr: Any) -> Layout:
     """Describe a zarr array for the direct engine.
 
@@ -158,8 +169,8 @@ def layout_of(arr: Any) -> Layout:
     Raises
     ------
     UnsupportedArrayError
-        For what the engine does not read: non-local stores, F order, filters, codecs
-        other than zstd, transposes, irregular chunk grids, non-numeric dtypes.
+        For what the engine does not read: non-local stores, filters, codecs it has no
+        stage for, irregular chunk grids, non-numeric dtypes.
     """
     meta = arr.metadata
     root = _local_root(arr)
@@ -167,8 +178,7 @@ def layout_of(arr: Any) -> Layout:
     chunks = _regular_chunks(meta)
     dtype = np.dtype(meta.dtype.to_native_dtype() if hasattr(meta, "dtype") else arr.dtype)
     if meta.zarr_format == 2:
-        if meta.order != "C":
-            raise _unsupported("C-order chunks", f"order {meta.order!r}")
+        perm = tuple(range(len(shape)))[::-1] if meta.order == "F" and len(shape) > 1 else None
         if meta.filters:
             raise _unsupported("arrays without filters", f"filters {[f.codec_id for f in meta.filters]}")
         comp = meta.compressor
@@ -180,7 +190,7 @@ def layout_of(arr: Any) -> Layout:
             raise _unsupported("raw or zstd chunks", f"compressor {comp.get_config() if hasattr(comp, 'get_config') else comp!r}")
         disk = dtype
         return Layout(shape, disk, native_dtype(disk), _fill(arr, native_dtype(disk)), chunks, chunks, codec,
-                      False, True, False, root, meta.encode_chunk_key, 2)
+                      False, True, False, root, meta.encode_chunk_key, 2, transpose=perm)
 
     dtype = np.dtype(meta.data_type.to_native_dtype())
     codecs = tuple(meta.codecs)
@@ -188,7 +198,8 @@ def layout_of(arr: Any) -> Layout:
     if sharded:
         sc = codecs[0]
         inner = tuple(int(c) for c in sc.chunk_shape)
-        codec, endian = _codec_of_chain(tuple(sc.codecs), "inner")
+        inner_codecs, perm = _strip_transpose(tuple(sc.codecs))
+        codec, endian = _codec_of_chain(inner_codecs, "inner")
         idx = tuple(sc.index_codecs)
         idx_names = [type(c).__name__ for c in idx]
         if idx_names not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]):
@@ -200,11 +211,12 @@ def layout_of(arr: Any) -> Layout:
         index_crc = len(idx) == 2
     else:
         inner = chunks
-        codec, endian = _codec_of_chain(codecs, "array")
+        array_codecs, perm = _strip_transpose(codecs)
+        codec, endian = _codec_of_chain(array_codecs, "array")
         index_at_end, index_crc = True, False
     disk = dtype if dtype.itemsize == 1 else dtype.newbyteorder("<" if endian in ("little", None) else ">")
     if dtype.kind == "c":
         disk = np.dtype(disk)
     out = native_dtype(disk)
     return Layout(shape, disk, out, _fill(arr, out), chunks, inner, codec, sharded, index_at_end,
-                  index_crc, root, meta.encode_chunk_key, 3)
+                  index_crc, root, meta.encode_chunk_key, 3, transpose=perm)

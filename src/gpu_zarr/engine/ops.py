@@ -26,6 +26,7 @@ class Ops(Protocol):
 
     name: str
     overlap: bool
+    lanes: int  # independent work streams: slot s decodes and places on lane s % lanes
     xp: Any
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any: ...
@@ -40,7 +41,10 @@ class Ops(Protocol):
     def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray,
                    sizes: np.ndarray, slot: int = 0, wait: Any = None) -> None: ...
     def place(self, src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
-              slot: int = 0, wait: Any = None) -> None: ...
+              slot: int = 0, wait: Any = None, perm: tuple[int, ...] | None = None) -> None: ...
+    def take(self, buf: Any, offset: int, nbytes: int, slot: int = 0) -> Any: ...
+    def place_chunks(self, chunks: list[Any], table: np.ndarray, out: Any, disk_dtype: np.dtype,
+                     perm: tuple[int, ...] | None = None) -> None: ...
     def fill(self, out: Any, table: np.ndarray, value: Any) -> None: ...
     def sync(self) -> None: ...
     def free_bytes(self) -> int | None: ...
@@ -66,13 +70,34 @@ def _fill_boxes(out: Any, table: np.ndarray, value: Any) -> None:
 
 
 class CpuOps:
-    """numpy buffers, numcodecs decode, numpy placement; every call completes at once."""
+    """numpy buffers, numcodecs decode, numpy placement; every call completes at once.
+
+    With a thread pool, a batch's streams are decoded by all its threads (numcodecs and
+    zlib release the GIL): the small-read path that spares reads of a few chunks nvCOMP's
+    per-call latency.
+    """
 
     name = "cpu"
     overlap = False
+    lanes = 1
 
-    def __init__(self) -> None:
+    def __init__(self, pool: ThreadPoolExecutor | None = None, threads: int = 1) -> None:
         self.xp: Any = np
+        self._pool, self._threads = pool, max(1, threads)
+
+    def _decode_parallel(self, algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray,
+                         dst: np.ndarray, dst_offsets: np.ndarray, dst_sizes: np.ndarray,
+                         names: Sequence[str] | None) -> None:
+        n = len(src_offsets)
+        if self._pool is None or self._threads < 2 or n < 2:
+            decode_batch_cpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names)
+            return
+        parts = np.array_split(np.arange(n), min(n, self._threads))
+        futs = [self._pool.submit(decode_batch_cpu, algo, src, src_offsets[p], src_sizes[p], dst, dst_offsets[p],
+                                  dst_sizes[p], [names[int(k)] for k in p] if names is not None else None)
+                for p in parts]
+        for f in futs:
+            f.result()
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype)
@@ -101,16 +126,32 @@ class CpuOps:
     def decode_batch(self, algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray,
                      dst: np.ndarray, dst_offsets: np.ndarray, dst_sizes: np.ndarray,
                      names: Sequence[str] | None, slot: int = 0, wait: Any = None) -> None:
-        self._run(decode_batch_cpu, algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names,
-                  after=wait)
+        self._run(self._decode_parallel, algo, src, np.asarray(src_offsets), np.asarray(src_sizes), dst,
+                  np.asarray(dst_offsets), np.asarray(dst_sizes), names, slot=slot, after=wait)
 
     def copy_spans(self, src: np.ndarray, src_offsets: np.ndarray, dst: np.ndarray, dst_offsets: np.ndarray,
                    sizes: np.ndarray, slot: int = 0, wait: Any = None) -> None:
-        self._run(copy_spans_cpu, src, src_offsets, dst, dst_offsets, sizes, after=wait)
+        self._run(copy_spans_cpu, src, src_offsets, dst, dst_offsets, sizes, slot=slot, after=wait)
 
     def place(self, src: np.ndarray, src_offsets: np.ndarray, table: np.ndarray, out: np.ndarray,
-              disk_dtype: np.dtype, slot: int = 0, wait: Any = None) -> None:
-        self._run(place_cpu, src, src_offsets, table, out, disk_dtype, after=wait)
+              disk_dtype: np.dtype, slot: int = 0, wait: Any = None, perm: tuple[int, ...] | None = None) -> None:
+        self._run(place_cpu, src, src_offsets, table, out, disk_dtype, perm, slot=slot, after=wait)
+
+    def place_chunks(self, chunks: list[Any], table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype,
+                     perm: tuple[int, ...] | None = None) -> None:
+        """Place whole decoded chunks held in separate buffers (the chunk cache's)."""
+        zero = np.zeros(1, np.int64)
+        for k, chunk in enumerate(chunks):
+            self._run(place_cpu, chunk, zero, table[k:k + 1], out, disk_dtype, perm)
+
+    def take(self, buf: np.ndarray, offset: int, nbytes: int, slot: int = 0) -> np.ndarray:
+        """A copy of ``buf[offset:offset + nbytes]``, made after the slot's queued work."""
+        copy = np.empty(nbytes, np.uint8)
+
+        def fill() -> None:
+            copy[:] = buf[offset:offset + nbytes]
+        self._run(fill, slot=slot)
+        return copy
 
     def fill(self, out: np.ndarray, table: np.ndarray, value: Any) -> None:
         _fill_boxes(out, table, value)
@@ -127,17 +168,18 @@ class CpuOps:
 
 class AsyncCpuOps(CpuOps):
     """The CPU twin with overlap on: copies run on one worker thread per slot ("copy
-    streams"), decode and place in order on one work thread ("the work stream"); events are
-    futures. Used by tests to prove that the pipeline never refills a slot before the work
-    that reads it has finished.
+    streams"), decode and place in order on one work thread per lane ("work streams"); events
+    are futures. Used by tests to prove that the pipeline never refills a slot, nor reuses a
+    lane's decoded buffer, before the work that reads it has finished.
     """
 
     overlap = True
 
-    def __init__(self, slots: int = 3) -> None:
-        super().__init__()
+    def __init__(self, slots: int = 3, lanes: int | None = None) -> None:
+        super().__init__()  # each lane decodes on its own thread, one batch after the other
+        self.lanes = max(1, min(slots, lanes or slots))
         self._copy = [ThreadPoolExecutor(1, thread_name_prefix=f"cpu-copy-{s}") for s in range(slots)]
-        self._work = ThreadPoolExecutor(1, thread_name_prefix="cpu-work")
+        self._lanes = [ThreadPoolExecutor(1, thread_name_prefix=f"cpu-lane-{n}") for n in range(self.lanes)]
         self._last: list[Future[Any]] = []
 
     def _submit(self, pool: ThreadPoolExecutor, fn: Any, *args: Any, after: Any = None) -> Future[Any]:
@@ -150,7 +192,7 @@ class AsyncCpuOps(CpuOps):
         return fut
 
     def _run(self, fn: Any, *args: Any, slot: int = 0, after: Any = None) -> Any:
-        return self._submit(self._work, fn, *args, after=after)
+        return self._submit(self._lanes[slot % self.lanes], fn, *args, after=after)
 
     def upload(self, host: np.ndarray, dev: np.ndarray, nbytes: int, slot: int = 0, after: Any = None) -> Any:
         def copy() -> None:
@@ -162,7 +204,7 @@ class AsyncCpuOps(CpuOps):
             event.result()
 
     def record(self, slot: int = 0) -> Any:
-        return self._work.submit(lambda: None)
+        return self._lanes[slot % self.lanes].submit(lambda: None)
 
     def sync(self) -> None:
         pending, self._last = self._last, []
@@ -170,23 +212,25 @@ class AsyncCpuOps(CpuOps):
             fut.result()
 
     def close(self) -> None:
-        for p in (*self._copy, self._work):
+        for p in (*self._copy, *self._lanes):
             p.shutdown(wait=True)
 
 
 class GpuOps:
     """cupy device buffers, pinned host staging, nvCOMP decode.
 
-    Each slot copies on its own stream; decoding and placing happen in order on ONE work
-    stream, so nvCOMP's scratch exists once and one decoded buffer serves every batch.
-    CUDA events order a slot's copy before its decode, and the decode before the slot is
-    refilled. Streams and pinned staging belong to the runtime.
+    Each slot copies on its own stream; decoding and placing happen in order on the work
+    stream of the slot's lane (``slot % lanes``). nvCOMP's batched decode is latency-bound
+    (a call takes 5-16 ms whatever it holds), so several lanes keep several calls in flight;
+    each lane has its own decoded buffer and decoder scratch. CUDA events order a slot's
+    copy before its decode, and the decode before the slot is refilled. Streams and pinned
+    staging belong to the runtime.
     """
 
     name = "gpu"
     overlap = True
 
-    def __init__(self, slots: int = 3, runtime: Any = None) -> None:
+    def __init__(self, slots: int = 3, runtime: Any = None, lanes: int = 1) -> None:
         try:
             import cupy
         except ImportError as exc:
@@ -202,15 +246,21 @@ class GpuOps:
         self.xp: Any = cupy
         self._cupy = cupy
         self._rt = runtime or get_runtime()
+        self.lanes = max(1, min(slots, lanes))
         self.copy_streams: list[Any]
-        self.copy_streams, self.stream = self._rt.streams(max(1, slots))
+        self.work_streams: list[Any]
+        self.copy_streams, self.work_streams = self._rt.streams(max(1, slots), self.lanes)
+        self.stream = self.work_streams[0]
 
     def _copy(self, slot: int) -> Any:
         return self.copy_streams[slot % len(self.copy_streams)]
 
-    def _after(self, event: Any) -> None:
+    def _work(self, slot: int) -> Any:
+        return self.work_streams[slot % self.lanes]
+
+    def _after(self, event: Any, slot: int = 0) -> None:
         if event is not None:
-            self.stream.wait_event(event)
+            self._work(slot).wait_event(event)
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         with self.stream:
@@ -222,9 +272,10 @@ class GpuOps:
         return self._rt.pinned.lease(nbytes, count, self._rt.pinned_alloc)
 
     def device_buffer(self, nbytes: int, slot: int = 0) -> Any:
-        with self.stream:
+        s = self._work(slot)
+        with s:
             buf = self._cupy.empty(max(nbytes, 1), np.uint8)
-        self.stream.synchronize()  # copy streams and kvikio write into it
+        s.synchronize()  # copy streams and kvikio write into it
         return buf
 
     def upload(self, host: np.ndarray, dev: Any, nbytes: int, slot: int = 0, after: Any = None) -> Any:
@@ -241,33 +292,43 @@ class GpuOps:
             event.synchronize()
 
     def record(self, slot: int = 0) -> Any:
-        """An event after the work queued so far on the work stream."""
-        return self.stream.record()
+        """An event after the work queued so far on the slot's work stream."""
+        return self._work(slot).record()
 
     def decode_batch(self, algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
                      dst_offsets: np.ndarray, dst_sizes: np.ndarray, names: Sequence[str] | None,
                      slot: int = 0, wait: Any = None) -> None:
-        self._after(wait)
-        decode_batch_gpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, self.stream, names)
+        self._after(wait, slot)
+        decode_batch_gpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, self._work(slot), names)
 
     def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
                    slot: int = 0, wait: Any = None) -> None:
-        self._after(wait)
-        copy_spans_gpu(src, src_offsets, dst, dst_offsets, sizes, self.stream)
+        self._after(wait, slot)
+        copy_spans_gpu(src, src_offsets, dst, dst_offsets, sizes, self._work(slot))
 
     def place(self, src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
-              slot: int = 0, wait: Any = None) -> None:
-        self._after(wait)
-        place_gpu(src, src_offsets, table, out, disk_dtype, self.stream)
+              slot: int = 0, wait: Any = None, perm: tuple[int, ...] | None = None) -> None:
+        self._after(wait, slot)
+        place_gpu(src, src_offsets, table, out, disk_dtype, self._work(slot), perm)
+
+    def place_chunks(self, chunks: list[Any], table: np.ndarray, out: Any, disk_dtype: np.dtype,
+                     perm: tuple[int, ...] | None = None) -> None:
+        """Place whole decoded chunks held in separate device buffers: one kernel launch."""
+        ptrs = np.fromiter((c.data.ptr for c in chunks), np.int64, len(chunks))
+        place_gpu(None, ptrs, table, out, disk_dtype, self.stream, perm)
+
+    def take(self, buf: Any, offset: int, nbytes: int, slot: int = 0) -> Any:
+        """A device copy of ``buf[offset:offset + nbytes]``, ordered on the slot's work stream."""
+        with self._work(slot):
+            return buf[offset:offset + nbytes].copy()
 
     def fill(self, out: Any, table: np.ndarray, value: Any) -> None:
         with self.stream:
             _fill_boxes(out, table, value)
 
     def sync(self) -> None:
-        for s in self.copy_streams:
+        for s in (*self.copy_streams, *self.work_streams):
             s.synchronize()
-        self.stream.synchronize()
 
     def free_bytes(self) -> int:
         free, _ = self._cupy.cuda.runtime.memGetInfo()
@@ -282,10 +343,10 @@ class GpuOps:
         return res
 
 
-def ops_for(device: str, slots: int = 3) -> Ops:
-    """``"gpu"`` or ``"cpu"``."""
+def ops_for(device: str, slots: int = 3, lanes: int = 1) -> Ops:
+    """``"gpu"`` or ``"cpu"``; ``lanes`` work streams on the GPU."""
     if device == "gpu":
-        return GpuOps(slots)
+        return GpuOps(slots, lanes=lanes)
     if device == "cpu":
         return CpuOps()
     raise ValueError(f"device must be 'gpu' or 'cpu', not {device!r}")

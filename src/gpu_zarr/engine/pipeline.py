@@ -52,6 +52,12 @@ class EngineOptions:
         per batch (``settings`` ``batch_bytes``, environment ``GPU_ZARR_BATCH_MIB``).
     slots : int
         Batches in flight (``GPU_ZARR_SLOTS``); 2 is double buffering, 3 lets reads run ahead.
+    lanes : int
+        GPU work streams decoding at once (``GPU_ZARR_LANES``, at most ``slots``).
+    budget_bytes : int
+        GPU memory the read may use beyond its result: staging, decoded buffers and decoder
+        scratch (``GPU_ZARR_BUDGET_MIB``; 0: a quarter of the free memory, at most 3 GiB).
+        Batches are sized to fit it; the stats report it.
     threads : int
         Read threads (kvikio's pool or ours; ``GPU_ZARR_THREADS``). kvikio's own default is 1.
     reader : {"auto", "kvikio", "threads"}
@@ -62,6 +68,9 @@ class EngineOptions:
     pinned_limit : int, optional
         Upper bound of this read's staging (``slots * batch_bytes`` is reduced to fit);
         default ``settings`` ``pinned_bytes``.
+    cache : bool
+        Serve decoded chunks from the runtime's chunk cache and keep the ones this read
+        decodes there (``settings`` ``cache_bytes``); lazy arrays (viewers) turn it on.
     progress : callable, optional
         ``progress(done_bytes, total_bytes)`` after each batch (decoded bytes).
     cancel : object with ``is_set()``, optional
@@ -70,10 +79,13 @@ class EngineOptions:
 
     batch_bytes: int = field(default_factory=_setting("batch_bytes"))
     slots: int = field(default_factory=_setting("slots"))
+    lanes: int = field(default_factory=_setting("lanes"))
+    budget_bytes: int = field(default_factory=_setting("budget_bytes"))
     threads: int = field(default_factory=_setting("threads"))
     reader: str = field(default_factory=_setting("reader"))
     direct_raw: bool = field(default_factory=_setting("direct_raw"))
     pinned_limit: int = field(default_factory=_setting("pinned_bytes"))
+    cache: bool = False
     progress: Callable[[int, int], None] | None = None
     cancel: Any = None
 
@@ -162,16 +174,16 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     box_shape = region.box_shape
     out_nbytes = int(np.prod(box_shape, dtype=np.int64)) * lay.out_dtype.itemsize
     slots = max(1, opts.slots)
-    batch = max(lay.inner_nbytes, min(opts.batch_bytes, max(opts.pinned_limit, lay.inner_nbytes) // slots))
-    per_batch = max(1, batch // lay.inner_nbytes)
-    dec_cap = per_batch * _stride(lay) if stage.decodes else 0
-    scratch = slots * batch + dec_cap + stage.scratch_bytes(per_batch, lay)
+    lanes = max(1, min(slots, opts.lanes)) if device == "gpu" else 1
+    budget = _budget(opts, device, out_nbytes)
+    batch, scratch = _size_batches(lay, stage, opts, slots, lanes, budget)
     if not region.is_box:
         scratch += out_nbytes  # the box, then the stepped/squeezed copy
     # before anything is planned or allocated: an absurd shape fails here, in microseconds
     check_fits(out_nbytes, scratch if device == "gpu" else 0, device=device,
                what=f"reading {box_shape} {lay.out_dtype}")
-    ops = ops or ops_for(device, slots)
+    stats.update(budget_bytes=budget, planned_device_bytes=scratch, lanes=lanes)
+    ops = ops or ops_for(device, slots, lanes)
     pieces = plan_pieces(lay, region.start, region.stop)
     stats["plan_s"] = time.perf_counter() - t0
 
@@ -184,16 +196,92 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     missing = np.flatnonzero(loc.nbytes < 0)
     if len(missing):
         ops.fill(out, pieces.table[missing], lay.fill_value)
-    batches = make_batches(loc.file_id, loc.offset, loc.nbytes, lay.inner_nbytes, batch)
+    cache = rt.chunk_cache(device) if opts.cache and stage.decodes and settings.get("cache_bytes") else None
+    keys: list[Any] = []
+    to_read = loc.nbytes
+    held: list[Any] = []
+    if cache is not None:
+        keys = _cache_keys(loc)
+        to_read, held = _place_cached(cache, keys, loc, pieces, out, ops, lay, stats)
+    batches = make_batches(loc.file_id, loc.offset, to_read, lay.inner_nbytes, batch)
     stats.update(codec=lay.codec, pieces=len(pieces), missing=len(missing), batches=len(batches),
                  encoded_bytes=int(loc.nbytes[loc.nbytes > 0].sum()), decoded_bytes=out_nbytes)
     reader = rt.reader(opts.reader if device == "gpu" else "threads", opts.threads)
-    _run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats)
+    decoded: list[tuple[Any, Any]] = []  # (cache key, chunk) kept once the read is complete
+    _run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats,
+                 (lambda k, chunk: decoded.append((keys[k], chunk))) if cache is not None else None)
     result = ops.finish(out, None if region.is_box else region.post)
     ops.sync()
+    if cache is not None:  # only now: every stream is done with them
+        for key, chunk in decoded:
+            cache.put(key, chunk)
+    del held
     stats["total_s"] = time.perf_counter() - t0
     _last.stats = stats
     return EngineResult(result, stats)
+
+
+def _budget(opts: EngineOptions, device: str, out_nbytes: int) -> int:
+    """GPU bytes the read may use beyond its result (see :class:`EngineOptions`)."""
+    if opts.budget_bytes:
+        return opts.budget_bytes
+    if device != "gpu":
+        return 3 * GiB
+    from gpu_zarr.engine.fit import device_memory
+
+    free, _ = device_memory()
+    return int(max(256 * MiB, min(3 * GiB, (free - out_nbytes) // 4)))
+
+
+def _size_batches(lay: Layout, stage: CodecStage, opts: EngineOptions, slots: int, lanes: int,
+                  budget: int) -> tuple[int, int]:
+    """(staging bytes per batch, device bytes beyond the result) within ``budget``.
+
+    Per slot a device buffer for the fetched bytes; per lane a decoded buffer and the
+    decoder's scratch. A batch holds at least one chunk whatever the budget.
+    """
+    inner = lay.inner_nbytes
+    per_lane = (_stride(lay) + stage.scratch_bytes(1, lay)) if stage.decodes else 0
+    per_chunk = lanes * per_lane + slots * inner
+    per_batch = max(1, budget // per_chunk)
+    batch = max(inner, min(opts.batch_bytes, per_batch * inner, max(opts.pinned_limit, inner) // slots))
+    per_batch = max(1, batch // inner)
+    device_bytes = slots * batch + (lanes * (per_batch * _stride(lay) + stage.scratch_bytes(per_batch, lay))
+                                    if stage.decodes else 0)
+    return batch, device_bytes
+
+
+def _cache_keys(loc: Located) -> list[Any]:
+    """Per piece, where its bytes are on disk (file, offset, size, modification time): a
+    chunk rewritten on disk gets another key. None for missing pieces."""
+    mtimes: dict[int, int] = {}
+    for f in np.unique(loc.file_id[loc.nbytes >= 0]).tolist():
+        try:
+            mtimes[f] = os.stat(loc.files[f]).st_mtime_ns
+        except FileNotFoundError:
+            mtimes[f] = -1
+    return [(str(loc.files[f]), o, n, mtimes[f]) if n >= 0 else None
+            for f, o, n in zip(loc.file_id.tolist(), loc.offset.tolist(), loc.nbytes.tolist())]
+
+
+def _place_cached(cache: Any, keys: list[Any], loc: Located, pieces: Pieces, out: Any, ops: Ops, lay: Layout,
+                  stats: dict[str, Any]) -> tuple[np.ndarray, list[Any]]:
+    """Place the pieces the cache holds; return sizes with those marked as not to be read, and
+    the chunks placed (the caller holds them until the read is done: an eviction meanwhile
+    must not free memory a kernel still reads)."""
+    to_read = loc.nbytes.copy()
+    found: list[int] = []
+    chunks: list[Any] = []
+    for k, key in enumerate(keys):
+        chunk = cache.get(key) if key is not None else None
+        if chunk is not None:
+            found.append(k)
+            chunks.append(chunk)
+    if found:
+        ops.place_chunks(chunks, pieces.table[found], out, lay.disk_dtype, lay.transpose)
+        to_read[found] = -1
+    stats["cache_hits"] = len(found)
+    return to_read, chunks
 
 
 def _stride(lay: Layout) -> int:
@@ -217,7 +305,8 @@ class _Names(Sequence[str]):
 
 
 def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: list[Batch], out: Any,
-                 ops: Ops, reader: Any, opts: EngineOptions, stats: dict[str, Any]) -> None:
+                 ops: Ops, reader: Any, opts: EngineOptions, stats: dict[str, Any],
+                 keep: Callable[[int, Any], None] | None = None) -> None:
     if not batches:
         return
     nslots = min(max(1, opts.slots), len(batches))
@@ -225,7 +314,7 @@ def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, b
     # raw chunks read by kvikio land in device memory directly: nothing to check on the host
     direct = (not stage.decodes) and ops.name == "gpu" and reader.name == "kvikio" and opts.direct_raw
     with ops.host_buffers(0 if direct else cap, 0 if direct else nslots) as host:
-        _run(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, nslots, cap, direct, host)
+        _run(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, nslots, cap, direct, host, keep)
     stats["reader"] = reader.name + (" (into device memory)" if direct else " (staging)")
     stats["threads"] = getattr(reader, "threads", None)
     stats["slots"] = nslots
@@ -234,12 +323,13 @@ def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, b
 
 def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: list[Batch], out: Any, ops: Ops,
          reader: Any, opts: EngineOptions, stats: dict[str, Any], nslots: int, cap: int, direct: bool,
-         host: list[np.ndarray]) -> None:
+         host: list[np.ndarray], keep: Callable[[int, Any], None] | None) -> None:
     t_setup = time.perf_counter()
     per = max(len(b.pieces) for b in batches)
     dstride = _stride(lay)
     dev_in = [ops.device_buffer(cap, s) for s in range(nslots)]
-    dev_out = ops.device_buffer(per * dstride) if stage.decodes else None  # one: decode and place are in order
+    # per lane one decoded buffer: a lane decodes and places its batches in order
+    dev_out = [ops.device_buffer(per * dstride, lane) for lane in range(ops.lanes)] if stage.decodes else []
     released: list[Any] = [None] * nslots  # event: the slot's read buffer (host, or device when direct) is free
     consumed: list[Any] = [None] * nslots  # event: the work stream is done with the slot's device buffer
     dst_offsets = np.arange(per, dtype=np.int64) * dstride
@@ -291,15 +381,18 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
             timings["upload_s"] += time.perf_counter() - t
             if stage.decodes:
                 t = time.perf_counter()
-                stage.decode(ops, dev_in[s], b, prep, dev_out, dst_offsets[:len(b.pieces)], lay, names, s,
-                             uploaded)
+                stage.decode(ops, dev_in[s], b, prep, dev_out[s % ops.lanes], dst_offsets[:len(b.pieces)], lay,
+                             names, s, uploaded)
                 timings["decode_s"] += time.perf_counter() - t
-                src, src_off = dev_out, dst_offsets[:len(b.pieces)]
+                src, src_off = dev_out[s % ops.lanes], dst_offsets[:len(b.pieces)]
+                if keep is not None:  # copies for the chunk cache, ordered after the decode
+                    for j, piece in enumerate(b.pieces.tolist()):
+                        keep(piece, ops.take(src, int(src_off[j]), lay.inner_nbytes, s))
             else:
                 src, src_off = dev_in[s], b.src_offsets
             t = time.perf_counter()
             ops.place(src, src_off, pieces.table[b.pieces], out, lay.disk_dtype, s,
-                      wait=None if stage.decodes else uploaded)
+                      wait=None if stage.decodes else uploaded, perm=lay.transpose)
             consumed[s] = ops.record(s)
             if direct:  # the device slot is free only once this batch is placed
                 released[s] = consumed[s]

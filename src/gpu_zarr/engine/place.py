@@ -95,14 +95,27 @@ def _with_units(table: np.ndarray, out_shape: tuple[int, ...], per: int):
     return np.ascontiguousarray(table), strides
 
 
+def _permuted(tab: np.ndarray, strides: np.ndarray, perm: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Table and output strides in the order the chunk's elements are stored.
+
+    A chunk stored as ``chunk.transpose(perm)`` in C order is walked along its stored axes:
+    stored axis j is array axis ``perm[j]`` (a trailing unit axis of complex numbers stays last).
+    """
+    if perm is None:
+        return tab, strides
+    idx = list(perm) + list(range(len(perm), tab.shape[1]))
+    return np.ascontiguousarray(tab[:, idx, :]), np.ascontiguousarray(strides[idx])
+
+
 def place_gpu(src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
-              stream: Any = None) -> None:
+              stream: Any = None, perm: tuple[int, ...] | None = None) -> None:
     """Scatter pieces of ``src`` (device uint8) into ``out`` (C-contiguous cupy array).
 
     Parameters
     ----------
-    src : cupy.ndarray of uint8
+    src : cupy.ndarray of uint8, or None
         Decoded pieces; piece k starts at byte ``src_offsets[k]`` (aligned to the unit).
+        None: ``src_offsets`` are device addresses (pieces in separate buffers, e.g. cached).
     src_offsets : ndarray of int64
     table : ndarray, shape (n, ndim, 4)
         Placement table (see :class:`gpu_zarr.engine.plan.Pieces`).
@@ -110,6 +123,8 @@ def place_gpu(src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, di
         Output box, native byte order.
     disk_dtype : numpy.dtype
         dtype of the decoded bytes; big-endian data are swapped while placing.
+    perm : tuple of int, optional
+        The chunks are stored transposed (``Layout.transpose``).
     """
     import cupy
 
@@ -120,6 +135,7 @@ def place_gpu(src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, di
     swap = int(disk_dtype.byteorder == ">" or (disk_dtype.byteorder == "=" and np.little_endian is False))
     swap = swap if unit > 1 else 0
     tab, strides = _with_units(table, out.shape, per)
+    tab, strides = _permuted(tab, strides, perm)
     ndim = tab.shape[1]
     kern = _module().get_function(f"place_{unit}")
     rows = np.prod(tab[:, :-1, 2], axis=1) if ndim > 1 else np.ones(n, np.int64)
@@ -134,12 +150,12 @@ def place_gpu(src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, di
         str_d = cupy.asarray(strides)
         for p0 in range(0, n, 65535):
             cnt = min(65535, n - p0)
-            kern((grid_x, cnt), (block,), (src, view, tab_d, off_d, str_d, np.int32(ndim),
+            kern((grid_x, cnt), (block,), (np.uint64(0) if src is None else src, view, tab_d, off_d, str_d, np.int32(ndim),
                                            np.int32(swap), np.int32(p0)))
 
 
 def place_cpu(src: np.ndarray, src_offsets: np.ndarray, table: np.ndarray, out: np.ndarray,
-              disk_dtype: np.dtype) -> None:
+              disk_dtype: np.dtype, perm: tuple[int, ...] | None = None) -> None:
     """numpy twin of :func:`place_gpu` (same table, one slice assignment per piece)."""
     inner = None
     for k in range(len(src_offsets)):
@@ -148,7 +164,11 @@ def place_cpu(src: np.ndarray, src_offsets: np.ndarray, table: np.ndarray, out: 
             inner = tuple(int(v) for v in t[:, 0])
             nbytes = int(np.prod(inner)) * disk_dtype.itemsize
         off = int(src_offsets[k])
-        chunk = src[off:off + nbytes].view(disk_dtype).reshape(inner)
+        if perm is None:
+            chunk = src[off:off + nbytes].view(disk_dtype).reshape(inner)
+        else:
+            stored = tuple(inner[a] for a in perm)
+            chunk = src[off:off + nbytes].view(disk_dtype).reshape(stored).transpose(np.argsort(perm))
         sin = tuple(slice(int(a), int(a + n)) for a, n in zip(t[:, 1], t[:, 2]))
         sout = tuple(slice(int(a), int(a + n)) for a, n in zip(t[:, 3], t[:, 2]))
         out[sout] = chunk[sin]

@@ -131,20 +131,24 @@ class Runtime:
             res.close(res.value)
 
     # -- GPU pieces ---------------------------------------------------------------
-    def streams(self, n: int) -> tuple[list[Any], Any]:
-        """``n`` copy streams and one work stream (non-blocking) of the current device."""
+    def streams(self, copies: int, lanes: int = 1) -> tuple[list[Any], list[Any]]:
+        """``copies`` copy streams and ``lanes`` work streams (non-blocking) of the current device.
+
+        The same streams are handed to every read: concurrent reads order their work on them.
+        """
         import cupy
 
         dev = cupy.cuda.runtime.getDevice()
 
-        def make() -> list[Any]:
-            return []
+        def make() -> dict[str, list[Any]]:
+            return {"copy": [], "work": []}
 
         with self._lock:
-            pool = self.resource(("streams", dev), make)
-            while len(pool) < n + 1:
-                pool.append(cupy.cuda.Stream(non_blocking=True))
-            return pool[1:n + 1], pool[0]
+            pools = self.resource(("streams", dev), make)
+            for kind, n in (("copy", copies), ("work", lanes)):
+                while len(pools[kind]) < n:
+                    pools[kind].append(cupy.cuda.Stream(non_blocking=True))
+            return pools["copy"][:copies], pools["work"][:lanes]
 
     @staticmethod
     def pinned_alloc(nbytes: int) -> np.ndarray:
@@ -153,6 +157,33 @@ class Runtime:
 
         mem = cupy.cuda.alloc_pinned_memory(nbytes)
         return np.frombuffer(mem, np.uint8, nbytes)
+
+    # -- decoded-chunk cache ---------------------------------------------------------
+    def chunk_cache(self, device: str) -> Any:
+        """The bounded LRU cache of decoded chunks for ``device`` ("gpu": the current CUDA
+        device; "cpu"), sized by ``settings`` ``cache_bytes`` when first used."""
+        from gpu_zarr.engine.cache import ChunkCache
+
+        key: tuple[Any, ...] = ("chunk-cache", device)
+        if device == "gpu":
+            import cupy
+
+            key = (*key, cupy.cuda.runtime.getDevice())
+        return self.resource(key, lambda: ChunkCache(settings.get("cache_bytes")), close=lambda c: c.clear(),
+                             nbytes=lambda c: c.nbytes)
+
+    def clear_caches(self) -> int:
+        """Drop every cached decoded chunk (the widget's "Free GPU memory"); returns the bytes
+        that were held on the GPU."""
+        with self._lock:
+            caches = [(k, r.value) for k, r in self._resources.items()
+                      if isinstance(k, tuple) and k[:1] == ("chunk-cache",)]
+        freed = 0
+        for key, cache in caches:
+            if key[1] == "gpu":
+                freed += cache.nbytes
+            cache.clear()
+        return freed
 
     # -- readers ------------------------------------------------------------------
     def reader(self, kind: str, threads: int) -> Any:

@@ -1,0 +1,401 @@
+"""Dask arrays whose blocks gpu_zarr reads (and decodes on the worker's GPU).
+
+:func:`to_dask` turns a zarr array, or every level of an OME-Zarr image, into a
+``dask.array.Array``. Each block is one call of the project's read path
+(:func:`gpu_zarr.zarr_io.read_selection`) on the worker that runs it: cupy blocks read
+by the direct engine (kvikio + nvCOMP) on a GPU worker, numpy blocks read by
+zarr-python on a worker without a GPU.
+
+The task graph holds only picklable descriptions (:class:`ArraySource`: the array's
+path, OME level, shape, dtype; and each block's region as ``(start, stop)`` pairs),
+never an opened array, a CUDA stream, a codec or a device buffer. A worker process
+opens each array once and keeps it in a small per-process cache keyed by path and
+level (and the metadata file's modification time), so thousands of blocks cost one open
+per worker.
+
+Block size rule (``chunks=None``)
+---------------------------------
+Blocks are whole storage units: the shard shape of a sharded array, the chunk shape
+otherwise. Starting from one unit, each axis from the last (fastest) to the first is
+grown to the array's full extent while the block stays within the target decoded size;
+the first axis that cannot be filled takes as many whole units as fit (at least one)
+and the axes before it keep one unit. Blocks are therefore contiguous C-order slabs
+where possible, and never split a storage chunk. Targets: :data:`GPU_BLOCK_BYTES`
+(1 GiB) when blocks are read on GPUs: each block is one engine read, whose fetch and decode
+stages overlap only within the read (one ~192 MiB batch at each end does not), so a block
+must span several batches to run near the engine's streaming rate; :data:`CPU_BLOCK_BYTES`
+(128 MiB, dask's own default) for numpy blocks. ``chunks="1GiB"`` (any byte size) applies the same rule to another
+target; any other ``chunks`` value is passed to ``dask.array.core.normalize_chunks``
+with the storage unit as ``previous_chunks``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpu_zarr.errors import INSTALL_HINT, GpuZarrError, NotAZarrError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import dask.array
+
+__all__ = [
+    "CPU_BLOCK_BYTES",
+    "GPU_BLOCK_BYTES",
+    "ArraySource",
+    "block_shape",
+    "read_block",
+    "to_dask",
+]
+
+log = logging.getLogger("gpu_zarr.dask")
+
+#: default decoded bytes per dask block when blocks are cupy arrays
+GPU_BLOCK_BYTES = 1 << 30
+#: default decoded bytes per dask block when blocks are numpy arrays
+CPU_BLOCK_BYTES = 128 << 20
+
+_DASK_HINT = "pip install \"napari-gpu-zarr[dask]\" (dask-cuda for one worker per GPU: [dask-cuda13] or [dask-cuda12])"
+_BACKENDS = ("auto", "kvikio", "zarr-gpu", "cpu")
+
+
+@dataclass(frozen=True)
+class ArraySource:
+    """What a worker needs to open one array: plain, picklable values only.
+
+    Attributes
+    ----------
+    path : str
+        The array's own location (local folder or URL), e.g. ``image.ome.zarr/0``.
+    level : int or None
+        OME-Zarr level the array is (None for a plain array).
+    shape : tuple of int
+    dtype : str
+        numpy dtype string of the blocks (native byte order).
+    stamp : int
+        Modification time (ns) of the array's metadata file when the graph was built,
+        0 when unknown; part of the cache key, so a rewritten store is reopened.
+    """
+
+    path: str
+    level: int | None
+    shape: tuple[int, ...]
+    dtype: str
+    stamp: int = 0
+
+    @property
+    def key(self) -> tuple[str, int | None, int]:
+        return (self.path, self.level, self.stamp)
+
+
+# ------------------------------------------------------------------ per-process cache
+
+_CACHE_SIZE = 32
+_cache: OrderedDict[tuple, Any] = OrderedDict()
+_cache_lock = threading.Lock()
+_opens: Counter[str] = Counter()
+_reads: Counter[str] = Counter()
+_said_cpu = False
+
+
+def _prepared(source: ArraySource, backend: str) -> Any:
+    """This process's :class:`~gpu_zarr.zarr_io.PreparedArray` of ``source``: opened and its
+    backend (and engine layout) chosen once, then reused by every block."""
+    from gpu_zarr.zarr_io import PreparedArray
+
+    key = (*source.key, backend)
+    with _cache_lock:
+        prep = _cache.get(key)
+        if prep is not None:
+            _cache.move_to_end(key)
+            return prep
+        prep = PreparedArray(source.path, backend)  # type: ignore[arg-type]
+        arr = prep.array
+        if tuple(arr.shape) != tuple(source.shape) or np.dtype(arr.dtype).newbyteorder("=") != np.dtype(source.dtype):
+            raise GpuZarrError(
+                f"{source.path} changed since the dask graph was built: expected shape {source.shape} "
+                f"dtype {source.dtype}, found shape {tuple(arr.shape)} dtype {arr.dtype}. "
+                "Build the dask array again with gpu_zarr.to_dask().")
+        _cache[key] = prep
+        _opens[source.path] += 1
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+        return prep
+
+
+def _cache_info() -> dict[str, Any]:
+    """This process's cache: opens and block reads per array path (for tests and diagnostics)."""
+    with _cache_lock:
+        return {"pid": os.getpid(), "cached": len(_cache), "opens": dict(_opens), "reads": dict(_reads)}
+
+
+def _clear_cache() -> None:
+    with _cache_lock:
+        _cache.clear()
+        _opens.clear()
+        _reads.clear()
+
+
+# ------------------------------------------------------------------ block read (on the worker)
+
+
+def read_block(source: ArraySource, region: tuple[tuple[int, int], ...], backend: str = "auto") -> Any:
+    """Read one block: ``array[start:stop, ...]`` through the project's read path.
+
+    This is the function every task of a :func:`to_dask` graph calls, in the worker: the
+    array is opened and its backend chosen once per process
+    (:class:`gpu_zarr.zarr_io.PreparedArray`, as :func:`gpu_zarr.zarr_io.read_selection`
+    does for one read), then each block is one read.
+
+    Parameters
+    ----------
+    source : ArraySource
+        Which array (opened once per process and cached).
+    region : tuple of (int, int)
+        ``(start, stop)`` per axis.
+    backend : {"auto", "kvikio", "zarr-gpu", "cpu"}
+        The ``prefer`` of the read.
+
+    Returns
+    -------
+    cupy.ndarray or numpy.ndarray
+        cupy on a GPU backend, numpy on the CPU backend; native byte order.
+    """
+    global _said_cpu
+    prep = _prepared(source, backend)
+    res = prep.read(tuple(slice(a, b) for a, b in region))
+    with _cache_lock:
+        _reads[source.path] += 1
+        say = res.backend == "cpu" and backend == "auto" and not _said_cpu
+        if say:
+            _said_cpu = True
+    if say:
+        log.warning("gpu_zarr dask worker (pid %d): %s; blocks are numpy arrays read by zarr-python "
+                    "on the CPU.", os.getpid(), res.reason)
+    return res.data
+
+
+# ------------------------------------------------------------------ graph building (on the client)
+
+
+def block_shape(shape: tuple[int, ...], unit: tuple[int, ...], itemsize: int, target: int) -> tuple[int, ...]:
+    """Block shape of the default rule (see the module docstring).
+
+    Parameters
+    ----------
+    shape : tuple of int
+        Array shape.
+    unit : tuple of int
+        Storage unit: shard shape of a sharded array, chunk shape otherwise.
+    itemsize : int
+        Bytes per element.
+    target : int
+        Target decoded bytes per block.
+
+    Returns
+    -------
+    tuple of int
+        Per axis a multiple of ``unit`` or the full extent; at least one unit.
+    """
+    block = [max(1, min(u, s)) for u, s in zip(unit, shape)]
+    nbytes = itemsize * math.prod(block)
+    for ax in reversed(range(len(shape))):
+        if block[ax] >= shape[ax]:
+            continue
+        step = nbytes // block[ax]  # bytes of one index along this axis
+        k = max(1, target // max(1, step * block[ax]))
+        new = min(shape[ax], k * block[ax])
+        nbytes = step * new
+        block[ax] = new
+        if new < shape[ax]:
+            break
+    return tuple(block)
+
+
+def _storage_unit(arr: Any) -> tuple[int, ...]:
+    shards = getattr(arr, "shards", None)
+    return tuple(int(c) for c in (shards or arr.chunks))
+
+
+def _stamp(path: str) -> int:
+    if "://" in path:
+        return 0
+    for name in ("zarr.json", ".zarray"):
+        try:
+            return os.stat(os.path.join(path, name)).st_mtime_ns
+        except OSError:
+            continue
+    return 0
+
+
+def _array_path(arr: Any) -> str:
+    """A path a worker can reopen ``arr`` from (local stores only)."""
+    store = getattr(arr, "store", None)
+    root = getattr(store, "root", None)
+    if root is None:
+        raise NotAZarrError(
+            f"to_dask needs an array that each worker can reopen by path; this one lives in a "
+            f"{type(store).__name__}, which cannot travel to other processes. Pass the array's "
+            "folder or URL (a string) instead.")
+    sub = str(getattr(arr, "path", "") or "")
+    return os.path.join(os.fspath(root), sub) if sub else os.fspath(root)
+
+
+def _client_uses_gpu(backend: str) -> bool:
+    global _said_cpu
+    if backend == "cpu":
+        return False
+    from gpu_zarr.capabilities import probe
+
+    caps = probe()
+    if caps.gpu:
+        return True
+    if backend == "auto" and not _said_cpu:
+        _said_cpu = True
+        why = caps.notes[0] if caps.notes else "cupy sees no CUDA device"
+        hint = "" if "pip install" in why else f" For GPU blocks: {INSTALL_HINT}."
+        log.warning("gpu_zarr.to_dask: no usable GPU here (%s); the dask arrays have numpy blocks "
+                    "read by zarr-python on the CPU.%s", why, hint)
+    return False
+
+
+def _chunks_for(arr: Any, shape: tuple[int, ...], dtype: np.dtype, chunks: Any, gpu: bool) -> tuple:
+    from dask.array.core import normalize_chunks
+    from dask.utils import parse_bytes
+
+    unit = _storage_unit(arr)
+    if chunks is None or isinstance(chunks, str) and chunks != "auto":
+        target = (GPU_BLOCK_BYTES if gpu else CPU_BLOCK_BYTES) if chunks is None else parse_bytes(chunks)
+        if target <= 0:
+            raise ValueError(f"chunks as a byte size must be positive, got {chunks!r}")
+        chunks = block_shape(tuple(shape), unit, dtype.itemsize, int(target))
+    return normalize_chunks(chunks, tuple(shape), dtype=dtype, previous_chunks=unit)
+
+
+def _one(arr: Any, path: str, level: int | None, chunks: Any, backend: str, gpu: bool) -> dask.array.Array:
+    import dask.array as da
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    dtype = np.dtype(arr.dtype).newbyteorder("=")
+    shape = tuple(int(s) for s in arr.shape)
+    source = ArraySource(path, level, shape, dtype.str, _stamp(path))
+    norm = _chunks_for(arr, shape, dtype, chunks, gpu)
+    name = "gpu-zarr-" + tokenize(source, norm, backend)
+    starts = [np.concatenate([[0], np.cumsum(c)]).astype(int).tolist() for c in norm]
+    dsk: dict = {}
+    for idx in np.ndindex(*[len(c) for c in norm]):
+        region = tuple((starts[ax][i], starts[ax][i + 1]) for ax, i in enumerate(idx))
+        dsk[(name, *idx)] = (read_block, source, region, backend)
+    if gpu:
+        import cupy
+
+        meta = cupy.empty((0,) * len(shape), dtype)
+    else:
+        meta = np.empty((0,) * len(shape), dtype)
+    graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
+    return da.Array(graph, name, norm, meta=meta)
+
+
+def to_dask(path_or_array: Any, *, level: int | None = None, chunks: Any = None,
+            backend: str = "auto") -> dask.array.Array | list[dask.array.Array]:
+    """A dask array (or one per OME-Zarr level) whose blocks gpu_zarr reads on the workers.
+
+    Parameters
+    ----------
+    path_or_array : str, os.PathLike or zarr.Array
+        A zarr array (v2 or v3, sharded or not, any codec zarr-python reads), or an
+        OME-Zarr image group (OME-NGFF 0.4 or 0.5). A ``zarr.Array`` must live in a local
+        store, so that workers can reopen it by path.
+    level : int, optional
+        OME-Zarr level to return (negative counts from the smallest). None (default)
+        returns every level of an OME-Zarr image as a list, highest resolution first,
+        and the array itself for a plain zarr array.
+    chunks : None, str, int, tuple or dict, optional
+        None (default): whole storage chunks (shards) grouped into blocks of about
+        :data:`GPU_BLOCK_BYTES` (cupy blocks) or :data:`CPU_BLOCK_BYTES` (numpy blocks),
+        see the module docstring. A byte size such as ``"1GiB"``: the same rule with that
+        target. Anything else: as ``dask.array.from_array`` (aligned to storage chunks
+        by ``normalize_chunks``; blocks that split storage chunks read those chunks twice).
+    backend : {"auto", "kvikio", "zarr-gpu", "cpu"}
+        Backend each block is read with on its worker (``read_selection``'s ``prefer``).
+        ``"auto"``: the direct engine where the worker has a GPU and the array allows it,
+        zarr-python on the CPU where the worker has no GPU.
+
+    Returns
+    -------
+    dask.array.Array or list of dask.array.Array
+        Its meta is ``cupy.empty((0,) * ndim, dtype)`` when this (client) process has a
+        usable GPU and ``backend != "cpu"``, ``numpy.empty`` otherwise; the repr shows
+        ``chunktype=cupy.ndarray`` for the former.
+
+    Raises
+    ------
+    ImportError
+        dask is not installed (the message names the extra).
+    NotAZarrError, gpu_zarr.omezarr.NotOmeZarrError, gpu_zarr.omezarr.InvalidOmeMetadata
+        The path holds no zarr array or OME-Zarr image.
+    IndexError
+        ``level`` out of range.
+    ValueError
+        Unknown ``backend``, or ``level`` given for a plain array.
+
+    Notes
+    -----
+    The graph holds only the array's path, level, shape, dtype and each block's region
+    (see :class:`ArraySource`); no zarr handle, CUDA stream, codec or device memory is
+    created on the client beyond the meta. Each worker process opens each array once
+    and reuses it. On a dask-cuda cluster (one worker per GPU, each seeing its GPU as
+    device 0 through ``CUDA_VISIBLE_DEVICES``) every worker reads onto its own GPU.
+    The meta is decided on the client: build the array on a client of the same kind
+    (GPU or not) as the workers, or pass ``backend="cpu"`` for numpy everywhere.
+
+    Examples
+    --------
+    >>> from distributed import Client                       # doctest: +SKIP
+    >>> client = Client()                                     # doctest: +SKIP
+    >>> levels = to_dask("image.ome.zarr")                    # doctest: +SKIP
+    >>> levels[0].mean().compute()                            # doctest: +SKIP
+    """
+    try:
+        import dask.array  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"gpu_zarr.to_dask needs dask: {_DASK_HINT}") from exc
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}; got {backend!r}")
+
+    if isinstance(path_or_array, (str, os.PathLike)):
+        import zarr
+
+        from gpu_zarr.omezarr import open_ome
+        from gpu_zarr.store import open_node
+
+        path = os.fspath(path_or_array)
+        node = open_node(path)
+        if isinstance(node, zarr.Group):
+            image = open_ome(path, with_labels=False)
+            n = len(image.levels)
+            if level is not None:
+                image.level_path(level)  # IndexError / TypeError for a level that does not exist
+            gpu = _client_uses_gpu(backend)
+            out = [_one(image.open_level(i), image.level_path(i), i, chunks, backend, gpu)
+                   for i in (range(n) if level is None else [level % n])]
+            return out if level is None else out[0]
+        arr = node
+    else:
+        arr = path_or_array
+        if not hasattr(arr, "shape") or not hasattr(arr, "chunks"):
+            raise NotAZarrError(f"to_dask expects a zarr array or a path to one (or to an OME-Zarr "
+                                f"image), got {type(arr).__name__}")
+        path = _array_path(arr)
+    if level not in (None, 0):
+        raise ValueError(f"level={level} was given, but {path} is a plain zarr array, not an OME-Zarr "
+                         "image with levels; pass level=None (or 0).")
+    return _one(arr, path, None, chunks, backend, _client_uses_gpu(backend))

@@ -1,0 +1,87 @@
+"""The decoded-chunk cache and scroll prefetch (CPU twin: the same pipeline code as the GPU)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import zarr
+
+from gpu_zarr import settings
+from gpu_zarr.engine import EngineOptions, get_runtime, read
+from gpu_zarr.engine.cache import ChunkCache
+from stores import write
+
+
+def test_lru_keeps_at_most_its_capacity():
+    c = ChunkCache(100)
+    for k in range(5):
+        c.put(k, np.zeros(30, np.uint8))
+    assert len(c) == 3 and c.nbytes == 90
+    assert c.get(0) is None and c.get(4) is not None
+    c.get(2)  # now most recent: 3 goes first
+    c.put(9, np.zeros(30, np.uint8))
+    assert c.get(3) is None and c.get(2) is not None
+    c.put("huge", np.zeros(101, np.uint8))
+    assert c.get("huge") is None
+    rep = c.report()
+    assert rep["entries"] == 3 and rep["hits"] >= 3 and rep["misses"] >= 2
+
+
+def test_second_read_of_a_plane_comes_from_the_cache(tmp_path):
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", shape=(16, 32, 28), chunks=(8, 8, 7))
+    get_runtime().clear_caches()
+    opts = EngineOptions(cache=True)
+    first = read(arr, (3,), device="cpu", options=opts)
+    second = read(arr, (4,), device="cpu", options=opts)  # same chunk layer: every chunk cached
+    np.testing.assert_array_equal(first.data, arr[3])
+    np.testing.assert_array_equal(second.data, arr[4])
+    assert first.stats["cache_hits"] == 0 and first.stats["batches"] > 0
+    assert second.stats["cache_hits"] == second.stats["pieces"] == 16 and second.stats["batches"] == 0
+    plain = read(arr, (5,), device="cpu")  # without cache=True nothing is looked up
+    assert "cache_hits" not in plain.stats
+
+
+def test_a_chunk_rewritten_on_disk_is_not_served_stale(tmp_path):
+    path = tmp_path / "a.zarr"
+    arr, _ = write(path, fmt=2, codec="zstd", shape=(16, 32, 28), chunks=(8, 8, 7))
+    get_runtime().clear_caches()
+    opts = EngineOptions(cache=True)
+    read(arr, (3,), device="cpu", options=opts)
+    time.sleep(0.01)
+    w = zarr.open_array(str(path), mode="r+")  # the test itself rewrites its store
+    w[0:8, 0:8, 0:7] = 777
+    again = read(zarr.open_array(str(path), mode="r"), (3,), device="cpu", options=opts)
+    assert (again.data[0:8, 0:7] == 777).all()
+    assert again.stats["cache_hits"] < again.stats["pieces"]
+
+
+def test_cache_respects_its_setting(tmp_path):
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", shape=(16, 32, 28), chunks=(8, 8, 7))
+    with settings.set(cache_bytes=0):
+        res = read(arr, (3,), device="cpu", options=EngineOptions(cache=True))
+    assert "cache_hits" not in res.stats
+
+
+def test_scrolling_prefetches_the_next_plane(tmp_path, monkeypatch):
+    from gpu_zarr.lazy import _Source
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", shape=(16, 32, 28), chunks=(8, 8, 7))
+    src = _Source(arr, "cpu")
+    asked = []
+
+    class Prepared:
+        def read(self, key, **kw):
+            asked.append((key, kw["options"].cache))
+
+    monkeypatch.setattr(src, "prepared", lambda: Prepared())
+    full = slice(0, 32, 1), slice(0, 28, 1)
+    src.prefetch_after((5, *full))            # first plane: no direction yet
+    src.prefetch_after((6, *full))            # forward: plane 7 next
+    src.prefetching.result(timeout=10)
+    src.prefetch_after((5, *full))            # backward: plane 4
+    src.prefetching.result(timeout=10)
+    src.prefetch_after((9, *full))            # a jump: no prefetch
+    src.prefetch_after((15, *full))
+    src.prefetch_after((15, slice(0, 16, 1), slice(0, 28, 1)))  # a pan, not a scroll
+    assert [k[0] for k, _ in asked] == [7, 4] and all(c for _, c in asked)

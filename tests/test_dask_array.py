@@ -139,10 +139,10 @@ def test_each_worker_opens_each_array_once(client, tmp_path):
     x = to_dask(path, chunks="4KiB")
     n = x.npartitions
     assert n >= 12
-    client.run(dask_array._clear_cache)
+    client.run(dask_array.clear_cache)
     np.testing.assert_array_equal(x.compute(), _zarr_read(path))
     np.testing.assert_array_equal((x + 1).compute(), _zarr_read(path) + 1)  # second pass: no new open
-    info = client.run(dask_array._cache_info)
+    info = client.run(dask_array.cache_info)
     assert len({i["pid"] for i in info.values()}) == 2
     opens = [i["opens"].get(path, 0) for i in info.values()]
     reads = [i["reads"].get(path, 0) for i in info.values()]
@@ -189,7 +189,7 @@ def test_default_block_size_and_alignment(tmp_path):
 
 def test_cpu_client_says_so_once(tmp_path, caplog):
     write(tmp_path / "a.zarr", fmt=3, codec="raw")
-    dask_array._said_cpu = False
+    dask_array.worker_state().said_cpu = False
     with caplog.at_level(logging.WARNING, logger="gpu_zarr.dask"):
         to_dask(str(tmp_path / "a.zarr"))
         to_dask(str(tmp_path / "a.zarr"))
@@ -226,6 +226,6 @@ def test_changed_store_is_reported(tmp_path):
     write(tmp_path / "a.zarr", fmt=3)
     x = to_dask(str(tmp_path / "a.zarr"), backend="cpu")
     write(tmp_path / "a.zarr", fmt=3, shape=(5, 5, 5), chunks=(5, 5, 5))
-    dask_array._clear_cache()
+    dask_array.clear_cache()
     with pytest.raises(gpu_zarr.errors.GpuZarrError, match="changed since the dask graph was built"):
         x.compute(scheduler="sync")

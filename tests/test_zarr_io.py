@@ -224,3 +224,17 @@ def test_small_read_threshold_counts_touched_chunks(tmp_path, fake_gpu):
         assert prep.small_read_bytes(one_plane) is None
     raw, _ = write(tmp_path / "r.zarr", fmt=3, codec="raw")
     assert zarr_io.prepare(raw).small_read_bytes(one_plane) is None  # raw: kvikio straight to the GPU
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_cpu_backend_names_the_corrupt_chunk(tmp_path, no_gpu, fmt):
+    from gpu_zarr.errors import CorruptChunkError
+
+    write(tmp_path / "a.zarr", fmt=fmt, codec="zstd")
+    key = "0.1.2" if fmt == 2 else "c/0/1/2"
+    f = tmp_path / "a.zarr" / key
+    f.write_bytes(f.read_bytes()[:-9])
+    before = {p: p.read_bytes() for p in (tmp_path / "a.zarr").rglob("*") if p.is_file()}
+    with pytest.raises(CorruptChunkError, match=key.replace(".", r"\.")):
+        zarr_io.read_zarr(tmp_path / "a.zarr", prefer="cpu")
+    assert before == {p: p.read_bytes() for p in (tmp_path / "a.zarr").rglob("*") if p.is_file()}

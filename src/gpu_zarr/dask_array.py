@@ -50,9 +50,13 @@ __all__ = [
     "CPU_BLOCK_BYTES",
     "GPU_BLOCK_BYTES",
     "ArraySource",
+    "WorkerState",
     "block_shape",
+    "cache_info",
+    "clear_cache",
     "read_block",
     "to_dask",
+    "worker_state",
 ]
 
 log = logging.getLogger("gpu_zarr.dask")
@@ -98,11 +102,32 @@ class ArraySource:
 # ------------------------------------------------------------------ per-process cache
 
 _CACHE_SIZE = 32
-_cache: OrderedDict[tuple, Any] = OrderedDict()
-_cache_lock = threading.Lock()
-_opens: Counter[str] = Counter()
-_reads: Counter[str] = Counter()
-_said_cpu = False
+
+
+class WorkerState:
+    """What a worker process keeps between blocks, owned by its runtime
+    (:func:`gpu_zarr.engine.get_runtime`): prepared arrays (LRU), counts for diagnostics,
+    and whether the CPU notice was given."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.prepared: OrderedDict[tuple, Any] = OrderedDict()
+        self.opens: Counter[str] = Counter()
+        self.reads: Counter[str] = Counter()
+        self.said_cpu = False
+
+    def clear(self) -> None:
+        with self.lock:
+            self.prepared.clear()
+            self.opens.clear()
+            self.reads.clear()
+
+
+def worker_state() -> WorkerState:
+    """This process's :class:`WorkerState`."""
+    from gpu_zarr.engine.runtime import get_runtime
+
+    return get_runtime().resource(("dask", "worker-state"), WorkerState, close=lambda s: s.clear())
 
 
 def _prepared(source: ArraySource, backend: str) -> Any:
@@ -111,10 +136,11 @@ def _prepared(source: ArraySource, backend: str) -> Any:
     from gpu_zarr.zarr_io import PreparedArray
 
     key = (*source.key, backend)
-    with _cache_lock:
-        prep = _cache.get(key)
+    st = worker_state()
+    with st.lock:
+        prep = st.prepared.get(key)
         if prep is not None:
-            _cache.move_to_end(key)
+            st.prepared.move_to_end(key)
             return prep
         prep = PreparedArray(source.path, backend)  # type: ignore[arg-type]
         arr = prep.array
@@ -123,24 +149,23 @@ def _prepared(source: ArraySource, backend: str) -> Any:
                 f"{source.path} changed since the dask graph was built: expected shape {source.shape} "
                 f"dtype {source.dtype}, found shape {tuple(arr.shape)} dtype {arr.dtype}. "
                 "Build the dask array again with gpu_zarr.to_dask().")
-        _cache[key] = prep
-        _opens[source.path] += 1
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+        st.prepared[key] = prep
+        st.opens[source.path] += 1
+        while len(st.prepared) > _CACHE_SIZE:
+            st.prepared.popitem(last=False)
         return prep
 
 
-def _cache_info() -> dict[str, Any]:
-    """This process's cache: opens and block reads per array path (for tests and diagnostics)."""
-    with _cache_lock:
-        return {"pid": os.getpid(), "cached": len(_cache), "opens": dict(_opens), "reads": dict(_reads)}
+def cache_info() -> dict[str, Any]:
+    """This process's prepared arrays: opens and block reads per array path (diagnostics)."""
+    st = worker_state()
+    with st.lock:
+        return {"pid": os.getpid(), "cached": len(st.prepared), "opens": dict(st.opens), "reads": dict(st.reads)}
 
 
-def _clear_cache() -> None:
-    with _cache_lock:
-        _cache.clear()
-        _opens.clear()
-        _reads.clear()
+def clear_cache() -> None:
+    """Forget this process's prepared arrays and counts."""
+    worker_state().clear()
 
 
 # ------------------------------------------------------------------ block read (on the worker)
@@ -168,14 +193,14 @@ def read_block(source: ArraySource, region: tuple[tuple[int, int], ...], backend
     cupy.ndarray or numpy.ndarray
         cupy on a GPU backend, numpy on the CPU backend; native byte order.
     """
-    global _said_cpu
     prep = _prepared(source, backend)
     res = prep.read(tuple(slice(a, b) for a, b in region))
-    with _cache_lock:
-        _reads[source.path] += 1
-        say = res.backend == "cpu" and backend == "auto" and not _said_cpu
+    st = worker_state()
+    with st.lock:
+        st.reads[source.path] += 1
+        say = res.backend == "cpu" and backend == "auto" and not st.said_cpu
         if say:
-            _said_cpu = True
+            st.said_cpu = True
     if say:
         log.warning("gpu_zarr dask worker (pid %d): %s; blocks are numpy arrays read by zarr-python "
                     "on the CPU.", os.getpid(), res.reason)
@@ -249,7 +274,6 @@ def _array_path(arr: Any) -> str:
 
 
 def _client_uses_gpu(backend: str) -> bool:
-    global _said_cpu
     if backend == "cpu":
         return False
     from gpu_zarr.capabilities import probe
@@ -257,8 +281,9 @@ def _client_uses_gpu(backend: str) -> bool:
     caps = probe()
     if caps.gpu:
         return True
-    if backend == "auto" and not _said_cpu:
-        _said_cpu = True
+    st = worker_state()
+    if backend == "auto" and not st.said_cpu:
+        st.said_cpu = True
         why = caps.notes[0] if caps.notes else "cupy sees no CUDA device"
         hint = "" if "pip install" in why else f" For GPU blocks: {INSTALL_HINT}."
         log.warning("gpu_zarr.to_dask: no usable GPU here (%s); the dask arrays have numpy blocks "

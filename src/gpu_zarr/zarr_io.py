@@ -44,6 +44,7 @@ from gpu_zarr.errors import (
     INSTALL_HINT,
     BackendUnavailable,
     GPUUnavailable,
+    GpuZarrError,
     ReadCancelled,
     UnsupportedArrayError,
 )
@@ -273,8 +274,16 @@ class PreparedArray:
             nbytes = int(np.prod(region.box_shape, dtype=np.int64)) * np.dtype(arr.dtype).itemsize
             check_fits(nbytes, 0 if region.is_box else nbytes, device=device,
                        what=f"reading {region.out_shape} {arr.dtype} of {arr.store_path}")
-            read = (lambda sel: _zarr_gpu_read(arr, sel)) if device == "gpu" else (
+            zarr_read = (lambda sel: _zarr_gpu_read(arr, sel)) if device == "gpu" else (
                 lambda sel: to_native_order(np.asarray(arr[sel])))
+
+            def read(sel: Any) -> Any:
+                try:
+                    return zarr_read(sel)
+                except GpuZarrError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - re-raised, with the chunk named when we can
+                    raise _name_the_chunk(arr, sel, exc) from exc
             data = _in_slabs(arr, region, selection, read, device, progress, cancel)
         if hasattr(data, "__cuda_array_interface__"):
             import cupy
@@ -290,6 +299,22 @@ class PreparedArray:
                           nbytes / GiB / seconds if seconds > 0 else float("inf"), gpu_bytes, stats)
 
 
+def _name_the_chunk(arr: Any, selection: Any, exc: Exception) -> Exception:
+    """zarr-python's own message names no chunk ("Zstd decompression error: invalid input
+    data"): find the chunk with the engine's CPU twin, which checks and decodes chunk by
+    chunk and names the first bad one. Anything else is returned as it was."""
+    from gpu_zarr.engine import read as engine_read
+    from gpu_zarr.errors import CorruptChunkError
+
+    try:
+        engine_read(arr, selection, device="cpu", options=EngineOptions(reader="threads"))
+    except CorruptChunkError as found:
+        return CorruptChunkError(f"{arr.store_path}: {found} (zarr-python reported: {type(exc).__name__}: {exc})")
+    except Exception:  # noqa: BLE001 - the twin cannot tell either (e.g. a codec it has no stage for)
+        pass
+    return exc
+
+
 def prepare(array_or_path: Any, prefer: Backend = "auto") -> PreparedArray:
     """Open an array read-only and choose its backend once (see :class:`PreparedArray`)."""
     return PreparedArray(array_or_path, prefer)
@@ -299,8 +324,11 @@ def prepare(array_or_path: Any, prefer: Backend = "auto") -> PreparedArray:
 def gpu_zarr_context() -> Iterator[None]:
     """Context manager that puts zarr into GPU mode for arbitrary slice reads.
 
-    Inside it, ``zarr.open_array(...)[...]`` returns ``cupy.ndarray`` and zstd chunks are
-    decoded by nvCOMP (:class:`gpu_zarr.nvcomp_zstd.NvcompZstdCodec`) when it is installed.
+    Inside it, ``zarr.open_array(...)[...]`` returns ``cupy.ndarray``; zstd chunks of zarr v3
+    arrays are decoded by nvCOMP (:class:`gpu_zarr.nvcomp_zstd.NvcompZstdCodec`) and zarr v2
+    chunks (zstd, Blosc, gzip, zlib) by the engine's codec stages on the GPU
+    (:mod:`gpu_zarr.zarr_v2_gpu`); other numcodecs codecs round-trip through the host with
+    one warning that names them.
     The previous zarr configuration is restored on exit, on exceptions and when nested.
 
     Examples
@@ -326,9 +354,10 @@ def gpu_zarr_context() -> Iterator[None]:
         raise GPUUnavailable("gpu_zarr_context needs a CUDA GPU: "
                              f"{caps.backend_status('zarr-gpu')[1]}. Read on the CPU instead, or {INSTALL_HINT}.")
     from gpu_zarr.nvcomp_zstd import gpu_zstd_config, register_nvcomp_zstd
+    from gpu_zarr.zarr_v2_gpu import gpu_v2_decoding
 
     overrides = gpu_zstd_config() if register_nvcomp_zstd() else {}
-    with zarr.config.enable_gpu(), zarr.config.set(overrides):
+    with zarr.config.enable_gpu(), zarr.config.set(overrides), gpu_v2_decoding():
         yield
 
 

@@ -12,10 +12,11 @@ import importlib
 import warnings
 from typing import Any
 
-from gpu_zarr.engine.pipeline import EngineOptions, EngineResult, last_read_stats, read
+from gpu_zarr.engine.pipeline import EngineOptions, EngineResult, decode_chunks, last_read_stats, read
 from gpu_zarr.engine.runtime import close_runtime, get_runtime
 
-__all__ = ["EngineOptions", "EngineResult", "close_runtime", "get_runtime", "last_read_stats", "read"]
+__all__ = ["EngineOptions", "EngineResult", "close_runtime", "decode_chunks", "get_runtime", "last_read_stats",
+           "read"]
 
 
 def __getattr__(name: str) -> Any:

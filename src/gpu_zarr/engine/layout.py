@@ -16,7 +16,7 @@ import numpy as np
 
 from gpu_zarr.errors import UnsupportedArrayError
 
-__all__ = ["Layout", "layout_of", "native_dtype"]
+__all__ = ["Layout", "chunk_layout", "codec_of_v2_compressor", "layout_of", "native_dtype"]
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,32 @@ def _codec_of_chain(codecs: Sequence[Any], where: str) -> tuple[str, str | None]
     raise _unsupported("chains [bytes] or [bytes, zstd]", f"{where} codecs {names}")
 
 
+def codec_of_v2_compressor(comp: Any, dtype: np.dtype) -> tuple[str, dict[str, Any]]:
+    """(codec stage, its parameters) for a zarr v2 ``compressor`` (a numcodecs codec or None).
+
+    Raises
+    ------
+    UnsupportedArrayError
+        A compressor the engine has no stage for.
+    """
+    if comp is None:
+        return "raw", {}
+    if getattr(comp, "codec_id", None) == "zstd":
+        return "zstd", {}
+    found = comp.get_config() if hasattr(comp, "get_config") else repr(comp)
+    raise _unsupported("raw or zstd chunks", f"compressor {found}")
+
+
+def chunk_layout(shape: tuple[int, ...], dtype: np.dtype, codec: str, params: Mapping[str, Any] | None = None,
+                 transpose: tuple[int, ...] | None = None) -> Layout:
+    """The layout of one chunk held in memory (not in a store): what the codec stages need to
+    decode chunks that zarr-python has already read (:func:`gpu_zarr.engine.decode_chunks`)."""
+    disk = np.dtype(dtype)
+    out = native_dtype(disk)
+    return Layout(tuple(shape), disk, out, np.zeros((), out)[()], tuple(shape), tuple(shape), codec, False, True,
+                  False, Path("."), lambda coords: "", 2, codec_params=dict(params or {}), transpose=transpose)
+
+
 def _strip_transpose(codecs: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[int, ...] | None]:
     """A leading v3 ``transpose`` codec becomes the layout's permutation (placed by the
     place stage); the identity permutation is no permutation."""
@@ -181,16 +207,10 @@ def layout_of(arr: Any) -> Layout:
         perm = tuple(range(len(shape)))[::-1] if meta.order == "F" and len(shape) > 1 else None
         if meta.filters:
             raise _unsupported("arrays without filters", f"filters {[f.codec_id for f in meta.filters]}")
-        comp = meta.compressor
-        if comp is None:
-            codec = "raw"
-        elif getattr(comp, "codec_id", None) == "zstd":
-            codec = "zstd"
-        else:
-            raise _unsupported("raw or zstd chunks", f"compressor {comp.get_config() if hasattr(comp, 'get_config') else comp!r}")
+        codec, params = codec_of_v2_compressor(meta.compressor, dtype)
         disk = dtype
         return Layout(shape, disk, native_dtype(disk), _fill(arr, native_dtype(disk)), chunks, chunks, codec,
-                      False, True, False, root, meta.encode_chunk_key, 2, transpose=perm)
+                      False, True, False, root, meta.encode_chunk_key, 2, codec_params=params, transpose=perm)
 
     dtype = np.dtype(meta.data_type.to_native_dtype())
     codecs = tuple(meta.codecs)

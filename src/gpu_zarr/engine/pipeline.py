@@ -30,7 +30,7 @@ from gpu_zarr.engine.plan import Batch, Pieces, make_batches, normalize_selectio
 from gpu_zarr.engine.runtime import Runtime, get_runtime
 from gpu_zarr.errors import ReadCancelled
 
-__all__ = ["EngineOptions", "EngineResult", "last_read_stats", "read"]
+__all__ = ["EngineOptions", "EngineResult", "decode_chunks", "last_read_stats", "read"]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -219,6 +219,53 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     stats["total_s"] = time.perf_counter() - t0
     _last.stats = stats
     return EngineResult(result, stats)
+
+
+def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence[str] | None = None,
+                  device: str = "gpu") -> tuple[Any, np.ndarray]:
+    """Decode whole chunks already in host memory (read by someone else, e.g. zarr-python)
+    with the layout's codec stage: the same host check and ONE batched device decode.
+
+    Parameters
+    ----------
+    lay : Layout
+        See :func:`gpu_zarr.engine.layout.chunk_layout`.
+    encoded : sequence of uint8 ndarray
+        The chunks' encoded bytes.
+    names : sequence of str, optional
+        Chunk names for error messages.
+    device : {"gpu", "cpu"}
+
+    Returns
+    -------
+    (buffer, offsets)
+        Chunk k decoded is ``buffer[offsets[k] : offsets[k] + lay.inner_nbytes]``.
+    """
+    stage = stage_for(lay)
+    ops = ops_for(device, 1, 1)
+    n = len(encoded)
+    names = list(names) if names is not None else [f"#{k}" for k in range(n)]
+    sizes = np.array([int(e.nbytes) for e in encoded], np.int64)
+    offsets = np.zeros(n, np.int64)
+    if n > 1:
+        offsets[1:] = np.cumsum(-(-sizes[:-1] // 16) * 16)
+    total = int(offsets[-1] + sizes[-1]) if n else 0
+    batch = Batch(np.arange(n), np.zeros(n, np.int64), np.zeros(n, np.int64), offsets, sizes,
+                  np.array([[k, k + 1] for k in range(n)], np.int64).reshape(-1, 2), total)
+    with ops.host_buffers(total, 1) as (host,):
+        for e, o, size in zip(encoded, offsets.tolist(), sizes.tolist()):
+            host[o:o + size] = np.frombuffer(memoryview(e).cast("B"), np.uint8)
+        prep = stage.prepare(host, batch, lay, names) if stage.decodes else None
+        dev_in = ops.device_buffer(total)
+        uploaded = ops.upload(host, dev_in, total, 0)
+        if not stage.decodes:
+            ops.sync()
+            return dev_in, offsets
+        dst_offsets = np.arange(n, dtype=np.int64) * _stride(lay)
+        dev_out = ops.device_buffer(n * _stride(lay))
+        stage.decode(ops, dev_in, batch, prep, dev_out, dst_offsets, lay, names, 0, uploaded)
+        ops.sync()
+    return dev_out, dst_offsets
 
 
 def _budget(opts: EngineOptions, device: str, out_nbytes: int) -> int:

@@ -232,14 +232,16 @@ def engine_gzip(out: dict, where: str) -> None:
 
 CORRUPT_CHILD = r"""
 import json, sys, numpy as np
-sys.path.insert(0, "benchmarks")
-from nvcomp_latency import encode, _pack, _chunks
+import importlib.util
+_spec = importlib.util.spec_from_file_location("nvcomp_latency", sys.argv[1])
+_mod = importlib.util.module_from_spec(_spec); _spec.loader.exec_module(_mod)
+encode, _pack, _chunks = _mod.encode, _mod._pack, _mod._chunks
 import cupy
 from gpu_zarr.engine.nvcomp_batch import BatchedDecoder
 from gpu_zarr.engine.decode import decode_batch_cpu
 from gpu_zarr.engine.zstd_frames import check_frames
 from gpu_zarr.errors import CorruptChunkError
-algo, kind, trials = sys.argv[1], sys.argv[2], int(sys.argv[3])
+algo, kind, trials = sys.argv[2], sys.argv[3], int(sys.argv[4])
 rng = np.random.default_rng(hash((algo, kind)) % 2**32)
 raws = [c.tobytes() for c in _chunks(16, (128, 512), seed=3)]  # 128 KiB chunks
 good = [encode(algo, r) for r in raws]
@@ -310,7 +312,7 @@ def corruption(out: dict, trials: int) -> None:
         for kind in ("truncate", "flip", "flip_header", "size_bigger", "size_smaller", "garbage"):
             t = time.perf_counter()
             try:
-                p = subprocess.run([sys.executable, "-c", CORRUPT_CHILD, algo, kind, str(trials)],
+                p = subprocess.run([sys.executable, "-c", CORRUPT_CHILD, __file__, algo, kind, str(trials)],
                                    capture_output=True, text=True, timeout=90, check=False)
                 r = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {
                     "CRASH": p.returncode, "stderr": p.stderr[-800:]}

@@ -19,7 +19,7 @@ every worker up, then per layout:
   the client.
 
 Volumes are shape ``(Z, 2048, 2048)`` uint16 (``Z`` from ``--size-gib``), the data of
-``bench_volumes.make_slab`` (smooth structure + 8 noisy bits), written by many processes:
+``gpu_zarr.bench.volumes.make_slab`` (smooth structure + 8 noisy bits), written by many processes:
 
 - ``zstd-1MiB``: zarr v3, zstd level 1, chunks 1x512x1024 (1 MiB);
 - ``blosc-lz4``: zarr v2, numcodecs Blosc lz4 level 5 with byte shuffle, chunks 1x1024x1024 (2 MiB).
@@ -46,11 +46,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-_HERE = Path(__file__).resolve().parent
-if str(_HERE) not in sys.path:
-    sys.path.insert(0, str(_HERE))
+import numpy as np
 
-import numpy as np  # noqa: E402
+_HERE = Path(__file__).resolve().parent
 
 __all__ = ["LAYOUTS", "block_checksum", "build_parser", "ensure_volumes", "main"]
 
@@ -107,7 +105,7 @@ def volume_shape(size_gib: float) -> tuple[int, int, int]:
 
 
 def _spec(name: str, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
-    import bench_volumes
+    import gpu_zarr.bench.volumes as bench_volumes
 
     lay = LAYOUTS[name]
     return {"layout": name, "codec": lay["codec"], "chunks": list(lay["chunks"]), "shape": list(shape),
@@ -145,7 +143,7 @@ def _write_part(paths: list[str], shape: tuple[int, int, int], z0: int, z1: int,
     """In a writer process: planes z0:z1 of the test volume, into every path."""
     import zarr
 
-    import bench_volumes
+    import gpu_zarr.bench.volumes as bench_volumes
 
     slab = bench_volumes.make_slab(shape, z0, z1, seed)
     with zarr.config.set({"threading.max_workers": 2, "async.concurrency": 16}):
@@ -157,7 +155,7 @@ def _write_part(paths: list[str], shape: tuple[int, int, int], z0: int, z1: int,
 def ensure_volumes(workdir: Path, names: list[str], shape: tuple[int, int, int], seed: int,
                    procs: int | None) -> dict[str, dict[str, Any]]:
     """Write (or reuse) one volume per layout; all missing ones in one parallel pass."""
-    import bench_volumes
+    import gpu_zarr.bench.volumes as bench_volumes
 
     workdir.mkdir(parents=True, exist_ok=True)
     tag = "x".join(str(s) for s in shape)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numcodecs
 import numpy as np
 import zarr
-from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
+from zarr.codecs import BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 
 SHAPE = (37, 50, 23)
 CHUNKS = (8, 16, 7)  # edge chunks on every axis
@@ -32,25 +32,29 @@ def data(shape, dtype, seed=0):
 def write(path: Path, *, fmt: int = 3, codec: str = "raw", dtype="<u2", shape=SHAPE, chunks=CHUNKS,
           shards=None, fill_value=0, partial: bool = True, seed: int = 0, index_location="end",
           separator=None, chunk_key_encoding=None, checksum=False, endian=None, order=None,
-          transpose=None) -> tuple[zarr.Array, np.ndarray]:
-    """Write an array; with ``partial`` some chunks (and shards) are never written."""
+          transpose=None, level: int = 1) -> tuple[zarr.Array, np.ndarray]:
+    """Write an array; with ``partial`` some chunks (and shards) are never written.
+
+    ``codec``: "raw", "zstd", "gzip" (v2 and v3) or "zlib" (v2 only), at ``level``.
+    """
     kw: dict = {}
     if fmt == 2:
-        kw["compressors"] = numcodecs.Zstd(level=1, checksum=checksum) if codec == "zstd" else None
+        kw["compressors"] = {"zstd": numcodecs.Zstd(level=level, checksum=checksum), "gzip": numcodecs.GZip(level),
+                             "zlib": numcodecs.Zlib(level)}.get(codec)
         if separator:
             kw["chunk_key_encoding"] = {"name": "v2", "separator": separator}
         if order:
             kw["order"] = order
     else:
         if shards is not None:
-            inner = [BytesCodec()] + ([ZstdCodec(level=1, checksum=checksum)] if codec == "zstd" else [])
+            inner = [BytesCodec()] + _v3_compressors(codec, level, checksum)
             kw["serializer"] = ShardingCodec(chunk_shape=chunks, codecs=inner,
                                              index_codecs=[BytesCodec(), Crc32cCodec()],
                                              index_location=index_location)
             kw["compressors"] = None
             chunks = shards
         else:
-            kw["compressors"] = ZstdCodec(level=1, checksum=checksum) if codec == "zstd" else None
+            kw["compressors"] = _v3_compressors(codec, level, checksum) or None
             if endian:
                 kw["serializer"] = BytesCodec(endian=endian)
         if chunk_key_encoding:
@@ -69,6 +73,16 @@ def write(path: Path, *, fmt: int = 3, codec: str = "raw", dtype="<u2", shape=SH
     else:
         arr[...] = values
     return zarr.open_array(str(path), mode="r"), values
+
+
+def _v3_compressors(codec: str, level: int, checksum: bool) -> list:
+    if codec == "zstd":
+        return [ZstdCodec(level=level, checksum=checksum)]
+    if codec == "gzip":
+        return [GzipCodec(level=level)]
+    if codec != "raw":
+        raise ValueError(f"no v3 codec {codec!r} in these test stores")
+    return []
 
 
 # (id, kwargs) of every layout the engine serves
@@ -104,4 +118,17 @@ SELECTIONS = [
     (slice(7, 9), slice(15, 17), slice(6, 8)),  # crosses chunk edges in every axis
     (-1, Ellipsis, 3),
     (slice(5, 5),),
+]
+
+# gzip / zlib layouts (nvCOMP Deflate on the GPU, zlib on the CPU twin)
+DEFLATE_LAYOUTS = [
+    ("v2-gzip-1", dict(fmt=2, codec="gzip", level=1)),
+    ("v2-gzip-9", dict(fmt=2, codec="gzip", level=9, dtype="<f4")),
+    ("v2-zlib-0", dict(fmt=2, codec="zlib", level=0)),
+    ("v2-zlib-6", dict(fmt=2, codec="zlib", level=6, dtype=">i4")),
+    ("v3-gzip-5", dict(fmt=3, codec="gzip", level=5)),
+    ("v3-gzip-bigendian", dict(fmt=3, codec="gzip", level=1, dtype=">u2", endian="big")),
+    ("v3-shard-gzip", dict(fmt=3, codec="gzip", level=6, chunks=(4, 8, 7), shards=(8, 16, 14))),
+    ("v3-shard-gzip-start", dict(fmt=3, codec="gzip", level=1, chunks=(4, 8, 7), shards=(8, 16, 14),
+                                 index_location="start", dtype="|u1")),
 ]

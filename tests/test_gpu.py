@@ -208,13 +208,13 @@ def test_codec_batches_one_nvcomp_call(tmp_path, monkeypatch):
 
     write(tmp_path / "a.zarr", fmt=3, codec="zstd", partial=False)
     calls = []
-    real = decode.decode_zstd_gpu
+    real = decode.decode_batch_gpu
 
-    def spy(src, offs, *a, **k):
+    def spy(algo, src, offs, *a, **k):
         calls.append(len(offs))
-        return real(src, offs, *a, **k)
+        return real(algo, src, offs, *a, **k)
 
-    monkeypatch.setattr(decode, "decode_zstd_gpu", spy)
+    monkeypatch.setattr(decode, "decode_batch_gpu", spy)
     with gpu_zarr_context():
         zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[...]
     n_chunks = 5 * 4 * 4

@@ -265,3 +265,17 @@ def test_settings_get_set_and_restore():
         settings.set(slots=0)
     with pytest.raises(KeyError, match="unknown gpu_zarr setting"):
         settings.get("nope")
+
+
+def test_pinned_pool_takes_any_free_buffer():
+    """Taking a free buffer that is not the first in the list (found on the H200: list.remove
+    compared numpy arrays elementwise and raised)."""
+    rt = Runtime()
+    with settings.set(pinned_bytes=1 << 20):
+        with rt.pinned.lease(5000, 1, lambda n: np.zeros(n, np.uint8)), \
+                rt.pinned.lease(100, 1, lambda n: np.zeros(n, np.uint8)):
+            pass  # the free list is now [100-byte buffer, 5000-byte buffer]
+        with rt.pinned.lease(4000, 1, lambda n: np.zeros(n, np.uint8)) as (buf,):
+            assert buf.nbytes == 4000
+        with rt.pinned.lease(50, 2, lambda n: np.zeros(n, np.uint8)) as bufs:
+            assert len(bufs) == 2

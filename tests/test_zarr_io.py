@@ -130,14 +130,22 @@ def test_auto_zstd_without_nvcomp_goes_zarr_gpu(tmp_path, monkeypatch):
         zarr_io.choose_backend(tmp_path / "a.zarr", "kvikio")
 
 
-def test_auto_blosc_goes_zarr_gpu(tmp_path, fake_gpu):
+def test_auto_blosc_goes_direct(tmp_path, fake_gpu):
+    """Blosc is decoded by the direct engine; blosclz (no GPU decoder) says it decodes on the host."""
+    import numcodecs
     from zarr.codecs import BloscCodec
 
     zarr.create_array(str(tmp_path / "b.zarr"), shape=(4,), chunks=(2,), dtype="u1", compressors=BloscCodec())
     c = zarr_io.choose_backend(tmp_path / "b.zarr")
-    assert c.backend == "zarr-gpu" and "BloscCodec" in c.reason
+    assert c.backend == "kvikio" and "Blosc zstd" in c.reason
+    zarr.create_array(str(tmp_path / "l.zarr"), shape=(4,), chunks=(2,), dtype="u2", zarr_format=2,
+                      compressors=numcodecs.Blosc(cname="blosclz"))
+    c = zarr_io.choose_backend(tmp_path / "l.zarr")
+    assert c.backend == "kvikio" and "Blosc blosclz (decoded on the host" in c.reason
+    zarr.create_array(str(tmp_path / "z.zarr"), shape=(4,), chunks=(2,), dtype="u2",
+                      compressors=[BloscCodec(), zarr.codecs.ZstdCodec()])
     with pytest.raises(BackendUnavailable, match="BloscCodec"):
-        zarr_io.choose_backend(tmp_path / "b.zarr", "kvikio")
+        zarr_io.choose_backend(tmp_path / "z.zarr", "kvikio")
 
 
 def test_bad_backend_name(tmp_path):

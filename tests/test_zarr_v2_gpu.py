@@ -14,6 +14,12 @@ from gpu_zarr.engine.layout import chunk_layout, codec_of_v2_compressor
 
 V2_COMPRESSORS = {
     "zstd": numcodecs.Zstd(level=3),
+    "gzip": numcodecs.GZip(level=5),
+    "zlib": numcodecs.Zlib(level=1),
+    # OME-Zarr 0.4 as bioformats2raw / zarr-python 2 / ome-zarr-py write it (engine/blosc.py)
+    "blosc-lz4-shuffle": numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE),
+    "blosc-zstd-bitshuffle": numcodecs.Blosc(cname="zstd", clevel=5, shuffle=numcodecs.Blosc.BITSHUFFLE),
+    "blosc-blosclz": numcodecs.Blosc(cname="blosclz", clevel=5),  # decoded on the host inside the stage
 }
 
 

@@ -72,3 +72,66 @@ def test_block_header_corruption():
     f[hdr:hdr + 3] = (3 << 1).to_bytes(3, "little")  # reserved block type
     with pytest.raises(CorruptChunkError, match="block header"):
         check_frames(*_pack([bytes(f)]), N, ["only"])
+
+
+def test_truncated_frame_header_is_reported_not_an_index_error():
+    frames, _ = _frames()
+    f = np.frombuffer(frames[0][:7], np.uint8).copy()  # magic + FHD + part of the content size
+    with pytest.raises(CorruptChunkError, match="truncated"):
+        check_frames(f, np.array([0]), np.array([7]), N, ["c/0"])
+
+
+_SHIM = """
+extern "C" void run(long long* table, long long n, long long dummy_ptr, long long dummy_bytes, long long* code) {
+    blockDim.x = n + 1;
+    for (long long k = 0; k < n; ++k) { threadIdx.x = k; zstd_sanitize(table, n, dummy_ptr, dummy_bytes, code); }
+}
+"""
+
+
+def test_gpu_frame_check_kernel_agrees_with_the_host_check(tmp_path):
+    """The CUDA frame walk (compiled here as plain C++) flags exactly what check_frames flags."""
+    import ctypes
+
+    from kernel_shim import build
+
+    lib = build(tmp_path, _SHIM)
+    frames, raw = _frames(n=2)
+    frames += [numcodecs.Zstd(level=3, checksum=True).encode(raw[0]), _frame_without_content_size(frames[0]),
+               numcodecs.Zstd(level=1).encode(bytes(N))]
+    rng = np.random.default_rng(0)
+    cases = [(bytes(f), True) for f in frames]
+    for t in range(1500):
+        b = bytearray(frames[int(rng.integers(len(frames)))])
+        kind = t % 5
+        if kind == 0:
+            b = b[:int(rng.integers(0, len(b)))]
+        elif kind == 1:
+            b[int(rng.integers(0, len(b)))] ^= int(rng.integers(1, 256))
+        elif kind == 2:
+            b[int(rng.integers(0, 20))] ^= int(rng.integers(1, 256))
+        elif kind == 3:
+            b = bytearray(rng.integers(0, 256, len(b), dtype=np.uint8).tobytes())
+        else:
+            b += bytes(int(rng.integers(1, 5)))
+        cases.append((bytes(b), False))
+    flagged = 0
+    for data, valid in cases:
+        buf = np.frombuffer(data + bytes(1), np.uint8).copy()
+        table = np.zeros(7, np.int64)
+        table[:3] = buf.ctypes.data, len(data), N
+        code = np.zeros(1, np.int64)
+        lib.run(table.ctypes.data_as(ctypes.c_void_p), ctypes.c_longlong(1), ctypes.c_longlong(99),
+                ctypes.c_longlong(10), code.ctypes.data_as(ctypes.c_void_p))
+        try:
+            check_frames(buf, np.array([0]), np.array([len(data)]), N, ["x"])
+            host_bad = False
+        except CorruptChunkError:
+            host_bad = True
+        assert bool(code[0]) == host_bad, (code[0], host_bad, data[:16].hex(), len(data))
+        if code[0]:
+            flagged += 1
+            assert tuple(table[:2]) == (99, 10)  # nvCOMP gets the harmless stand-in frame
+        if valid:
+            assert code[0] == 0
+    assert flagged > 800  # truncations, garbage and trailing bytes are all caught

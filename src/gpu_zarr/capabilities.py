@@ -40,9 +40,14 @@ class Capabilities:
         True only when the cuFile driver reports GDS available *and* kvikio is not
         in compat mode: chunks then go NVMe -> GPU by DMA.
     nvcomp : bool
-        nvidia.nvcomp imports (GPU zstd decode).
+        nvCOMP is usable for GPU decoding: its C library (low-level batched API, what the
+        decode stage calls) loaded at a supported version, and ``nvidia.nvcomp`` imports.
     notes : list of str
         Human readable remarks: what is missing and how to install it.
+    nvcomp_version : str or None
+        Version of the nvCOMP C library (or of its wheel when the library did not load).
+    nvcomp_lowlevel : bool
+        The low-level batched API of libnvcomp loaded (``gpu_zarr.engine.nvcomp_batch``).
     """
 
     cupy: bool = False
@@ -55,6 +60,8 @@ class Capabilities:
     gds_native: bool = False
     nvcomp: bool = False
     notes: list[str] = field(default_factory=list)
+    nvcomp_version: str | None = None
+    nvcomp_lowlevel: bool = False
 
     def backend_status(self, name: str) -> tuple[bool, str]:
         """Whether backend *name* can run on this machine, and why (not).
@@ -122,7 +129,11 @@ class Capabilities:
             lines.append(f"kvikio:  installed, {mode}; GDS native: {'yes' if self.gds_native else 'no'}")
         else:
             lines.append("kvikio:  not installed")
-        lines.append(f"nvCOMP:  {'installed (GPU zstd decode)' if self.nvcomp else 'not installed'}")
+        ver = f" {self.nvcomp_version}" if self.nvcomp_version else ""
+        if self.nvcomp:
+            lines.append(f"nvCOMP:  {ver.strip()} installed, low-level batched API loaded (GPU zstd/LZ4/deflate decode)")
+        else:
+            lines.append(f"nvCOMP:  {'installed' + ver + ' but not usable (see notes)' if ver else 'not installed'}")
         lines.append("backends: " + "; ".join(
             f"{b}: {'yes' if ok else 'no'}" for b in BACKENDS for ok, _ in [self.backend_status(b)]
         ))
@@ -188,7 +199,13 @@ def _probe() -> Capabilities:
             notes.append(f"nvCOMP did not load: {type(exc).__name__}: {exc}")
     else:
         notes.append("nvCOMP is not installed: zstd chunks are decoded on the CPU")
-    return Capabilities(cupy_ok, gpu, name, free, total, kvikio_ok, compat, gds, nvcomp_ok, notes)
+    from gpu_zarr.engine.nvcomp_batch import nvcomp_info
+
+    low = nvcomp_info()
+    if nvcomp_ok and not low["low_level"]:
+        notes.append(f"nvCOMP's C library is not usable, so compressed chunks are decoded on the CPU: {low['error']}")
+    return Capabilities(cupy_ok, gpu, name, free, total, kvikio_ok, compat, gds, nvcomp_ok and bool(low["low_level"]),
+                        notes, low["version"], bool(low["low_level"]))
 
 
 def _kvikio_compat(kvikio: Any) -> bool:

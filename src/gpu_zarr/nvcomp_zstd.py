@@ -88,7 +88,7 @@ class NvcompZstdCodec(BytesBytesCodec):
     def _decode_batch(self, items: Any) -> Any:
         import cupy
 
-        from gpu_zarr.engine.decode import decode_zstd_gpu
+        from gpu_zarr.engine.decode import decode_batch_gpu
         from gpu_zarr.engine.zstd_frames import check_frames
 
         live = [k for k, (buf, _) in enumerate(items) if buf is not None]
@@ -112,25 +112,18 @@ class NvcompZstdCodec(BytesBytesCodec):
             for a, o, n in zip(arrays, src_off, sizes):
                 host[o:o + n] = np.asarray(a).view(np.uint8).ravel()
             dev = cupy.asarray(host)
-        decoded = [_decoded_nbytes(items[k][1]) for k in live]
+        decoded = np.array([_decoded_nbytes(items[k][1]) for k in live], np.int64)
         names = [f"#{k} of this batch" for k in live]
-        # frames of one decoded size share one call (a batch normally has one size)
-        groups: dict[int, list[int]] = {}
-        for i, n in enumerate(decoded):
-            groups.setdefault(n, []).append(i)
-        for dsize, idx in groups.items():
-            idx_arr = np.asarray(idx)
-            check_frames(host, src_off[idx_arr], sizes[idx_arr], dsize, [names[i] for i in idx])
-            stride = -(-dsize // _ALIGN) * _ALIGN
-            out = cupy.empty(max(stride * len(idx), 1), np.uint8)
-            dst_off = np.arange(len(idx), dtype=np.int64) * stride
-            decode_zstd_gpu(dev, src_off[idx_arr], sizes[idx_arr], out, dst_off, dsize, stream,
-                            [names[i] for i in idx])
-            for j, i in enumerate(idx):
-                k = live[i]
-                view = out[dst_off[j]:dst_off[j] + dsize]
-                proto = items[k][1].prototype
-                result[k] = proto.buffer.from_array_like(view if _is_gpu(proto) else view.get())
+        check_frames(host, src_off, sizes, decoded, names)
+        stride = -(-decoded // _ALIGN) * _ALIGN
+        dst_off = np.concatenate([[0], np.cumsum(stride)[:-1]]).astype(np.int64)
+        out = cupy.empty(max(int(stride.sum()), 1), np.uint8)
+        # every chunk of the batch in ONE nvCOMP call (the engine's decode stage)
+        decode_batch_gpu("zstd", dev, src_off, sizes, out, dst_off, decoded, stream, names)
+        for j, k in enumerate(live):
+            view = out[int(dst_off[j]):int(dst_off[j] + decoded[j])]
+            proto = items[k][1].prototype
+            result[k] = proto.buffer.from_array_like(view if _is_gpu(proto) else view.get())
         stream.synchronize()
         return result
 

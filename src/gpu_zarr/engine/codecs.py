@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gpu_zarr.engine.blosc import BloscStage
+from gpu_zarr.engine.deflate import DeflateStage
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.ops import Ops
 from gpu_zarr.engine.plan import Batch
@@ -62,7 +64,17 @@ class RawStage:
 
 
 class ZstdStage:
-    """zstd frames: checked on the host, one batched nvCOMP call per batch."""
+    """zstd frames: checked on the host, one batched nvCOMP call per batch.
+
+    Notes
+    -----
+    The host frame check is kept (measured on the H200 machine: 1.06 ms per GiB of 1 MiB
+    chunks, 6 ms per GiB of 64 KiB chunks): nvCOMP's statuses do not guard a truncated or
+    garbage frame, which faulted the GPU (CUDA_ERROR_ILLEGAL_ADDRESS, the process's context
+    lost). The decoder repeats the same walk on the GPU before nvCOMP reads a frame
+    (:mod:`gpu_zarr.engine.nvcomp_batch`), which protects reads whose bytes never pass
+    through host memory; the host check gives the CPU twin the same errors.
+    """
 
     name = "zstd"
     decodes = True
@@ -83,7 +95,8 @@ class ZstdStage:
 
 
 # one stage object per codec name (stages are stateless; long-lived state lives in the runtime)
-_STAGES: dict[str, CodecStage] = {"raw": RawStage(), "zstd": ZstdStage()}
+_STAGES: dict[str, CodecStage] = {"raw": RawStage(), "zstd": ZstdStage(), "blosc": BloscStage(),
+                                  "gzip": DeflateStage("gzip"), "zlib": DeflateStage("zlib")}
 
 
 def stage_for(lay: Layout) -> CodecStage:

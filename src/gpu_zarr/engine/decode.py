@@ -1,12 +1,11 @@
-"""Stage 3, decode: one batched call per batch and inner algorithm.
+"""Stage 3, decode: one batched nvCOMP call per batch, and its CPU twin.
 
-:func:`decode_batch_gpu` is the only place that calls nvCOMP; the engine's codec stages
-(:mod:`gpu_zarr.engine.codecs`) and the zarr codec (:mod:`gpu_zarr.nvcomp_zstd`) all go
-through it, so a fix or a speed-up lands once. :func:`decode_batch_cpu` is its twin
-(numcodecs / zlib, one call per stream) that CI runs.
-
-Algorithms: ``"zstd"`` (standard frames, nvCOMP's RAW bitstream), ``"lz4"`` (raw LZ4
-blocks, as Blosc stores them) and ``"deflate"`` (raw deflate, wrappers already stripped).
+:func:`decode_batch_gpu` is the only place that decodes with nvCOMP (through the low-level
+binding :mod:`gpu_zarr.engine.nvcomp_batch`); the engine's codec stages and the zarr codec
+(:mod:`gpu_zarr.nvcomp_zstd`) all use it, so a fix or a speed-up lands once.
+:func:`decode_batch_cpu` is its twin on the host (numcodecs / zlib), with the same
+arguments and the same errors. Both take streams: "zstd" (standard frames), "lz4" (raw
+blocks) and "deflate" (raw RFC 1951 streams, wrappers already stripped).
 """
 
 from __future__ import annotations
@@ -20,32 +19,105 @@ import numpy as np
 
 from gpu_zarr.errors import INSTALL_HINT, CorruptChunkError, GPUUnavailable
 
-__all__ = ["ALGORITHMS", "copy_spans_cpu", "copy_spans_gpu", "decode_batch_cpu", "decode_batch_gpu",
-           "decode_zstd_cpu", "decode_zstd_gpu", "nvcomp_codec"]
+__all__ = [
+    "ALGORITHMS",
+    "copy_spans_cpu",
+    "copy_spans_gpu",
+    "decode_batch_cpu",
+    "decode_batch_gpu",
+    "decode_zstd_cpu",
+    "decode_zstd_gpu",
+    "nvcomp_codec",
+]
 
 ALGORITHMS = ("zstd", "lz4", "deflate")
 _NVCOMP_NAMES = {"zstd": "Zstd", "lz4": "LZ4", "deflate": "Deflate"}
 
 
-def _check_algo(algo: str) -> None:
-    if algo not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algo!r}")
-
-
 def _name(names: Sequence[str] | None, k: int) -> str:
-    return str(names[k]) if names is not None and len(names) > k else f"#{k}"
+    return str(names[k]) if names is not None else f"#{k} of the batch"
+
+
+def _as_sizes(v: Any, n: int) -> np.ndarray:
+    a = np.asarray(v, np.int64)
+    return np.full(n, int(a), np.int64) if a.ndim == 0 else a
+
+
+def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
+                     dst_offsets: np.ndarray, dst_sizes: np.ndarray | int, stream: Any,
+                     names: Sequence[str] | None = None, slot: int = 0, check: bool = True,
+                     crc32: np.ndarray | None = None, adler32: np.ndarray | None = None) -> Any:
+    """Decode a batch of streams from one device buffer into another, in ONE nvCOMP call.
+
+    Parameters
+    ----------
+    algo : {"zstd", "lz4", "deflate"}
+    src : cupy.ndarray of uint8
+        Encoded streams, stream k at ``src_offsets[k]`` with ``src_sizes[k]`` bytes.
+    src_offsets, src_sizes : ndarray of int64 (host)
+    dst : cupy.ndarray of uint8
+        Output; stream k decodes to ``dst[dst_offsets[k] : dst_offsets[k] + dst_sizes[k]]``.
+    dst_offsets : ndarray of int64 (host)
+    dst_sizes : ndarray of int64 or int
+        Exact decoded size of each stream (one int: the same for all).
+    stream : cupy.cuda.Stream
+        Stream the decode is ordered on.
+    names : sequence of str, optional
+        Name of each stream's chunk, for error messages.
+    slot : int
+        In-flight slot: each (device, algorithm, slot, stream) keeps its own nvCOMP scratch.
+    check : bool
+        True: wait for the batch and check its statuses before returning. False: return a
+        :class:`~gpu_zarr.engine.nvcomp_batch.PendingBatch` to ``check()`` later.
+    crc32 : ndarray of uint32, optional
+        Expected CRC-32 of each stream's decoded bytes (gzip trailers): computed by nvCOMP on
+        the GPU after the decode and checked with the statuses.
+    adler32 : ndarray of uint32, optional
+        Expected Adler-32 of each stream's decoded bytes (zlib trailers): computed by a
+        kernel on the GPU after the decode and checked with the statuses.
+
+    Raises
+    ------
+    CorruptChunkError
+        A stream failed to decode or decoded to another size, naming its chunk.
+    GPUUnavailable
+        nvCOMP's C library is missing or too old (the message names the fix).
+
+    Notes
+    -----
+    zstd input is checked by nvCOMP's per-chunk statuses and decoded sizes;
+    :mod:`gpu_zarr.engine.zstd_frames` additionally walks the frame headers on the host
+    where the caller has the bytes there (nvCOMP documents corrupt zstd input as undefined).
+    """
+    from gpu_zarr.engine.nvcomp_batch import batched_decoder
+
+    if algo not in ALGORITHMS:
+        raise ValueError(f"algo must be one of {ALGORITHMS}, not {algo!r}")
+    n = len(src_offsets)
+    if n == 0:
+        return None
+    dec = batched_decoder(algo, stream, slot)
+    return dec.decode(src, np.asarray(src_offsets, np.int64), np.asarray(src_sizes, np.int64), dst,
+                      np.asarray(dst_offsets, np.int64), _as_sizes(dst_sizes, n), stream, names, check=check,
+                      crc32=crc32, adler32=adler32)
 
 
 def _nvcomp() -> Any:
     try:
         from nvidia import nvcomp
     except ImportError as exc:
-        raise GPUUnavailable(f"nvCOMP is not installed, so chunks cannot be decoded on the GPU: {INSTALL_HINT}") from exc
+        raise GPUUnavailable(f"nvCOMP is not installed, so chunks cannot be encoded on the GPU: {INSTALL_HINT}") from exc
+    if not hasattr(nvcomp, "BitstreamKind"):
+        raise GPUUnavailable(f"nvCOMP's Python API {getattr(nvcomp, '__version__', '?')} is too old (no "
+                             'BitstreamKind): pip install -U "nvidia-nvcomp-cu13>=6,<7"')
     return nvcomp
 
 
 def nvcomp_codec(stream: Any, algo: str = "zstd") -> Any:
-    """A RAW-bitstream nvCOMP codec of ``algo`` bound to ``stream`` (cached per thread and stream).
+    """A RAW-bitstream ``nvidia.nvcomp.Codec`` of ``algo`` bound to ``stream``, for ENCODING.
+
+    Decoding goes through :func:`decode_batch_gpu` (nvCOMP's low-level API); only the zarr
+    codec's encode path uses nvCOMP's Python API.
 
     Notes
     -----
@@ -62,82 +134,71 @@ def nvcomp_codec(stream: Any, algo: str = "zstd") -> Any:
     return codec
 
 
-def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
-                     dst_offsets: np.ndarray, dst_sizes: np.ndarray, stream: Any,
-                     names: Sequence[str] | None = None) -> None:
-    """Decode many streams from one device buffer into another, in ONE nvCOMP call.
-
-    Parameters
-    ----------
-    algo : {"zstd", "lz4", "deflate"}
-    src, dst : cupy.ndarray of uint8
-        Stream k is ``src[src_offsets[k] : + src_sizes[k]]`` and decodes to
-        ``dst[dst_offsets[k] : + dst_sizes[k]]``.
-    src_offsets, src_sizes, dst_offsets, dst_sizes : ndarray of int64 (host)
-        ``dst_sizes`` are the exact decoded sizes.
-    stream : cupy.cuda.Stream
-    names : sequence of str, optional
-        Per stream, the chunk it belongs to (for error messages).
-
-    Raises
-    ------
-    CorruptChunkError
-        When nvCOMP reports a failure.
-    """
-    _check_algo(algo)
-    n = len(src_offsets)
-    if n == 0:
-        return
-    nvcomp = _nvcomp()
-    codec = nvcomp_codec(stream, algo)
-    s = int(stream.ptr)
-    srcs = nvcomp.as_arrays(src, np.asarray(src_offsets).tolist(), np.asarray(src_sizes).tolist(), cuda_stream=s)
-    outs = nvcomp.as_arrays(dst, np.asarray(dst_offsets).tolist(), np.asarray(dst_sizes).tolist(), cuda_stream=s)
-    try:
-        codec.decode(srcs, out=outs)
-    except Exception as exc:
-        which = f" (chunks {_name(names, 0)} .. {_name(names, n - 1)})" if names is not None else ""
-        raise CorruptChunkError(
-            f"nvCOMP could not decode a batch of {n} {algo} streams{which}: {exc}. The data are corrupt."
-        ) from exc
-
-
-def _decode_one(algo: str, data: np.ndarray, out: np.ndarray) -> int:
-    """Decode one stream into ``out``; returns the decoded size."""
+def _cpu_decoder(algo: str):
+    """A function (encoded bytes, expected size) -> decoded bytes for one stream."""
     if algo == "zstd":
         from numcodecs import Zstd
 
-        got = Zstd().decode(data, out=out)
-        return int(np.asarray(got).nbytes)
+        codec = Zstd()
+        return lambda buf, size: codec.decode(buf)
     if algo == "lz4":
         from numcodecs import LZ4
 
-        # numcodecs' LZ4 reads a 4-byte little-endian size prefix before the raw block
-        framed = np.concatenate([np.frombuffer(np.int32(out.nbytes).tobytes(), np.uint8), data])
-        got = np.frombuffer(LZ4().decode(framed), np.uint8)
-        out[:got.nbytes] = got
-        return int(got.nbytes)
-    d = zlib.decompressobj(-15)
-    got = np.frombuffer(d.decompress(data.tobytes(), out.nbytes), np.uint8)
-    out[:got.nbytes] = got
-    return int(got.nbytes)
+        codec = LZ4()
+
+        def lz4(buf: np.ndarray, size: int) -> bytes:
+            # numcodecs' LZ4 frames a raw block with its 4-byte little-endian decoded size
+            framed = np.empty(len(buf) + 4, np.uint8)
+            framed[:4] = np.frombuffer(np.uint32(size).tobytes(), np.uint8)
+            framed[4:] = buf
+            return codec.decode(framed)
+        return lz4
+    if algo == "deflate":
+        def deflate(buf: np.ndarray, size: int) -> bytes:
+            d = zlib.decompressobj(-15)
+            out = d.decompress(buf, size + 1)
+            if not d.eof:
+                raise ValueError("the deflate stream does not end where the chunk says"
+                                 if len(out) <= size else "the deflate stream holds more data")
+            return out
+        return deflate
+    raise ValueError(f"algo must be one of {ALGORITHMS}, not {algo!r}")
 
 
-def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: np.ndarray,
-                     dst_offsets: np.ndarray, dst_sizes: np.ndarray, names: Sequence[str] | None = None) -> None:
-    """numcodecs / zlib twin of :func:`decode_batch_gpu` (one call per stream, on the CPU)."""
-    _check_algo(algo)
-    for k, (so, ss, do, ds) in enumerate(zip(np.asarray(src_offsets).tolist(), np.asarray(src_sizes).tolist(),
-                                             np.asarray(dst_offsets).tolist(), np.asarray(dst_sizes).tolist())):
-        out = dst[do:do + ds]
+def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray,
+                     dst: np.ndarray, dst_offsets: np.ndarray, dst_sizes: np.ndarray | int,
+                     names: Sequence[str] | None = None, crc32: np.ndarray | None = None,
+                     adler32: np.ndarray | None = None) -> None:
+    """numcodecs/zlib twin of :func:`decode_batch_gpu` (one call per stream, on the CPU).
+
+    Same arguments (host numpy buffers, no stream) and same errors: a stream that fails or
+    decodes to another size than ``dst_sizes[k]``, or whose decoded bytes do not match
+    ``crc32[k]`` (gzip) / ``adler32[k]`` (zlib, checked on the CPU only), raises
+    CorruptChunkError naming ``names[k]``.
+    """
+    n = len(src_offsets)
+    if n == 0:
+        return
+    decode = _cpu_decoder(algo)
+    dsizes = _as_sizes(dst_sizes, n)
+    src = src.view(np.uint8).reshape(-1)
+    for k in range(n):
+        so, ss, do, ds = int(src_offsets[k]), int(src_sizes[k]), int(dst_offsets[k]), int(dsizes[k])
         try:
-            got = _decode_one(algo, src[so:so + ss], out)
+            got = decode(src[so:so + ss], ds)
         except Exception as exc:
-            raise CorruptChunkError(f"chunk {_name(names, k)}: {algo} decode failed ({type(exc).__name__}: {exc}); "
-                                    "the chunk is corrupt. Rewrite or delete that chunk.") from exc
-        if got != ds:
-            raise CorruptChunkError(f"chunk {_name(names, k)}: a {algo} stream decoded to {got} bytes, expected {ds}; "
-                                    "the chunk is corrupt or was written with other metadata.")
+            raise CorruptChunkError(f"chunk {_name(names, k)}: {algo} decode failed ({exc}). The chunk is corrupt "
+                                    "or truncated; rewrite or delete that chunk.") from exc
+        got = np.frombuffer(got, np.uint8) if not isinstance(got, np.ndarray) else got.view(np.uint8).reshape(-1)
+        if got.nbytes != ds:
+            raise CorruptChunkError(f"chunk {_name(names, k)}: decoded to {got.nbytes} bytes, but the array metadata "
+                                    f"says {ds}. The chunk is corrupt or truncated; rewrite or delete that chunk.")
+        dst[do:do + ds] = got
+        for want, fn, kind in ((crc32, zlib.crc32, "CRC-32"), (adler32, zlib.adler32, "Adler-32")):
+            if want is not None and (fn(got) & 0xFFFFFFFF) != int(want[k]):
+                raise CorruptChunkError(f"chunk {_name(names, k)}: the decoded bytes' {kind} is "
+                                        f"{fn(got) & 0xFFFFFFFF:#010x}, the stream's trailer says {int(want[k]):#010x}. "
+                                        "The chunk is corrupt; rewrite or delete that chunk.")
 
 
 def copy_spans_cpu(src: np.ndarray, src_offsets: np.ndarray, dst: np.ndarray, dst_offsets: np.ndarray,
@@ -148,53 +209,25 @@ def copy_spans_cpu(src: np.ndarray, src_offsets: np.ndarray, dst: np.ndarray, ds
         dst[do:do + n] = src[so:so + n]
 
 
-_COPY_KERNEL = r"""
-extern "C" __global__ void copy_spans(const unsigned char* __restrict__ src, unsigned char* __restrict__ dst,
-                                      const long long* __restrict__ so, const long long* __restrict__ dof,
-                                      const long long* __restrict__ n)
-{
-    const long long k = blockIdx.y;
-    const long long len = n[k];
-    const unsigned char* s = src + so[k];
-    unsigned char* d = dst + dof[k];
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += (long long)gridDim.x * blockDim.x)
-        d[i] = s[i];
-}
-"""
-
-
 def copy_spans_gpu(src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
-                   stream: Any) -> None:
-    """Copy many byte spans between device buffers with one kernel launch per 65535 spans."""
-    import cupy
+                   stream: Any, keep: list | None = None) -> None:
+    """Copy many byte spans between device buffers in one kernel on ``stream``.
 
-    n = len(sizes)
-    if n == 0:
-        return
-    from gpu_zarr.engine.runtime import get_runtime
+    See :func:`gpu_zarr.engine.nvcomp_batch.copy_spans` (the kernel lives with the other
+    device code of the decode stage).
+    """
+    from gpu_zarr.engine.nvcomp_batch import copy_spans
 
-    kern = get_runtime().resource(("kernel", "copy_spans"),
-                                  lambda: cupy.RawKernel(_COPY_KERNEL, "copy_spans"))
-    longest = int(np.max(sizes))
-    gx = max(1, min(64, -(-longest // (256 * 4))))
-    with stream:
-        so = cupy.asarray(np.asarray(src_offsets, np.int64))
-        do = cupy.asarray(np.asarray(dst_offsets, np.int64))
-        nn = cupy.asarray(np.asarray(sizes, np.int64))
-        for p0 in range(0, n, 65535):
-            cnt = min(65535, n - p0)
-            kern((gx, cnt), (256,), (src, dst, so[p0:], do[p0:], nn[p0:]))
+    copy_spans(src, src_offsets, dst, dst_offsets, sizes, stream, keep)
 
 
 def decode_zstd_gpu(src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any, dst_offsets: np.ndarray,
                     dst_size: int, stream: Any, names: Sequence[str] | None = None) -> None:
-    """zstd frames of equal decoded size ``dst_size`` (see :func:`decode_batch_gpu`)."""
-    sizes = np.full(len(src_offsets), int(dst_size), np.int64)
-    decode_batch_gpu("zstd", src, src_offsets, src_sizes, dst, dst_offsets, sizes, stream, names)
+    """zstd frames, one decoded size for all: :func:`decode_batch_gpu` with ``algo="zstd"``."""
+    decode_batch_gpu("zstd", src, src_offsets, src_sizes, dst, dst_offsets, dst_size, stream, names)
 
 
 def decode_zstd_cpu(src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: np.ndarray,
                     dst_offsets: np.ndarray, dst_size: int, names: Sequence[str] | None = None) -> None:
-    """numcodecs twin of :func:`decode_zstd_gpu`."""
-    sizes = np.full(len(src_offsets), int(dst_size), np.int64)
-    decode_batch_cpu("zstd", src, src_offsets, src_sizes, dst, dst_offsets, sizes, names)
+    """numcodecs twin of :func:`decode_zstd_gpu`: :func:`decode_batch_cpu` with ``algo="zstd"``."""
+    decode_batch_cpu("zstd", src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names)

@@ -127,22 +127,43 @@ def _fill(arr: Any, dtype: np.dtype) -> Any:
     return np.array(fv, dtype=dtype)[()]
 
 
-def _codec_of_chain(codecs: Sequence[Any], where: str) -> tuple[str, str | None]:
-    """(codec, endian) for a v3 chain [bytes, (zstd)]; anything else is unsupported."""
+def _blosc_params(codec: Any) -> dict[str, Any] | None:
+    from gpu_zarr.engine.blosc import blosc_params
+
+    return blosc_params(codec)
+
+
+def _codec_of_chain(codecs: Sequence[Any], where: str) -> tuple[str, str | None, dict[str, Any]]:
+    """(codec, endian, codec_params) for a v3 chain [bytes, (zstd | blosc)]; anything else is unsupported."""
     from zarr.codecs import BytesCodec, ZstdCodec
 
+    what = "chains [bytes] or [bytes, zstd | blosc | gzip]"
     if not codecs or not isinstance(codecs[0], BytesCodec):
         names = [type(c).__name__ for c in codecs]
-        raise _unsupported("chains [bytes] or [bytes, zstd]", f"{where} codecs {names}")
+        raise _unsupported(what, f"{where} codecs {names}")
     endian = codecs[0].endian
     endian = getattr(endian, "value", endian)
     rest = list(codecs[1:])
     if not rest:
-        return "raw", endian
+        return "raw", endian, {}
     if len(rest) == 1 and (isinstance(rest[0], ZstdCodec) or type(rest[0]).__name__ == "NvcompZstdCodec"):
-        return "zstd", endian
+        return "zstd", endian, {}
+    if len(rest) == 1 and (params := _blosc_params(rest[0])) is not None:
+        return "blosc", endian, params
+    if len(rest) == 1 and (deflate := _v3_deflate(rest[0])) is not None:
+        return deflate, endian, {}
     names = [type(c).__name__ for c in codecs]
-    raise _unsupported("chains [bytes] or [bytes, zstd]", f"{where} codecs {names}")
+    raise _unsupported(what, f"{where} codecs {names}")
+
+
+def _v3_deflate(codec: Any) -> str | None:
+    """"gzip" / "zlib" for zarr's v3 ``gzip`` codec and numcodecs' zarr3 GZip / Zlib; else None."""
+    from zarr.codecs import GzipCodec
+
+    if isinstance(codec, GzipCodec):
+        return "gzip"
+    # numcodecs' zarr3 wrappers (``numcodecs.zarr3``, in zarr.codecs.numcodecs since zarr 3.2)
+    return {"numcodecs.gzip": "gzip", "numcodecs.zlib": "zlib"}.get(str(getattr(codec, "codec_name", "")))
 
 
 def codec_of_v2_compressor(comp: Any, dtype: np.dtype) -> tuple[str, dict[str, Any]]:
@@ -155,10 +176,12 @@ def codec_of_v2_compressor(comp: Any, dtype: np.dtype) -> tuple[str, dict[str, A
     """
     if comp is None:
         return "raw", {}
-    if getattr(comp, "codec_id", None) == "zstd":
-        return "zstd", {}
+    if getattr(comp, "codec_id", None) in ("zstd", "gzip", "zlib"):
+        return str(comp.codec_id), {}
+    if (blosc := _blosc_params(comp)) is not None:
+        return "blosc", {**blosc, "typesize": np.dtype(dtype).itemsize}
     found = comp.get_config() if hasattr(comp, "get_config") else repr(comp)
-    raise _unsupported("raw or zstd chunks", f"compressor {found}")
+    raise _unsupported("raw, zstd, blosc, gzip or zlib chunks", f"compressor {found}")
 
 
 def chunk_layout(shape: tuple[int, ...], dtype: np.dtype, codec: str, params: Mapping[str, Any] | None = None,
@@ -219,7 +242,7 @@ def layout_of(arr: Any) -> Layout:
         sc = codecs[0]
         inner = tuple(int(c) for c in sc.chunk_shape)
         inner_codecs, perm = _strip_transpose(tuple(sc.codecs))
-        codec, endian = _codec_of_chain(inner_codecs, "inner")
+        codec, endian, params = _codec_of_chain(inner_codecs, "inner")
         idx = tuple(sc.index_codecs)
         idx_names = [type(c).__name__ for c in idx]
         if idx_names not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]):
@@ -232,11 +255,11 @@ def layout_of(arr: Any) -> Layout:
     else:
         inner = chunks
         array_codecs, perm = _strip_transpose(codecs)
-        codec, endian = _codec_of_chain(array_codecs, "array")
+        codec, endian, params = _codec_of_chain(array_codecs, "array")
         index_at_end, index_crc = True, False
     disk = dtype if dtype.itemsize == 1 else dtype.newbyteorder("<" if endian in ("little", None) else ">")
     if dtype.kind == "c":
         disk = np.dtype(disk)
     out = native_dtype(disk)
     return Layout(shape, disk, out, _fill(arr, out), chunks, inner, codec, sharded, index_at_end,
-                  index_crc, root, meta.encode_chunk_key, 3, transpose=perm)
+                  index_crc, root, meta.encode_chunk_key, 3, codec_params=params, transpose=perm)

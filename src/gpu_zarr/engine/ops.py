@@ -37,7 +37,8 @@ class Ops(Protocol):
     def record(self, slot: int = 0) -> Any: ...
     def decode_batch(self, algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
                      dst_offsets: np.ndarray, dst_sizes: np.ndarray, names: Sequence[str] | None,
-                     slot: int = 0, wait: Any = None) -> None: ...
+                     slot: int = 0, wait: Any = None, crc32: np.ndarray | None = None,
+                     adler32: np.ndarray | None = None) -> None: ...
     def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray,
                    sizes: np.ndarray, slot: int = 0, wait: Any = None) -> None: ...
     def place(self, src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
@@ -87,14 +88,16 @@ class CpuOps:
 
     def _decode_parallel(self, algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray,
                          dst: np.ndarray, dst_offsets: np.ndarray, dst_sizes: np.ndarray,
-                         names: Sequence[str] | None) -> None:
+                         names: Sequence[str] | None, crc32: np.ndarray | None = None,
+                         adler32: np.ndarray | None = None) -> None:
         n = len(src_offsets)
         if self._pool is None or self._threads < 2 or n < 2:
-            decode_batch_cpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names)
+            decode_batch_cpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names, crc32, adler32)
             return
         parts = np.array_split(np.arange(n), min(n, self._threads))
         futs = [self._pool.submit(decode_batch_cpu, algo, src, src_offsets[p], src_sizes[p], dst, dst_offsets[p],
-                                  dst_sizes[p], [names[int(k)] for k in p] if names is not None else None)
+                                  dst_sizes[p], [names[int(k)] for k in p] if names is not None else None,
+                                  None if crc32 is None else crc32[p], None if adler32 is None else adler32[p])
                 for p in parts]
         for f in futs:
             f.result()
@@ -125,9 +128,11 @@ class CpuOps:
 
     def decode_batch(self, algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray,
                      dst: np.ndarray, dst_offsets: np.ndarray, dst_sizes: np.ndarray,
-                     names: Sequence[str] | None, slot: int = 0, wait: Any = None) -> None:
+                     names: Sequence[str] | None, slot: int = 0, wait: Any = None, crc32: np.ndarray | None = None,
+                     adler32: np.ndarray | None = None) -> None:
         self._run(self._decode_parallel, algo, src, np.asarray(src_offsets), np.asarray(src_sizes), dst,
-                  np.asarray(dst_offsets), np.asarray(dst_sizes), names, slot=slot, after=wait)
+                  np.asarray(dst_offsets), np.asarray(dst_sizes), names, crc32, adler32, slot=slot,
+                  after=wait)
 
     def copy_spans(self, src: np.ndarray, src_offsets: np.ndarray, dst: np.ndarray, dst_offsets: np.ndarray,
                    sizes: np.ndarray, slot: int = 0, wait: Any = None) -> None:
@@ -297,9 +302,13 @@ class GpuOps:
 
     def decode_batch(self, algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
                      dst_offsets: np.ndarray, dst_sizes: np.ndarray, names: Sequence[str] | None,
-                     slot: int = 0, wait: Any = None) -> None:
+                     slot: int = 0, wait: Any = None, crc32: np.ndarray | None = None,
+                     adler32: np.ndarray | None = None) -> None:
+        """ONE nvCOMP batched call on the slot's work stream; CRC-32 / Adler-32 checked on the GPU."""
         self._after(wait, slot)
-        decode_batch_gpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, self._work(slot), names)
+        # one nvCOMP decoder (one scratch) per lane: the slots of a lane decode on its stream in order
+        decode_batch_gpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, self._work(slot), names,
+                         slot % self.lanes, crc32=crc32, adler32=adler32)
 
     def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
                    slot: int = 0, wait: Any = None) -> None:

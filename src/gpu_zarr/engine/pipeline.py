@@ -419,6 +419,8 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
             if stage.decodes:
                 t = time.perf_counter()
                 prep = stage.prepare(host[s], b, lay, names)
+                for key, val in getattr(prep, "stats", dict)().items():  # e.g. Blosc streams per codec
+                    timings[key] = timings.get(key, 0) + val
                 timings["check_s"] += time.perf_counter() - t
             t = time.perf_counter()
             uploaded = None

@@ -1,10 +1,13 @@
 """Test volumes for the benchmark: layouts, synthetic data, writing and reuse.
 
-Every volume is written through zarr-python, so its metadata is standard and every
-peer reads it. The data are smooth structure plus 8 bits of noise per voxel, which
-gives a zstd level-1 compression ratio of about 1.35 on uint16 (as in
+Every volume is written through zarr-python 3 / numcodecs, so its metadata is standard
+and every peer reads it. The data are smooth structure plus 8 bits of noise per voxel,
+which gives a zstd level-1 compression ratio of about 1.35 on uint16 (as in
 ``figures.md``). A volume is reused when its stored benchmark attributes match the
 requested layout and say that writing finished.
+
+The user's own store (``gpu-zarr bench PATH``) is described by :func:`user_volume`
+as the same :class:`VolumeInfo`, opened read-only.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +33,13 @@ __all__ = [
     "BROWSE_SHAPES",
     "THROUGHPUT_LAYOUTS",
     "BROWSE_LAYOUTS",
+    "CODECS",
     "parse_shape",
     "scaled_layouts",
     "ensure_volumes",
     "make_slab",
     "stored_bytes",
+    "user_volume",
 ]
 
 #: bump when the data generator changes, so stale volumes are rewritten
@@ -57,22 +62,36 @@ BROWSE_SHAPES = {
     "tiny": (16, 128, 128),
 }
 
+#: codec name -> (label, who writes it). Blosc settings are those of the writers named.
+CODECS: dict[str, str] = {
+    "raw": "no compression",
+    "zstd": "zstd level 1 (zarr v3 zstd codec / numcodecs Zstd)",
+    "blosc-lz4-shuffle": "Blosc lz4 clevel 5, byte shuffle (bioformats2raw, zarr-python 2 default)",
+    "blosc-zstd-bitshuffle": "Blosc zstd clevel 5, bitshuffle",
+    "blosc-zstd-shuffle": "Blosc zstd clevel 5, byte shuffle (NGFF 0.5 challenge resave, inner chunks)",
+    "gzip": "gzip level 1 (numcodecs GZip, zarr-python 2 default level)",
+}
+
 
 @dataclass(frozen=True)
 class Layout:
     """How one test volume is stored.
 
     ``chunks`` and ``shards`` are given for the full-size volume and scaled with
-    :func:`scaled_layouts` for the other sizes.
+    :func:`scaled_layouts` for the other sizes. ``codec`` is a key of :data:`CODECS`.
     """
 
     name: str
     label: str
     zarr_format: int
     chunks: tuple[int, ...]
-    codec: str  # "raw" or "zstd"
+    codec: str
     shards: tuple[int, ...] | None = None
     level: int = 1
+
+    def __post_init__(self) -> None:
+        if self.codec not in CODECS:
+            raise ValueError(f"layout {self.name}: codec {self.codec!r} is not one of {sorted(CODECS)}")
 
     @property
     def chunk_bytes(self) -> int:
@@ -81,6 +100,11 @@ class Layout:
     @property
     def shard_bytes(self) -> int | None:
         return None if self.shards is None else math.prod(self.shards) * DTYPE.itemsize
+
+    @property
+    def codec_label(self) -> str:
+        """``zstd-1``, ``raw``, ``blosc-lz4-shuffle`` ... as recorded in the JSON."""
+        return f"zstd-{self.level}" if self.codec == "zstd" else self.codec
 
     def spec(self, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
         """The attributes that identify a finished volume of this layout."""
@@ -93,81 +117,109 @@ class Layout:
             "chunks": list(self.chunks),
             "shards": None if self.shards is None else list(self.shards),
             "codec": self.codec,
-            "level": self.level if self.codec == "zstd" else None,
+            "level": self.level if self.codec in ("zstd", "gzip") else None,
         }
 
 
-# Full-size (512, 2048, 2048) layouts of figures.md, plus sharded zstd.
+_BLOSC_CHUNKS = (1, 1024, 1024)  # 2-D planes of 2 MiB, as bioformats2raw writes them
+_SHARDS = (16, 1024, 2048)  # 64 MiB shards
+_INNER = (1, 512, 1024)  # of 1 MiB chunks
+
+#: the real-world layouts of issue 8 (both modes): zarr v2 Blosc as bioformats2raw /
+#: zarr-python 2 / ome-zarr-py write it, sharded v3 with Blosc zstd inner chunks, gzip v2
+_REAL_WORLD: tuple[Layout, ...] = (
+    Layout("blosc-lz4-shuffle-v2", "Blosc lz4 + shuffle, v2, 1x1024x1024 chunks", 2,
+           _BLOSC_CHUNKS, "blosc-lz4-shuffle"),
+    Layout("blosc-zstd-bitshuffle-v2", "Blosc zstd + bitshuffle, v2, 1x1024x1024 chunks", 2,
+           _BLOSC_CHUNKS, "blosc-zstd-bitshuffle"),
+    Layout("sharded-blosc-zstd-v3", "sharded v3, 64 MiB shards of 1 MiB Blosc zstd + shuffle chunks", 3,
+           _INNER, "blosc-zstd-shuffle", shards=_SHARDS),
+    Layout("gzip-v2", "gzip level 1, v2, 1x1024x1024 chunks", 2, _BLOSC_CHUNKS, "gzip"),
+)
+
+# Full-size (512, 2048, 2048) layouts of figures.md, sharded zstd, then the real-world ones.
 THROUGHPUT_LAYOUTS: tuple[Layout, ...] = (
     Layout("raw-v3-32MiB", "raw v3, 32 MiB chunks", 3, (4, 2048, 2048), "raw"),
     Layout("raw-v2-8MiB", "raw v2, 8 MiB chunks", 2, (1, 2048, 2048), "raw"),
     Layout("zstd-v3-32MiB", "zstd v3, 32 MiB chunks", 3, (4, 2048, 2048), "zstd"),
     Layout("zstd-v3-4MiB", "zstd v3, 4 MiB chunks", 3, (1, 1024, 2048), "zstd"),
-    Layout("zstd-v3-1MiB", "zstd v3, 1 MiB chunks", 3, (1, 512, 1024), "zstd"),
+    Layout("zstd-v3-1MiB", "zstd v3, 1 MiB chunks", 3, _INNER, "zstd"),
     Layout(
         "sharded-zstd-v3-64MiB-1MiB",
         "sharded zstd v3, 64 MiB shards of 1 MiB chunks",
         3,
-        (1, 512, 1024),
+        _INNER,
         "zstd",
-        shards=(16, 1024, 2048),
+        shards=_SHARDS,
     ),
+    *_REAL_WORLD,
 )
 
-# Full-size (256, 2048, 2048) layouts of figures.md's browsing table.
+# Full-size (256, 2048, 2048) layouts of figures.md's browsing table, then the real-world ones.
 BROWSE_LAYOUTS: tuple[Layout, ...] = (
     Layout("zstd-32x256x256", "zstd chunks 32x256x256 (4 MiB)", 3, (32, 256, 256), "zstd"),
-    Layout("zstd-1x512x1024", "zstd chunks 1x512x1024 (1 MiB)", 3, (1, 512, 1024), "zstd"),
+    Layout("zstd-1x512x1024", "zstd chunks 1x512x1024 (1 MiB)", 3, _INNER, "zstd"),
     Layout(
         "sharded-zstd-64MiB-1MiB",
         "sharded zstd: 64 MiB shards of 1 MiB chunks",
         3,
-        (1, 512, 1024),
+        _INNER,
         "zstd",
-        shards=(16, 1024, 2048),
+        shards=_SHARDS,
     ),
+    *_REAL_WORLD,
 )
 
 
 @dataclass
 class VolumeInfo:
-    """A test volume on disk."""
+    """An array on disk that the benchmark reads: a test volume or the user's store.
 
-    layout: Layout
+    ``layout`` is None for the user's store; ``meta`` then describes it (format,
+    chunks, shards, codecs, as its metadata says).
+    """
+
+    name: str
     path: Path
     shape: tuple[int, ...]
+    dtype: str
     reused: bool
     write_s: float
     stored_bytes: int
+    layout: Layout | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * DTYPE.itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     @property
     def ratio(self) -> float:
         return self.nbytes / self.stored_bytes if self.stored_bytes else float("nan")
 
     def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "path": str(self.path), "shape": list(self.shape),
+                               "dtype": self.dtype}
         lay = self.layout
-        return {
-            "name": lay.name,
-            "label": lay.label,
-            "path": str(self.path),
-            "shape": list(self.shape),
-            "dtype": DTYPE.name,
-            "zarr_format": lay.zarr_format,
-            "chunks": list(lay.chunks),
-            "shards": None if lay.shards is None else list(lay.shards),
-            "codec": lay.codec if lay.codec == "raw" else f"zstd-{lay.level}",
-            "chunk_bytes": lay.chunk_bytes,
-            "shard_bytes": lay.shard_bytes,
+        if lay is not None:
+            out.update({
+                "label": lay.label,
+                "zarr_format": lay.zarr_format,
+                "chunks": list(lay.chunks),
+                "shards": None if lay.shards is None else list(lay.shards),
+                "codec": lay.codec_label,
+                "chunk_bytes": lay.chunk_bytes,
+                "shard_bytes": lay.shard_bytes,
+            })
+        out.update(self.meta)
+        out.update({
             "nbytes": self.nbytes,
             "stored_bytes": self.stored_bytes,
             "compression_ratio": round(self.ratio, 4),
             "reused": self.reused,
             "write_s": round(self.write_s, 3),
-        }
+        })
+        return out
 
 
 def parse_shape(size: str, table: dict[str, tuple[int, int, int]]) -> tuple[int, int, int]:
@@ -182,7 +234,7 @@ def parse_shape(size: str, table: dict[str, tuple[int, int, int]]) -> tuple[int,
         raise ValueError(
             f"--size expects one of {sorted(table)} or 'Z,Y,X' with positive integers, got {size!r}"
         )
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 def _scale(full: tuple[int, ...], full_shape: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -292,41 +344,55 @@ def _is_complete(path: Path, spec: dict[str, Any]) -> bool:
 
     try:
         arr = zarr.open_array(str(path), mode="r")
-        got = dict(arr.attrs.get("gpu_zarr_bench", {}))
+        got = dict(arr.attrs.get("gpu_zarr_bench", {}))  # type: ignore[arg-type]
     except Exception:
         return False
     return bool(got.pop("complete", False)) and got == spec
 
 
-def _create(path: Path, lay: Layout, shape: tuple[int, ...], spec: dict[str, Any]):
+def _codec_kwargs(lay: Layout) -> dict[str, Any]:
+    """``compressors``/``filters``/``shards`` for ``zarr.create_array``."""
+    import numcodecs
+    from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
+
+    kwargs: dict[str, Any] = {}
+    v2 = lay.zarr_format == 2
+    if lay.codec == "raw":
+        comp = None
+    elif lay.codec == "zstd":
+        comp = numcodecs.Zstd(level=lay.level) if v2 else ZstdCodec(level=lay.level)
+    elif lay.codec == "gzip":
+        comp = numcodecs.GZip(level=lay.level) if v2 else GzipCodec(level=lay.level)
+    else:  # blosc-<cname>-<shuffle>
+        _, cname, shuffle = lay.codec.split("-")
+        if v2:
+            mode = numcodecs.Blosc.BITSHUFFLE if shuffle == "bitshuffle" else numcodecs.Blosc.SHUFFLE
+            comp = numcodecs.Blosc(cname=cname, clevel=5, shuffle=mode, blocksize=0)
+        else:
+            comp = BloscCodec(cname=cname, clevel=5, shuffle=shuffle, typesize=DTYPE.itemsize)  # type: ignore[arg-type]
+    kwargs["compressors"] = comp
+    if v2:
+        kwargs["filters"] = None
+    elif lay.shards is not None:
+        kwargs["shards"] = lay.shards
+    return kwargs
+
+
+def _create(path: Path, lay: Layout, shape: tuple[int, ...], spec: dict[str, Any]) -> Any:
     import zarr
-    from zarr.codecs import ZstdCodec
 
     if path.exists():
         shutil.rmtree(path)
-    kwargs: dict[str, Any] = {}
-    if lay.zarr_format == 2:
-        if lay.codec == "zstd":
-            import numcodecs
-
-            kwargs["compressors"] = numcodecs.Zstd(level=lay.level)
-        else:
-            kwargs["compressors"] = None
-        kwargs["filters"] = None
-    else:
-        kwargs["compressors"] = ZstdCodec(level=lay.level) if lay.codec == "zstd" else None
-        if lay.shards is not None:
-            kwargs["shards"] = lay.shards
     return zarr.create_array(
         store=str(path),
         shape=shape,
         chunks=lay.chunks,
         dtype=DTYPE,
         fill_value=0,
-        zarr_format=lay.zarr_format,
+        zarr_format=2 if lay.zarr_format == 2 else 3,
         attributes={"gpu_zarr_bench": {**spec, "complete": False}},
         overwrite=True,
-        **kwargs,
+        **_codec_kwargs(lay),
     )
 
 
@@ -373,7 +439,7 @@ def ensure_volumes(
         path = base / f"{lay.name}.zarr"
         spec = lay.spec(shape, seed)
         if not rewrite and _is_complete(path, spec):
-            infos[lay.name] = VolumeInfo(lay, path, tuple(shape), True, 0.0, stored_bytes(path))
+            infos[lay.name] = VolumeInfo(lay.name, path, tuple(shape), DTYPE.name, True, 0.0, stored_bytes(path), lay)
         else:
             todo.append((lay, path, spec))
 
@@ -421,10 +487,74 @@ def ensure_volumes(
         dt = time.perf_counter() - t0
         log(f"wrote {total / 2**30:.2f} GiB in {dt:.1f} s ({total / 2**30 / dt:.2f} GiB/s)")
         for lay, path, _spec, _arr in arrays:
-            infos[lay.name] = VolumeInfo(lay, path, tuple(shape), False, dt, stored_bytes(path))
+            infos[lay.name] = VolumeInfo(lay.name, path, tuple(shape), DTYPE.name, False, dt, stored_bytes(path), lay)
 
     return [infos[lay.name] for lay in layouts]
 
 
 def layout_dict(lay: Layout) -> dict[str, Any]:
     return asdict(lay)
+
+
+# ---------------------------------------------------------------- the user's store
+
+
+def _codec_names(codecs: Any) -> list[str]:
+    out = []
+    for c in codecs or ():
+        if c is None:
+            continue
+        cfg = c.get_config() if hasattr(c, "get_config") else getattr(c, "to_dict", lambda: {})()
+        name = cfg.get("id") or cfg.get("name") or type(c).__name__
+        extra = ",".join(f"{k}={v}" for k, v in cfg.items()
+                         if k in ("cname", "clevel", "shuffle", "level") and v is not None)
+        out.append(f"{name}({extra})" if extra else str(name))
+    return out
+
+
+def user_volume(path: str | os.PathLike[str], level: int = 0) -> VolumeInfo:
+    """The user's array (or OME-Zarr image level ``level``), described read-only.
+
+    Parameters
+    ----------
+    path
+        A zarr array, or an OME-Zarr image group (then ``level`` picks the array).
+    level
+        OME-Zarr resolution level (ignored for a plain array).
+
+    Raises
+    ------
+    gpu_zarr.errors.NotAZarrError
+        ``path`` is neither a zarr array nor an OME-Zarr image (the message says what
+        it found).
+    """
+    from gpu_zarr.omezarr import is_ome_zarr, read_omezarr
+    from gpu_zarr.store import open_array
+
+    p = Path(path)
+    ome_level: int | None = None
+    if is_ome_zarr(p):
+        arr, _res = read_omezarr(p, level=level)
+        ome_level = level
+    else:
+        arr = open_array(p)
+    root = getattr(arr.store, "root", None)
+    if root is None:
+        raise ValueError(f"{path}: gpu-zarr bench reads local stores only (found {type(arr.store).__name__})")
+    array_path = Path(root) / arr.path if arr.path else Path(root)
+    if arr.ndim < 1:
+        raise ValueError(f"{array_path}: a 0-d array has nothing to benchmark")
+    meta: dict[str, Any] = {
+        "label": f"{p.name}" + (f" level {ome_level}" if ome_level is not None else ""),
+        "user_store": str(p),
+        "ome_level": ome_level,
+        "zarr_format": int(arr.metadata.zarr_format),
+        "chunks": list(arr.chunks),
+        "shards": None if arr.shards is None else list(arr.shards),
+        "codec": "+".join(_codec_names(getattr(arr, "filters", ())) + _codec_names(arr.compressors))
+        or "raw",
+    }
+    meta["chunk_bytes"] = math.prod(arr.chunks) * arr.dtype.itemsize
+    name = p.name + (f"[{ome_level}]" if ome_level is not None else "")
+    return VolumeInfo(name, array_path, tuple(int(s) for s in arr.shape), np.dtype(arr.dtype).name,
+                      True, 0.0, stored_bytes(array_path), None, meta)

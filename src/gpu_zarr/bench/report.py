@@ -1,4 +1,5 @@
-"""Benchmark output: console table (rich when installed), Markdown, JSON and PNG."""
+"""Benchmark output: JSON, Markdown (printed as a table, with rich when installed), PNG,
+and the HTML of a notebook cell (the Markdown tables and the PNG inline)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from typing import Any
 
 __all__ = [
     "write_json",
+    "markdown",
+    "png",
+    "html",
     "throughput_markdown",
     "browse_markdown",
     "print_tables",
@@ -18,7 +22,7 @@ __all__ = [
     "primary_ours",
 ]
 
-_PRIMARY = ("ours-auto", "ours-kvikio", "ours-cpu")
+_PRIMARY = ("ours-auto", "ours-kvikio", "ours-cpu", "ours-zarr-gpu", "ours-engine-cpu")
 
 
 def _clean(v: Any) -> Any:
@@ -67,6 +71,8 @@ def _cell(rec: dict[str, Any] | None, key: str, fmt: str) -> str:
         return "skip"
     if "error" in rec:
         return "error"
+    if "declined" in rec:
+        return "n/a"
     v = rec.get(key)
     if v is None:
         return "-"
@@ -134,34 +140,76 @@ def throughput_markdown(result: dict[str, Any]) -> str:
         f"Whole-array read, {result['shape']} {result['dtype']} "
         f"({result['nbytes'] / 2**30:.2f} GiB), device {result['device']}"
         + (f" ({result.get('device_name')})" if result.get("device_name") else "")
-        + f"; GiB/s of decoded bytes, warm page cache, median of {result['repeat']}.",
+        + f"; GiB/s of decoded bytes, warm page cache, median of {result['repeat']}"
+        + (f" (peers: {result['peer_repeat']})" if result.get("peer_repeat") not in (None, result["repeat"]) else "")
+        + ".",
         "",
         _md(*_throughput_rows(result, "gib_per_s")),
     ]
-    if any("cold_gib_per_s" in r for lay in result.get("layouts", []) for r in lay["readers"].values()):
-        parts += ["", "Cold page cache (one read after dropping caches), GiB/s:", ""]
-        parts.append(_md(*_throughput_rows(result, "cold_gib_per_s")))
-    else:
-        parts += ["", f"Cold page cache: {result.get('cold', {}).get('reason', 'not measured')}."]
+    parts += ["", _cold_markdown(result)]
     bad = [
         f"{lay['name']}/{n}"
         for lay in result.get("layouts", [])
         for n, r in lay["readers"].items()
         if r.get("correct") is False
     ]
-    errs = [
-        f"{lay['name']}/{n}"
-        for lay in result.get("layouts", [])
-        for n, r in lay["readers"].items()
-        if "error" in r
-    ]
+    errs: dict[tuple[str, str], list[str]] = {}
+    for lay in result.get("layouts", []):
+        if "error" in lay:
+            errs.setdefault(("volume", str(lay["error"])[:200]), []).append(lay["name"])
+        for n, r in lay.get("readers", {}).items():
+            if "error" in r:
+                errs.setdefault((n, str(r["error"])[:200]), []).append(lay["name"])
     line = "Correctness vs zarr CPU read: " + (
         "every reader that ran gave equal arrays" if not bad else "MISMATCH in " + ", ".join(bad)
     )
     if errs:
-        line += "; failed: " + ", ".join(errs)
+        line += ".\n\nFailed:\n" + "\n".join(
+            f"- {n} on {', '.join(lays)}: {msg}" for (n, msg), lays in errs.items()
+        )
+    declined = _declined(result)
+    if declined:
+        line += "\n\nn/a = our backend declines the array (it says why; not a failure):\n" + declined
     parts += ["", line]
     return "\n".join(parts) + "\n"
+
+
+def _declined(result: dict[str, Any]) -> str:
+    out: dict[tuple[str, str], list[str]] = {}
+    for lay in result.get("layouts", []):
+        for n, r in lay.get("readers", {}).items():
+            if "declined" in r:
+                out.setdefault((n, str(r["declined"])[:160]), []).append(lay["name"])
+    return "\n".join(f"- {n} on {', '.join(lays)}: {msg}" for (n, msg), lays in out.items())
+
+
+def _cold_markdown(result: dict[str, Any]) -> str:
+    cold = result.get("cold") or {}
+    if not cold.get("requested"):
+        return "Cold page cache: not measured (use --cold)."
+    disk = cold.get("disk") or {}
+    rate = disk.get("gib_per_s")
+    head = (
+        f"Cold page cache: one read of `{cold.get('reader')}` per layout after dropping the page cache; "
+        + (f"the disk's own rate {rate:.2f} GiB/s ({disk.get('threads')} threads reading "
+           f"{disk.get('bytes', 0) / 2**30:.2f} GiB of {disk.get('files')} files cold); "
+           if rate else f"disk rate not measured ({disk.get('error', 'no result')}); ")
+        + "limit = disk rate x compression ratio."
+    )
+    rows = []
+    for lay in result.get("layouts", []):
+        rec = (lay.get("readers") or {}).get(cold.get("reader") or "", {})
+        if "cold_gib_per_s" in rec:
+            lim = rec.get("cold_limit_gib_per_s")
+            frac = rec.get("cold_fraction_of_limit")
+            rows.append([lay["name"], f"{lay.get('compression_ratio', float('nan')):.2f}",
+                         f"{rec['cold_gib_per_s']:.2f}", f"{lim:.2f}" if lim else "",
+                         f"{100 * frac:.0f} %" if frac else "", _cell(rec, "gib_per_s", ".2f")])
+        else:
+            why = rec.get("cold_error") or rec.get("error") or rec.get("skipped") or "not measured"
+            rows.append([lay["name"], f"{lay.get('compression_ratio', float('nan')):.2f}", f"- ({why})",
+                         "", "", _cell(rec, "gib_per_s", ".2f")])
+    return head + "\n\n" + _md(["layout", "ratio", "cold GiB/s", "limit GiB/s", "of limit", "warm GiB/s"], rows)
 
 
 def _ms(v: float) -> str:
@@ -169,29 +217,45 @@ def _ms(v: float) -> str:
 
 
 def browse_markdown(result: dict[str, Any]) -> str:
+    """One row per (layout, pattern): ms per plane p50 / p95 of each reader."""
     names = _reader_names(result)
-    header = ["layout"] + names
+    header = ["layout", "pattern"] + names
     rows = []
     for lay in result.get("layouts", []):
         recs = lay.get("readers", {})
-        row = [lay["name"]]
-        for n in names:
-            r = recs.get(n)
-            if r is None:
-                row.append("")
-            elif "skipped" in r:
-                row.append("skip")
-            elif "error" in r:
-                row.append("error")
-            else:
-                s = f"{_ms(r['p50_ms'])} / {_ms(r['p95_ms'])}"
-                if r.get("correct") is False:
-                    s += " (wrong)"
-                row.append(s)
-        rows.append(row)
+        pats = list(lay.get("patterns") or {}) or ["random"]
+        if "error" in lay and not recs:
+            rows.append([lay["name"], "", *(["error"] * len(names))])
+            continue
+        for pat in pats:
+            row = [lay["name"], pat]
+            for n in names:
+                r = recs.get(n)
+                pr = (r or {}).get("patterns", {}).get(pat)
+                if r is None:
+                    row.append("")
+                elif "skipped" in r:
+                    row.append("skip")
+                elif "error" in r:
+                    row.append("error")
+                elif "declined" in r:
+                    row.append("n/a")
+                elif pr is None:
+                    row.append("-")
+                else:
+                    cell = f"{_ms(pr['p50_ms'])} / {_ms(pr['p95_ms'])}"
+                    if r.get("correct") is False:
+                        cell += " (wrong)"
+                    row.append(cell)
+            rows.append(row)
+    n_scroll = next((len(lay["patterns"]["scroll"]) for lay in result.get("layouts", [])
+                     if "scroll" in (lay.get("patterns") or {})), None)
     head = (
         f"Browsing, {result['shape']} {result['dtype']} ({result['nbytes'] / 2**30:.2f} GiB), "
-        f"device {result['device']}; ms per z-plane p50 / p95 over {result['planes']} random planes."
+        f"device {result['device']}; ms per plane p50 / p95: `random` over {result['planes']} random planes"
+        + (f", `scroll` over {n_scroll - 1} consecutive planes forward then back (after the first)"
+           if n_scroll else "")
+        + "."
     )
     loads = [
         f"{lay['name']}: {r['load_s']:.2f} s"
@@ -200,7 +264,19 @@ def browse_markdown(result: dict[str, Any]) -> str:
         if "load_s" in r
     ]
     tail = ("\n\nWhole-volume load for the resident reader: " + "; ".join(loads)) if loads else ""
+    errs = [f"{lay['name']}/{n}: {r['error'][:160]}" for lay in result.get("layouts", [])
+            for n, r in lay.get("readers", {}).items() if "error" in r]
+    if errs:
+        tail += "\n\nFailed: " + "; ".join(errs)
+    declined = _declined(result)
+    if declined:
+        tail += "\n\nn/a = our backend declines the array (not a failure):\n" + declined
     return head + "\n\n" + _md(header, rows) + tail + "\n"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The Markdown report of a result (either mode)."""
+    return throughput_markdown(result) if result.get("mode") == "throughput" else browse_markdown(result)
 
 
 def print_tables(markdown: str) -> None:
@@ -252,7 +328,7 @@ def _plt():
     return plt
 
 
-def _bars(ax, groups: list[str], series: dict[str, list[float | None]], ylabel: str, title: str):
+def _bars(ax: Any, groups: list[str], series: dict[str, list[float | None]], ylabel: str, title: str) -> None:
     import numpy as np
 
     n = max(1, len(series))
@@ -301,37 +377,91 @@ def throughput_png(result: dict[str, Any], path: Path) -> Path:
 
 
 def browse_png(result: dict[str, Any], path: Path) -> Path:
-    """Grouped bars of p50 ms per plane (log scale), p95 as an error bar."""
+    """Grouped bars of p50 ms per plane (log scale), p95 as an error bar; one panel per pattern."""
     import numpy as np
 
     plt = _plt()
     names = _reader_names(result)
     layouts = [lay["name"] for lay in result["layouts"]]
-    fig, ax = plt.subplots(figsize=(max(8, 2.2 * len(layouts) + 3), 4.5))
+    pats: list[str] = []
+    for lay in result["layouts"]:
+        for p in lay.get("patterns") or {}:
+            if p not in pats:
+                pats.append(p)
+    pats = pats or ["random"]
+    fig, axes = plt.subplots(len(pats), 1, figsize=(max(8, 2.2 * len(layouts) + 3), 4.2 * len(pats)),
+                             squeeze=False)
     n = max(1, len(names))
     width = 0.8 / n
     x = np.arange(len(layouts))
-    for i, name in enumerate(names):
-        recs = [lay["readers"].get(name, {}) for lay in result["layouts"]]
-        p50 = [r.get("p50_ms") for r in recs]
-        p95 = [r.get("p95_ms") for r in recs]
-        if all(v is None for v in p50):
-            continue
-        ys = [v if v is not None else np.nan for v in p50]
-        err = [max(0.0, (b or 0) - (a or 0)) if a is not None else 0 for a, b in zip(p50, p95, strict=True)]
-        ax.bar(x + (i - (n - 1) / 2) * width, ys, width, yerr=[[0] * len(err), err], capsize=2, label=name)
-    ax.set_yscale("log")
-    ax.set_xticks(x)
-    ax.set_xticklabels(layouts, rotation=15, ha="right", fontsize=8)
-    ax.set_ylabel("ms per z-plane (p50, bar to p95)")
-    ax.set_title(
-        f"Browsing {tuple(result['shape'])} {result['dtype']}: {result['planes']} random planes "
-        f"({result['device']}{', ' + result['device_name'] if result.get('device_name') else ''})",
-        fontsize=10,
-    )
-    ax.legend(fontsize=7, ncol=min(n, 3))
-    ax.grid(axis="y", alpha=0.3, which="both")
+    for ax, pat in zip(axes[:, 0], pats, strict=True):
+        drawn = False
+        for i, name in enumerate(names):
+            recs = [lay["readers"].get(name, {}).get("patterns", {}).get(pat, {}) for lay in result["layouts"]]
+            p50 = [r.get("p50_ms") for r in recs]
+            p95 = [r.get("p95_ms") for r in recs]
+            if all(v is None for v in p50):
+                continue
+            drawn = True
+            ys = [v if v is not None else np.nan for v in p50]
+            err = [max(0.0, (b or 0) - (a or 0)) if a is not None else 0 for a, b in zip(p50, p95, strict=True)]
+            ax.bar(x + (i - (n - 1) / 2) * width, ys, width, yerr=[[0] * len(err), err], capsize=2, label=name)
+        if drawn:
+            ax.set_yscale("log")
+            ax.legend(fontsize=7, ncol=min(n, 3))
+        ax.set_xticks(x)
+        ax.set_xticklabels(layouts, rotation=15, ha="right", fontsize=8)
+        ax.set_ylabel("ms per plane (p50, bar to p95)")
+        ax.set_title(
+            f"Browsing {tuple(result['shape'])} {result['dtype']}, {pat} planes "
+            f"({result['device']}{', ' + result['device_name'] if result.get('device_name') else ''})",
+            fontsize=10,
+        )
+        ax.grid(axis="y", alpha=0.3, which="both")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+def png(result: dict[str, Any], path: Path) -> Path:
+    """The PNG chart of a result (either mode); needs matplotlib."""
+    return throughput_png(result, path) if result.get("mode") == "throughput" else browse_png(result, path)
+
+
+def _md_table_html(lines: list[str]) -> str:
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    head = "".join(f"<th>{_esc(h)}</th>" for h in rows[0])
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in rows[2:]
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _esc(text: str) -> str:
+    import html as _html
+
+    return _html.escape(text.replace("`", ""))
+
+
+def html(markdown_text: str, png_bytes: bytes | None, note: str = "") -> str:
+    """A notebook cell's HTML: the Markdown's text and tables, then the PNG inline (base64)."""
+    import base64
+
+    parts: list[str] = []
+    block: list[str] = []
+    for line in markdown_text.splitlines() + [""]:
+        if line.startswith("|"):
+            block.append(line)
+            continue
+        if block:
+            parts.append(_md_table_html(block))
+            block = []
+        if line.strip():
+            parts.append(f"<p>{_esc(line)}</p>")
+    if png_bytes:
+        b64 = base64.b64encode(png_bytes).decode("ascii")
+        parts.append(f'<img alt="benchmark chart" src="data:image/png;base64,{b64}"/>')
+    if note:
+        parts.append(f"<p><em>{_esc(note)}</em></p>")
+    return '<div class="gpu-zarr-bench">' + "".join(parts) + "</div>"

@@ -11,7 +11,8 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
     code = textwrap.dedent(f"""
         import sys, importlib.abc
         BLOCK = ("cupy", "cupyx", "kvikio", "nvidia", "napari", "qtpy", "PyQt5", "PyQt6", "PySide2",
-                 "PySide6", "magicgui", "vispy", "dask", "distributed", "dask_cuda")
+                 "PySide6", "magicgui", "vispy", "dask", "distributed", "dask_cuda", "ipywidgets", "IPython",
+                 "tqdm")
         class Blocker(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
                 if name.split(".")[0] in BLOCK:
@@ -23,6 +24,13 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
         import gpu_zarr.bench, gpu_zarr.bench.cli, gpu_zarr.bench.readers, gpu_zarr.bench.report
         import gpu_zarr.dask_array
         import gpu_zarr.engine.blosc, gpu_zarr.engine.shuffle
+        import gpu_zarr.controller, gpu_zarr.reprs, gpu_zarr.progress, gpu_zarr.jupyter
+        try:
+            gpu_zarr.jupyter.LoaderWidget
+        except ImportError as e:
+            assert "napari-gpu-zarr[jupyter]" in str(e), e
+        else:
+            raise AssertionError("no error without ipywidgets")
         from gpu_zarr.errors import GPUUnavailable
         caps = gpu_zarr.probe()
         assert not caps.gpu and not caps.kvikio and not caps.nvcomp, caps
@@ -31,6 +39,8 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
         arr, res = gpu_zarr.read_omezarr(path, level=0)
         r = gpu_zarr.read_zarr(arr)
         assert r.backend == "cpu" and r.data.shape == arr.shape
+        assert "cpu" in r._repr_html_() and "GPU" in caps._repr_html_()
+        assert "zstd" in gpu_zarr.omezarr.open_ome(path)._repr_html_()
         try:
             gpu_zarr.read_zarr_to_gpu(arr.store.root / arr.path)
         except GPUUnavailable as e:
@@ -53,8 +63,8 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
 
 
 def test_plain_import_is_light():
-    code = ("import sys, gpu_zarr; bad=[m for m in ('cupy','kvikio','napari','qtpy','zarr','dask') "
-            "if m in sys.modules]; print(bad)")
+    code = ("import sys, gpu_zarr; bad=[m for m in ('cupy','kvikio','napari','qtpy','zarr','dask','ipywidgets',"
+            "'tqdm','IPython') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 

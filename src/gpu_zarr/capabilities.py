@@ -102,6 +102,17 @@ class Capabilities:
             how += "; raw arrays only: nvCOMP missing for zstd"
         return True, how
 
+    # notebook display (gpu_zarr.reprs)
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
+        from gpu_zarr import reprs
+
+        return reprs.bundle(reprs.capabilities_text(self), reprs.capabilities_html(self))
+
+    def _repr_html_(self) -> str:
+        from gpu_zarr import reprs
+
+        return reprs.capabilities_html(self)
+
     def report(self) -> str:
         """A multi-line, human readable summary of the probe."""
         gib = 2**30

@@ -25,6 +25,7 @@ from typing import Any
 import zarr
 
 from .errors import GpuZarrError, InvalidOmeMetadata, NotOmeZarrError
+from .reprs import codec_names
 from .store import METADATA_FILES, is_zarr_node, open_array, open_node
 
 __all__ = [
@@ -85,6 +86,10 @@ class Level:
         with the multiscale-wide transforms.
     translation : tuple of float
         Physical position of the first pixel's centre per axis, composed likewise.
+    codecs : tuple of str
+        Filters and compressors, e.g. ``("zstd(level=3)",)``; ``("raw",)`` when uncompressed.
+    shards : tuple of int or None
+        Shard shape of a sharded (zarr v3) array, else None.
     """
 
     path: str
@@ -93,6 +98,8 @@ class Level:
     chunks: tuple[int, ...]
     scale: tuple[float, ...]
     translation: tuple[float, ...]
+    codecs: tuple[str, ...] = ()
+    shards: tuple[int, ...] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -168,6 +175,17 @@ class OmeImage:
     def ndim(self) -> int:
         """Number of axes."""
         return len(self.axes)
+
+    # notebook display (gpu_zarr.reprs): metadata only, no I/O
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from gpu_zarr import reprs
+
+        return reprs.bundle(reprs.ome_image_text(self), reprs.ome_image_html(self))
+
+    def _repr_html_(self) -> str:
+        from gpu_zarr import reprs
+
+        return reprs.ome_image_html(self)
 
     @property
     def channel_axis(self) -> int | None:
@@ -480,6 +498,8 @@ def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True) -> OmeIm
                 chunks=_as_tuple(arr.chunks),
                 scale=scale,
                 translation=translation,
+                codecs=codec_names(arr),
+                shards=_as_tuple(sh) if (sh := getattr(arr, "shards", None)) else None,
             )
         )
 

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,6 +49,9 @@ from gpu_zarr.errors import (
     UnsupportedArrayError,
 )
 from gpu_zarr.store import open_array
+
+if TYPE_CHECKING:
+    from gpu_zarr.progress import ProgressArg
 
 __all__ = [
     "BACKENDS",
@@ -110,6 +113,17 @@ class ReadResult:
     gib_per_s: float
     gpu_bytes: int
     stats: dict = field(default_factory=dict)
+
+    # notebook display (gpu_zarr.reprs): never touches the data
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from gpu_zarr import reprs
+
+        return reprs.bundle(reprs.read_result_text(self), reprs.read_result_html(self))
+
+    def _repr_html_(self) -> str:
+        from gpu_zarr import reprs
+
+        return reprs.read_result_html(self)
 
 
 _last = threading.local()
@@ -417,8 +431,9 @@ def to_native_order(a: np.ndarray) -> np.ndarray:
     return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
 
 
+# -- progress and interrupts (gpu_zarr.progress): begin --------------------------------------
 def read_selection(array_or_path: Any, selection: Any = Ellipsis, *, prefer: Backend = "auto",
-                   options: EngineOptions | None = None, progress: Callable[[int, int], None] | None = None,
+                   options: EngineOptions | None = None, progress: ProgressArg = "auto",
                    cancel: Any = None) -> ReadResult:
     """Read ``array[selection]`` with the chosen backend and measure it.
 
@@ -428,8 +443,10 @@ def read_selection(array_or_path: Any, selection: Any = Ellipsis, *, prefer: Bac
     selection : basic index
     prefer : {"auto", "kvikio", "zarr-gpu", "cpu"}
     options : gpu_zarr.engine.EngineOptions, optional
-    progress : callable, optional
-        ``progress(done_bytes, total_bytes)``.
+    progress : callable, bool, "auto" or None
+        ``progress(done_bytes, total_bytes)``; ``"auto"`` (default) shows a bar (notebook
+        or terminal) for reads longer than about a second, ``True`` always, ``False`` /
+        ``None`` never; ``GPU_ZARR_PROGRESS=0`` turns "auto" off (see :mod:`gpu_zarr.progress`).
     cancel : object with ``is_set()``, optional
 
     Returns
@@ -440,9 +457,23 @@ def read_selection(array_or_path: Any, selection: Any = Ellipsis, *, prefer: Bac
     ------
     OutOfGPUMemory, OutOfHostMemory
         The result does not fit (checked before anything is allocated, on every backend).
+
+    Notes
+    -----
+    An interrupted read (KeyboardInterrupt, e.g. a notebook's kernel interrupt, or a cancel)
+    stops at its next batch, waits for the reads in flight, frees its partial buffers and
+    re-raises.
     """
-    return PreparedArray(array_or_path, prefer).read(selection, options=options, progress=progress,
-                                                     cancel=cancel)
+    from gpu_zarr.progress import progress_callback, release_after_interrupt
+
+    try:
+        with progress_callback(progress) as callback:
+            return PreparedArray(array_or_path, prefer).read(selection, options=options, progress=callback,
+                                                             cancel=cancel)
+    except (KeyboardInterrupt, ReadCancelled) as exc:
+        release_after_interrupt(exc)
+        raise
+# -- progress and interrupts: end -------------------------------------------------------------
 
 
 def read_region(array: Any, selection: Any = Ellipsis, *, backend: Backend = "auto",
@@ -465,7 +496,7 @@ def read_region(array: Any, selection: Any = Ellipsis, *, backend: Backend = "au
     cupy.ndarray or numpy.ndarray
         cupy for GPU backends, numpy for "cpu"; equal to ``array[selection]``.
     """
-    return read_selection(array, selection, prefer=backend, options=options).data
+    return read_selection(array, selection, prefer=backend, options=options, progress=None).data
 
 
 def _in_slabs(arr: Any, region: Region, selection: Any, read: Callable[[Any], Any], device: str,
@@ -503,7 +534,7 @@ def _in_slabs(arr: Any, region: Region, selection: Any, read: Callable[[Any], An
 
 
 def read_zarr(array_or_path: Any, *, prefer: Backend = "auto", options: EngineOptions | None = None,
-              progress: Callable[[int, int], None] | None = None, cancel: Any = None) -> ReadResult:
+              progress: ProgressArg = "auto", cancel: Any = None) -> ReadResult:
     """Read a whole array with the chosen backend and measure it (see :func:`read_selection`)."""
     return read_selection(array_or_path, Ellipsis, prefer=prefer, options=options, progress=progress,
                           cancel=cancel)

@@ -1,17 +1,14 @@
 """Dock widget: pick a backend and a level, load the selected layer's source, compare speeds.
 
-A load reads the whole resolution level (all channels of it) through the chosen
-backend in a worker thread, measures it, and switches the layer's browsing to that
-backend; with "keep on GPU" the level stays in device memory and every slice napari
-asks for is a device slice plus one copy to the host.
+A view over :class:`gpu_zarr.controller.LoaderController`, which holds the logic (choices,
+the load in a background thread, history, best speeds) shared with the notebook widget.
+A load reads the whole resolution level (all channels of it) through the chosen backend,
+measures it, and switches the layer's browsing to that backend; with "keep on GPU" the
+level stays in device memory and every slice napari asks for is a device slice plus one
+copy to the host.
 """
 
 from __future__ import annotations
-
-import dataclasses
-import threading
-import time
-from dataclasses import dataclass
 
 from qtpy.QtCore import QObject, Qt, Signal
 from qtpy.QtWidgets import (
@@ -30,46 +27,21 @@ from qtpy.QtWidgets import (
     QWidget,
 )
 
-from gpu_zarr.errors import GpuZarrError, ReadCancelled
-from gpu_zarr.lazy import BACKENDS, GpuLazyArray
+from gpu_zarr.controller import CHART_BACKENDS, LoaderController, LoadJob, RunRecord
+from gpu_zarr.lazy import GpuLazyArray
 
 __all__ = ["GpuZarrWidget", "RunRecord"]
 
 _MIB = 2**20
 _COLUMNS = ("Layer", "Level", "Asked", "Backend", "MiB", "Seconds", "GiB/s", "GPU MiB", "Status")
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """One measured load, as shown in the history table."""
-
-    layer: str
-    level: int
-    requested: str
-    backend: str
-    reason: str
-    nbytes: int
-    seconds: float
-    gib_per_s: float
-    gpu_bytes: int
-    resident: bool
-    status: str  # "ok", "cancelled" or "error: ..."
+_COLORS = {"kvikio": "#76b900", "zarr-gpu": "#1f77b4", "cpu": "#888888"}
 
 
 class _Relay(QObject):
-    """Carries progress from the reading thread to the GUI thread (queued signal)."""
+    """Carries the loading thread's callbacks to the GUI thread (queued signals)."""
 
     progressed = Signal(object, object)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._last = 0.0
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if done >= total or now - self._last > 0.05:  # at most ~20 updates a second
-            self._last = now
-            self.progressed.emit(int(done), int(total))
+    finished = Signal(object)
 
 
 def _lazy_levels(layer) -> list[GpuLazyArray] | None:
@@ -83,21 +55,6 @@ def _lazy_levels(layer) -> list[GpuLazyArray] | None:
     return None
 
 
-def _load(lazy: GpuLazyArray, backend: str, resident: bool, cancel, progress):
-    """Worker-thread body: one measured read of the whole level (all its channels)."""
-    if cancel.is_set():
-        raise ReadCancelled("load cancelled before it started")
-    if resident:
-        r = lazy.load_resident(progress=progress, cancel=cancel)
-    else:
-        from gpu_zarr.zarr_io import read_zarr
-
-        lazy.release_resident()
-        r = read_zarr(lazy.zarr_array, prefer=backend, progress=progress, cancel=cancel)
-    # the data itself is dropped here unless resident: browsing reads tiles on demand
-    return dataclasses.replace(r, data=None), resident
-
-
 class GpuZarrWidget(QWidget):
     """Backend picker, level loader, measurements and a history of runs.
 
@@ -109,17 +66,16 @@ class GpuZarrWidget(QWidget):
 
     def __init__(self, napari_viewer, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        from gpu_zarr.capabilities import probe
-
         self.viewer = napari_viewer
-        self.caps = probe()
-        self.history: list[RunRecord] = []
-        self._worker = None
-        self._cancel: threading.Event | None = None
+        self.controller = LoaderController()
+        self.caps = self.controller.caps
+        self._worker: LoadJob | None = None
+        self._job_layer = None
         self._relay = _Relay()
         self._relay.progressed.connect(self._on_progress)
+        self._relay.finished.connect(self._on_job_finished)
 
-        self.device_label = QLabel(self._device_text())
+        self.device_label = QLabel(self.controller.device_text())
         self.device_label.setWordWrap(True)
         self.device_label.setToolTip(self.caps.report())
         self.layer_label = QLabel()
@@ -129,13 +85,9 @@ class GpuZarrWidget(QWidget):
         self.backend_reason.setWordWrap(True)
         self.level_combo = QComboBox()
         self.resident_check = QCheckBox("keep the level on the GPU (fast browsing)")
-        ok = bool(self.caps.gpu)
+        ok, why = self.controller.resident_status()
         self.resident_check.setEnabled(ok)
-        self.resident_check.setToolTip(
-            "Loads the whole level into device memory (checked against free memory first); "
-            "each plane napari shows is then a device slice plus one copy."
-            if ok else "needs a CUDA GPU: " + self.caps.backend_status("zarr-gpu")[1]
-        )
+        self.resident_check.setToolTip(why)
         self.load_button = QPushButton("Load")
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setEnabled(False)
@@ -176,28 +128,25 @@ class GpuZarrWidget(QWidget):
         self.load_button.clicked.connect(self.start_load)
         self.cancel_button.clicked.connect(self.cancel_load)
         self.release_button.clicked.connect(self.release_gpu)
-        self.backend_combo.currentIndexChanged.connect(self._update_reason)
-        self.level_combo.currentIndexChanged.connect(self._update_reason)
+        self.backend_combo.currentIndexChanged.connect(self._on_backend_change)
+        self.level_combo.currentIndexChanged.connect(self._on_level_change)
         self.viewer.layers.selection.events.active.connect(self._on_layer_change)
         self.viewer.layers.events.inserted.connect(self._on_layer_change)
         self.viewer.layers.events.removed.connect(self._on_layer_change)
         self._on_layer_change()
 
-    # -- setup helpers -------------------------------------------------------------
-    def _device_text(self) -> str:
-        c = self.caps
-        if c.gpu:
-            free = f", {c.free_bytes / 2**30:.1f} GiB free" if c.free_bytes else ""
-            return f"GPU: {c.device_name}{free}"
-        return "No usable GPU: reads go through the CPU path. " + c.backend_status("kvikio")[1]
+    @property
+    def history(self) -> list[RunRecord]:
+        """Every finished load (the controller's history)."""
+        return self.controller.history
 
+    # -- setup helpers -------------------------------------------------------------
     def _fill_backends(self) -> None:
         model = self.backend_combo.model()
-        for i, name in enumerate(BACKENDS):
-            ok, why = self.caps.backend_status(name)
-            self.backend_combo.addItem(name if ok else f"{name} (unavailable)", name)
-            self.backend_combo.setItemData(i, why, Qt.ToolTipRole)
-            model.item(i).setEnabled(ok)
+        for i, opt in enumerate(self.controller.backend_options()):
+            self.backend_combo.addItem(opt.label, opt.name)
+            self.backend_combo.setItemData(i, opt.reason, Qt.ToolTipRole)
+            model.item(i).setEnabled(opt.available)
 
     def _make_chart(self):
         from matplotlib.backends.backend_qtagg import FigureCanvasQTAgg
@@ -213,14 +162,10 @@ class GpuZarrWidget(QWidget):
 
     def _draw_chart(self, ax) -> None:
         ax.clear()
-        best: dict[str, float] = {}
-        for r in self.history:
-            if r.status == "ok":
-                best[r.backend] = max(best.get(r.backend, 0.0), r.gib_per_s)
-        names = [b for b in ("kvikio", "zarr-gpu", "cpu") if b in best]
-        colors = {"kvikio": "#76b900", "zarr-gpu": "#1f77b4", "cpu": "#888888"}
-        bars = ax.bar(names, [best[n] for n in names], color=[colors[n] for n in names], width=0.6)
-        ax.set_xlim(-0.6, max(len(names), 3) - 0.4)
+        best = self.controller.best_gib_per_s()
+        names = list(best)
+        bars = ax.bar(names, [best[n] for n in names], color=[_COLORS[n] for n in names], width=0.6)
+        ax.set_xlim(-0.6, max(len(names), len(CHART_BACKENDS)) - 0.4)
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
         ax.set_ylabel("GiB/s (best)", fontsize=8)
         ax.tick_params(labelsize=8)
@@ -237,12 +182,8 @@ class GpuZarrWidget(QWidget):
 
     def set_backend(self, name: str) -> None:
         """Pick a backend; raises if it is unavailable on this machine."""
-        i = self.backend_combo.findData(name)
-        if i < 0:
-            raise ValueError(f"unknown backend {name!r}; expected one of {BACKENDS}")
-        if not self.backend_combo.model().item(i).isEnabled():
-            raise ValueError(f"backend {name!r} is unavailable here: {self.caps.backend_status(name)[1]}")
-        self.backend_combo.setCurrentIndex(i)
+        self.controller.set_backend(name)  # raises ValueError with the reason
+        self.backend_combo.setCurrentIndex(self.backend_combo.findData(name))
 
     def _layer(self):
         return self.viewer.layers.selection.active
@@ -250,128 +191,94 @@ class GpuZarrWidget(QWidget):
     def _on_layer_change(self, *_args) -> None:
         layer = self._layer()
         levels = _lazy_levels(layer)
+        self.controller.set_source(layer.name if levels else None, levels)
         self.level_combo.blockSignals(True)
         self.level_combo.clear()
         if levels is None:
             self.layer_label.setText("select a layer opened with GPU Zarr")
         else:
             self.layer_label.setText(layer.name)
-            for i, lv in enumerate(levels):
-                a = lv.zarr_array
-                shape = "×".join(str(s) for s in a.shape)
-                self.level_combo.addItem(f"{i}: {shape} {lv.dtype} ({a.nbytes / _MIB:,.1f} MiB)", i)
-            i = self.backend_combo.findData(levels[0].backend)
-            if i >= 0 and self.backend_combo.model().item(i).isEnabled():
-                self.backend_combo.setCurrentIndex(i)
+            for opt in self.controller.level_options():
+                self.level_combo.addItem(opt.label, opt.index)
+            self.backend_combo.setCurrentIndex(self.backend_combo.findData(self.controller.backend))
         self.level_combo.blockSignals(False)
-        busy = self._worker is not None
-        self.load_button.setEnabled(levels is not None and not busy)
+        self.load_button.setEnabled(levels is not None and self._worker is None)
         self._update_reason()
 
-    def _selected(self) -> tuple[object, list[GpuLazyArray], int] | None:
-        layer = self._layer()
-        levels = _lazy_levels(layer)
-        if levels is None:
-            return None
-        return layer, levels, max(self.level_combo.currentIndex(), 0)
+    def _on_backend_change(self, *_args) -> None:
+        name = self.backend
+        if name is not None and self.caps.backend_status(name)[0]:
+            self.controller.set_backend(name)
+        self._update_reason()
+
+    def _on_level_change(self, *_args) -> None:
+        if self.controller.levels:
+            self.controller.set_level(max(self.level_combo.currentIndex(), 0))
+        self._update_reason()
 
     def _update_reason(self, *_args) -> None:
-        sel = self._selected()
-        ok, why = self.caps.backend_status(self.backend)
-        text = why
-        if sel is not None and ok:
-            from gpu_zarr.zarr_io import choose_backend
-
-            _, levels, i = sel
-            try:
-                choice = choose_backend(levels[i].zarr_array, prefer=self.backend)
-                text = f"→ {choice.backend}: {choice.reason}"
-            except GpuZarrError as exc:
-                text = f"cannot serve this level: {exc}"
-        self.backend_reason.setText(text)
+        self.backend_reason.setText(self.controller.choice_text())
 
     # -- loading -------------------------------------------------------------------
     def start_load(self) -> None:
-        """Load (or reload) the selected layer's level in a worker thread."""
-        worker = self._prepare_load()
-        if worker is not None:
-            worker.start()
+        """Load (or reload) the selected layer's level in a background thread."""
+        job = self._prepare_load()
+        if job is not None:
+            job.start()
 
-    def _prepare_load(self):
-        """Set up (but do not start) the worker for a load; None when there is nothing to do."""
-        from napari.qt.threading import create_worker
-
-        sel = self._selected()
-        if sel is None or self._worker is not None:
+    def _prepare_load(self) -> LoadJob | None:
+        """Set up (but do not start) the load; None when there is nothing to do."""
+        if self._worker is not None:
             return None
-        layer, levels, i = sel
-        backend = self.backend
-        for lv in levels:  # browsing follows the chosen backend
-            lv.backend = backend
         resident = self.resident_check.isChecked() and self.resident_check.isEnabled()
-        self._cancel = threading.Event()
+        job = self.controller.prepare(resident=resident, on_progress=self._relay.progressed.emit,
+                                      on_finish=self._relay.finished.emit)
+        if job is None:
+            return None
+        self._worker, self._job_layer = job, self._layer()
         self.progress_bar.setValue(0)
-        self.result_label.setText(f"Reading {layer.name} level {i} with {backend}…")
-        worker = create_worker(
-            _load, levels[i], backend, resident, self._cancel, self._relay,
-            _start_thread=False, _ignore_errors=True,  # errors become history rows
-            _progress={"desc": f"GPU Zarr: {layer.name} level {i} ({backend})"},
-        )
-        worker.returned.connect(lambda res, _l=layer, _i=i, _b=backend: self._on_done(_l, _i, _b, res))
-        worker.errored.connect(lambda exc, _l=layer, _i=i, _b=backend: self._on_error(_l, _i, _b, exc))
-        worker.finished.connect(self._on_finished)
-        self._worker = worker
+        self.result_label.setText(f"Reading {job.name} level {job.level} with {job.backend}…")
         self.load_button.setEnabled(False)
         self.cancel_button.setEnabled(True)
-        return worker
+        return job
 
     def cancel_load(self) -> None:
         """Ask the running load to stop (it raises ReadCancelled at its next check)."""
-        if self._cancel is not None:
-            self._cancel.set()
+        if self._worker is not None:
+            self._worker.cancel()
             self.result_label.setText("Cancelling…")
 
     def release_gpu(self) -> None:
         """Drop GPU-resident levels of the selected layer."""
-        levels = _lazy_levels(self._layer()) or []
-        freed = sum(lv.resident_bytes for lv in levels)
-        for lv in levels:
-            lv.release_resident()
+        freed = self.controller.release_resident()
         self.result_label.setText(f"Freed {freed / _MIB:,.1f} MiB of GPU memory.")
 
     def _on_progress(self, done: int, total: int) -> None:
         self.progress_bar.setValue(int(1000 * done / total) if total else 1000)
 
-    def _on_done(self, layer, level: int, requested: str, done) -> None:
-        m, resident = done  # (ReadResult without its data, kept resident?)
-        rec = RunRecord(layer.name, level, requested, m.backend, m.reason, int(m.nbytes), float(m.seconds),
-                        float(m.gib_per_s), int(m.gpu_bytes), resident, "ok")
-        kept = "kept on the GPU" if resident else ("freed" if rec.gpu_bytes else "host memory")
-        self.result_label.setText(
-            f"<b>{rec.backend}</b> ({rec.reason})<br>{rec.nbytes / _MIB:,.1f} MiB in "
-            f"{rec.seconds:.3f} s = <b>{rec.gib_per_s:.2f} GiB/s</b><br>"
-            f"GPU memory used: {rec.gpu_bytes / _MIB:,.1f} MiB ({kept})"
-        )
-        self.progress_bar.setValue(1000)
-        self._record(rec)
-        layer.refresh()
-
-    def _on_error(self, layer, level: int, requested: str, exc: BaseException) -> None:
-        status = "cancelled" if isinstance(exc, ReadCancelled) else f"error: {exc}"
-        self.result_label.setText("Cancelled." if status == "cancelled" else f"Load failed: {exc}")
-        self._record(RunRecord(layer.name, level, requested, "", str(exc), 0, 0.0, 0.0, 0, False, status))
-
-    def _on_finished(self) -> None:
-        self._worker = None
-        self._cancel = None
+    def _on_job_finished(self, job: LoadJob) -> None:
+        rec = job.record
+        if rec.ok:
+            kept = "kept on the GPU" if rec.resident else ("freed" if rec.gpu_bytes else "host memory")
+            self.result_label.setText(
+                f"<b>{rec.backend}</b> ({rec.reason})<br>{rec.nbytes / _MIB:,.1f} MiB in "
+                f"{rec.seconds:.3f} s = <b>{rec.gib_per_s:.2f} GiB/s</b><br>"
+                f"GPU memory used: {rec.gpu_bytes / _MIB:,.1f} MiB ({kept})"
+            )
+            self.progress_bar.setValue(1000)
+        else:
+            self.result_label.setText("Cancelled." if rec.status == "cancelled" else f"Load failed: {rec.reason}")
+        self._add_row(rec)
+        if rec.ok and self._job_layer is not None:
+            self._job_layer.refresh()  # browsing now goes through the chosen backend
+        self._worker = self._job_layer = None
         self.cancel_button.setEnabled(False)
-        self.load_button.setEnabled(_lazy_levels(self._layer()) is not None)
+        self.load_button.setEnabled(bool(self.controller.levels))
 
-    def _record(self, rec: RunRecord) -> None:
-        self.history.append(rec)
+    def _add_row(self, rec: RunRecord) -> None:
         row = self.table.rowCount()
         self.table.insertRow(row)
-        ok = rec.status == "ok"
+        ok = rec.ok
         cells = (rec.layer, str(rec.level), rec.requested, rec.backend,
                  f"{rec.nbytes / _MIB:,.1f}" if ok else "", f"{rec.seconds:.3f}" if ok else "",
                  f"{rec.gib_per_s:.2f}" if ok else "", f"{rec.gpu_bytes / _MIB:,.1f}" if ok else "",

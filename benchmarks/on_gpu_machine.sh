@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# What ran on the H200 machine for the figures in README.md and benchmarks/README.md.
+# Usage (repo root, wheels from ../shared/gpu/fetch-wheels.sh in .whl and, for dask, .whl-dask):
+#   bash benchmarks/on_gpu_machine.sh check   # GPU tests + whole-array throughput (2 GiB volumes)
+#   bash benchmarks/on_gpu_machine.sh scale   # dask on every GPU, browsing, budget sweep, notebooks
+# Results go to $OUT (default ./gpu-results).
+set -uo pipefail
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .whl/*.whl $(ls .whl-dask/*.whl 2>/dev/null) || exit 1
+export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
+nvidia-smi -L | tee "$OUT/gpus.txt"
+WORK=/tmp/gzb
+bench() { timeout "$1" python3 -m gpu_zarr.bench --device gpu --workdir $WORK --out "$OUT" --no-progress "${@:2}"; }
+
+case "${1:-check}" in
+check)
+  # engine-level tests in their own process: a GPU fault there cannot hide the others' summary
+  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_nvcomp_batch.py tests/test_deflate.py \
+    tests/test_blosc_gpu.py tests/test_zarr_v2_gpu.py > "$OUT/tests-codecs.txt" 2>&1
+  tail -3 "$OUT/tests-codecs.txt"
+  timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests \
+    --ignore=tests/test_nvcomp_batch.py --ignore=tests/test_deflate.py --ignore=tests/test_blosc_gpu.py \
+    --ignore=tests/test_zarr_v2_gpu.py --ignore=tests/test_dask_gpu.py > "$OUT/tests-rest.txt" 2>&1
+  tail -3 "$OUT/tests-rest.txt"
+  grep -E "^(FAILED|ERROR)" "$OUT/tests-codecs.txt" "$OUT/tests-rest.txt" | head -30
+  bench 330 --size 256,2048,2048 --repeat 3 --peer-repeat 1 \
+    --layouts raw-v3-32MiB,zstd-v3-4MiB,zstd-v3-1MiB,sharded-zstd-v3-64MiB-1MiB,blosc-lz4-shuffle-v2,blosc-zstd-bitshuffle-v2,sharded-blosc-zstd-v3,gzip-v2 \
+    --readers ours-kvikio,zarr-gpu,tensorstore+cupy,zarr-cpu+cupy > "$OUT/throughput.log" 2>&1
+  tail -c 4000 "$OUT/throughput.log"
+  ;;
+scale)
+  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_dask_gpu.py > "$OUT/tests-dask.txt" 2>&1
+  tail -3 "$OUT/tests-dask.txt"
+  timeout 200 python3 benchmarks/bench_dask.py --size-gib 4 --layouts zstd-1MiB,blosc-lz4 --workers 1,2 \
+    --deadline-s 140 --out "$OUT" > "$OUT/dask.log" 2>&1
+  tail -c 2500 "$OUT/dask.log"
+  bench 150 --mode browse --size 128,2048,2048 --planes 20 \
+    --readers zarr-cpu,ours-lazy-auto,ours-resident,tensorstore > "$OUT/browse.log" 2>&1
+  tail -c 3500 "$OUT/browse.log"
+  # GiB/s versus the GPU memory budget, on the throughput volumes of `check` (when still there)
+  V1=$(ls -d $WORK/*/256x2048x2048/zstd-v3-1MiB.zarr 2>/dev/null | head -1)
+  V4=$(ls -d $WORK/*/256x2048x2048/zstd-v3-4MiB.zarr 2>/dev/null | head -1)
+  if [ -n "$V1" ] && [ -n "$V4" ]; then
+    C=""; for b in 512 1024 2048 3072 4096; do C="$C,4096x4:budget=$b:lanes=4"; done
+    timeout 120 python3 benchmarks/sweep_engine.py "$V1" "$V4" --repeat 2 --png "$OUT/budget.png" \
+      --configs "${C#,}" > "$OUT/budget.txt" 2>&1
+    tail -15 "$OUT/budget.txt"
+  fi
+  timeout 120 python3 examples/run_notebooks.py > "$OUT/notebooks.txt" 2>&1
+  tail -12 "$OUT/notebooks.txt"
+  ;;
+esac

@@ -75,21 +75,34 @@ def test_raw_direct_to_device_and_staged(tmp_path, direct):
     assert ("device memory" in res.stats["reader"]) == direct
 
 
-def test_auto_falls_back_for_blosc(tmp_path):
+def test_auto_falls_back_for_chains_the_engine_does_not_read(tmp_path):
     import zarr
-    from zarr.codecs import BloscCodec
+    from zarr.codecs import BloscCodec, ZstdCodec
 
     from gpu_zarr.errors import UnsupportedArrayError
     from gpu_zarr.zarr_io import choose_backend, last_choice, read_zarr_to_gpu
 
-    p = tmp_path / "b.zarr"
-    a = zarr.create_array(str(p), shape=(20, 20), chunks=(7, 7), dtype="u2", compressors=BloscCodec())
+    p = tmp_path / "b.zarr"  # two compressors in a row: zarr reads it, the engine has no stage for it
+    a = zarr.create_array(str(p), shape=(20, 20), chunks=(7, 7), dtype="u2", compressors=[BloscCodec(), ZstdCodec()])
     a[...] = np.arange(400, dtype="u2").reshape(20, 20)
     assert choose_backend(p).backend == "zarr-gpu"
     _eq(read_zarr_to_gpu(p), a[...])
-    assert last_choice().backend == "zarr-gpu" and "Blosc" in last_choice().reason
-    with pytest.raises(UnsupportedArrayError, match="Blosc"):
+    assert last_choice().backend == "zarr-gpu" and "BloscCodec" in last_choice().reason
+    with pytest.raises(UnsupportedArrayError, match="BloscCodec"):
         read_zarr_to_gpu(p, prefer="kvikio")
+
+
+def test_auto_reads_blosc_with_the_engine(tmp_path):
+    import zarr
+    from zarr.codecs import BloscCodec
+
+    from gpu_zarr.zarr_io import choose_backend, read_zarr_to_gpu
+
+    p = tmp_path / "b.zarr"
+    a = zarr.create_array(str(p), shape=(20, 20), chunks=(7, 7), dtype="u2", compressors=BloscCodec())
+    a[...] = np.arange(400, dtype="u2").reshape(20, 20)
+    assert choose_backend(p).backend == "kvikio"
+    _eq(read_zarr_to_gpu(p), a[...])
 
 
 def test_auto_chooses_direct_engine(tmp_path):

@@ -246,3 +246,19 @@ def test_cpu_backend_names_the_corrupt_chunk(tmp_path, no_gpu, fmt):
     with pytest.raises(CorruptChunkError, match=key.replace(".", r"\.")):
         zarr_io.read_zarr(tmp_path / "a.zarr", prefer="cpu")
     assert before == {p: p.read_bytes() for p in (tmp_path / "a.zarr").rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("cname,shuffle", [("lz4", 1), ("zstd", 2), ("blosclz", 0)])
+def test_small_blosc_reads_use_c_blosc_on_cpu_threads(tmp_path, fake_gpu, cname, shuffle):
+    import numcodecs
+
+    from gpu_zarr import settings
+
+    a = zarr.create_array(str(tmp_path / "b.zarr"), shape=(12, 40, 30), chunks=(3, 16, 16), dtype="<u2",
+                          zarr_format=2, compressors=numcodecs.Blosc(cname=cname, clevel=5, shuffle=shuffle))
+    values = (np.random.default_rng(1).normal(1000, 40, (12, 40, 30))).astype("<u2")
+    a[...] = values
+    with settings.set(small_read=64 << 20):
+        res = zarr_io.prepare(str(tmp_path / "b.zarr")).read((slice(2, 9), slice(None, None, 2)), where="host")
+    np.testing.assert_array_equal(res.data, values[2:9, ::2])
+    assert "small read" in res.reason

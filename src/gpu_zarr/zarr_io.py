@@ -256,7 +256,7 @@ class PreparedArray:
             from gpu_zarr.engine.runtime import get_runtime
 
             opts = (options or EngineOptions()).with_(reader="threads", progress=progress, cancel=cancel)
-            ops = CpuOps(get_runtime().pool("cpu-decode", opts.threads), opts.threads)
+            ops = CpuOps(get_runtime().pool("cpu-decode", opts.threads), opts.threads, fast=True)
             res = engine_read(arr, selection, device="cpu", options=opts, layout=self.layout, ops=ops)
             data, stats = res.data, res.stats
             on_gpu = where != "host"

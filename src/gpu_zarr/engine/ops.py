@@ -82,9 +82,23 @@ class CpuOps:
     overlap = False
     lanes = 1
 
-    def __init__(self, pool: ThreadPoolExecutor | None = None, threads: int = 1) -> None:
+    def __init__(self, pool: ThreadPoolExecutor | None = None, threads: int = 1, *, fast: bool = False) -> None:
         self.xp: Any = np
         self._pool, self._threads = pool, max(1, threads)
+        # fast: the small-read path, where speed matters more than being the GPU's twin:
+        # fetched bytes are decoded where they were read (no staging copy), and stages may
+        # use the codecs' own C decoders for whole chunks (numcodecs Blosc)
+        self.host_is_device = fast
+        self.native_decoders = fast
+
+    def map_chunks(self, fn: Any, n: int) -> None:
+        """``fn(k)`` for every k < n, on the pool's threads when there is one."""
+        if self._pool is None or self._threads < 2 or n < 2:
+            for k in range(n):
+                fn(k)
+            return
+        for f in [self._pool.submit(fn, k) for k in range(n)]:
+            f.result()
 
     def _decode_parallel(self, algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray,
                          dst: np.ndarray, dst_offsets: np.ndarray, dst_sizes: np.ndarray,
@@ -116,6 +130,9 @@ class CpuOps:
         return None
 
     def upload(self, host: np.ndarray, dev: np.ndarray, nbytes: int, slot: int = 0, after: Any = None) -> Any:
+        if dev is host:  # host_is_device: nothing to copy
+            return None
+
         def copy() -> None:
             dev[:nbytes] = host[:nbytes]
         return self._run(copy, slot=slot, after=after)

@@ -374,7 +374,10 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
     t_setup = time.perf_counter()
     per = max(len(b.pieces) for b in batches)
     dstride = _stride(lay)
-    dev_in = [ops.device_buffer(cap, s) for s in range(nslots)]
+    if getattr(ops, "host_is_device", False) and not direct:
+        dev_in = host  # the CPU's fast path decodes the fetched bytes where they are
+    else:
+        dev_in = [ops.device_buffer(cap, s) for s in range(nslots)]
     # per lane one decoded buffer: a lane decodes and places its batches in order
     dev_out = [ops.device_buffer(per * dstride, lane) for lane in range(ops.lanes)] if stage.decodes else []
     released: list[Any] = [None] * nslots  # event: the slot's read buffer (host, or device when direct) is free

@@ -15,6 +15,23 @@ WORK=/tmp/gzb
 bench() { timeout "$1" python3 -m gpu_zarr.bench --device gpu --workdir $WORK --out "$OUT" --no-progress "${@:2}"; }
 
 case "${1:-check}" in
+verify)
+  # after the last engine changes: the GPU tests, then the compressed layouts and browsing again
+  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_nvcomp_batch.py tests/test_deflate.py \
+    tests/test_blosc_gpu.py tests/test_zarr_v2_gpu.py > "$OUT/tests-codecs.txt" 2>&1
+  tail -2 "$OUT/tests-codecs.txt"
+  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests --ignore=tests/test_nvcomp_batch.py \
+    --ignore=tests/test_deflate.py --ignore=tests/test_blosc_gpu.py --ignore=tests/test_zarr_v2_gpu.py \
+    --ignore=tests/test_dask_gpu.py > "$OUT/tests-rest.txt" 2>&1
+  tail -2 "$OUT/tests-rest.txt"
+  grep -hE "^(FAILED|ERROR)" "$OUT/tests-codecs.txt" "$OUT/tests-rest.txt" | head -20
+  bench 200 --size 256,2048,2048 --repeat 3 --peer-repeat 1 \
+    --layouts zstd-v3-4MiB,zstd-v3-1MiB,sharded-zstd-v3-64MiB-1MiB,blosc-lz4-shuffle-v2,blosc-zstd-bitshuffle-v2,sharded-blosc-zstd-v3 \
+    --readers ours-kvikio,tensorstore+cupy > "$OUT/throughput.log" 2>&1
+  tail -c 2500 "$OUT/throughput.log"
+  bench 120 --mode browse --size 128,2048,2048 --planes 20 --readers zarr-cpu,ours-lazy-auto > "$OUT/browse.log" 2>&1
+  tail -c 2500 "$OUT/browse.log"
+  ;;
 check)
   # engine-level tests in their own process: a GPU fault there cannot hide the others' summary
   timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_nvcomp_batch.py tests/test_deflate.py \

@@ -273,6 +273,7 @@ class GpuOps:
         self.work_streams: list[Any]
         self.copy_streams, self.work_streams = self._rt.streams(max(1, slots), self.lanes)
         self.stream = self.work_streams[0]
+        self._pending: dict[int, list[Any]] = {}  # per lane, decoded batches whose statuses are unread
 
     def _copy(self, slot: int) -> Any:
         return self.copy_streams[slot % len(self.copy_streams)]
@@ -324,8 +325,17 @@ class GpuOps:
         """ONE nvCOMP batched call on the slot's work stream; CRC-32 / Adler-32 checked on the GPU."""
         self._after(wait, slot)
         # one nvCOMP decoder (one scratch) per lane: the slots of a lane decode on its stream in order
-        decode_batch_gpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, self._work(slot), names,
-                         slot % self.lanes, crc32=crc32, adler32=adler32)
+        lane = slot % self.lanes
+        # a batch's statuses are looked at later: waiting for them here would serialise the
+        # lanes. The previous-but-one batch of this lane is checked now (long done: it bounds
+        # what pending batches hold), the rest by sync() before the read returns.
+        queue = self._pending.setdefault(lane, [])
+        while len(queue) >= 2:
+            queue.pop(0).check()
+        pending = decode_batch_gpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, self._work(slot),
+                                   names, lane, check=False, crc32=crc32, adler32=adler32)
+        if pending is not None:
+            queue.append(pending)
 
     def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
                    slot: int = 0, wait: Any = None) -> None:
@@ -353,8 +363,14 @@ class GpuOps:
             _fill_boxes(out, table, value)
 
     def sync(self) -> None:
+        """Wait for every stream, then look at the statuses of every decoded batch (raises
+        CorruptChunkError naming the first bad chunk: the read's result is then discarded)."""
         for s in (*self.copy_streams, *self.work_streams):
             s.synchronize()
+        pending = [p for queue in self._pending.values() for p in queue]
+        self._pending.clear()
+        for p in pending:
+            p.check()
 
     def free_bytes(self) -> int:
         free, _ = self._cupy.cuda.runtime.memGetInfo()

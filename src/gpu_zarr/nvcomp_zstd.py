@@ -112,9 +112,13 @@ class NvcompZstdCodec(BytesBytesCodec):
             for a, o, n in zip(arrays, src_off, sizes):
                 host[o:o + n] = np.asarray(a).view(np.uint8).ravel()
             dev = cupy.asarray(host)
-        decoded = np.array([_decoded_nbytes(items[k][1]) for k in live], np.int64)
         names = [f"#{k} of this batch" for k in live]
-        check_frames(host, src_off, sizes, decoded, names)
+        # a codec does not know its place in the chain: after another bytes->bytes codec (e.g.
+        # [blosc, zstd]) its output is not the chunk's size. The frame's content size stands
+        # where its header gives one (zarr's writers always do), the chunk's size otherwise.
+        info = check_frames(host, src_off, sizes, -1, names)
+        spec_sizes = np.array([_decoded_nbytes(items[k][1]) for k in live], np.int64)
+        decoded = np.where(info.content_size >= 0, info.content_size, spec_sizes).astype(np.int64)
         stride = -(-decoded // _ALIGN) * _ALIGN
         dst_off = np.concatenate([[0], np.cumsum(stride)[:-1]]).astype(np.int64)
         out = cupy.empty(max(int(stride.sum()), 1), np.uint8)

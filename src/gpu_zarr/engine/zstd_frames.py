@@ -66,6 +66,7 @@ def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expect
     offsets, sizes : ndarray of int64
     expected : int or ndarray of int64
         Decoded size of each chunk (one int: the same for all); a header that states another content size is refused.
+        -1: not known (the frame's own content size stands).
     names : sequence of str
         Chunk names for error messages, in the order of ``offsets``.
 
@@ -109,7 +110,7 @@ def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expect
         if m.any():
             fcs[m] = _u(buf, pos[m], nb).astype(np.int64) + (256 if nb == 2 else 0)
     pos = pos + fcs_size
-    bad = np.flatnonzero((fcs >= 0) & (fcs != expected))
+    bad = np.flatnonzero((fcs >= 0) & (expected >= 0) & (fcs != expected))
     if len(bad):
         k = int(bad[0])
         raise _fail(names, k, f"frame header says {int(fcs[k])} decoded bytes; the array metadata "

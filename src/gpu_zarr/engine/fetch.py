@@ -14,13 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+
 from gpu_zarr.errors import CorruptChunkError
 
 if TYPE_CHECKING:
     from gpu_zarr.engine.plan import Batch
     from gpu_zarr.engine.runtime import Runtime
 
-__all__ = ["KvikioReader", "Reader", "ThreadReader", "make_reader", "read_tasks"]
+__all__ = ["KvikioReader", "Reader", "ThreadReader", "make_reader", "read_range", "read_tasks"]
 
 PART_BYTES = 4 << 20
 
@@ -54,6 +56,11 @@ def read_tasks(batch: Batch, part: int = PART_BYTES) -> list[tuple[int, int, lis
         if cur:
             tasks.append((fid[a], cur_off, cur))
     return tasks
+
+
+def read_range(path: Path, offset: int, dest: np.ndarray) -> None:
+    """Fill ``dest`` (host uint8) with the file's bytes at ``offset`` (CorruptChunkError if it ends early)."""
+    _read_task(path, offset, memoryview(dest).cast("B"), [(0, int(dest.nbytes))])
 
 
 def _read_task(path: Path, offset: int, dest: memoryview, spans: list[tuple[int, int]]) -> None:

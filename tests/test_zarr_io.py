@@ -262,3 +262,15 @@ def test_small_blosc_reads_use_c_blosc_on_cpu_threads(tmp_path, fake_gpu, cname,
         res = zarr_io.prepare(str(tmp_path / "b.zarr")).read((slice(2, 9), slice(None, None, 2)), where="host")
     np.testing.assert_array_equal(res.data, values[2:9, ::2])
     assert "small read" in res.reason
+
+
+def test_small_reads_from_lazy_arrays_go_chunkwise(tmp_path, fake_gpu):
+    """A viewer's small read (the lazy array asks with cache=True) takes the chunkwise CPU path."""
+    from gpu_zarr import settings
+    from gpu_zarr.engine import EngineOptions
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", chunks=(4, 8, 7))
+    with settings.set(small_read=64 << 20):
+        res = zarr_io.prepare(arr).read((3,), where="host", options=EngineOptions(cache=True))
+    np.testing.assert_array_equal(res.data, arr[3])
+    assert "chunkwise_s" in res.stats and "cache_hits" not in res.stats

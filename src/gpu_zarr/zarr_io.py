@@ -255,7 +255,8 @@ class PreparedArray:
             from gpu_zarr.engine.ops import CpuOps
             from gpu_zarr.engine.runtime import get_runtime
 
-            opts = (options or EngineOptions()).with_(reader="threads", progress=progress, cancel=cancel)
+            # the chunk cache is the GPU's: a small read decodes its few chunks chunkwise instead
+            opts = (options or EngineOptions()).with_(reader="threads", progress=progress, cancel=cancel, cache=False)
             ops = CpuOps(get_runtime().pool("cpu-decode", opts.threads), opts.threads, fast=True)
             res = engine_read(arr, selection, device="cpu", options=opts, layout=self.layout, ops=ops)
             data, stats = res.data, res.stats

@@ -20,16 +20,20 @@ from __future__ import annotations
 import gc
 import math
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import gpu_zarr.bench.env as env
-from gpu_zarr.bench.readers import PlaneReader, browse_readers, fingerprint, select_readers
+from gpu_zarr.bench.readers import (
+    PlaneReader,
+    browse_readers,
+    fingerprint,
+    record_failure,
+    select_readers,
+)
 from gpu_zarr.bench.volumes import VolumeInfo
-from gpu_zarr.errors import BackendUnavailable
 
 __all__ = ["PATTERNS", "plane_patterns", "time_planes", "default_plane_readers"]
 
@@ -64,10 +68,6 @@ def plane_patterns(
         else:
             raise ValueError(f"unknown browse pattern {pattern!r}; choose from {PATTERNS}")
     return warm, out
-
-
-def _err(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".strip()[:2000]
 
 
 def _summary(times: list[float], plane_bytes: int, pattern: str) -> dict[str, Any]:
@@ -177,13 +177,8 @@ def time_planes(
                 f"{p} p50 {r['p50_ms']:7.2f} p95 {r['p95_ms']:7.2f} ms" for p, r in rec["patterns"].items()
             )
             log(f"  {reader.name:<18} {txt}{extra}{tag}")
-        except BackendUnavailable as exc:  # our backend declines this array: said, not a failure
-            rec["declined"] = _err(exc)
-            log(f"  {reader.name:<18} declined: {rec['declined'][:300]}")
-        except Exception as exc:
-            rec["error"] = _err(exc)
-            rec["traceback"] = traceback.format_exc(limit=8)[-4000:]
-            log(f"  {reader.name:<18} FAILED: {rec['error'][:300]}")
+        except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+            record_failure(rec, exc, log, f"{reader.name:<18}")
         finally:
             try:
                 reader.close()

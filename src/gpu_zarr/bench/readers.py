@@ -751,3 +751,24 @@ def browse_readers(device: str) -> list[PlaneReader]:
         _DaskPlanes(),
         _CzarrPlanes(),
     ]
+
+
+def error_text(exc: BaseException) -> str:
+    """A failure as one line for the records: type and message, at most 2000 characters."""
+    return f"{type(exc).__name__}: {exc}".strip()[:2000]
+
+
+def record_failure(rec: dict[str, Any], exc: BaseException, log: Callable[[str], None], label: str) -> None:
+    """Write a reader's failure into its record and the log: our backend declining an array
+    (BackendUnavailable) is said, not counted as a failure; anything else is a failure."""
+    import traceback
+
+    from gpu_zarr.errors import BackendUnavailable
+
+    if isinstance(exc, BackendUnavailable):
+        rec["declined"] = error_text(exc)
+        log(f"  {label} declined: {rec['declined'][:300]}")
+        return
+    rec["error"] = error_text(exc)
+    rec["traceback"] = traceback.format_exc(limit=8)[-4000:]
+    log(f"  {label} FAILED: {rec['error'][:300]}")

@@ -14,14 +14,21 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import gpu_zarr.bench.env as env
-from gpu_zarr.bench.readers import Reader, fingerprint, select_readers, synchronize, throughput_readers, to_host
+from gpu_zarr.bench.readers import (
+    Reader,
+    error_text,
+    fingerprint,
+    record_failure,
+    select_readers,
+    synchronize,
+    throughput_readers,
+    to_host,
+)
 from gpu_zarr.bench.volumes import VolumeInfo
-from gpu_zarr.errors import BackendUnavailable
 
 __all__ = ["TARGETS", "EXTRA_GPU_TARGET", "time_volume", "summarise", "default_readers"]
 
@@ -90,10 +97,6 @@ def _stats() -> dict[str, Any] | None:
     if st is None:
         return None
     return {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v)) for k, v in dict(st).items()}
-
-
-def _err(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".strip()[:2000]
 
 
 def _run_one(
@@ -205,7 +208,7 @@ def time_volume(
                     try:
                         rec.update(reader.info(path))
                     except Exception as exc:
-                        rec["info_error"] = _err(exc)
+                        rec["info_error"] = error_text(exc)
                     _free_device_memory(device)
                 key = reader.name if reader.warmup == "process" else (
                     f"{reader.name}|v{record.get('zarr_format')}|{record.get('codec')}|"
@@ -275,13 +278,8 @@ def time_volume(
             )
         except _Recorded as exc:
             log(f"  {reader.name:<17} FAILED: {str(exc)[:300]}")
-        except BackendUnavailable as exc:  # our backend declines this array: said, not a failure
-            rec["declined"] = _err(exc)
-            log(f"  {reader.name:<17} declined: {rec['declined'][:300]}")
-        except Exception as exc:
-            rec["error"] = _err(exc)
-            rec["traceback"] = traceback.format_exc(limit=8)[-4000:]
-            log(f"  {reader.name:<17} FAILED: {rec['error'][:300]}")
+        except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+            record_failure(rec, exc, log, f"{reader.name:<17}")
         finally:
             out = None
             _free_device_memory(device)

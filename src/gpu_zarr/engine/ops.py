@@ -105,16 +105,14 @@ class CpuOps:
                          names: Sequence[str] | None, crc32: np.ndarray | None = None,
                          adler32: np.ndarray | None = None) -> None:
         n = len(src_offsets)
-        if self._pool is None or self._threads < 2 or n < 2:
-            decode_batch_cpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names, crc32, adler32)
-            return
-        parts = np.array_split(np.arange(n), min(n, self._threads))
-        futs = [self._pool.submit(decode_batch_cpu, algo, src, src_offsets[p], src_sizes[p], dst, dst_offsets[p],
-                                  dst_sizes[p], [names[int(k)] for k in p] if names is not None else None,
-                                  None if crc32 is None else crc32[p], None if adler32 is None else adler32[p])
-                for p in parts]
-        for f in futs:
-            f.result()
+        parts = np.array_split(np.arange(n), max(1, min(n, self._threads)))
+
+        def part(i: int) -> None:
+            p = parts[i]
+            decode_batch_cpu(algo, src, src_offsets[p], src_sizes[p], dst, dst_offsets[p], dst_sizes[p],
+                             [names[int(k)] for k in p] if names is not None else None,
+                             None if crc32 is None else crc32[p], None if adler32 is None else adler32[p])
+        self.map_chunks(part, len(parts))
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype)

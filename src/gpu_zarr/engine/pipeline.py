@@ -254,7 +254,7 @@ def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence
         offsets[1:] = np.cumsum(-(-sizes[:-1] // 16) * 16)
     total = int(offsets[-1] + sizes[-1]) if n else 0
     batch = Batch(np.arange(n), np.zeros(n, np.int64), np.zeros(n, np.int64), offsets, sizes,
-                  np.array([[k, k + 1] for k in range(n)], np.int64).reshape(-1, 2), total)
+                  np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64), total)
     with ops.host_buffers(total, 1) as (host,):
         for e, o, size in zip(encoded, offsets.tolist(), sizes.tolist()):
             host[o:o + size] = np.frombuffer(memoryview(e).cast("B"), np.uint8)

@@ -35,6 +35,9 @@ class Located:
         Per piece; ``nbytes == -1`` when the piece was never written (fill value).
     names : list of str
         Per piece, a name for error messages ("c/0/1/2", "c/0/0 inner chunk (1, 3)").
+    mtime_ns : ndarray of int64
+        Per file, its modification time when located (-1: no such file), from the same
+        ``stat`` that found its size: the chunk cache keys on it.
     """
 
     files: list[Path]
@@ -42,13 +45,16 @@ class Located:
     offset: np.ndarray
     nbytes: np.ndarray
     names: list[str]
+    mtime_ns: np.ndarray
 
 
-def _stat_size(path: Path) -> int:
+def _stat(path: Path) -> tuple[int, int]:
+    """(size, mtime in ns) of a file, (-1, -1) when it does not exist."""
     try:
-        return os.stat(path).st_size
+        st = os.stat(path)
     except FileNotFoundError:
-        return -1
+        return -1, -1
+    return st.st_size, st.st_mtime_ns
 
 
 def locate(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) -> Located:
@@ -77,17 +83,19 @@ def _locate_files(layout: Layout, pieces: Pieces) -> Located:
     keys = [layout.chunk_key(tuple(c)) for c in pieces.coords.tolist()]
     files = [layout.root / k for k in keys]
     # a stat of a cached inode takes microseconds: a plain loop beats a task per file
-    sizes = np.fromiter((_stat_size(f) for f in files), np.int64, len(files))
+    stats = np.array([_stat(f) for f in files], np.int64).reshape(-1, 2)
+    sizes, mtimes = np.ascontiguousarray(stats[:, 0]), np.ascontiguousarray(stats[:, 1])
     empty = np.flatnonzero(sizes == 0)
     if len(empty):
         raise CorruptChunkError(f"chunk {keys[int(empty[0])]} of {layout.root} is an empty file; "
                                 "expected a zstd frame. Rewrite or delete that chunk.")
     ids = np.arange(len(files), dtype=np.int64)
-    return Located(files, ids, np.zeros(len(files), np.int64), sizes, keys)
+    return Located(files, ids, np.zeros(len(files), np.int64), sizes, keys, mtimes)
 
 
-def _read_index(layout: Layout, path: Path) -> np.ndarray | None:
-    """The (n_inner, 2) uint64 index of one shard, or None when the shard does not exist."""
+def _read_index(layout: Layout, path: Path) -> tuple[np.ndarray, int] | None:
+    """The (n_inner, 2) uint64 index of one shard and the shard's mtime (ns), or None when the
+    shard does not exist."""
     n = int(np.prod(layout.inner_per_shard))
     size = n * 16 + (4 if layout.index_crc else 0)
     try:
@@ -95,7 +103,8 @@ def _read_index(layout: Layout, path: Path) -> np.ndarray | None:
     except FileNotFoundError:
         return None
     try:
-        fsize = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        fsize = st.st_size
         if fsize < size:
             raise CorruptChunkError(
                 f"shard {path} has {fsize} bytes, fewer than its index alone ({size} bytes for "
@@ -125,7 +134,7 @@ def _read_index(layout: Layout, path: Path) -> np.ndarray | None:
             f"shard {path}: its index points outside the shard's data ({data_lo}..{data_hi} bytes); "
             "the shard is truncated or corrupt. Rewrite or delete it."
         )
-    return index
+    return index, st.st_mtime_ns
 
 
 def _locate_sharded(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) -> Located:
@@ -138,7 +147,9 @@ def _locate_sharded(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) ->
     shard_of = shard_of.reshape(-1)
     keys = [layout.chunk_key(tuple(c)) for c in uniq.tolist()]
     files = [layout.root / k for k in keys]
-    indexes = list(pool.map(lambda p: _read_index(layout, p), files))
+    found = list(pool.map(lambda p: _read_index(layout, p), files))
+    indexes = [f[0] if f is not None else None for f in found]
+    mtimes = np.array([f[1] if f is not None else -1 for f in found], np.int64)
     n = len(pieces)
     offset = np.zeros(n, np.int64)
     nbytes = np.full(n, -1, np.int64)
@@ -151,4 +162,4 @@ def _locate_sharded(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) ->
         offset[sel[ok]] = entries[ok, 0].astype(np.int64)
         nbytes[sel[ok]] = entries[ok, 1].astype(np.int64)
     names = [f"{keys[shard_of[k]]} inner chunk {tuple(int(v) for v in inner_coords[k])}" for k in range(n)]
-    return Located(files, shard_of.astype(np.int64), offset, nbytes, names)
+    return Located(files, shard_of.astype(np.int64), offset, nbytes, names, mtimes)

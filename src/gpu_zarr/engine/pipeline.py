@@ -335,12 +335,7 @@ def _size_batches(lay: Layout, stage: CodecStage, opts: EngineOptions, slots: in
 def _cache_keys(loc: Located) -> list[Any]:
     """Per piece, where its bytes are on disk (file, offset, size, modification time): a
     chunk rewritten on disk gets another key. None for missing pieces."""
-    mtimes: dict[int, int] = {}
-    for f in np.unique(loc.file_id[loc.nbytes >= 0]).tolist():
-        try:
-            mtimes[f] = os.stat(loc.files[f]).st_mtime_ns
-        except FileNotFoundError:
-            mtimes[f] = -1
+    mtimes = loc.mtime_ns.tolist()
     return [(str(loc.files[f]), o, n, mtimes[f]) if n >= 0 else None
             for f, o, n in zip(loc.file_id.tolist(), loc.offset.tolist(), loc.nbytes.tolist())]
 

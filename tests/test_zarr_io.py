@@ -269,8 +269,41 @@ def test_small_reads_from_lazy_arrays_go_chunkwise(tmp_path, fake_gpu):
     from gpu_zarr import settings
     from gpu_zarr.engine import EngineOptions
 
+    from gpu_zarr.engine import get_runtime
+
     arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", chunks=(4, 8, 7))
+    get_runtime().clear_caches()
     with settings.set(small_read=64 << 20):
-        res = zarr_io.prepare(arr).read((3,), where="host", options=EngineOptions(cache=True))
-    np.testing.assert_array_equal(res.data, arr[3])
-    assert "chunkwise_s" in res.stats and "cache_hits" not in res.stats
+        prep = zarr_io.prepare(arr)
+        res = prep.read((3,), where="host", options=EngineOptions(cache=True))
+        np.testing.assert_array_equal(res.data, arr[3])
+        assert "chunkwise_s" in res.stats and res.stats["cache_hits"] == 0
+        # the next plane of the same chunk layer: every chunk from the host chunk cache
+        nxt = prep.read((2,), where="host", options=EngineOptions(cache=True))
+        np.testing.assert_array_equal(nxt.data, arr[2])
+        assert nxt.stats["cache_hits"] == nxt.stats["pieces"] > 0
+        # without cache=True (a notebook's one-off read) nothing is looked up or kept
+        plain = prep.read((1,), where="host")
+        np.testing.assert_array_equal(plain.data, arr[1])
+        assert "cache_hits" not in plain.stats
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage"])
+def test_small_zstd_reads_name_a_corrupt_chunk(tmp_path, fake_gpu, damage):
+    """The chunkwise path leaves zstd's checks to libzstd: a damaged chunk is still named."""
+    from gpu_zarr import settings
+    from gpu_zarr.errors import CorruptChunkError
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", chunks=(4, 8, 7))
+    f = tmp_path / "a.zarr" / "c" / "0" / "1" / "2"
+    data = bytearray(f.read_bytes())
+    if damage == "truncate":
+        data = data[:-9]
+    elif damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+        data[4] ^= 0x40  # and the frame header's descriptor
+    else:
+        data = bytearray(b"not a zstd frame at all" * 3)
+    f.write_bytes(bytes(data))
+    with settings.set(small_read=64 << 20), pytest.raises(CorruptChunkError, match="c/0/1/2"):
+        zarr_io.prepare(str(tmp_path / "a.zarr")).read((slice(0, 4), slice(8, 16)), where="host")

@@ -84,6 +84,7 @@ class _Source:
         self._prepared: PreparedArray | None = None
         self.last_key: tuple[int | slice, ...] | None = None
         self.prefetching: Future[None] | None = None
+        self.prefetch_key: tuple[int | slice, ...] | None = None
 
     def prefetch_after(self, key: tuple[int | slice, ...]) -> None:
         """After a plane read, decode the next planes in the direction the user scrolls into
@@ -107,12 +108,23 @@ class _Source:
         prepared = self.prepared()
 
         def run() -> None:
-            try:
-                prepared.read(ahead, options=EngineOptions(cache=True))
+            try:  # into the chunk cache (host memory for small reads); the result is dropped
+                prepared.read(ahead, where="host", options=EngineOptions(cache=True))
             except Exception:  # noqa: BLE001 - a failed prefetch only means no head start
                 pass
         with self.lock:
             self.prefetching = get_runtime().pool("prefetch", 1).submit(run)
+            self.prefetch_key = ahead
+
+    def wait_prefetch(self, key: tuple[int | slice, ...]) -> None:
+        """Wait for the prefetch of ``key`` when one is running (its chunks land in the cache)."""
+        with self.lock:
+            pending = self.prefetching if self.prefetch_key == key else None
+        if pending is not None:
+            try:
+                pending.result(timeout=30)
+            except Exception:  # noqa: BLE001 - the read below does the work and reports errors
+                pass
 
     def prepared(self) -> PreparedArray:
         """The array with its backend chosen and layout parsed, once (not per tile)."""
@@ -272,9 +284,10 @@ class GpuLazyArray:
                 return cupy.empty(out_shape, self.dtype)
             return np.empty(out_shape, self.dtype)
         prepared = self._src.prepared()
+        self._src.wait_prefetch(full)  # the plane being prefetched: wait for it rather than decode it twice
         res = prepared.read(full, where="device" if gpu else "host", options=EngineOptions(cache=True))
         tile = res.data
-        if prepared.backend == "kvikio" and not res.stats.get("small_read"):
+        if prepared.backend == "kvikio":
             self._src.prefetch_after(full)
         if gpu:
             if not hasattr(tile, "__cuda_array_interface__"):

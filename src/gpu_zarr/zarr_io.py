@@ -255,8 +255,9 @@ class PreparedArray:
             from gpu_zarr.engine.ops import CpuOps
             from gpu_zarr.engine.runtime import get_runtime
 
-            # the chunk cache is the GPU's: a small read decodes its few chunks chunkwise instead
-            opts = (options or EngineOptions()).with_(reader="threads", progress=progress, cancel=cancel, cache=False)
+            # decoded chunkwise on CPU threads; with ``cache`` (viewers) the decoded chunks are kept
+            # in the runtime's host chunk cache, so the next planes of thick chunks are copies
+            opts = (options or EngineOptions()).with_(reader="threads", progress=progress, cancel=cancel)
             ops = CpuOps(get_runtime().pool("cpu-decode", opts.threads), opts.threads, fast=True)
             res = engine_read(arr, selection, device="cpu", options=opts, layout=self.layout, ops=ops)
             data, stats = res.data, res.stats

@@ -31,6 +31,7 @@ class CodecStage(Protocol):
 
     name: str
     decodes: bool  # False: the place stage reads the fetched bytes as they are
+    native_checks: bool  # True: the codec's own CPU decoder validates its input (no host pre-check needed there)
 
     def prepare(self, staging: np.ndarray, batch: Batch, lay: Layout, names: Sequence[str]) -> Any:
         """Validate / parse the batch's encoded bytes on the host; return what decode needs."""
@@ -51,6 +52,7 @@ class RawStage:
 
     name = "raw"
     decodes = False
+    native_checks = False
 
     def prepare(self, staging: np.ndarray, batch: Batch, lay: Layout, names: Sequence[str]) -> Any:
         return None
@@ -78,6 +80,7 @@ class ZstdStage:
 
     name = "zstd"
     decodes = True
+    native_checks = True  # libzstd validates frames itself: the CPU's small-read path skips the pre-check
 
     def prepare(self, staging: np.ndarray, batch: Batch, lay: Layout, names: Sequence[str]) -> Any:
         check_frames(staging, batch.src_offsets, batch.src_sizes, lay.inner_nbytes, names)

@@ -239,12 +239,14 @@ class DeflateStage:
     scratch, counted in :meth:`scratch_bytes`.
     """
 
+    decodes = True
+    native_checks = False  # the wrappers' parse finds the deflate stream and its checksum: needed on every path
+
     def __init__(self, wrapper: str) -> None:
         if wrapper not in ("gzip", "zlib"):
             raise ValueError(f"wrapper must be 'gzip' or 'zlib', not {wrapper!r}")
         self.name = wrapper
 
-    decodes = True
 
     def prepare(self, staging: np.ndarray, batch: Any, lay: Any, names: Sequence[str]) -> DeflateStreams:
         """Parse every chunk's wrapper; raise CorruptChunkError naming a bad chunk."""

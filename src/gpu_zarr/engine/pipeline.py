@@ -207,12 +207,13 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     stats.update(codec=lay.codec, pieces=len(pieces), missing=len(missing), batches=len(batches),
                  encoded_bytes=int(loc.nbytes[loc.nbytes > 0].sum()), decoded_bytes=out_nbytes)
     decoded: list[tuple[Any, Any]] = []  # (cache key, chunk) kept once the read is complete
-    if getattr(ops, "host_is_device", False) and cache is None:
-        _run_chunkwise(lay, stage, loc, pieces, to_read, out, rt.pool("chunkwise", opts.threads), stats)
+    keep = (lambda k, chunk: decoded.append((keys[k], chunk))) if cache is not None else None
+    if getattr(ops, "host_is_device", False):
+        _run_chunkwise(lay, stage, loc, pieces, to_read, out, rt.pool("chunkwise", opts.threads), opts.threads, stats,
+                       keep)
     else:
         reader = rt.reader(opts.reader if device == "gpu" else "threads", opts.threads)
-        _run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats,
-                     (lambda k, chunk: decoded.append((keys[k], chunk))) if cache is not None else None)
+        _run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, keep)
     result = ops.finish(out, None if region.is_box else region.post)
     ops.sync()
     if cache is not None:  # only now: every stream is done with them
@@ -272,33 +273,48 @@ def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence
 
 
 def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, to_read: np.ndarray, out: Any,
-                   pool: Any, stats: dict[str, Any]) -> None:
-    """The small-read path on the CPU: each chunk read, checked, decoded and placed by one
-    task, all chunks at once on the pool's threads (no barrier between the stages, no staging
-    copy). The same stages and placement as every other read, one chunk at a time."""
+                   pool: Any, threads: int, stats: dict[str, Any], keep: Callable[[int, Any], None] | None = None) -> None:
+    """The small-read path on the CPU: the few chunks of a viewer's plane, with no staging
+    slots and no pipeline. Three steps, each spread over the pool's threads: read every
+    chunk file, decode (the codecs' own C decoders, which release the GIL), place. The
+    host check runs once for all chunks (it holds the GIL: per chunk it cost as much as a
+    c-blosc decode); codecs whose CPU decoder validates its input (``stage.native_checks``:
+    libzstd) skip it. ``keep(k, chunk)`` receives a copy of each decoded chunk (the host
+    chunk cache of viewers' reads).
+    """
     from gpu_zarr.engine.fetch import read_range
     from gpu_zarr.engine.ops import CpuOps
 
-    ops = CpuOps(fast=True)  # per task: the stages' native CPU decoders, no pool of its own
-    stride = _stride(lay)
     t = time.perf_counter()
+    todo = np.flatnonzero(to_read >= 0)
+    n = len(todo)
+    if n == 0:
+        return
+    ops = CpuOps(pool, threads, fast=True)
+    sizes = loc.nbytes[todo].astype(np.int64)
+    src_offsets = np.zeros(n, np.int64)
+    src_offsets[1:] = np.cumsum(-(-sizes[:-1] // 16) * 16)
+    buf = np.empty(max(int(src_offsets[-1] + sizes[-1]), 1), np.uint8)
+    files, file_id, offset = loc.files, loc.file_id[todo].tolist(), loc.offset[todo].tolist()
+    so, sz = src_offsets.tolist(), sizes.tolist()
+    ops.map_chunks(lambda i: read_range(files[file_id[i]], offset[i], buf[so[i]:so[i] + sz[i]]), n)
+    src, src_off = buf, src_offsets
+    if stage.decodes:
+        batch = Batch(todo, loc.file_id[todo], loc.offset[todo], src_offsets, sizes,
+                      np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64), int(buf.nbytes))
+        names = _Names(loc.names, todo)
+        prep = stage.prepare(buf, batch, lay, names) if not stage.native_checks else None
+        stride = _stride(lay)
+        src_off = np.arange(n, dtype=np.int64) * stride
+        src = np.empty(n * stride, np.uint8)
+        stage.decode(ops, buf, batch, prep, src, src_off, lay, names, 0, None)
+    table, offs, inner = pieces.table[todo], src_off.tolist(), lay.inner_nbytes
 
-    def one(k: int) -> None:
-        n = int(loc.nbytes[k])
-        buf = np.empty(max(n, 1), np.uint8)
-        read_range(loc.files[int(loc.file_id[k])], int(loc.offset[k]), buf[:n])
-        one_piece = Batch(np.array([k]), loc.file_id[k:k + 1], loc.offset[k:k + 1], np.zeros(1, np.int64),
-                          np.array([n], np.int64), np.array([[0, 1]], np.int64), n)
-        names = [loc.names[k]]
-        src = buf
-        if stage.decodes:
-            prep = stage.prepare(buf, one_piece, lay, names)
-            src = np.empty(stride, np.uint8)
-            stage.decode(ops, buf, one_piece, prep, src, np.zeros(1, np.int64), lay, names, 0, None)
-        ops.place(src, np.zeros(1, np.int64), pieces.table[k:k + 1], out, lay.disk_dtype, perm=lay.transpose)
-
-    for f in [pool.submit(one, k) for k in np.flatnonzero(to_read >= 0).tolist()]:
-        f.result()
+    def place(i: int) -> None:
+        ops.place(src, src_off[i:i + 1], table[i:i + 1], out, lay.disk_dtype, perm=lay.transpose)
+        if keep is not None:
+            keep(int(todo[i]), src[offs[i]:offs[i] + inner].copy())
+    ops.map_chunks(place, n)
     stats["chunkwise_s"] = time.perf_counter() - t
 
 

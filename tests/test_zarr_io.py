@@ -267,9 +267,7 @@ def test_small_blosc_reads_use_c_blosc_on_cpu_threads(tmp_path, fake_gpu, cname,
 def test_small_reads_from_lazy_arrays_go_chunkwise(tmp_path, fake_gpu):
     """A viewer's small read (the lazy array asks with cache=True) takes the chunkwise CPU path."""
     from gpu_zarr import settings
-    from gpu_zarr.engine import EngineOptions
-
-    from gpu_zarr.engine import get_runtime
+    from gpu_zarr.engine import EngineOptions, get_runtime
 
     arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", chunks=(4, 8, 7))
     get_runtime().clear_caches()

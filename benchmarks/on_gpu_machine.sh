@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # What ran on the H200 machine for the figures in README.md and benchmarks/README.md.
 # Usage (repo root, wheels from ../shared/gpu/fetch-wheels.sh in .whl and, for dask, .whl-dask):
+#   bash benchmarks/on_gpu_machine.sh tests   # every GPU test
+#   bash benchmarks/on_gpu_machine.sh browse  # browsing 1 GiB volumes with the CPU peers, first-touch stats
+#   bash benchmarks/on_gpu_machine.sh speed   # 4 GiB throughput with peers and cold reads, knob sweep, budget curve
 #   bash benchmarks/on_gpu_machine.sh check   # GPU tests + whole-array throughput (2 GiB volumes)
 #   bash benchmarks/on_gpu_machine.sh scale   # dask on every GPU, browsing, budget sweep, notebooks
 # Results go to $OUT (default ./gpu-results).
@@ -15,6 +18,57 @@ WORK=/tmp/gzb
 bench() { timeout "$1" python3 -m gpu_zarr.bench --device gpu --workdir $WORK --out "$OUT" --no-progress "${@:2}"; }
 
 case "${1:-check}" in
+tests)
+  # every GPU test: the engine-level ones in their own process (a GPU fault there cannot hide the rest)
+  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_nvcomp_batch.py tests/test_deflate.py \
+    tests/test_blosc_gpu.py tests/test_zarr_v2_gpu.py > "$OUT/tests-codecs.txt" 2>&1
+  tail -2 "$OUT/tests-codecs.txt"
+  timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests --ignore=tests/test_nvcomp_batch.py \
+    --ignore=tests/test_deflate.py --ignore=tests/test_blosc_gpu.py --ignore=tests/test_zarr_v2_gpu.py \
+    --ignore=tests/test_dask_gpu.py > "$OUT/tests-rest.txt" 2>&1
+  tail -2 "$OUT/tests-rest.txt"
+  grep -hE "^(FAILED|ERROR)" "$OUT/tests-codecs.txt" "$OUT/tests-rest.txt" | head -20
+  ;;
+browse)
+  # browsing a 1 GiB volume, every layout, with the CPU peers; then what a first touch of thick chunks costs
+  bench 240 --mode browse --size 128,2048,2048 --planes 20 \
+    --readers zarr-cpu,ours-lazy-auto,tensorstore > "$OUT/browse.log" 2>&1
+  tail -c 3000 "$OUT/browse.log"
+  V=$(ls -d $WORK/*/128x2048x2048/zstd-32x256x256.zarr 2>/dev/null | head -1)
+  [ -n "$V" ] && timeout 60 python3 - "$V" <<'PY' 2>&1 | tee "$OUT/first-touch.txt"
+import sys, time, json
+from gpu_zarr.lazy import GpuLazyArray
+from gpu_zarr.engine import EngineOptions
+import zarr
+lazy = GpuLazyArray(zarr.open_array(sys.argv[1], mode="r"))
+prep = lazy._src.prepared()
+for z in (0, 40, 1, 80, 41, 120):
+    t = time.perf_counter()
+    res = prep.read((z,), where="host", options=EngineOptions(cache=True))
+    ms = (time.perf_counter() - t) * 1e3
+    st = {k: (round(v * 1e3, 1) if isinstance(v, float) else v) for k, v in res.stats.items()}
+    print(f"plane {z}: {ms:.1f} ms", json.dumps(st))
+PY
+  ;;
+speed)
+  # whole 4 GiB arrays with the peers and a cold read per layout; then the engine's knobs and the budget curve
+  bench 420 --repeat 3 --peer-repeat 1 --cold \
+    --layouts raw-v3-32MiB,zstd-v3-4MiB,zstd-v3-1MiB,sharded-zstd-v3-64MiB-1MiB,blosc-lz4-shuffle-v2,blosc-zstd-bitshuffle-v2,sharded-blosc-zstd-v3 \
+    --readers ours-kvikio,zarr-gpu,tensorstore+cupy > "$OUT/throughput.log" 2>&1
+  tail -c 4000 "$OUT/throughput.log"
+  V1=$(ls -d $WORK/*/512x2048x2048/zstd-v3-1MiB.zarr 2>/dev/null | head -1)
+  V4=$(ls -d $WORK/*/512x2048x2048/zstd-v3-4MiB.zarr 2>/dev/null | head -1)
+  if [ -n "$V1" ] && [ -n "$V4" ]; then
+    timeout 150 python3 benchmarks/sweep_engine.py "$V1" "$V4" --repeat 2 \
+      --configs "${SWEEP:-192x3,192x3:threads,192x3:threads:nthreads=32,256x4:lanes=4,128x6:lanes=6:pinned=1024}" \
+      > "$OUT/sweep.txt" 2>&1
+    tail -12 "$OUT/sweep.txt"
+    C=""; for b in 512 1024 2048 3072 4096; do C="$C,4096x4:budget=$b:lanes=4"; done
+    timeout 120 python3 benchmarks/sweep_engine.py "$V1" "$V4" --repeat 2 --png "$OUT/budget.png" \
+      --configs "${C#,}" > "$OUT/budget.txt" 2>&1
+    tail -12 "$OUT/budget.txt"
+  fi
+  ;;
 verify)
   # after the last engine changes: the GPU tests, then the compressed layouts and browsing again
   timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_nvcomp_batch.py tests/test_deflate.py \

@@ -10,7 +10,8 @@ and a Markdown table.
 A configuration is ``BATCHxSLOTS`` (batch in MiB) optionally followed by flags:
 ``:threads`` (the threaded reader instead of kvikio), ``:staged`` (raw chunks through
 pinned staging instead of straight into device memory), ``:budget=MIB`` (the read's GPU
-memory budget) and ``:lanes=N`` (GPU work streams). The GiB/s-versus-budget curve of
+memory budget), ``:lanes=N`` (GPU work streams), ``:nthreads=N`` (read threads) and
+``:pinned=MIB`` (the pinned staging bound). The GiB/s-versus-budget curve of
 ``benchmarks/README.md``:
 
     python benchmarks/sweep_engine.py ZSTD_1MIB.zarr ZSTD_4MIB.zarr --png budget.png \
@@ -60,7 +61,7 @@ for path in paths:
         out_bytes = a.nbytes
         if i:
             times.append(dt)
-        del a
+        del a, res  # the result too: else the next read's peak holds two outputs
         pool.free_all_blocks()
     stop.set(); t.join()
     times.sort()
@@ -87,6 +88,10 @@ def _env(config: str) -> dict:
             env["GPU_ZARR_BUDGET_MIB"] = value
         elif key == "lanes":
             env["GPU_ZARR_LANES"] = value
+        elif key == "nthreads":
+            env["GPU_ZARR_THREADS"] = value
+        elif key == "pinned":
+            env["GPU_ZARR_PINNED_MIB"] = value
         else:
             raise SystemExit(f"unknown flag {flag!r} in configuration {config!r}")
     return env

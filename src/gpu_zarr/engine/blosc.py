@@ -514,6 +514,7 @@ class BloscStage:
     name = "blosc"
     decodes = True
     native_checks = False  # c-blosc trusts its block table: parse_batch checks it first, on every path
+    device_checks = False
 
     def prepare(self, staging: np.ndarray, batch: Any, lay: Any, names: Sequence[str]) -> BloscPlan:
         return parse_batch(staging, batch.src_offsets, batch.src_sizes, lay.inner_nbytes, names)

@@ -241,6 +241,7 @@ class DeflateStage:
 
     decodes = True
     native_checks = False  # the wrappers' parse finds the deflate stream and its checksum: needed on every path
+    device_checks = False
 
     def __init__(self, wrapper: str) -> None:
         if wrapper not in ("gzip", "zlib"):

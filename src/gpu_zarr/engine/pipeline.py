@@ -259,7 +259,8 @@ def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence
     with ops.host_buffers(total, 1) as (host,):
         for e, o, size in zip(encoded, offsets.tolist(), sizes.tolist()):
             host[o:o + size] = np.frombuffer(memoryview(e).cast("B"), np.uint8)
-        prep = stage.prepare(host, batch, lay, names) if stage.decodes else None
+        prep = stage.prepare(host, batch, lay, names) if stage.decodes and not (
+            stage.device_checks and ops.name == "gpu") else None
         dev_in = ops.device_buffer(total)
         uploaded = ops.upload(host, dev_in, total, 0)
         if not stage.decodes:
@@ -464,7 +465,7 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
             timings["wait_read_s"] += time.perf_counter() - t
             names = _Names(loc.names, b.pieces)
             prep = None
-            if stage.decodes:
+            if stage.decodes and not (stage.device_checks and ops.name == "gpu"):
                 t = time.perf_counter()
                 prep = stage.prepare(host[s], b, lay, names)
                 for key, val in getattr(prep, "stats", dict)().items():  # e.g. Blosc streams per codec

@@ -10,8 +10,9 @@
 set -uo pipefail
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .whl/*.whl $(ls .whl-dask/*.whl 2>/dev/null) || exit 1
+# wheels: .whl (fetch-wheels.sh), optional .whl-dask and .whl-ts (tensorstore, ml_dtypes); once per machine
+[ -d /tmp/site/zarr ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl $(ls .whl-dask/*.whl .whl-ts/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpus.txt"
 WORK=/tmp/gzb

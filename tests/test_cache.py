@@ -85,3 +85,24 @@ def test_scrolling_prefetches_the_next_plane(tmp_path, monkeypatch):
     src.prefetch_after((15, *full))
     src.prefetch_after((15, slice(0, 16, 1), slice(0, 28, 1)))  # a pan, not a scroll
     assert [k[0] for k, _ in asked] == [7, 4] and all(c for _, c in asked)
+
+
+def test_only_chunks_a_read_uses_in_part_are_kept(tmp_path):
+    """A plane of one-plane-thick chunks uses each chunk whole: nothing is left for the next
+    plane, so nothing is copied into the cache; a prefetch (cache="all") keeps everything."""
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", shape=(16, 32, 28), chunks=(1, 8, 7))
+    get_runtime().clear_caches()
+    cache = get_runtime().chunk_cache("cpu")
+    first = read(arr, (3,), device="cpu", options=EngineOptions(cache=True))
+    np.testing.assert_array_equal(first.data, arr[3])
+    assert len(cache) == 0
+    read(arr, (4,), device="cpu", options=EngineOptions(cache="all"))
+    assert len(cache) == 16
+    again = read(arr, (4,), device="cpu", options=EngineOptions(cache=True))
+    np.testing.assert_array_equal(again.data, arr[4])
+    assert again.stats["cache_hits"] == 16
+    # a region cutting chunks keeps the cut ones only
+    get_runtime().clear_caches()
+    part = read(arr, (5, slice(0, 12), slice(0, 28)), device="cpu", options=EngineOptions(cache=True))
+    np.testing.assert_array_equal(part.data, arr[5, :12])
+    assert len(get_runtime().chunk_cache("cpu")) == 4  # the row of chunks cut at y=12

@@ -109,7 +109,7 @@ class _Source:
 
         def run() -> None:
             try:  # into the chunk cache (host memory for small reads); the result is dropped
-                prepared.read(ahead, where="host", options=EngineOptions(cache=True))
+                prepared.read(ahead, where="host", options=EngineOptions(cache="all"))
             except Exception:  # noqa: BLE001 - a failed prefetch only means no head start
                 pass
         with self.lock:

@@ -139,8 +139,18 @@ def _cpu_decoder(algo: str):
     if algo == "zstd":
         from numcodecs import Zstd
 
+        from gpu_zarr.engine.zstd_frames import content_size
+
         codec = Zstd()
-        return lambda buf, size: codec.decode(buf)
+
+        def zstd(buf: np.ndarray, size: int, out: np.ndarray | None = None) -> Any:
+            # straight into the destination when the header promises exactly its size (no
+            # intermediate buffer: fresh memory costs page faults); else a new buffer, whose
+            # size the caller checks
+            if out is not None and content_size(buf) == size:
+                return codec.decode(buf, out=out)
+            return codec.decode(buf)
+        return zstd
     if algo == "lz4":
         from numcodecs import LZ4
 
@@ -182,22 +192,26 @@ def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_si
     decode = _cpu_decoder(algo)
     dsizes = _as_sizes(dst_sizes, n)
     src = src.view(np.uint8).reshape(-1)
+    into = algo == "zstd"  # decoders that can write into the destination
     for k in range(n):
         so, ss, do, ds = int(src_offsets[k]), int(src_sizes[k]), int(dst_offsets[k]), int(dsizes[k])
+        target = dst[do:do + ds]
         try:
-            got = decode(src[so:so + ss], ds)
+            got = decode(src[so:so + ss], ds, target) if into else decode(src[so:so + ss], ds)
         except Exception as exc:
             raise CorruptChunkError(f"chunk {_name(names, k)}: {algo} decode failed ({exc}). The chunk is corrupt "
                                     "or truncated; rewrite or delete that chunk.") from exc
-        got = np.frombuffer(got, np.uint8) if not isinstance(got, np.ndarray) else got.view(np.uint8).reshape(-1)
-        if got.nbytes != ds:
-            raise CorruptChunkError(f"chunk {_name(names, k)}: decoded to {got.nbytes} bytes, but the array metadata "
-                                    f"says {ds}. The chunk is corrupt or truncated; rewrite or delete that chunk.")
-        dst[do:do + ds] = got
+        if got is not target:
+            got = np.frombuffer(got, np.uint8) if not isinstance(got, np.ndarray) else got.view(np.uint8).reshape(-1)
+            if got.nbytes != ds:
+                raise CorruptChunkError(f"chunk {_name(names, k)}: decoded to {got.nbytes} bytes, but the array "
+                                        f"metadata says {ds}. The chunk is corrupt or truncated; rewrite or delete "
+                                        "that chunk.")
+            target[:] = got
         for want, fn, kind in ((crc32, zlib.crc32, "CRC-32"), (adler32, zlib.adler32, "Adler-32")):
-            if want is not None and (fn(got) & 0xFFFFFFFF) != int(want[k]):
+            if want is not None and (fn(target) & 0xFFFFFFFF) != int(want[k]):
                 raise CorruptChunkError(f"chunk {_name(names, k)}: the decoded bytes' {kind} is "
-                                        f"{fn(got) & 0xFFFFFFFF:#010x}, the stream's trailer says {int(want[k]):#010x}. "
+                                        f"{fn(target) & 0xFFFFFFFF:#010x}, the stream's trailer says {int(want[k]):#010x}. "
                                         "The chunk is corrupt; rewrite or delete that chunk.")
 
 

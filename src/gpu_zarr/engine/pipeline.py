@@ -68,9 +68,12 @@ class EngineOptions:
     pinned_limit : int, optional
         Upper bound of this read's staging (``slots * batch_bytes`` is reduced to fit);
         default ``settings`` ``pinned_bytes``.
-    cache : bool
-        Serve decoded chunks from the runtime's chunk cache and keep the ones this read
-        decodes there (``settings`` ``cache_bytes``); lazy arrays (viewers) turn it on.
+    cache : bool or "all"
+        Serve decoded chunks from the runtime's chunk cache (``settings`` ``cache_bytes``;
+        device memory on the GPU path, host memory for small reads decoded on the CPU) and
+        keep there the chunks this read decodes but uses only part of: a neighbouring read
+        (the next plane of thick chunks) wants the rest. ``"all"`` keeps every chunk it
+        decodes (a prefetch of the plane a viewer shows next). Lazy arrays turn it on.
     progress : callable, optional
         ``progress(done_bytes, total_bytes)`` after each batch (decoded bytes).
     cancel : object with ``is_set()``, optional
@@ -85,7 +88,7 @@ class EngineOptions:
     reader: str = field(default_factory=_setting("reader"))
     direct_raw: bool = field(default_factory=_setting("direct_raw"))
     pinned_limit: int = field(default_factory=_setting("pinned_bytes"))
-    cache: bool = False
+    cache: bool | str = False
     progress: Callable[[int, int], None] | None = None
     cancel: Any = None
 
@@ -206,18 +209,16 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     batches = make_batches(loc.file_id, loc.offset, to_read, lay.inner_nbytes, batch)
     stats.update(codec=lay.codec, pieces=len(pieces), missing=len(missing), batches=len(batches),
                  encoded_bytes=int(loc.nbytes[loc.nbytes > 0].sum()), decoded_bytes=out_nbytes)
-    decoded: list[tuple[Any, Any]] = []  # (cache key, chunk) kept once the read is complete
-    keep = (lambda k, chunk: decoded.append((keys[k], chunk))) if cache is not None else None
+    keep = _Keep(keys, pieces, every=opts.cache == "all") if cache is not None else None
     if getattr(ops, "host_is_device", False):
-        _run_chunkwise(lay, stage, loc, pieces, to_read, out, rt.pool("chunkwise", opts.threads), opts.threads, stats,
-                       keep)
+        _run_chunkwise(lay, stage, loc, pieces, to_read, out, rt, opts.threads, stats, keep)
     else:
         reader = rt.reader(opts.reader if device == "gpu" else "threads", opts.threads)
         _run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, keep)
     result = ops.finish(out, None if region.is_box else region.post)
     ops.sync()
-    if cache is not None:  # only now: every stream is done with them
-        for key, chunk in decoded:
+    if keep is not None and cache is not None:  # only now: every stream is done with them
+        for key, chunk in keep.chunks:
             cache.put(key, chunk)
     del held
     stats["total_s"] = time.perf_counter() - t0
@@ -274,14 +275,14 @@ def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence
 
 
 def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, to_read: np.ndarray, out: Any,
-                   pool: Any, threads: int, stats: dict[str, Any], keep: Callable[[int, Any], None] | None = None) -> None:
+                   rt: Runtime, threads: int, stats: dict[str, Any], keep: _Keep | None = None) -> None:
     """The small-read path on the CPU: the few chunks of a viewer's plane, with no staging
     slots and no pipeline. Three steps, each spread over the pool's threads: read every
     chunk file, decode (the codecs' own C decoders, which release the GIL), place. The
     host check runs once for all chunks (it holds the GIL: per chunk it cost as much as a
     c-blosc decode); codecs whose CPU decoder validates its input (``stage.native_checks``:
-    libzstd) skip it. ``keep(k, chunk)`` receives a copy of each decoded chunk (the host
-    chunk cache of viewers' reads).
+    libzstd) skip it. The encoded and decoded bytes live in reused scratch (fresh memory
+    costs page faults). ``keep`` receives copies of the decoded chunks the cache wants.
     """
     from gpu_zarr.engine.fetch import read_range
     from gpu_zarr.engine.ops import CpuOps
@@ -291,31 +292,34 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
     n = len(todo)
     if n == 0:
         return
-    ops = CpuOps(pool, threads, fast=True)
+    ops = CpuOps(rt.pool("chunkwise", threads), threads, fast=True)
     sizes = loc.nbytes[todo].astype(np.int64)
     src_offsets = np.zeros(n, np.int64)
     src_offsets[1:] = np.cumsum(-(-sizes[:-1] // 16) * 16)
-    buf = np.empty(max(int(src_offsets[-1] + sizes[-1]), 1), np.uint8)
-    files, file_id, offset = loc.files, loc.file_id[todo].tolist(), loc.offset[todo].tolist()
-    so, sz = src_offsets.tolist(), sizes.tolist()
-    ops.map_chunks(lambda i: read_range(files[file_id[i]], offset[i], buf[so[i]:so[i] + sz[i]]), n)
-    src, src_off = buf, src_offsets
-    if stage.decodes:
-        batch = Batch(todo, loc.file_id[todo], loc.offset[todo], src_offsets, sizes,
-                      np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64), int(buf.nbytes))
-        names = _Names(loc.names, todo)
-        prep = stage.prepare(buf, batch, lay, names) if not stage.native_checks else None
-        stride = _stride(lay)
-        src_off = np.arange(n, dtype=np.int64) * stride
-        src = np.empty(n * stride, np.uint8)
-        stage.decode(ops, buf, batch, prep, src, src_off, lay, names, 0, None)
-    table, offs, inner = pieces.table[todo], src_off.tolist(), lay.inner_nbytes
+    encoded = int(src_offsets[-1] + sizes[-1])
+    stride = _stride(lay)
+    decoded = n * stride if stage.decodes else 0
+    with rt.host_scratch.lease(encoded + decoded, 1, lambda nb: np.empty(nb, np.uint8)) as (scratch,):
+        buf = scratch[:encoded]
+        files, file_id, offset = loc.files, loc.file_id[todo].tolist(), loc.offset[todo].tolist()
+        so, sz = src_offsets.tolist(), sizes.tolist()
+        ops.map_chunks(lambda i: read_range(files[file_id[i]], offset[i], buf[so[i]:so[i] + sz[i]]), n)
+        src, src_off = buf, src_offsets
+        if stage.decodes:
+            batch = Batch(todo, loc.file_id[todo], loc.offset[todo], src_offsets, sizes,
+                          np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64), encoded)
+            names = _Names(loc.names, todo)
+            prep = stage.prepare(buf, batch, lay, names) if not stage.native_checks else None
+            src_off = np.arange(n, dtype=np.int64) * stride
+            src = scratch[encoded:encoded + decoded]
+            stage.decode(ops, buf, batch, prep, src, src_off, lay, names, 0, None)
+        table, offs, inner, pieces_ = pieces.table[todo], src_off.tolist(), lay.inner_nbytes, todo.tolist()
 
-    def place(i: int) -> None:
-        ops.place(src, src_off[i:i + 1], table[i:i + 1], out, lay.disk_dtype, perm=lay.transpose)
-        if keep is not None:
-            keep(int(todo[i]), src[offs[i]:offs[i] + inner].copy())
-    ops.map_chunks(place, n)
+        def place(i: int) -> None:
+            ops.place(src, src_off[i:i + 1], table[i:i + 1], out, lay.disk_dtype, perm=lay.transpose)
+            if keep is not None and keep.wants(pieces_[i]):
+                keep(pieces_[i], src[offs[i]:offs[i] + inner].copy())
+        ops.map_chunks(place, n)
     stats["chunkwise_s"] = time.perf_counter() - t
 
 
@@ -382,6 +386,25 @@ def _stride(lay: Layout) -> int:
     return -(-lay.inner_nbytes // 16) * 16
 
 
+class _Keep:
+    """Which decoded chunks a read keeps for the chunk cache, and the ones kept (put into the
+    cache once the read is done: every stream is through with them by then)."""
+
+    def __init__(self, keys: list[Any], pieces: Pieces, every: bool) -> None:
+        self.keys = keys
+        t = pieces.table
+        # a piece that is the whole chunk: nothing of it is left for a neighbouring read
+        whole = ((t[:, :, 1] == 0) & (t[:, :, 2] == t[:, :, 0])).all(axis=1) if len(t) else np.zeros(0, bool)
+        self._wanted = np.ones(len(t), bool) if every else ~whole
+        self.chunks: list[tuple[Any, Any]] = []
+
+    def wants(self, k: int) -> bool:
+        return bool(self._wanted[k])
+
+    def __call__(self, k: int, chunk: Any) -> None:
+        self.chunks.append((self.keys[k], chunk))
+
+
 class _Names(Sequence[str]):
     """Chunk names of a batch, looked up only when an error message needs one."""
 
@@ -399,7 +422,7 @@ class _Names(Sequence[str]):
 
 def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: list[Batch], out: Any,
                  ops: Ops, reader: Any, opts: EngineOptions, stats: dict[str, Any],
-                 keep: Callable[[int, Any], None] | None = None) -> None:
+                 keep: _Keep | None = None) -> None:
     if not batches:
         return
     nslots = min(max(1, opts.slots), len(batches))
@@ -416,7 +439,7 @@ def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, b
 
 def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: list[Batch], out: Any, ops: Ops,
          reader: Any, opts: EngineOptions, stats: dict[str, Any], nslots: int, cap: int, direct: bool,
-         host: list[np.ndarray], keep: Callable[[int, Any], None] | None) -> None:
+         host: list[np.ndarray], keep: _Keep | None) -> None:
     t_setup = time.perf_counter()
     per = max(len(b.pieces) for b in batches)
     dstride = _stride(lay)
@@ -485,7 +508,8 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
                 src, src_off = dev_out[s % ops.lanes], dst_offsets[:len(b.pieces)]
                 if keep is not None:  # copies for the chunk cache, ordered after the decode
                     for j, piece in enumerate(b.pieces.tolist()):
-                        keep(piece, ops.take(src, int(src_off[j]), lay.inner_nbytes, s))
+                        if keep.wants(piece):
+                            keep(piece, ops.take(src, int(src_off[j]), lay.inner_nbytes, s))
             else:
                 src, src_off = dev_in[s], b.src_offsets
             t = time.perf_counter()

@@ -21,7 +21,7 @@ import numpy as np
 
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["FrameInfo", "check_frames"]
+__all__ = ["FrameInfo", "check_frames", "content_size"]
 
 _MAGIC = 0xFD2FB528
 _MAX_BLOCK = 128 * 1024
@@ -142,3 +142,20 @@ def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expect
         what = "truncated before its checksum" if pos[k] > end[k] else f"{int(end[k] - pos[k])} bytes follow the frame"
         raise _fail(names, k, what)
     return FrameInfo(fcs)
+
+
+def content_size(frame: np.ndarray) -> int:
+    """The decoded size a zstd frame's header states; -1 when it states none or is no frame.
+
+    One frame, read in plain Python (a few microseconds): the CPU decoders use it to decode
+    straight into their destination only when the header promises exactly its size.
+    """
+    if frame.nbytes < 6 or int.from_bytes(bytes(frame[:4]), "little") != _MAGIC:
+        return -1
+    fhd = int(frame[4])
+    fcs_flag, single, dict_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+    nb = (single, 2, 4, 8)[fcs_flag]
+    pos = 5 + (1 - single) + (0, 1, 2, 4)[dict_flag]
+    if nb == 0 or pos + nb > frame.nbytes:
+        return -1
+    return int.from_bytes(bytes(frame[pos:pos + nb]), "little") + (256 if nb == 2 else 0)

@@ -51,6 +51,18 @@ for z in (0, 40, 1, 80, 41, 120):
     print(f"plane {z}: {ms:.1f} ms", json.dumps(st))
 PY
   ;;
+readers)
+  # the two staging readers on the 4 GiB zstd volumes (written here by one read of ours)
+  bench 200 --repeat 1 --layouts zstd-v3-4MiB,zstd-v3-1MiB,sharded-zstd-v3-64MiB-1MiB,blosc-lz4-shuffle-v2 \
+    --readers ours-kvikio > "$OUT/throughput.log" 2>&1
+  tail -c 1500 "$OUT/throughput.log"
+  V1=$(ls -d $WORK/*/512x2048x2048/zstd-v3-1MiB.zarr 2>/dev/null | head -1)
+  V4=$(ls -d $WORK/*/512x2048x2048/zstd-v3-4MiB.zarr 2>/dev/null | head -1)
+  VB=$(ls -d $WORK/*/512x2048x2048/blosc-lz4-shuffle-v2.zarr 2>/dev/null | head -1)
+  timeout 150 python3 benchmarks/sweep_engine.py "$V1" "$V4" "$VB" --repeat 2 \
+    --configs "${SWEEP:-192x3,192x3:threads,256x4:threads:lanes=4,192x3:threads:nthreads=24}" > "$OUT/sweep.txt" 2>&1
+  tail -14 "$OUT/sweep.txt"
+  ;;
 speed)
   # whole 4 GiB arrays with the peers and a cold read per layout; then the engine's knobs and the budget curve
   bench 420 --repeat 3 --peer-repeat 1 --cold \

@@ -408,7 +408,7 @@ class _Keep:
 class _Names(Sequence[str]):
     """Chunk names of a batch, looked up only when an error message needs one."""
 
-    def __init__(self, names: list[str], pieces: np.ndarray):
+    def __init__(self, names: Sequence[str], pieces: np.ndarray):
         self._names, self._pieces = names, pieces
 
     def __len__(self) -> int:

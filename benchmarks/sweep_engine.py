@@ -10,8 +10,9 @@ and a Markdown table.
 A configuration is ``BATCHxSLOTS`` (batch in MiB) optionally followed by flags:
 ``:threads`` (the threaded reader instead of kvikio), ``:staged`` (raw chunks through
 pinned staging instead of straight into device memory), ``:budget=MIB`` (the read's GPU
-memory budget), ``:lanes=N`` (GPU work streams), ``:nthreads=N`` (read threads) and
-``:pinned=MIB`` (the pinned staging bound). The GiB/s-versus-budget curve of
+memory budget), ``:lanes=N`` (GPU work streams), ``:nthreads=N`` (read threads),
+``:pinned=MIB`` (the pinned staging bound) and ``:compat`` (kvikio's POSIX compat mode set ON
+rather than found per file). The GiB/s-versus-budget curve of
 ``benchmarks/README.md``:
 
     python benchmarks/sweep_engine.py ZSTD_1MIB.zarr ZSTD_4MIB.zarr --png budget.png \
@@ -92,6 +93,8 @@ def _env(config: str) -> dict:
             env["GPU_ZARR_THREADS"] = value
         elif key == "pinned":
             env["GPU_ZARR_PINNED_MIB"] = value
+        elif key == "compat":  # kvikio's POSIX mode without its per-file cuFile probe (never OFF)
+            env["KVIKIO_COMPAT_MODE"] = "ON"
         else:
             raise SystemExit(f"unknown flag {flag!r} in configuration {config!r}")
     return env

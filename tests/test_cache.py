@@ -71,6 +71,8 @@ def test_scrolling_prefetches_the_next_plane(tmp_path, monkeypatch):
     asked = []
 
     class Prepared:
+        layout = None  # one plane per chunk layer, as far as the prefetch knows
+
         def read(self, key, **kw):
             asked.append((key, kw["options"].cache))
 
@@ -106,3 +108,33 @@ def test_only_chunks_a_read_uses_in_part_are_kept(tmp_path):
     part = read(arr, (5, slice(0, 12), slice(0, 28)), device="cpu", options=EngineOptions(cache=True))
     np.testing.assert_array_equal(part.data, arr[5, :12])
     assert len(get_runtime().chunk_cache("cpu")) == 4  # the row of chunks cut at y=12
+
+
+def test_scrolling_thick_chunks_prefetches_the_next_chunk_layer(tmp_path, monkeypatch):
+    """Inside a layer of 8-plane chunks the next plane is cached already: the prefetch goes to
+    the first plane of the next layer, once."""
+    from types import SimpleNamespace
+
+    from gpu_zarr.lazy import _Source
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", shape=(24, 32, 28), chunks=(8, 8, 7))
+    src = _Source(arr, "cpu")
+    asked = []
+
+    class Prepared:
+        layout = SimpleNamespace(inner_shape=(8, 8, 7))
+
+        def read(self, key, **kw):
+            asked.append(key[0])
+
+    monkeypatch.setattr(src, "prepared", lambda: Prepared())
+    full = slice(0, 32, 1), slice(0, 28, 1)
+    for z in (3, 4, 5, 6, 7, 8, 9):
+        src.prefetch_after((z, *full))
+        if src.prefetching is not None:
+            src.prefetching.result(timeout=10)
+    src.prefetch_after((10, *full))
+    src.prefetching.result(timeout=10)
+    src.prefetch_after((9, *full))   # backward inside layer 8..15: the last plane of layer 0..7
+    src.prefetching.result(timeout=10)
+    assert asked == [8, 16, 7]

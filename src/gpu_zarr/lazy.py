@@ -87,8 +87,13 @@ class _Source:
         self.prefetch_key: tuple[int | slice, ...] | None = None
 
     def prefetch_after(self, key: tuple[int | slice, ...]) -> None:
-        """After a plane read, decode the next planes in the direction the user scrolls into
-        the chunk cache, off the request path (napari asks for planes one by one)."""
+        """When a plane is asked for, decode the plane the user scrolls to next into the chunk
+        cache, beside the request (napari asks for planes one by one).
+
+        With chunks thicker than one plane, the next plane's chunks were just decoded and
+        cached: the prefetch goes to the first plane of the next chunk layer instead, once,
+        so a scroll crosses layer boundaries without waiting.
+        """
         with self.lock:
             last, self.last_key = self.last_key, key
             busy = self.prefetching is not None and not self.prefetching.done()
@@ -101,11 +106,18 @@ class _Source:
         step = key[axis] - last[axis]  # type: ignore[operator]
         if step not in (-1, 1):
             return
-        nxt = key[axis] + step  # type: ignore[operator]
+        here: int = key[axis]  # type: ignore[assignment]
+        nxt = here + step
+        prepared = self.prepared()
+        depth = prepared.layout.inner_shape[axis] if prepared.layout is not None else 1
+        if depth > 1 and nxt // depth == here // depth:  # same chunk layer: cached already
+            nxt = (here // depth + 1) * depth if step > 0 else (here // depth) * depth - 1
         if not 0 <= nxt < self.array.shape[axis]:
             return
         ahead = (*key[:axis], nxt, *key[axis + 1:])
-        prepared = self.prepared()
+        with self.lock:
+            if self.prefetch_key == ahead:  # asked for already (running or done)
+                return
 
         def run() -> None:
             try:  # into the chunk cache (host memory for small reads); the result is dropped
@@ -285,10 +297,10 @@ class GpuLazyArray:
             return np.empty(out_shape, self.dtype)
         prepared = self._src.prepared()
         self._src.wait_prefetch(full)  # the plane being prefetched: wait for it rather than decode it twice
+        if prepared.backend == "kvikio":
+            self._src.prefetch_after(full)  # the next plane decodes beside this one
         res = prepared.read(full, where="device" if gpu else "host", options=EngineOptions(cache=True))
         tile = res.data
-        if prepared.backend == "kvikio":
-            self._src.prefetch_after(full)
         if gpu:
             if not hasattr(tile, "__cuda_array_interface__"):
                 raise GPUUnavailable(

@@ -31,8 +31,10 @@ pinned_bytes   ``GPU_ZARR_PINNED_MIB``     bound of the pinned host staging shar
                                            all reads of the process (default 1024 MiB)
 headroom_bytes ``GPU_ZARR_HEADROOM_MIB``   GPU memory left free by any read (default:
                                            512 MiB, or 5 % of the device if larger)
-cache_bytes    ``GPU_ZARR_CACHE_MIB``      decoded chunks kept on the GPU for lazy arrays
-                                           (viewers), least recently used first out
+cache_bytes    ``GPU_ZARR_CACHE_MIB``      decoded chunks kept for lazy arrays (viewers):
+                                           on the GPU, and in host memory for small
+                                           reads decoded on the CPU (each cache at most
+                                           this); least recently used first out
                                            (default 1024 MiB; 0 turns it off)
 small_read     ``GPU_ZARR_SMALL_READ_MIB`` compressed reads touching at most this many
                                            decoded bytes decode on CPU threads (nvCOMP

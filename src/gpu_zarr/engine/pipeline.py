@@ -304,6 +304,7 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
         files, file_id, offset = loc.files, loc.file_id[todo].tolist(), loc.offset[todo].tolist()
         so, sz = src_offsets.tolist(), sizes.tolist()
         ops.map_chunks(lambda i: read_range(files[file_id[i]], offset[i], buf[so[i]:so[i] + sz[i]]), n)
+        stats["chunkwise_read_s"] = time.perf_counter() - t
         src, src_off = buf, src_offsets
         if stage.decodes:
             batch = Batch(todo, loc.file_id[todo], loc.offset[todo], src_offsets, sizes,
@@ -313,6 +314,7 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
             src_off = np.arange(n, dtype=np.int64) * stride
             src = scratch[encoded:encoded + decoded]
             stage.decode(ops, buf, batch, prep, src, src_off, lay, names, 0, None)
+        stats["chunkwise_decode_s"] = time.perf_counter() - t - stats["chunkwise_read_s"]
         table, offs, inner, pieces_ = pieces.table[todo], src_off.tolist(), lay.inner_nbytes, todo.tolist()
 
         def place(i: int) -> None:

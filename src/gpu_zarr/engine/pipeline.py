@@ -277,12 +277,14 @@ def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence
 def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, to_read: np.ndarray, out: Any,
                    rt: Runtime, threads: int, stats: dict[str, Any], keep: _Keep | None = None) -> None:
     """The small-read path on the CPU: the few chunks of a viewer's plane, with no staging
-    slots and no pipeline. Three steps, each spread over the pool's threads: read every
-    chunk file, decode (the codecs' own C decoders, which release the GIL), place. The
-    host check runs once for all chunks (it holds the GIL: per chunk it cost as much as a
-    c-blosc decode); codecs whose CPU decoder validates its input (``stage.native_checks``:
-    libzstd) skip it. The encoded and decoded bytes live in reused scratch (fresh memory
-    costs page faults). ``keep`` receives copies of the decoded chunks the cache wants.
+    slots and no pipeline, spread over the pool's threads.
+
+    Codecs whose CPU decoder validates its input (``stage.native_checks``: libzstd) run one
+    task per chunk: read, decode, place, with nothing between them holding the GIL for
+    long. The others need the host check, which holds the GIL (per chunk it cost as much as
+    a c-blosc decode): every chunk is read, the check runs once for all of them, then the
+    chunks are decoded and placed. The encoded and decoded bytes live in reused scratch
+    (fresh memory costs page faults). ``keep`` receives copies of the chunks the cache wants.
     """
     from gpu_zarr.engine.fetch import read_range
     from gpu_zarr.engine.ops import CpuOps
@@ -299,29 +301,45 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
     encoded = int(src_offsets[-1] + sizes[-1])
     stride = _stride(lay)
     decoded = n * stride if stage.decodes else 0
+    files, file_id, offset = loc.files, loc.file_id[todo].tolist(), loc.offset[todo].tolist()
+    so, sz, pieces_ = src_offsets.tolist(), sizes.tolist(), todo.tolist()
+    table, inner = pieces.table[todo], lay.inner_nbytes
+    names = _Names(loc.names, todo)
     with rt.host_scratch.lease(encoded + decoded, 1, lambda nb: np.empty(nb, np.uint8)) as (scratch,):
         buf = scratch[:encoded]
-        files, file_id, offset = loc.files, loc.file_id[todo].tolist(), loc.offset[todo].tolist()
-        so, sz = src_offsets.tolist(), sizes.tolist()
-        ops.map_chunks(lambda i: read_range(files[file_id[i]], offset[i], buf[so[i]:so[i] + sz[i]]), n)
-        stats["chunkwise_read_s"] = time.perf_counter() - t
-        src, src_off = buf, src_offsets
-        if stage.decodes:
-            batch = Batch(todo, loc.file_id[todo], loc.offset[todo], src_offsets, sizes,
-                          np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64), encoded)
-            names = _Names(loc.names, todo)
-            prep = stage.prepare(buf, batch, lay, names) if not stage.native_checks else None
-            src_off = np.arange(n, dtype=np.int64) * stride
-            src = scratch[encoded:encoded + decoded]
-            stage.decode(ops, buf, batch, prep, src, src_off, lay, names, 0, None)
-        stats["chunkwise_decode_s"] = time.perf_counter() - t - stats["chunkwise_read_s"]
-        table, offs, inner, pieces_ = pieces.table[todo], src_off.tolist(), lay.inner_nbytes, todo.tolist()
+        src = scratch[encoded:encoded + decoded] if stage.decodes else buf
+        src_off = np.arange(n, dtype=np.int64) * stride if stage.decodes else src_offsets
 
         def place(i: int) -> None:
             ops.place(src, src_off[i:i + 1], table[i:i + 1], out, lay.disk_dtype, perm=lay.transpose)
             if keep is not None and keep.wants(pieces_[i]):
-                keep(pieces_[i], src[offs[i]:offs[i] + inner].copy())
-        ops.map_chunks(place, n)
+                keep(pieces_[i], src[int(src_off[i]):int(src_off[i]) + inner].copy())
+
+        def read(i: int) -> None:
+            read_range(files[file_id[i]], offset[i], buf[so[i]:so[i] + sz[i]])
+
+        if stage.decodes and stage.native_checks:
+            one_ops = CpuOps(fast=True)  # no pool: each task decodes its own chunk
+            zero, runs = np.zeros(1, np.int64), np.array([[0, 1]], np.int64)
+
+            def whole(i: int) -> None:
+                read(i)
+                piece = Batch(todo[i:i + 1], loc.file_id[todo[i:i + 1]], loc.offset[todo[i:i + 1]], zero,
+                              sizes[i:i + 1], runs, sz[i])
+                stage.decode(one_ops, buf[so[i]:so[i] + sz[i]], piece, None, src[i * stride:(i + 1) * stride], zero,
+                             lay, names[i:i + 1], 0, None)
+                place(i)
+            ops.map_chunks(whole, n)
+        else:
+            ops.map_chunks(read, n)
+            stats["chunkwise_read_s"] = time.perf_counter() - t
+            if stage.decodes:
+                batch = Batch(todo, loc.file_id[todo], loc.offset[todo], src_offsets, sizes,
+                              np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64), encoded)
+                prep = stage.prepare(buf, batch, lay, names)
+                stage.decode(ops, buf, batch, prep, src, src_off, lay, names, 0, None)
+                stats["chunkwise_decode_s"] = time.perf_counter() - t - stats["chunkwise_read_s"]
+            ops.map_chunks(place, n)
     stats["chunkwise_s"] = time.perf_counter() - t
 
 

@@ -305,3 +305,25 @@ def test_small_zstd_reads_name_a_corrupt_chunk(tmp_path, fake_gpu, damage):
     f.write_bytes(bytes(data))
     with settings.set(small_read=64 << 20), pytest.raises(CorruptChunkError, match="c/0/1/2"):
         zarr_io.prepare(str(tmp_path / "a.zarr")).read((slice(0, 4), slice(8, 16)), where="host")
+
+
+def test_back_to_back_small_reads_do_not_prefetch(tmp_path, fake_gpu):
+    """Planes asked for back to back (a slider dragged, a benchmark) get no CPU prefetch: it
+    would take the request's threads. Given a pause, the next plane is prefetched."""
+    import time
+
+    from gpu_zarr import settings
+    from gpu_zarr.lazy import GpuLazyArray
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", shape=(12, 32, 28), chunks=(1, 8, 7))
+    with settings.set(small_read=64 << 20):
+        lazy = GpuLazyArray(zarr.open_array(str(tmp_path / "a.zarr"), mode="r"), backend="kvikio")
+        planes = [lazy[z] for z in (3, 4, 5)]  # back to back: nothing between the reads
+        assert lazy._src.prefetch_key is None
+        for z, plane in zip((3, 4, 5), planes):
+            np.testing.assert_array_equal(plane, arr[z])
+        time.sleep(max(0.05, 3 * lazy._src.last_cost))
+        np.testing.assert_array_equal(lazy[6], arr[6])
+        assert lazy._src.prefetch_key is not None and lazy._src.prefetch_key[0] == 7
+        lazy._src.prefetching.result(timeout=10)
+        np.testing.assert_array_equal(lazy[7], arr[7])

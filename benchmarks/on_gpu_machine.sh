@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # What ran on the H200 machine for the figures in README.md and benchmarks/README.md.
-# Usage (repo root, wheels from ../shared/gpu/fetch-wheels.sh in .whl and, for dask, .whl-dask):
-#   bash benchmarks/on_gpu_machine.sh tests   # every GPU test
-#   bash benchmarks/on_gpu_machine.sh browse  # browsing 1 GiB volumes with the CPU peers, first-touch stats
-#   bash benchmarks/on_gpu_machine.sh speed   # 4 GiB throughput with peers and cold reads, knob sweep, budget curve
-#   bash benchmarks/on_gpu_machine.sh check   # GPU tests + whole-array throughput (2 GiB volumes)
-#   bash benchmarks/on_gpu_machine.sh scale   # dask on every GPU, browsing, budget sweep, notebooks
+# Usage (repo root; wheels from ../shared/gpu/fetch-wheels.sh in .whl, optional .whl-ts with
+# tensorstore and ml_dtypes, and .whl-dask for `scale`):
+#   bash benchmarks/on_gpu_machine.sh tests    # every GPU test
+#   bash benchmarks/on_gpu_machine.sh browse   # browsing 1 GiB volumes with the CPU peers; per-stage plane reads
+#   bash benchmarks/on_gpu_machine.sh readers  # the two staging readers on 4 GiB volumes
+#   bash benchmarks/on_gpu_machine.sh speed    # 4 GiB throughput with peers and cold reads; budget curve
+#   bash benchmarks/on_gpu_machine.sh scale    # dask on every GPU (kind nvidia-h200-x2), notebooks
+#   bash benchmarks/on_gpu_machine.sh pack     # everything in $OUT into $OUT/results.tgz (the device tool returns 8 files)
 # Results go to $OUT (default ./gpu-results).
 set -uo pipefail
 OUT=${OUT:-gpu-results}
@@ -18,7 +20,7 @@ nvidia-smi -L | tee "$OUT/gpus.txt"
 WORK=/tmp/gzb
 bench() { timeout "$1" python3 -m gpu_zarr.bench --device gpu --workdir $WORK --out "$OUT" --no-progress "${@:2}"; }
 
-case "${1:-check}" in
+case "${1:-tests}" in
 tests)
   # every GPU test: the engine-level ones in their own process (a GPU fault there cannot hide the rest)
   timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_nvcomp_batch.py tests/test_deflate.py \
@@ -98,60 +100,20 @@ speed)
     tail -12 "$OUT/budget.txt"
   fi
   ;;
-verify)
-  # after the last engine changes: the GPU tests, then the compressed layouts and browsing again
-  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_nvcomp_batch.py tests/test_deflate.py \
-    tests/test_blosc_gpu.py tests/test_zarr_v2_gpu.py > "$OUT/tests-codecs.txt" 2>&1
-  tail -2 "$OUT/tests-codecs.txt"
-  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests --ignore=tests/test_nvcomp_batch.py \
-    --ignore=tests/test_deflate.py --ignore=tests/test_blosc_gpu.py --ignore=tests/test_zarr_v2_gpu.py \
-    --ignore=tests/test_dask_gpu.py > "$OUT/tests-rest.txt" 2>&1
-  tail -2 "$OUT/tests-rest.txt"
-  grep -hE "^(FAILED|ERROR)" "$OUT/tests-codecs.txt" "$OUT/tests-rest.txt" | head -20
-  bench 200 --size 256,2048,2048 --repeat 3 --peer-repeat 1 \
-    --layouts zstd-v3-4MiB,zstd-v3-1MiB,sharded-zstd-v3-64MiB-1MiB,blosc-lz4-shuffle-v2,blosc-zstd-bitshuffle-v2,sharded-blosc-zstd-v3 \
-    --readers ours-kvikio,tensorstore+cupy > "$OUT/throughput.log" 2>&1
-  tail -c 2500 "$OUT/throughput.log"
-  bench 120 --mode browse --size 128,2048,2048 --planes 20 --readers zarr-cpu,ours-lazy-auto > "$OUT/browse.log" 2>&1
-  tail -c 2500 "$OUT/browse.log"
-  ;;
-check)
-  # engine-level tests in their own process: a GPU fault there cannot hide the others' summary
-  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_nvcomp_batch.py tests/test_deflate.py \
-    tests/test_blosc_gpu.py tests/test_zarr_v2_gpu.py > "$OUT/tests-codecs.txt" 2>&1
-  tail -3 "$OUT/tests-codecs.txt"
-  timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests \
-    --ignore=tests/test_nvcomp_batch.py --ignore=tests/test_deflate.py --ignore=tests/test_blosc_gpu.py \
-    --ignore=tests/test_zarr_v2_gpu.py --ignore=tests/test_dask_gpu.py > "$OUT/tests-rest.txt" 2>&1
-  tail -3 "$OUT/tests-rest.txt"
-  grep -E "^(FAILED|ERROR)" "$OUT/tests-codecs.txt" "$OUT/tests-rest.txt" | head -30
-  bench 330 --size 256,2048,2048 --repeat 3 --peer-repeat 1 \
-    --layouts raw-v3-32MiB,zstd-v3-4MiB,zstd-v3-1MiB,sharded-zstd-v3-64MiB-1MiB,blosc-lz4-shuffle-v2,blosc-zstd-bitshuffle-v2,sharded-blosc-zstd-v3,gzip-v2 \
-    --readers ours-kvikio,zarr-gpu,tensorstore+cupy,zarr-cpu+cupy > "$OUT/throughput.log" 2>&1
-  tail -c 4000 "$OUT/throughput.log"
-  ;;
 scale)
   timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_dask_gpu.py > "$OUT/tests-dask.txt" 2>&1
   tail -3 "$OUT/tests-dask.txt"
   timeout 200 python3 benchmarks/bench_dask.py --size-gib 4 --layouts zstd-1MiB,blosc-lz4 --workers 1,2 \
     --deadline-s 140 --out "$OUT" > "$OUT/dask.log" 2>&1
   tail -c 2500 "$OUT/dask.log"
-  bench 150 --mode browse --size 128,2048,2048 --planes 20 \
-    --readers zarr-cpu,ours-lazy-auto,ours-resident,tensorstore > "$OUT/browse.log" 2>&1
-  tail -c 3500 "$OUT/browse.log"
-  # GiB/s versus the GPU memory budget, on the throughput volumes of `check` (when still there)
-  V1=$(ls -d $WORK/*/256x2048x2048/zstd-v3-1MiB.zarr 2>/dev/null | head -1)
-  V4=$(ls -d $WORK/*/256x2048x2048/zstd-v3-4MiB.zarr 2>/dev/null | head -1)
-  if [ -n "$V1" ] && [ -n "$V4" ]; then
-    timeout 60 python3 benchmarks/sweep_engine.py "$V1" "$V4" --repeat 2 --configs "192x3,192x3:compat" \
-      > "$OUT/sweep.txt" 2>&1
-    tail -6 "$OUT/sweep.txt"
-    C=""; for b in 512 1024 2048 3072 4096; do C="$C,4096x4:budget=$b:lanes=4"; done
-    timeout 120 python3 benchmarks/sweep_engine.py "$V1" "$V4" --repeat 2 --png "$OUT/budget.png" \
-      --configs "${C#,}" > "$OUT/budget.txt" 2>&1
-    tail -15 "$OUT/budget.txt"
-  fi
   timeout 120 python3 examples/run_notebooks.py > "$OUT/notebooks.txt" 2>&1
   tail -12 "$OUT/notebooks.txt"
+  ;;
+pack)
+  tar czf /tmp/results.tgz -C "$OUT" . && find "$OUT" -type f -delete && mv /tmp/results.tgz "$OUT/"
+  ;;
+*)
+  echo "unknown step ${1}: tests, browse, readers, speed, scale or pack" >&2
+  exit 2
   ;;
 esac

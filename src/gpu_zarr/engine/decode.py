@@ -10,6 +10,7 @@ blocks) and "deflate" (raw RFC 1951 streams, wrappers already stripped).
 
 from __future__ import annotations
 
+import functools
 import threading
 import zlib
 from collections.abc import Sequence
@@ -134,8 +135,11 @@ def nvcomp_codec(stream: Any, algo: str = "zstd") -> Any:
     return codec
 
 
+@functools.cache
 def _cpu_decoder(algo: str):
-    """A function (encoded bytes, expected size) -> decoded bytes for one stream."""
+    """A function (encoded bytes, expected size, destination) -> the destination when it
+    decoded there, else the decoded bytes (the caller checks their size and copies them).
+    One per algorithm: the codecs keep no state between calls."""
     if algo == "zstd":
         from numcodecs import Zstd
 
@@ -143,11 +147,10 @@ def _cpu_decoder(algo: str):
 
         codec = Zstd()
 
-        def zstd(buf: np.ndarray, size: int, out: np.ndarray | None = None) -> Any:
+        def zstd(buf: np.ndarray, size: int, out: np.ndarray) -> Any:
             # straight into the destination when the header promises exactly its size (no
-            # intermediate buffer: fresh memory costs page faults); else a new buffer, whose
-            # size the caller checks
-            if out is not None and content_size(buf) == size:
+            # intermediate buffer: fresh memory costs page faults); else a new buffer
+            if content_size(buf) == size:
                 return codec.decode(buf, out=out)
             return codec.decode(buf)
         return zstd
@@ -156,7 +159,7 @@ def _cpu_decoder(algo: str):
 
         codec = LZ4()
 
-        def lz4(buf: np.ndarray, size: int) -> bytes:
+        def lz4(buf: np.ndarray, size: int, out: np.ndarray) -> bytes:
             # numcodecs' LZ4 frames a raw block with its 4-byte little-endian decoded size
             framed = np.empty(len(buf) + 4, np.uint8)
             framed[:4] = np.frombuffer(np.uint32(size).tobytes(), np.uint8)
@@ -164,7 +167,7 @@ def _cpu_decoder(algo: str):
             return codec.decode(framed)
         return lz4
     if algo == "deflate":
-        def deflate(buf: np.ndarray, size: int) -> bytes:
+        def deflate(buf: np.ndarray, size: int, dest: np.ndarray) -> bytes:
             d = zlib.decompressobj(-15)
             out = d.decompress(buf, size + 1)
             if not d.eof:
@@ -192,12 +195,11 @@ def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_si
     decode = _cpu_decoder(algo)
     dsizes = _as_sizes(dst_sizes, n)
     src = src.view(np.uint8).reshape(-1)
-    into = algo == "zstd"  # decoders that can write into the destination
     for k in range(n):
         so, ss, do, ds = int(src_offsets[k]), int(src_sizes[k]), int(dst_offsets[k]), int(dsizes[k])
         target = dst[do:do + ds]
         try:
-            got = decode(src[so:so + ss], ds, target) if into else decode(src[so:so + ss], ds)
+            got = decode(src[so:so + ss], ds, target)
         except Exception as exc:
             raise CorruptChunkError(f"chunk {_name(names, k)}: {algo} decode failed ({exc}). The chunk is corrupt "
                                     "or truncated; rewrite or delete that chunk.") from exc

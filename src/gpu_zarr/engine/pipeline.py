@@ -260,8 +260,7 @@ def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence
     with ops.host_buffers(total, 1) as (host,):
         for e, o, size in zip(encoded, offsets.tolist(), sizes.tolist()):
             host[o:o + size] = np.frombuffer(memoryview(e).cast("B"), np.uint8)
-        prep = stage.prepare(host, batch, lay, names) if stage.decodes and not (
-            stage.device_checks and ops.name == "gpu") else None
+        prep = stage.prepare(host, batch, lay, names) if _needs_host_check(stage, ops) else None
         dev_in = ops.device_buffer(total)
         uploaded = ops.upload(host, dev_in, total, 0)
         if not stage.decodes:
@@ -299,48 +298,57 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
     src_offsets = np.zeros(n, np.int64)
     src_offsets[1:] = np.cumsum(-(-sizes[:-1] // 16) * 16)
     encoded = int(src_offsets[-1] + sizes[-1])
+    batch = Batch(todo, loc.file_id[todo], loc.offset[todo], src_offsets, sizes,
+                  np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64), encoded)
     stride = _stride(lay)
     decoded = n * stride if stage.decodes else 0
-    files, file_id, offset = loc.files, loc.file_id[todo].tolist(), loc.offset[todo].tolist()
+    files, file_id, offset = loc.files, batch.file_id.tolist(), batch.file_offset.tolist()
     so, sz, pieces_ = src_offsets.tolist(), sizes.tolist(), todo.tolist()
     table, inner = pieces.table[todo], lay.inner_nbytes
     names = _Names(loc.names, todo)
+    check = _needs_host_check(stage, ops)
     with rt.host_scratch.lease(encoded + decoded, 1, lambda nb: np.empty(nb, np.uint8)) as (scratch,):
         buf = scratch[:encoded]
         src = scratch[encoded:encoded + decoded] if stage.decodes else buf
         src_off = np.arange(n, dtype=np.int64) * stride if stage.decodes else src_offsets
+
+        def read(i: int) -> None:
+            read_range(files[file_id[i]], offset[i], buf[so[i]:so[i] + sz[i]])
 
         def place(i: int) -> None:
             ops.place(src, src_off[i:i + 1], table[i:i + 1], out, lay.disk_dtype, perm=lay.transpose)
             if keep is not None and keep.wants(pieces_[i]):
                 keep(pieces_[i], src[int(src_off[i]):int(src_off[i]) + inner].copy())
 
-        def read(i: int) -> None:
-            read_range(files[file_id[i]], offset[i], buf[so[i]:so[i] + sz[i]])
-
-        if stage.decodes and stage.native_checks:
+        if stage.decodes and not check:
             one_ops = CpuOps(fast=True)  # no pool: each task decodes its own chunk
-            zero, runs = np.zeros(1, np.int64), np.array([[0, 1]], np.int64)
 
             def whole(i: int) -> None:
                 read(i)
-                piece = Batch(todo[i:i + 1], loc.file_id[todo[i:i + 1]], loc.offset[todo[i:i + 1]], zero,
-                              sizes[i:i + 1], runs, sz[i])
-                stage.decode(one_ops, buf[so[i]:so[i] + sz[i]], piece, None, src[i * stride:(i + 1) * stride], zero,
-                             lay, names[i:i + 1], 0, None)
+                stage.decode(one_ops, buf, batch.one(i), None, src, src_off[i:i + 1], lay, names[i:i + 1], 0, None)
                 place(i)
             ops.map_chunks(whole, n)
         else:
             ops.map_chunks(read, n)
             stats["chunkwise_read_s"] = time.perf_counter() - t
             if stage.decodes:
-                batch = Batch(todo, loc.file_id[todo], loc.offset[todo], src_offsets, sizes,
-                              np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64), encoded)
-                prep = stage.prepare(buf, batch, lay, names)
-                stage.decode(ops, buf, batch, prep, src, src_off, lay, names, 0, None)
+                stage.decode(ops, buf, batch, stage.prepare(buf, batch, lay, names), src, src_off, lay, names, 0, None)
                 stats["chunkwise_decode_s"] = time.perf_counter() - t - stats["chunkwise_read_s"]
             ops.map_chunks(place, n)
     stats["chunkwise_s"] = time.perf_counter() - t
+
+
+def _needs_host_check(stage: CodecStage, ops: Ops) -> bool:
+    """Whether the stage's host half (``prepare``) must run before ``ops`` decode: not where
+    the decoder checks its input itself (the batched GPU decoder's frame walk:
+    ``device_checks``; the codec's own C decoder on the CPU's fast path: ``native_checks``)."""
+    if not stage.decodes:
+        return False
+    if ops.name == "gpu":
+        return not stage.device_checks
+    if getattr(ops, "native_decoders", False):
+        return not stage.native_checks
+    return True
 
 
 def _budget(opts: EngineOptions, device: str, out_nbytes: int) -> int:
@@ -508,7 +516,7 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
             timings["wait_read_s"] += time.perf_counter() - t
             names = _Names(loc.names, b.pieces)
             prep = None
-            if stage.decodes and not (stage.device_checks and ops.name == "gpu"):
+            if _needs_host_check(stage, ops):
                 t = time.perf_counter()
                 prep = stage.prepare(host[s], b, lay, names)
                 for key, val in getattr(prep, "stats", dict)().items():  # e.g. Blosc streams per codec

@@ -188,6 +188,12 @@ class Batch:
     runs: np.ndarray
     staging_bytes: int
 
+    def one(self, k: int) -> Batch:
+        """Piece ``k`` of the batch alone, at the same place in the same staging buffer."""
+        return Batch(self.pieces[k:k + 1], self.file_id[k:k + 1], self.file_offset[k:k + 1],
+                     self.src_offsets[k:k + 1], self.src_sizes[k:k + 1], np.array([[0, 1]], np.int64),
+                     self.staging_bytes)
+
 
 def make_batches(file_id: np.ndarray, offset: np.ndarray, nbytes: np.ndarray, decoded_nbytes: int,
                  batch_bytes: int, *, align: int = 16) -> list[Batch]:

@@ -24,7 +24,7 @@ from gpu_zarr import settings
 
 MiB = 1 << 20
 
-__all__ = ["PinnedPool", "Runtime", "close_runtime", "get_runtime"]
+__all__ = ["HostPool", "Runtime", "close_runtime", "get_runtime"]
 
 
 @dataclass
@@ -34,25 +34,27 @@ class _Resource:
     nbytes: Callable[[Any], int] | None
 
 
-class PinnedPool:
-    """Page-locked host buffers shared by all reads, bounded by ``settings.pinned_bytes``.
+class HostPool:
+    """Host buffers shared by all reads and reused, bounded by ``settings.pinned_bytes``.
 
-    A read leases the buffers it needs for its duration; concurrent reads get distinct
-    buffers. When the bound is reached and nothing is free, a lease gets ordinary
-    (pageable) memory instead: slower copies, never a wait or a failure.
+    The runtime keeps two: page-locked staging for host-to-device copies (``pinned``), and
+    ordinary memory for the CPU's small reads (``host_scratch``: reused because fresh memory
+    costs a page fault per 4 KiB). A read leases the buffers it needs for its duration;
+    concurrent reads get distinct buffers. When the bound is reached and nothing is free, a
+    lease gets a fresh ordinary buffer instead: slower, never a wait or a failure.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._free: list[np.ndarray] = []
-        self._held = 0  # bytes of pinned memory allocated (free or leased)
+        self._held = 0  # bytes allocated by the pool (free or leased)
         self.pageable_leases = 0
 
     @property
     def held_bytes(self) -> int:
         return self._held
 
-    def _take(self, nbytes: int, pinned_alloc: Callable[[int], np.ndarray]) -> tuple[np.ndarray, bool]:
+    def _take(self, nbytes: int, alloc: Callable[[int], np.ndarray]) -> tuple[np.ndarray, bool]:
         if nbytes > MiB:
             # a size class (1/16 of the next power of two): reads whose batches differ by a few
             # bytes share buffers instead of each allocating its own (pinning ~150 MiB took
@@ -71,12 +73,12 @@ class PinnedPool:
                 self.pageable_leases += 1
                 return np.empty(nbytes, np.uint8), False
             self._held += nbytes
-        return pinned_alloc(nbytes), True
+        return alloc(nbytes), True
 
     @contextlib.contextmanager
-    def lease(self, nbytes: int, count: int, pinned_alloc: Callable[[int], np.ndarray]) -> Iterator[list[np.ndarray]]:
+    def lease(self, nbytes: int, count: int, alloc: Callable[[int], np.ndarray]) -> Iterator[list[np.ndarray]]:
         """``count`` host buffers of at least ``nbytes`` each, returned to the pool on exit."""
-        taken = [self._take(max(nbytes, 1), pinned_alloc) for _ in range(count)]
+        taken = [self._take(max(nbytes, 1), alloc) for _ in range(count)]
         try:
             yield [buf[:nbytes] for buf, _ in taken]
         finally:
@@ -97,10 +99,8 @@ class Runtime:
         self._lock = threading.RLock()
         self._pools: dict[tuple[str, int], ThreadPoolExecutor] = {}
         self._resources: dict[Hashable, _Resource] = {}
-        self.pinned = PinnedPool()
-        # the same bounded reuse for ordinary (pageable) scratch of the CPU's small reads:
-        # fresh memory costs a page fault per 4 KiB, more than decoding it in a VM
-        self.host_scratch = PinnedPool()
+        self.pinned = HostPool()  # page-locked staging (leased with pinned_alloc)
+        self.host_scratch = HostPool()  # ordinary memory, already touched: the CPU's small reads
 
     # -- thread pools -------------------------------------------------------------
     def pool(self, name: str, threads: int) -> ThreadPoolExecutor:
@@ -217,6 +217,7 @@ class Runtime:
                 "pinned_bytes": self.pinned.held_bytes,
                 "pinned_limit": settings.get("pinned_bytes"),
                 "pageable_fallbacks": self.pinned.pageable_leases,
+                "host_scratch_bytes": self.host_scratch.held_bytes,
                 "resources": resources,
             }
 

@@ -78,14 +78,14 @@ def test_scrolling_prefetches_the_next_plane(tmp_path, monkeypatch):
 
     monkeypatch.setattr(src, "prepared", lambda: Prepared())
     full = slice(0, 32, 1), slice(0, 28, 1)
-    src.prefetch_after((5, *full))            # first plane: no direction yet
-    src.prefetch_after((6, *full))            # forward: plane 7 next
+    src.prefetch_next((5, *full))            # first plane: no direction yet
+    src.prefetch_next((6, *full))            # forward: plane 7 next
     src.prefetching.result(timeout=10)
-    src.prefetch_after((5, *full))            # backward: plane 4
+    src.prefetch_next((5, *full))            # backward: plane 4
     src.prefetching.result(timeout=10)
-    src.prefetch_after((9, *full))            # a jump: no prefetch
-    src.prefetch_after((15, *full))
-    src.prefetch_after((15, slice(0, 16, 1), slice(0, 28, 1)))  # a pan, not a scroll
+    src.prefetch_next((9, *full))            # a jump: no prefetch
+    src.prefetch_next((15, *full))
+    src.prefetch_next((15, slice(0, 16, 1), slice(0, 28, 1)))  # a pan, not a scroll
     assert [k[0] for k, _ in asked] == [7, 4] and all(c for _, c in asked)
 
 
@@ -130,11 +130,11 @@ def test_scrolling_thick_chunks_prefetches_the_next_chunk_layer(tmp_path, monkey
     monkeypatch.setattr(src, "prepared", lambda: Prepared())
     full = slice(0, 32, 1), slice(0, 28, 1)
     for z in (3, 4, 5, 6, 7, 8, 9):
-        src.prefetch_after((z, *full))
+        src.prefetch_next((z, *full))
         if src.prefetching is not None:
             src.prefetching.result(timeout=10)
-    src.prefetch_after((10, *full))
+    src.prefetch_next((10, *full))
     src.prefetching.result(timeout=10)
-    src.prefetch_after((9, *full))   # backward inside layer 8..15: the last plane of layer 0..7
+    src.prefetch_next((9, *full))   # backward inside layer 8..15: the last plane of layer 0..7
     src.prefetching.result(timeout=10)
     assert asked == [8, 16, 7]

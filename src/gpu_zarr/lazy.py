@@ -74,6 +74,31 @@ def _forward(sel: tuple[int | slice, ...]) -> tuple[tuple[int | slice, ...], tup
     return tuple(read), tuple(flip)
 
 
+def _scroll_target(last: tuple[int | slice, ...], key: tuple[int | slice, ...], shape: tuple[int, ...],
+                   inner_shape: tuple[int, ...] | None) -> tuple[int | slice, ...] | None:
+    """The plane a viewer that went from plane ``last`` to plane ``key`` shows next, or None
+    when that was no one-plane step along one axis.
+
+    With chunks thicker than one plane (``inner_shape``), the next plane's chunks were just
+    decoded and cached: the target is the first plane of the next chunk layer instead.
+    """
+    moved = [a for a, (p, q) in enumerate(zip(last, key)) if p != q]
+    if len(moved) != 1:
+        return None
+    axis = moved[0]
+    here, before = key[axis], last[axis]
+    if not isinstance(here, int) or not isinstance(before, int) or here - before not in (-1, 1):
+        return None
+    step = here - before
+    nxt = here + step
+    depth = inner_shape[axis] if inner_shape is not None else 1
+    if depth > 1 and nxt // depth == here // depth:  # same chunk layer: cached already
+        nxt = (here // depth + 1) * depth if step > 0 else (here // depth) * depth - 1
+    if not 0 <= nxt < shape[axis]:
+        return None
+    return (*key[:axis], nxt, *key[axis + 1:])
+
+
 class _Source:
     """State shared by a level array and the channel views taken from it."""
 
@@ -92,37 +117,20 @@ class _Source:
         self.last_done: float | None = None
         self.last_cost: float | None = None
 
-    def prefetch_after(self, key: tuple[int | slice, ...]) -> None:
-        """When a plane is asked for, decode the plane the user scrolls to next into the chunk
-        cache, beside the request (napari asks for planes one by one).
-
-        With chunks thicker than one plane, the next plane's chunks were just decoded and
-        cached: the prefetch goes to the first plane of the next chunk layer instead, once,
-        so a scroll crosses layer boundaries without waiting.
-        """
+    def prefetch_next(self, key: tuple[int | slice, ...]) -> None:
+        """When a plane is asked for, decode the plane the user scrolls to next into the
+        chunk cache, beside the request (napari asks for planes one by one; see
+        :func:`_scroll_target`)."""
         with self.lock:
             last, self.last_key = self.last_key, key
             busy = self.prefetching is not None and not self.prefetching.done()
         if last is None or busy or not settings.get("cache_bytes"):
             return
-        moved = [a for a, (p, q) in enumerate(zip(last, key)) if p != q]
-        if len(moved) != 1 or not isinstance(key[moved[0]], int) or not isinstance(last[moved[0]], int):
-            return
-        axis = moved[0]
-        step = key[axis] - last[axis]  # type: ignore[operator]
-        if step not in (-1, 1):
-            return
-        here: int = key[axis]  # type: ignore[assignment]
-        nxt = here + step
         prepared = self.prepared()
-        depth = prepared.layout.inner_shape[axis] if prepared.layout is not None else 1
-        if depth > 1 and nxt // depth == here // depth:  # same chunk layer: cached already
-            nxt = (here // depth + 1) * depth if step > 0 else (here // depth) * depth - 1
-        if not 0 <= nxt < self.array.shape[axis]:
-            return
-        ahead = (*key[:axis], nxt, *key[axis + 1:])
+        inner = prepared.layout.inner_shape if prepared.layout is not None else None
+        ahead = _scroll_target(last, key, tuple(self.array.shape), inner)
         with self.lock:
-            if self.prefetch_key == ahead:  # asked for already (running or done)
+            if ahead is None or self.prefetch_key == ahead:  # no scroll, or asked for already
                 return
             done, cost = self.last_done, self.last_cost
         if done is not None and cost is not None and time.perf_counter() - done < cost:
@@ -311,7 +319,7 @@ class GpuLazyArray:
         prepared = self._src.prepared()
         self._src.wait_prefetch(full)  # the plane being prefetched: wait for it rather than decode it twice
         if prepared.backend == "kvikio":
-            self._src.prefetch_after(full)  # the next plane decodes beside this one
+            self._src.prefetch_next(full)  # the next plane decodes beside this one
         t0 = time.perf_counter()
         res = prepared.read(full, where="device" if gpu else "host", options=EngineOptions(cache=True))
         with self._src.lock:

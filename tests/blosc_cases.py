@@ -96,7 +96,7 @@ def write_blosc(path, *, fmt: int = 2, cname: str = "lz4", clevel: int = 5, shuf
     import zarr
     from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec
 
-    from stores import data  # tests/stores.py
+    from stores import data, fill  # tests/stores.py
 
     kw: dict = {}
     if fmt == 2:
@@ -118,13 +118,7 @@ def write_blosc(path, *, fmt: int = 2, cname: str = "lz4", clevel: int = 5, shuf
     if np.dtype(dtype).kind in "iu":  # smooth plus noise: some streams compress, some are stored raw
         ramp = np.indices(shape).sum(axis=0) % 200
         values = (ramp + (values % 7)).astype(dtype)
-    if partial:
-        half = shape[0] // 2
-        arr[:half] = values[:half]
-        arr[-3:, : shape[1] // 3] = values[-3:, : shape[1] // 3]
-    else:
-        arr[...] = values
-    return zarr.open_array(str(path), mode="r"), values
+    return fill(path, arr, values, partial)
 
 
 # (id, kwargs) of Blosc layouts the engine reads

@@ -65,11 +65,16 @@ def write(path: Path, *, fmt: int = 3, codec: str = "raw", dtype="<u2", shape=SH
             kw["filters"] = [TransposeCodec(order=transpose)]
     arr = zarr.create_array(str(path), shape=shape, chunks=chunks, dtype=dtype, zarr_format=fmt,
                             fill_value=fill_value, overwrite=True, **kw)
-    values = data(shape, dtype, seed)
+    return fill(path, arr, data(shape, dtype, seed), partial)
+
+
+def fill(path, arr, values, partial: bool = False):
+    """Write ``values`` into a new array (with ``partial``, only some chunks: the others stay
+    missing); return the array opened read-only and the values."""
     if partial:
-        half = shape[0] // 2
+        half = values.shape[0] // 2
         arr[:half] = values[:half]
-        arr[-3:, : shape[1] // 3] = values[-3:, : shape[1] // 3]
+        arr[-3:, : values.shape[1] // 3] = values[-3:, : values.shape[1] // 3]
     else:
         arr[...] = values
     return zarr.open_array(str(path), mode="r"), values

@@ -56,6 +56,25 @@ def _batch(algo: str, sizes=(65536, 65536, 4000, 131072, 7), skew: int = 0):
     return raws, host, offs, csz, doff, dsz
 
 
+def _corrupt_batch(algo: str, kind: str):
+    """A batch whose chunk c/3 is damaged as ``kind`` says; with the chunk names."""
+    raws, host, offs, csz, doff, dsz = _batch(algo)
+    names = [f"c/{k}" for k in range(len(raws))]
+    csz, dsz = csz.copy(), dsz.copy()
+    if kind == "truncated":
+        csz[3] //= 2
+    elif kind == "garbage":
+        host[offs[3]:offs[3] + csz[3]] = np.random.default_rng(1).integers(0, 256, int(csz[3]), dtype=np.uint8)
+    elif kind == "header":
+        host[offs[3]:offs[3] + 4] ^= 0xFF
+    elif kind == "size_bigger":
+        dsz[3] += 100
+    else:
+        dsz[3] -= 100
+    doff = np.concatenate([[0], np.cumsum(dsz)[:-1]]).astype(np.int64)
+    return raws, host, offs, csz, doff, dsz, names
+
+
 # ---------------------------------------------------------------- CPU twin (CI)
 @pytest.mark.parametrize("algo", ALGOS)
 def test_cpu_twin_exact(algo):
@@ -72,18 +91,7 @@ def test_cpu_twin_exact(algo):
 def test_cpu_twin_corrupt_names_chunk(algo, kind):
     from gpu_zarr.engine.decode import decode_batch_cpu
 
-    raws, host, offs, csz, doff, dsz = _batch(algo)
-    names = [f"c/{k}" for k in range(len(raws))]
-    csz, dsz = csz.copy(), dsz.copy()
-    if kind == "truncated":
-        csz[3] //= 2
-    elif kind == "garbage":
-        host[offs[3]:offs[3] + csz[3]] = np.random.default_rng(1).integers(0, 256, int(csz[3]), dtype=np.uint8)
-    elif kind == "size_bigger":
-        dsz[3] += 100
-    else:
-        dsz[3] -= 100
-    doff = np.concatenate([[0], np.cumsum(dsz)[:-1]]).astype(np.int64)
+    raws, host, offs, csz, doff, dsz, names = _corrupt_batch(algo, kind)
     out = np.zeros(int(dsz.sum()), np.uint8)
     with pytest.raises(CorruptChunkError, match="c/3"):
         decode_batch_cpu(algo, host, offs, csz, out, doff, dsz, names)
@@ -176,20 +184,7 @@ def test_gpu_exact_misaligned_output(algo):
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("kind", ["truncated", "garbage", "size_bigger", "size_smaller", "header"])
 def test_gpu_corrupt_names_chunk(algo, kind):
-    raws, host, offs, csz, doff, dsz = _batch(algo)
-    names = [f"c/{k}" for k in range(len(raws))]
-    csz, dsz = csz.copy(), dsz.copy()
-    if kind == "truncated":
-        csz[3] //= 2
-    elif kind == "garbage":
-        host[offs[3]:offs[3] + csz[3]] = np.random.default_rng(1).integers(0, 256, int(csz[3]), dtype=np.uint8)
-    elif kind == "header":
-        host[offs[3]:offs[3] + 4] ^= 0xFF
-    elif kind == "size_bigger":
-        dsz[3] += 100
-    else:
-        dsz[3] -= 100
-    doff = np.concatenate([[0], np.cumsum(dsz)[:-1]]).astype(np.int64)
+    raws, host, offs, csz, doff, dsz, names = _corrupt_batch(algo, kind)
     with pytest.raises(CorruptChunkError, match="c/3"):
         _gpu_decode(algo, host, offs, csz, doff, dsz, names)
     # the device is still usable afterwards

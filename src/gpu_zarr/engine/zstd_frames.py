@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +47,20 @@ def _u(buf: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
     for k in range(n):
         out |= buf[pos + k].astype(np.uint64) << np.uint64(8 * k)
     return out
+
+
+def _header_layout(fhd: Any) -> tuple[Any, Any]:
+    """From a frame header descriptor byte (an int or an array of them): the size of the
+    Frame_Content_Size field and where it starts, counted from the frame's first byte
+    (magic 4, descriptor 1, window descriptor 0 or 1, dictionary id 0/1/2/4 bytes)."""
+    fcs_flag, single, dict_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+    fcs_size = single * (fcs_flag == 0) + (1 << fcs_flag) * (fcs_flag != 0)  # flag 0: 1 byte if single segment
+    return fcs_size, 5 + (1 - single) + ((1 << dict_flag) >> 1)
+
+
+def _fcs_value(raw: Any, nbytes: int) -> Any:
+    """Frame_Content_Size from its little-endian field (the 2-byte form is offset by 256)."""
+    return raw + (256 if nbytes == 2 else 0)
 
 
 def _fail(names: Sequence[str], k: int, what: str) -> CorruptChunkError:
@@ -92,15 +107,15 @@ def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expect
         raise _fail(names, k, f"starts with bytes {bytes(buf[offsets[k]:offsets[k] + 4]).hex()}, not the "
                               "zstd magic number 28b52ffd")
     fhd = buf[offsets + 4].astype(np.int64)
-    fcs_flag, single, reserved, has_ck, dict_flag = fhd >> 6, (fhd >> 5) & 1, (fhd >> 3) & 1, (fhd >> 2) & 1, fhd & 3
+    reserved, has_ck, dict_flag = (fhd >> 3) & 1, (fhd >> 2) & 1, fhd & 3
     bad = np.flatnonzero(reserved != 0)
     if len(bad):
         raise _fail(names, int(bad[0]), "frame header has its reserved bit set")
     bad = np.flatnonzero(dict_flag != 0)
     if len(bad):
         raise _fail(names, int(bad[0]), "frame needs a zstd dictionary, which zarr never uses")
-    fcs_size = np.choose(fcs_flag, [single, np.full(n, 2), np.full(n, 4), np.full(n, 8)])
-    pos = offsets + 5 + (1 - single)
+    fcs_size, at = _header_layout(fhd)
+    pos = offsets + at
     bad = np.flatnonzero(pos + fcs_size + 3 > end)
     if len(bad):
         raise _fail(names, int(bad[0]), "frame header is truncated")
@@ -108,7 +123,7 @@ def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expect
     for nb in (1, 2, 4, 8):
         m = fcs_size == nb
         if m.any():
-            fcs[m] = _u(buf, pos[m], nb).astype(np.int64) + (256 if nb == 2 else 0)
+            fcs[m] = _fcs_value(_u(buf, pos[m], nb).astype(np.int64), nb)
     pos = pos + fcs_size
     bad = np.flatnonzero((fcs >= 0) & (expected >= 0) & (fcs != expected))
     if len(bad):
@@ -152,10 +167,7 @@ def content_size(frame: np.ndarray) -> int:
     """
     if frame.nbytes < 6 or int.from_bytes(bytes(frame[:4]), "little") != _MAGIC:
         return -1
-    fhd = int(frame[4])
-    fcs_flag, single, dict_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
-    nb = (single, 2, 4, 8)[fcs_flag]
-    pos = 5 + (1 - single) + (0, 1, 2, 4)[dict_flag]
+    nb, pos = _header_layout(int(frame[4]))
     if nb == 0 or pos + nb > frame.nbytes:
         return -1
-    return int.from_bytes(bytes(frame[pos:pos + nb]), "little") + (256 if nb == 2 else 0)
+    return _fcs_value(int.from_bytes(bytes(frame[pos:pos + nb]), "little"), nb)

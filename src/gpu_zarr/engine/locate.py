@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from gpu_zarr.engine.layout import Layout
-from gpu_zarr.engine.plan import Pieces
+from gpu_zarr.engine.plan import LazyNames, Pieces
 from gpu_zarr.errors import CorruptChunkError
 
 __all__ = ["Located", "locate"]
@@ -165,21 +165,7 @@ def _locate_sharded(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) ->
         ok = entries[:, 0] != _MISSING
         offset[sel[ok]] = entries[ok, 0].astype(np.int64)
         nbytes[sel[ok]] = entries[ok, 1].astype(np.int64)
-    return Located(files, shard_of.astype(np.int64), offset, nbytes, _InnerNames(keys, shard_of, inner_coords), mtimes)
 
-
-class _InnerNames(Sequence[str]):
-    """Names of inner chunks ("c/0/0 inner chunk (1, 3)"), made only when a message needs
-    one (making all of them took half of locating 4096 inner chunks)."""
-
-    def __init__(self, keys: list[str], shard_of: np.ndarray, inner_coords: np.ndarray) -> None:
-        self._keys, self._shard_of, self._inner = keys, shard_of, inner_coords
-
-    def __len__(self) -> int:
-        return len(self._shard_of)
-
-    def __getitem__(self, k: Any) -> Any:
-        if isinstance(k, slice):
-            return [self[i] for i in range(*k.indices(len(self)))]
-        k = int(k)
-        return f"{self._keys[int(self._shard_of[k])]} inner chunk {tuple(int(v) for v in self._inner[k])}"
+    def name(k: int) -> str:
+        return f"{keys[int(shard_of[k])]} inner chunk {tuple(int(v) for v in inner_coords[k])}"
+    return Located(files, shard_of.astype(np.int64), offset, nbytes, LazyNames(n, name), mtimes)

@@ -26,7 +26,7 @@ from gpu_zarr.engine.fit import check_fits
 from gpu_zarr.engine.layout import Layout, layout_of
 from gpu_zarr.engine.locate import Located, locate
 from gpu_zarr.engine.ops import Ops, ops_for
-from gpu_zarr.engine.plan import Batch, Pieces, make_batches, normalize_selection, plan_pieces
+from gpu_zarr.engine.plan import Batch, LazyNames, Pieces, make_batches, normalize_selection, plan_pieces
 from gpu_zarr.engine.runtime import Runtime, get_runtime
 from gpu_zarr.errors import ReadCancelled
 
@@ -305,7 +305,7 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
     files, file_id, offset = loc.files, batch.file_id.tolist(), batch.file_offset.tolist()
     so, sz, pieces_ = src_offsets.tolist(), sizes.tolist(), todo.tolist()
     table, inner = pieces.table[todo], lay.inner_nbytes
-    names = _Names(loc.names, todo)
+    names = _names(loc, todo)
     check = _needs_host_check(stage, ops)
     with rt.host_scratch.lease(encoded + decoded, 1, lambda nb: np.empty(nb, np.uint8)) as (scratch,):
         buf = scratch[:encoded]
@@ -433,19 +433,9 @@ class _Keep:
         self.chunks.append((self.keys[k], chunk))
 
 
-class _Names(Sequence[str]):
-    """Chunk names of a batch, looked up only when an error message needs one."""
-
-    def __init__(self, names: Sequence[str], pieces: np.ndarray):
-        self._names, self._pieces = names, pieces
-
-    def __len__(self) -> int:
-        return len(self._pieces)
-
-    def __getitem__(self, k: Any) -> Any:
-        if isinstance(k, slice):
-            return [self[i] for i in range(*k.indices(len(self)))]
-        return self._names[int(self._pieces[k])]
+def _names(loc: Located, pieces: np.ndarray) -> LazyNames:
+    """Names of the located pieces ``pieces`` (a batch's), in that order."""
+    return LazyNames(len(pieces), lambda k: loc.names[int(pieces[k])])
 
 
 def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: list[Batch], out: Any,
@@ -514,7 +504,7 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
             t = time.perf_counter()
             futures.pop(k).result()
             timings["wait_read_s"] += time.perf_counter() - t
-            names = _Names(loc.names, b.pieces)
+            names = _names(loc, b.pieces)
             prep = None
             if _needs_host_check(stage, ops):
                 t = time.perf_counter()

@@ -7,6 +7,7 @@ scatter kernel and its CPU twin both consume.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from gpu_zarr.engine.layout import Layout
 
-__all__ = ["Batch", "Pieces", "Region", "make_batches", "normalize_key", "normalize_selection", "plan_pieces"]
+__all__ = ["Batch", "LazyNames", "Pieces", "Region", "make_batches", "normalize_key", "normalize_selection", "plan_pieces"]
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,22 @@ def plan_pieces(layout: Layout, start: tuple[int, ...], stop: tuple[int, ...]) -
     table[:, :, 2] = hi - lo
     table[:, :, 3] = lo - np.asarray(start, np.int64)
     return Pieces(coords, table)
+
+
+class LazyNames(Sequence[str]):
+    """Chunk names made only when an error message needs one (``name(k)`` for the k-th):
+    building thousands of names per read cost as much as locating the chunks."""
+
+    def __init__(self, n: int, name: Callable[[int], str]) -> None:
+        self._n, self._name = n, name
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(self._n))]
+        return self._name(int(k))
 
 
 @dataclass

@@ -106,6 +106,16 @@ def test_corrupt_shard_index(tmp_path):
         read(arr, Ellipsis, device="cpu")
 
 
+def test_corrupt_inner_chunk_is_named_by_shard_and_position(tmp_path):
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", chunks=(4, 8, 7), shards=(8, 16, 14))
+    f = _chunk_file(tmp_path / "a.zarr", "c/0/0/0")
+    b = bytearray(f.read_bytes())
+    b[0:4] = b"\x00\x00\x00\x00"  # the first inner chunk's zstd magic
+    f.write_bytes(bytes(b))
+    with pytest.raises(CorruptChunkError, match=r"c/0/0/0 inner chunk \(\d+, \d+, \d+\)"):
+        read(arr, Ellipsis, device="cpu")
+
+
 @pytest.mark.parametrize("make", ["blosc-then-zstd", "filters", "string"])
 def test_unsupported_arrays_say_why(tmp_path, make):
     import numcodecs

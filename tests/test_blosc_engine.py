@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from blosc_cases import BLOSC_LAYOUTS, write_blosc
+from gpu_zarr import capabilities
 from gpu_zarr.engine import read
 from gpu_zarr.engine.layout import layout_of
 from gpu_zarr.errors import CorruptChunkError
@@ -101,7 +102,7 @@ def test_cpu_backend_names_the_corrupt_blosc_chunk(tmp_path, monkeypatch, fmt):
     from gpu_zarr import zarr_io
     from gpu_zarr.capabilities import Capabilities
 
-    monkeypatch.setattr(zarr_io, "probe", lambda: Capabilities(notes=["no GPU in this test"]))
+    monkeypatch.setattr(capabilities, "probe", lambda: Capabilities(notes=["no GPU in this test"]))
     root = tmp_path / "a.zarr"
     write_blosc(root, fmt=fmt, cname="lz4", shuffle="shuffle", shape=(16, 32), chunks=(8, 16), partial=False)
     key = "0.1" if fmt == 2 else "c/0/1"

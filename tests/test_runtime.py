@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import zarr
 
-from gpu_zarr import settings
+from gpu_zarr import capabilities, settings
 from gpu_zarr.engine import EngineOptions, read
 from gpu_zarr.engine import pipeline as pipeline_mod
 from gpu_zarr.engine.ops import AsyncCpuOps
@@ -163,20 +163,18 @@ def test_reads_from_several_threads_report_their_own_stats(tmp_path):
 
 
 def test_read_result_stats_belong_to_the_read(tmp_path, monkeypatch):
-    from gpu_zarr import zarr_io
     from gpu_zarr.capabilities import Capabilities
 
-    monkeypatch.setattr(zarr_io, "probe", lambda: Capabilities())
+    monkeypatch.setattr(capabilities, "probe", lambda: Capabilities())
     arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd")
     res = read_selection(arr, (0,), prefer="cpu")
     assert res.backend == "cpu" and res.stats == {}
 
 
 def test_absurd_shape_is_a_clear_error_on_the_cpu(tmp_path, monkeypatch):
-    from gpu_zarr import zarr_io
     from gpu_zarr.capabilities import Capabilities
 
-    monkeypatch.setattr(zarr_io, "probe", lambda: Capabilities())
+    monkeypatch.setattr(capabilities, "probe", lambda: Capabilities())
     zarr.create_array(str(tmp_path / "huge.zarr"), shape=(2**40, 2**20), chunks=(64, 1024), dtype="u2",
                       compressors=None)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -15,7 +15,7 @@ from stores import write
 @pytest.fixture
 def no_gpu(monkeypatch):
     caps = Capabilities(notes=["cupy is not installed; for GPU reads: pip install ..."])
-    monkeypatch.setattr(zarr_io, "probe", lambda: caps)
+    monkeypatch.setattr(capabilities, "probe", lambda: caps)
     return caps
 
 
@@ -24,7 +24,7 @@ def fake_gpu(monkeypatch):
     """A probe that reports a GPU with kvikio and nvCOMP: exercises the decision logic only."""
     caps = Capabilities(cupy=True, gpu=True, device_name="Test GPU", kvikio=True, kvikio_compat=True,
                         nvcomp=True)
-    monkeypatch.setattr(zarr_io, "probe", lambda: caps)
+    monkeypatch.setattr(capabilities, "probe", lambda: caps)
     return caps
 
 
@@ -122,7 +122,7 @@ def test_auto_reasons(tmp_path, fake_gpu, kw, backend, words):
 
 def test_auto_zstd_without_nvcomp_goes_zarr_gpu(tmp_path, monkeypatch):
     caps = Capabilities(cupy=True, gpu=True, kvikio=True, nvcomp=False)
-    monkeypatch.setattr(zarr_io, "probe", lambda: caps)
+    monkeypatch.setattr(capabilities, "probe", lambda: caps)
     write(tmp_path / "a.zarr", codec="zstd")
     c = zarr_io.choose_backend(tmp_path / "a.zarr")
     assert c.backend == "zarr-gpu" and "nvCOMP is not installed" in c.reason

@@ -25,7 +25,7 @@ _EXPORTS = {
     "read_zarr": "gpu_zarr.zarr_io",
     "choose_backend": "gpu_zarr.zarr_io",
     "gpu_zarr_context": "gpu_zarr.zarr_io",
-    "read_region": "gpu_zarr.engine",
+    "read_region": "gpu_zarr.zarr_io",
     "read_omezarr": "gpu_zarr.omezarr",
     "probe": "gpu_zarr.capabilities",
     "to_dask": "gpu_zarr.dask_array",

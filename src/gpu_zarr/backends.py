@@ -1,17 +1,43 @@
-"""The backend names, defined once.
+"""The backends: their names (defined once), the protocol they share, and the choice.
 
-``Backend`` is the type of every ``prefer=`` / ``backend=`` argument; :data:`BACKENDS` is
-derived from it, and :func:`check_backend` is the one validation of a name.
+A backend is an object that owns one read path:
+
+- :class:`EngineBackend` (``"kvikio"``, the seed's name): the direct engine
+  (:mod:`gpu_zarr.engine`), with its small-read policy (viewer reads decoded on CPU threads);
+- :class:`ZarrGpuBackend` (``"zarr-gpu"``): zarr-python with GPU buffers and our codec
+  pipeline (:mod:`gpu_zarr.zarr_gpu`), for any array zarr reads;
+- :class:`CpuBackend` (``"cpu"``): host memory, for machines without a GPU.
+
+:func:`choose` picks one for an array (``prefer="auto"`` picks the fastest the array and the
+machine allow) and says why. A prepared array (:class:`gpu_zarr.zarr_io.PreparedArray`)
+holds the chosen backend for its life: a read never changes it.
 """
 
 from __future__ import annotations
 
-from typing import Literal, cast, get_args
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, cast, get_args
 
-__all__ = ["BACKENDS", "Backend", "check_backend"]
+import numpy as np
+
+from gpu_zarr import settings
+from gpu_zarr.errors import (
+    INSTALL_HINT,
+    GPUUnavailable,
+    GpuZarrError,
+    ReadCancelled,
+    UnsupportedArrayError,
+)
+
+__all__ = ["BACKENDS", "READ_BACKENDS", "Backend", "BackendChoice", "CpuBackend", "EngineBackend", "ReadBackend",
+           "ZarrGpuBackend", "check_backend", "choose", "nbytes_of"]
 
 Backend = Literal["auto", "kvikio", "zarr-gpu", "cpu"]
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
+#: the backends that serve reads ("auto" is a policy that picks one of them)
+READ_BACKENDS: tuple[Backend, ...] = tuple(b for b in BACKENDS if b != "auto")
 
 
 def check_backend(name: object) -> Backend:
@@ -19,3 +45,259 @@ def check_backend(name: object) -> Backend:
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {name!r}")
     return cast(Backend, name)
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend that serves (or would serve) a read, and why."""
+
+    backend: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.backend} ({self.reason})"
+
+
+def nbytes_of(shape: tuple[int, ...], dtype: Any) -> int:
+    """Bytes of an array of ``shape`` and ``dtype``, in Python integers (never wraps)."""
+    return math.prod(int(s) for s in shape) * np.dtype(dtype).itemsize
+
+
+class ReadBackend(Protocol):
+    """What a prepared array asks of its backend.
+
+    Attributes
+    ----------
+    name : str
+        One of :data:`READ_BACKENDS`.
+    layout : Layout or None
+        The direct engine's parse of the array (None for the zarr-python backends).
+    """
+
+    name: str
+    layout: Any
+
+    def small_read_bytes(self, region: Any) -> int | None:
+        """Decoded bytes of a read small enough to decode on CPU threads, else None."""
+        ...
+
+    def read(self, arr: Any, region: Any, selection: Any, *, options: Any, progress: Callable[[int, int], None] | None,
+             cancel: Any, where: str) -> tuple[Any, dict[str, Any], str]:
+        """``arr[selection]``: (data, stats, what to add to the choice's reason)."""
+        ...
+
+
+class EngineBackend:
+    """The direct engine (``"kvikio"``): plan -> fetch -> decode -> place on the GPU.
+
+    Reads that touch little data (a viewer's plane: ``settings`` ``small_read``) decode on
+    CPU threads instead, where nvCOMP's per-call latency would cost more than it saves; they
+    return host memory when the caller wants it (``where="host"``).
+    """
+
+    name = "kvikio"
+
+    def __init__(self, layout: Any, runtime: Any = None) -> None:
+        self.layout = layout
+        self._runtime = runtime
+
+    @property
+    def runtime(self) -> Any:
+        if self._runtime is None:
+            from gpu_zarr.engine.runtime import get_runtime
+
+            self._runtime = get_runtime()
+        return self._runtime
+
+    def small_read_bytes(self, region: Any) -> int | None:
+        lay, limit = self.layout, settings.get("small_read")
+        if lay.codec == "raw" or not limit:
+            return None
+        chunks = 1
+        for a, b, c in zip(region.start, region.stop, lay.inner_shape):
+            if b <= a:
+                return None
+            chunks *= (b - 1) // c - a // c + 1
+        touched = chunks * lay.inner_nbytes
+        return touched if touched <= limit else None
+
+    def read(self, arr: Any, region: Any, selection: Any, *, options: Any, progress: Callable[[int, int], None] | None,
+             cancel: Any, where: str) -> tuple[Any, dict[str, Any], str]:
+        from gpu_zarr.engine import EngineOptions
+        from gpu_zarr.engine import read as engine_read
+
+        opts = options or EngineOptions()
+        small = self.small_read_bytes(region)
+        if small is None:
+            if progress is not None or cancel is not None:
+                opts = opts.with_(progress=progress or opts.progress, cancel=cancel or opts.cancel)
+            res = engine_read(None, selection, device="gpu", options=opts, layout=self.layout, runtime=self.runtime)
+            return res.data, res.stats, ""
+        from gpu_zarr.engine.ops import CpuOps
+
+        # decoded chunkwise on CPU threads; with ``cache`` (viewers) the decoded chunks are kept
+        # in the runtime's host chunk cache, so the next planes of thick chunks are copies
+        opts = opts.with_(reader="threads", progress=progress, cancel=cancel)
+        ops = CpuOps(self.runtime.pool("cpu-decode", opts.threads), opts.threads, fast=True)
+        res = engine_read(None, selection, device="cpu", options=opts, layout=self.layout, ops=ops,
+                          runtime=self.runtime)
+        data, stats = res.data, res.stats
+        on_gpu = where != "host"
+        if on_gpu:
+            import cupy
+
+            data = cupy.asarray(data)
+        stats["small_read"] = True
+        return data, stats, (f"; small read ({small / (1 << 20):.1f} MiB of chunks): decoded on {opts.threads} CPU "
+                             "threads" + (", one copy to the GPU" if on_gpu else ", returned in host memory"))
+
+
+class _ZarrBackend:
+    """zarr-python reads, in chunk-aligned slabs when progress or cancel is asked for."""
+
+    name = ""
+    device = "cpu"
+    layout = None
+
+    def small_read_bytes(self, region: Any) -> int | None:
+        return None
+
+    def _read_all(self, arr: Any, selection: Any) -> Any:
+        raise NotImplementedError
+
+    def read(self, arr: Any, region: Any, selection: Any, *, options: Any, progress: Callable[[int, int], None] | None,
+             cancel: Any, where: str) -> tuple[Any, dict[str, Any], str]:
+        from gpu_zarr.engine.fit import check_fits
+
+        nbytes = nbytes_of(region.box_shape, arr.dtype)
+        check_fits(nbytes, 0 if region.is_box else nbytes, device=self.device,
+                   what=f"reading {region.out_shape} {arr.dtype} of {arr.store_path}")
+
+        def read(sel: Any) -> Any:
+            try:
+                return self._read_all(arr, sel)
+            except GpuZarrError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - re-raised, with the chunk named when we can
+                raise _name_the_chunk(arr, sel, exc) from exc
+        return _in_slabs(arr, region, selection, read, self.device, progress, cancel), {}, ""
+
+
+class ZarrGpuBackend(_ZarrBackend):
+    """zarr-python with GPU buffers and our codec pipeline (:func:`gpu_zarr.zarr_gpu.read_on_gpu`)."""
+
+    name = "zarr-gpu"
+    device = "gpu"
+
+    def _read_all(self, arr: Any, selection: Any) -> Any:
+        from gpu_zarr.zarr_gpu import read_on_gpu
+
+        return read_on_gpu(arr, selection)
+
+
+class CpuBackend(_ZarrBackend):
+    """Host memory (numpy) through zarr-python, in native byte order."""
+
+    name = "cpu"
+    device = "cpu"
+
+    def _read_all(self, arr: Any, selection: Any) -> Any:
+        from gpu_zarr.zarr_gpu import to_native_order
+
+        return to_native_order(np.asarray(arr[selection]))
+
+
+def _name_the_chunk(arr: Any, selection: Any, exc: Exception) -> Exception:
+    """zarr-python's own message names no chunk ("Zstd decompression error: invalid input
+    data"): find the chunk with the engine's CPU twin, which checks and decodes chunk by
+    chunk and names the first bad one. Anything else is wrapped with the store path."""
+    from gpu_zarr.engine import EngineOptions
+    from gpu_zarr.engine import read as engine_read
+    from gpu_zarr.errors import CorruptChunkError
+
+    try:
+        engine_read(arr, selection, device="cpu", options=EngineOptions(reader="threads"))
+    except CorruptChunkError as found:
+        return CorruptChunkError(f"{arr.store_path}: {found} (zarr-python reported: {type(exc).__name__}: {exc})")
+    except Exception:  # noqa: BLE001 - the twin cannot tell either (e.g. a codec it has no stage for)
+        pass
+    if isinstance(exc, MemoryError):
+        return exc
+    return CorruptChunkError(f"{arr.store_path}: zarr-python could not decode this array's chunks: "
+                             f"{type(exc).__name__}: {exc}. Expected chunks that decode to the array's chunk "
+                             "shape and dtype; the store may be damaged or written by an incompatible writer.")
+
+
+def _in_slabs(arr: Any, region: Any, selection: Any, read: Callable[[Any], Any], device: str,
+              progress: Callable[[int, int], None] | None, cancel: Any, parts: int = 16) -> Any:
+    """``read(selection)`` in chunk-aligned slabs along the first axis, so that zarr-python
+    reads report progress and can be cancelled between slabs. Without a progress callback
+    or cancel event it is one plain read."""
+    if progress is None and cancel is None or arr.ndim == 0:
+        return read(selection)
+    box = region.box_shape
+    total = nbytes_of(region.out_shape, arr.dtype)
+    outer = (getattr(arr, "shards", None) or arr.chunks)[0]
+    z0, z1 = region.start[0], region.stop[0]
+    step = max(outer, -(-(z1 - z0) // parts) // outer * outer)
+    rest = tuple(slice(a, b) for a, b in zip(region.start[1:], region.stop[1:]))
+    out = None
+    edges = [z0] + [e for e in range((z0 // step + 1) * step, z1, step)] + [z1]
+    for a, b in zip(edges[:-1], edges[1:]):
+        if cancel is not None and cancel.is_set():
+            raise ReadCancelled("read cancelled: the partial result was discarded")
+        slab = read((slice(a, b),) + rest)
+        if out is None:
+            if device == "gpu":
+                import cupy
+
+                out = cupy.empty(box, slab.dtype)
+            else:
+                out = np.empty(box, slab.dtype)
+        out[a - z0:b - z0] = slab
+        if progress is not None:
+            progress(min(total, total * (b - z0) // max(z1 - z0, 1)), total)
+    if out is None:  # empty selection
+        return read(selection)
+    return out if region.is_box else out[region.post].copy()
+
+
+def choose(arr: Any, prefer: str, caps: Any, runtime: Any = None) -> tuple[ReadBackend, BackendChoice]:
+    """The backend for ``arr`` (opened) under ``prefer`` on a machine that offers ``caps``
+    (:func:`gpu_zarr.capabilities.probe`), and why.
+
+    Raises
+    ------
+    ValueError
+        ``prefer`` is not a backend name.
+    GPUUnavailable, UnsupportedArrayError
+        A forced backend cannot serve here.
+    """
+    check_backend(prefer)
+    if prefer == "cpu":
+        return CpuBackend(), BackendChoice("cpu", "forced: numpy via zarr-python")
+    if not caps.gpu:
+        if prefer == "auto":
+            return CpuBackend(), BackendChoice("cpu", "no usable GPU" + (f" ({caps.notes[0]})" if caps.notes else ""))
+        raise GPUUnavailable(f"backend {prefer!r} needs a CUDA GPU, and none is usable here: "
+                             f"{caps.backend_status(prefer)[1]}. Use prefer='cpu', or {INSTALL_HINT}.")
+    if prefer == "zarr-gpu":
+        return ZarrGpuBackend(), BackendChoice("zarr-gpu", "forced: " + caps.backend_status("zarr-gpu")[1])
+    from gpu_zarr.engine.layout import describe, layout_of
+
+    try:
+        if arr.ndim == 0:
+            raise UnsupportedArrayError("the direct (kvikio) engine reads arrays with at least one "
+                                        "dimension; this one is 0-dimensional. Use prefer='zarr-gpu'.")
+        lay = layout_of(arr)
+        if lay.codec != "raw" and not caps.nvcomp:
+            raise UnsupportedArrayError(
+                f"this array is {lay.codec}-compressed and nvCOMP is not installed, so the direct engine "
+                f"cannot decode it on the GPU: {INSTALL_HINT}")
+    except UnsupportedArrayError as exc:
+        if prefer == "kvikio":
+            raise
+        return ZarrGpuBackend(), BackendChoice("zarr-gpu", f"direct engine cannot serve: {exc}")
+    tag = "forced" if prefer == "kvikio" else "fastest path"
+    return EngineBackend(lay, runtime), BackendChoice(
+        "kvikio", f"{tag}: {describe(lay)}; {caps.backend_status('kvikio')[1]}")

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_zarr.backends import BACKENDS, check_backend
+from gpu_zarr.backends import BACKENDS, READ_BACKENDS, check_backend
 from gpu_zarr.capabilities import Capabilities, probe
 from gpu_zarr.errors import GpuZarrError, ReadCancelled
 from gpu_zarr.lazy import GpuLazyArray
@@ -35,7 +35,7 @@ __all__ = ["CHART_BACKENDS", "BackendOption", "LevelOption", "LoadJob", "LoaderC
 
 _MIB = 2**20
 #: Backends that can serve a read, in the order the charts show them.
-CHART_BACKENDS = ("kvikio", "zarr-gpu", "cpu")
+CHART_BACKENDS = READ_BACKENDS
 
 
 @dataclass(frozen=True)

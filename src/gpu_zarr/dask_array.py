@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpu_zarr.backends import check_backend
 from gpu_zarr.errors import INSTALL_HINT, GpuZarrError, NotAZarrError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,6 +60,7 @@ __all__ = [
     "worker_state",
 ]
 
+
 log = logging.getLogger("gpu_zarr.dask")
 
 #: default decoded bytes per dask block when blocks are cupy arrays
@@ -67,7 +69,6 @@ GPU_BLOCK_BYTES = 1 << 30
 CPU_BLOCK_BYTES = 128 << 20
 
 _DASK_HINT = "pip install \"napari-gpu-zarr[dask]\" (dask-cuda for one worker per GPU: [dask-cuda13] or [dask-cuda12])"
-_BACKENDS = ("auto", "kvikio", "zarr-gpu", "cpu")
 
 
 @dataclass(frozen=True)
@@ -393,8 +394,7 @@ def to_dask(path_or_array: Any, *, level: int | None = None, chunks: Any = None,
         import dask.array  # noqa: F401
     except ImportError as exc:
         raise ImportError(f"gpu_zarr.to_dask needs dask: {_DASK_HINT}") from exc
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}; got {backend!r}")
+    check_backend(backend)
 
     if isinstance(path_or_array, (str, os.PathLike)):
         import zarr

@@ -14,22 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_zarr.engine import EngineOptions, EngineResult, read
-from gpu_zarr.engine.layout import Layout, layout_of
+from gpu_zarr.engine.layout import Layout, describe, layout_of
 from gpu_zarr.errors import INSTALL_HINT, BackendUnavailable, UnsupportedArrayError
 from gpu_zarr.store import open_array
 
 __all__ = ["describe", "read_with_stats", "read_zarr_via_kvikio", "supports"]
-
-
-def describe(lay: Layout) -> str:
-    """A short description of what the engine reads, e.g. ``"zstd zarr v3, sharded"``."""
-    codec = "uncompressed" if lay.codec == "raw" else lay.codec
-    if lay.codec == "blosc":
-        cname = str(lay.codec_params.get("cname", "?"))
-        codec = f"Blosc {cname}"
-        if cname in ("blosclz", "snappy"):
-            codec += f" (decoded on the host: no GPU decoder for {cname})"
-    return f"{codec} zarr v{lay.zarr_format}" + (", sharded" if lay.sharded else "")
 
 
 def supports(array_or_path: Any) -> tuple[bool, str]:

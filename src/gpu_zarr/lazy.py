@@ -175,7 +175,7 @@ class GpuLazyArray:
     zarr_array : zarr.Array
         The array (open it read-only, e.g. with :func:`gpu_zarr.omezarr.read_omezarr`).
     backend : {"auto", "kvikio", "zarr-gpu", "cpu"}
-        How regions are read (see :func:`gpu_zarr.engine.read_region`).
+        How regions are read (see :func:`gpu_zarr.zarr_io.read_region`).
 
     Attributes
     ----------

@@ -14,8 +14,9 @@ Backends (``prefer``):
 - ``"kvikio"`` — the direct engine (:mod:`gpu_zarr.engine`): chunk and shard bytes read by
   many threads (kvikio's pool, GDS native where the system has it, POSIX compat mode
   otherwise), one nvCOMP batched zstd decode per batch, one scatter kernel per batch.
-  Uncompressed or zstd arrays, zarr v2 and v3, sharded or not.
-- ``"zarr-gpu"`` — zarr-python with ``zarr.config.enable_gpu()`` and our nvCOMP zstd codec;
+  Raw, zstd, Blosc, gzip and zlib arrays, zarr v2 and v3, sharded or not.
+- ``"zarr-gpu"`` — zarr-python with ``zarr.config.enable_gpu()`` and our codec pipeline
+  (:mod:`gpu_zarr.zarr_gpu`: the engine's batched GPU decoders, every chunk's size checked);
   reads any array zarr can read.
 - ``"cpu"`` — numpy via zarr-python (beyond the seed; for machines with no GPU).
 - ``"auto"`` — the direct engine when the array and machine allow, zarr-gpu otherwise, cpu
@@ -31,20 +32,24 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from gpu_zarr import settings
-from gpu_zarr.backends import BACKENDS, Backend, check_backend
-from gpu_zarr.capabilities import probe
-from gpu_zarr.engine.fit import check_fits
-from gpu_zarr.engine.layout import Layout, layout_of
+from gpu_zarr import capabilities
+from gpu_zarr.backends import (
+    BACKENDS,
+    Backend,
+    BackendChoice,
+    EngineBackend,
+    ReadBackend,
+    ZarrGpuBackend,
+    check_backend,
+    choose,
+)
+from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.pipeline import EngineOptions
 from gpu_zarr.engine.plan import Region, normalize_selection
 from gpu_zarr.errors import (
     INSTALL_HINT,
     BackendUnavailable,
     GPUUnavailable,
-    GpuZarrError,
     ReadCancelled,
     UnsupportedArrayError,
 )
@@ -72,17 +77,6 @@ __all__ = [
 ]
 
 GiB = 1 << 30
-
-
-@dataclass(frozen=True)
-class BackendChoice:
-    """The backend that serves (or would serve) a read, and why."""
-
-    backend: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.backend} ({self.reason})"
 
 
 @dataclass
@@ -134,43 +128,6 @@ def last_choice() -> BackendChoice | None:
     return getattr(_last, "choice", None)
 
 
-def _what(lay: Layout) -> str:
-    from gpu_zarr.kvikio_zarr import describe
-
-    return describe(lay)
-
-
-def _decide(arr: Any, prefer: str) -> tuple[BackendChoice, Layout | None]:
-    """The backend for ``arr`` and, for the direct engine, its layout (parsed once)."""
-    check_backend(prefer)
-    if prefer == "cpu":
-        return BackendChoice("cpu", "forced: numpy via zarr-python"), None
-    caps = probe()
-    if not caps.gpu:
-        if prefer == "auto":
-            return BackendChoice("cpu", "no usable GPU" + (f" ({caps.notes[0]})" if caps.notes else "")), None
-        raise GPUUnavailable(f"backend {prefer!r} needs a CUDA GPU, and none is usable here: "
-                             f"{caps.backend_status(prefer)[1]}. Use prefer='cpu', or {INSTALL_HINT}.")
-    if prefer == "zarr-gpu":
-        return BackendChoice("zarr-gpu", "forced: " + caps.backend_status("zarr-gpu")[1]), None
-    try:
-        lay = layout_of(arr)
-        if arr.ndim == 0:
-            raise UnsupportedArrayError("the direct (kvikio) engine reads arrays with at least one "
-                                        "dimension; this one is 0-dimensional. Use prefer='zarr-gpu'.")
-        if lay.codec != "raw" and not caps.nvcomp:
-            raise UnsupportedArrayError(
-                f"this array is {lay.codec}-compressed and nvCOMP is not installed, so the direct engine "
-                f"cannot decode it on the GPU: {INSTALL_HINT}")
-    except UnsupportedArrayError as exc:
-        if prefer == "kvikio":
-            raise
-        return BackendChoice("zarr-gpu", f"direct engine cannot serve: {exc}"), None
-    status = caps.backend_status("kvikio")[1]
-    tag = "forced" if prefer == "kvikio" else "fastest path"
-    return BackendChoice("kvikio", f"{tag}: {_what(lay)}; {status}"), lay
-
-
 def choose_backend(array_or_path: Any, prefer: Backend = "auto") -> BackendChoice:
     """Decide which backend serves this array on this machine, and say why.
 
@@ -192,31 +149,42 @@ def choose_backend(array_or_path: Any, prefer: Backend = "auto") -> BackendChoic
     """
     check_backend(prefer)
     arr = None if prefer in ("cpu", "zarr-gpu") else open_array(array_or_path)
-    return _decide(arr, prefer)[0]
+    return choose(arr, prefer, capabilities.probe())[1]
 
 
 class PreparedArray:
     """An array with its backend chosen once (and, for the direct engine, its layout).
 
     Lazy arrays and the CLI read many regions of one array: preparing it once spares
-    re-choosing the backend and re-parsing the metadata for every tile.
+    re-choosing the backend and re-parsing the metadata for every tile. The backend is
+    chosen when the array is prepared and never changed by a read, so one prepared array
+    can serve napari's threads at once.
 
     Attributes
     ----------
     array : zarr.Array
     prefer : str
     choice : BackendChoice
+    backend_impl : ReadBackend
+        The backend object that serves the reads.
     layout : Layout or None
     """
 
-    def __init__(self, array: Any, prefer: Backend = "auto") -> None:
+    def __init__(self, array: Any, prefer: Backend = "auto", *, runtime: Any = None) -> None:
         self.array = open_array(array)
         self.prefer = check_backend(prefer)
-        self.choice, self.layout = _decide(self.array, self.prefer)
+        self.backend_impl, self.choice = choose(self.array, self.prefer, capabilities.probe(), runtime)
+        # what serves a read the engine finds it cannot serve after all ("auto" only)
+        self._fallback: ReadBackend | None = ZarrGpuBackend() if (
+            self.prefer == "auto" and isinstance(self.backend_impl, EngineBackend)) else None
 
     @property
     def backend(self) -> str:
         return self.choice.backend
+
+    @property
+    def layout(self) -> Layout | None:
+        return self.backend_impl.layout
 
     def __repr__(self) -> str:
         return f"PreparedArray({self.array.store_path}, backend={self.choice})"
@@ -224,16 +192,7 @@ class PreparedArray:
     def small_read_bytes(self, region: Region) -> int | None:
         """Decoded bytes of the chunks a read touches when it is small enough to decode on CPU
         threads rather than pay nvCOMP's per-call latency (``settings`` ``small_read``); else None."""
-        lay, limit = self.layout, settings.get("small_read")
-        if self.choice.backend != "kvikio" or lay is None or lay.codec == "raw" or not limit:
-            return None
-        chunks = 1
-        for a, b, c in zip(region.start, region.stop, lay.inner_shape):
-            if b <= a:
-                return None
-            chunks *= (b - 1) // c - a // c + 1
-        touched = chunks * lay.inner_nbytes
-        return touched if touched <= limit else None
+        return self.backend_impl.small_read_bytes(region)
 
     def read(self, selection: Any = Ellipsis, *, options: EngineOptions | None = None,
              progress: Callable[[int, int], None] | None = None, cancel: Any = None,
@@ -243,64 +202,21 @@ class PreparedArray:
         ``where="host"`` says the caller wants host memory (a viewer): a small read then
         returns the CPU-decoded numpy array without a round trip through the GPU.
         """
-        arr, choice = self.array, self.choice
+        arr, choice, impl = self.array, self.choice, self.backend_impl
         region = normalize_selection(tuple(int(s) for s in arr.shape), selection)
         if cancel is not None and cancel.is_set():
             raise ReadCancelled("read cancelled before it started")
-        stats: dict = {}
         t0 = time.perf_counter()
-        small = self.small_read_bytes(region)
-        if small is not None:
-            from gpu_zarr.engine import read as engine_read
-            from gpu_zarr.engine.ops import CpuOps
-            from gpu_zarr.engine.runtime import get_runtime
-
-            # decoded chunkwise on CPU threads; with ``cache`` (viewers) the decoded chunks are kept
-            # in the runtime's host chunk cache, so the next planes of thick chunks are copies
-            opts = (options or EngineOptions()).with_(reader="threads", progress=progress, cancel=cancel)
-            ops = CpuOps(get_runtime().pool("cpu-decode", opts.threads), opts.threads, fast=True)
-            res = engine_read(arr, selection, device="cpu", options=opts, layout=self.layout, ops=ops)
-            data, stats = res.data, res.stats
-            on_gpu = where != "host"
-            if on_gpu:
-                import cupy
-
-                data = cupy.asarray(data)
-            choice = BackendChoice(choice.backend, f"{choice.reason}; small read ({small / (1 << 20):.1f} MiB of "
-                                   f"chunks): decoded on {opts.threads} CPU threads"
-                                   + (", one copy to the GPU" if on_gpu else ", returned in host memory"))
-            stats["small_read"] = True
-        elif choice.backend == "kvikio":
-            from gpu_zarr.kvikio_zarr import read_with_stats
-
-            opts = options or EngineOptions()
-            if progress is not None or cancel is not None:
-                opts = opts.with_(progress=progress or opts.progress, cancel=cancel or opts.cancel)
-            try:
-                res = read_with_stats(arr, selection, layout=self.layout, options=opts)
-                data, stats = res.data, res.stats
-            except UnsupportedArrayError as exc:
-                if self.prefer == "kvikio":
-                    raise
-                # the engine found something it cannot serve: zarr-gpu from now on
-                self.choice, self.layout = BackendChoice("zarr-gpu", f"direct engine cannot serve: {exc}"), None
-                return self.read(selection, options=options, progress=progress, cancel=cancel, where=where)
-        else:
-            device = "gpu" if choice.backend == "zarr-gpu" else "cpu"
-            nbytes = int(np.prod(region.box_shape, dtype=np.int64)) * np.dtype(arr.dtype).itemsize
-            check_fits(nbytes, 0 if region.is_box else nbytes, device=device,
-                       what=f"reading {region.out_shape} {arr.dtype} of {arr.store_path}")
-            zarr_read = (lambda sel: _zarr_gpu_read(arr, sel)) if device == "gpu" else (
-                lambda sel: to_native_order(np.asarray(arr[sel])))
-
-            def read(sel: Any) -> Any:
-                try:
-                    return zarr_read(sel)
-                except GpuZarrError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - re-raised, with the chunk named when we can
-                    raise _name_the_chunk(arr, sel, exc) from exc
-            data = _in_slabs(arr, region, selection, read, device, progress, cancel)
+        kw = {"options": options, "progress": progress, "cancel": cancel, "where": where}
+        try:
+            data, stats, more = impl.read(arr, region, selection, **kw)
+        except UnsupportedArrayError as exc:
+            if self._fallback is None:
+                raise
+            data, stats, more = self._fallback.read(arr, region, selection, **kw)
+            choice = BackendChoice(self._fallback.name, f"direct engine cannot serve this read: {exc}")
+        if more:
+            choice = BackendChoice(choice.backend, choice.reason + more)
         if hasattr(data, "__cuda_array_interface__"):
             import cupy
 
@@ -313,22 +229,6 @@ class PreparedArray:
         _last.choice = choice
         return ReadResult(data, choice.backend, choice.reason, nbytes, seconds,
                           nbytes / GiB / seconds if seconds > 0 else float("inf"), gpu_bytes, stats)
-
-
-def _name_the_chunk(arr: Any, selection: Any, exc: Exception) -> Exception:
-    """zarr-python's own message names no chunk ("Zstd decompression error: invalid input
-    data"): find the chunk with the engine's CPU twin, which checks and decodes chunk by
-    chunk and names the first bad one. Anything else is returned as it was."""
-    from gpu_zarr.engine import read as engine_read
-    from gpu_zarr.errors import CorruptChunkError
-
-    try:
-        engine_read(arr, selection, device="cpu", options=EngineOptions(reader="threads"))
-    except CorruptChunkError as found:
-        return CorruptChunkError(f"{arr.store_path}: {found} (zarr-python reported: {type(exc).__name__}: {exc})")
-    except Exception:  # noqa: BLE001 - the twin cannot tell either (e.g. a codec it has no stage for)
-        pass
-    return exc
 
 
 def prepare(array_or_path: Any, prefer: Backend = "auto") -> PreparedArray:
@@ -361,19 +261,13 @@ def gpu_zarr_context() -> Iterator[None]:
     RuntimeError
         If zarr is unavailable (:class:`GPUUnavailable`, a RuntimeError, without a GPU).
     """
-    try:
-        import zarr
-    except ImportError as exc:
-        raise RuntimeError("gpu_zarr_context needs zarr-python: pip install 'zarr>=3.1'") from exc
-    caps = probe()
+    caps = capabilities.probe()
     if not caps.gpu:
         raise GPUUnavailable("gpu_zarr_context needs a CUDA GPU: "
                              f"{caps.backend_status('zarr-gpu')[1]}. Read on the CPU instead, or {INSTALL_HINT}.")
-    from gpu_zarr.nvcomp_zstd import gpu_zstd_config, register_nvcomp_zstd
-    from gpu_zarr.zarr_v2_gpu import gpu_v2_decoding
+    from gpu_zarr.zarr_gpu import gpu_decoding
 
-    overrides = gpu_zstd_config() if register_nvcomp_zstd() else {}
-    with zarr.config.enable_gpu(), zarr.config.set(overrides), gpu_v2_decoding():
+    with gpu_decoding():
         yield
 
 
@@ -391,46 +285,9 @@ def read_zarr_via_zarr_gpu(array_path: Any) -> Any:
     -------
     cupy.ndarray
     """
-    return _zarr_gpu_read(open_array(array_path), Ellipsis)
+    from gpu_zarr.zarr_gpu import read_on_gpu
 
-
-def _zarr_gpu_read(arr: Any, selection: Any) -> Any:
-    import zarr
-
-    meta = arr.metadata
-    if (meta.zarr_format == 2 and (meta.compressor is not None or meta.filters)) or _big_endian(arr):
-        # zarr-python 3.4's GPU buffers fail here: v2 compressors get device buffers numcodecs
-        # cannot read, and big-endian data come back with their bytes unswapped.
-        # Decode on the host, then one copy to the device.
-        import cupy
-
-        return cupy.asarray(to_native_order(np.asarray(arr[selection])))
-    with gpu_zarr_context():
-        a = zarr.open_array(store=arr.store, path=arr.path, mode="r") if arr.store is not None else arr
-        out = a[selection]
-    import cupy
-
-    if not isinstance(out, cupy.ndarray):
-        out = cupy.asarray(to_native_order(np.asarray(out)))
-    elif not out.dtype.isnative:
-        out = out.astype(out.dtype.newbyteorder("="))
-    return out
-
-
-def _big_endian(arr: Any) -> bool:
-    if arr.dtype.byteorder == ">":
-        return True
-    for codec in getattr(arr.metadata, "codecs", ()):
-        inner = getattr(codec, "codecs", ())  # sharding
-        for c in (codec, *inner):
-            if type(c).__name__ == "BytesCodec" and getattr(c.endian, "value", c.endian) == "big":
-                return True
-    return False
-
-
-def to_native_order(a: np.ndarray) -> np.ndarray:
-    """``a`` with its values in native byte order (a copy only when it is not)."""
-    return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
+    return read_on_gpu(open_array(array_path), Ellipsis)
 
 
 # -- progress and interrupts (gpu_zarr.progress): begin --------------------------------------
@@ -501,40 +358,6 @@ def read_region(array: Any, selection: Any = Ellipsis, *, backend: Backend = "au
     return read_selection(array, selection, prefer=backend, options=options, progress=None).data
 
 
-def _in_slabs(arr: Any, region: Region, selection: Any, read: Callable[[Any], Any], device: str,
-              progress: Callable[[int, int], None] | None, cancel: Any, parts: int = 16) -> Any:
-    """``read(selection)`` in chunk-aligned slabs along the first axis, so that zarr-python
-    reads report progress and can be cancelled between slabs. Without a progress callback
-    or cancel event it is one plain read."""
-    if progress is None and cancel is None or arr.ndim == 0:
-        return read(selection)
-    box = region.box_shape
-    total = int(np.prod(region.out_shape, dtype=np.int64)) * np.dtype(arr.dtype).itemsize
-    outer = (getattr(arr, "shards", None) or arr.chunks)[0]
-    z0, z1 = region.start[0], region.stop[0]
-    step = max(outer, -(-(z1 - z0) // parts) // outer * outer)
-    rest = tuple(slice(a, b) for a, b in zip(region.start[1:], region.stop[1:]))
-    out = None
-    edges = [z0] + [e for e in range((z0 // step + 1) * step, z1, step)] + [z1]
-    for a, b in zip(edges[:-1], edges[1:]):
-        if cancel is not None and cancel.is_set():
-            raise ReadCancelled("read cancelled: the partial result was discarded")
-        slab = read((slice(a, b),) + rest)
-        if out is None:
-            if device == "gpu":
-                import cupy
-
-                out = cupy.empty(box, slab.dtype)
-            else:
-                out = np.empty(box, slab.dtype)
-        out[a - z0:b - z0] = slab
-        if progress is not None:
-            progress(min(total, total * (b - z0) // max(z1 - z0, 1)), total)
-    if out is None:  # empty selection
-        return read(selection)
-    return out if region.is_box else out[region.post].copy()
-
-
 def read_zarr(array_or_path: Any, *, prefer: Backend = "auto", options: EngineOptions | None = None,
               progress: ProgressArg = "auto", cancel: Any = None) -> ReadResult:
     """Read a whole array with the chosen backend and measure it (see :func:`read_selection`)."""
@@ -578,7 +401,7 @@ def read_zarr_to_gpu(array_path: Any, *, prefer: Backend = "auto") -> Any:
     if prefer == "cpu":
         raise BackendUnavailable("read_zarr_to_gpu returns a GPU array; for numpy use "
                                  "gpu_zarr.zarr_io.read_zarr(path, prefer='cpu').")
-    caps = probe()
+    caps = capabilities.probe()
     if not caps.gpu:
         raise GPUUnavailable(
             "read_zarr_to_gpu needs a CUDA GPU, and none is usable here ("

@@ -8,20 +8,9 @@ lives across reads). The engine imports nothing above it: backend choice and
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any
-
 from gpu_zarr.engine.pipeline import EngineOptions, EngineResult, decode_chunks, last_read_stats, read
 from gpu_zarr.engine.runtime import close_runtime, get_runtime
 
 __all__ = ["EngineOptions", "EngineResult", "close_runtime", "decode_chunks", "get_runtime", "last_read_stats",
            "read"]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "read_region":  # moved to gpu_zarr.zarr_io (it dispatches over every backend)
-        warnings.warn("gpu_zarr.engine.read_region moved to gpu_zarr.zarr_io.read_region (also "
-                      "gpu_zarr.read_region)", DeprecationWarning, stacklevel=2)
-        return importlib.import_module("gpu_zarr.zarr_io").read_region
-    raise AttributeError(f"module 'gpu_zarr.engine' has no attribute {name!r}")

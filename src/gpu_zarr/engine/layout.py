@@ -16,7 +16,7 @@ import numpy as np
 
 from gpu_zarr.errors import UnsupportedArrayError
 
-__all__ = ["Layout", "chunk_layout", "codec_of_v2_compressor", "layout_of", "native_dtype"]
+__all__ = ["Layout", "chunk_layout", "codec_of_chain", "codec_of_v2_compressor", "describe", "layout_of", "native_dtype"]
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def _blosc_params(codec: Any) -> dict[str, Any] | None:
     return blosc_params(codec)
 
 
-def _codec_of_chain(codecs: Sequence[Any], where: str) -> tuple[str, str | None, dict[str, Any]]:
+def codec_of_chain(codecs: Sequence[Any], where: str) -> tuple[str, str | None, dict[str, Any]]:
     """(codec, endian, codec_params) for a v3 chain [bytes, (zstd | blosc)]; anything else is unsupported."""
     from zarr.codecs import BytesCodec, ZstdCodec
 
@@ -154,6 +154,17 @@ def _codec_of_chain(codecs: Sequence[Any], where: str) -> tuple[str, str | None,
         return deflate, endian, {}
     names = [type(c).__name__ for c in codecs]
     raise _unsupported(what, f"{where} codecs {names}")
+
+
+def describe(lay: Layout) -> str:
+    """A short description of what the engine reads, e.g. ``"zstd zarr v3, sharded"``."""
+    codec = "uncompressed" if lay.codec == "raw" else lay.codec
+    if lay.codec == "blosc":
+        cname = str(lay.codec_params.get("cname", "?"))
+        codec = f"Blosc {cname}"
+        if cname in ("blosclz", "snappy"):
+            codec += f" (decoded on the host: no GPU decoder for {cname})"
+    return f"{codec} zarr v{lay.zarr_format}" + (", sharded" if lay.sharded else "")
 
 
 def _v3_deflate(codec: Any) -> str | None:
@@ -242,7 +253,7 @@ def layout_of(arr: Any) -> Layout:
         sc = codecs[0]
         inner = tuple(int(c) for c in sc.chunk_shape)
         inner_codecs, perm = _strip_transpose(tuple(sc.codecs))
-        codec, endian, params = _codec_of_chain(inner_codecs, "inner")
+        codec, endian, params = codec_of_chain(inner_codecs, "inner")
         idx = tuple(sc.index_codecs)
         idx_names = [type(c).__name__ for c in idx]
         if idx_names not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]):
@@ -255,7 +266,7 @@ def layout_of(arr: Any) -> Layout:
     else:
         inner = chunks
         array_codecs, perm = _strip_transpose(codecs)
-        codec, endian, params = _codec_of_chain(array_codecs, "array")
+        codec, endian, params = codec_of_chain(array_codecs, "array")
         index_at_end, index_crc = True, False
     disk = dtype if dtype.itemsize == 1 else dtype.newbyteorder("<" if endian in ("little", None) else ">")
     if dtype.kind == "c":

@@ -216,7 +216,7 @@ def test_codec_writes_chunks_cpu_reads(tmp_path, checksum):
 def test_codec_batches_one_nvcomp_call(tmp_path, monkeypatch):
     import zarr
 
-    from gpu_zarr.engine import decode
+    from gpu_zarr.engine import decode, ops
     from gpu_zarr.zarr_io import gpu_zarr_context
 
     write(tmp_path / "a.zarr", fmt=3, codec="zstd", partial=False)
@@ -227,7 +227,8 @@ def test_codec_batches_one_nvcomp_call(tmp_path, monkeypatch):
         calls.append(len(offs))
         return real(algo, src, offs, *a, **k)
 
-    monkeypatch.setattr(decode, "decode_batch_gpu", spy)
+    monkeypatch.setattr(decode, "decode_batch_gpu", spy)  # the nvCOMP codec's call
+    monkeypatch.setattr(ops, "decode_batch_gpu", spy)  # the engine stages' call (the codec pipeline)
     with gpu_zarr_context():
         zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[...]
     n_chunks = 5 * 4 * 4

@@ -137,7 +137,7 @@ def test_nothing_of_zarr_is_patched():
 # -- on the GPU -------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("kw", CASES, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
-def test_context_reads_on_the_gpu(tmp_path, kw, gpu):
+def test_context_reads_on_the_gpu(tmp_path, kw):
     import cupy
 
     from gpu_zarr.zarr_io import gpu_zarr_context
@@ -153,7 +153,7 @@ def test_context_reads_on_the_gpu(tmp_path, kw, gpu):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", [2, 3])
 @pytest.mark.parametrize("damage", ["truncated", "empty", "longer"])
-def test_zarr_gpu_backend_names_wrong_size_chunks(tmp_path, fmt, damage, gpu):
+def test_zarr_gpu_backend_names_wrong_size_chunks(tmp_path, fmt, damage):
     from gpu_zarr.zarr_io import read_zarr
 
     write(tmp_path / "a.zarr", fmt=fmt, codec="raw")

@@ -101,6 +101,9 @@ def _imports() -> dict[str, set[str]]:
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == \
+                    "import_module" and node.args and isinstance(node.args[0], ast.Constant):
+                targets = [str(node.args[0].value)]  # importlib.import_module("gpu_zarr....") hides an import
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:

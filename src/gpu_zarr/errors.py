@@ -7,6 +7,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendUnavailable",
+    "BenchReaderFailed",
     "CorruptChunkError",
     "GPUUnavailable",
     "GpuZarrError",
@@ -69,3 +70,7 @@ class InvalidOmeMetadata(GpuZarrError, ValueError):
 
 class ReadCancelled(GpuZarrError):
     """A read was cancelled by its caller (widget's cancel button)."""
+
+
+class BenchReaderFailed(GpuZarrError):
+    """A benchmark reader failed; its error is already written into the reader's record."""

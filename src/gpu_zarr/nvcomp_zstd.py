@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from zarr.core.buffer import Buffer
     from zarr.core.common import JSON
 
-__all__ = ["NvcompZstdCodec", "gpu_zstd_config", "register_nvcomp_zstd"]
+__all__ = ["NvcompZstdCodec", "gpu_zstd_config", "is_gpu_prototype", "register_nvcomp_zstd"]
 
 QUALNAME = "gpu_zarr.nvcomp_zstd.NvcompZstdCodec"
 _ALIGN = 16
@@ -40,7 +41,7 @@ _registered = False
 
 def _decoded_nbytes(spec: ArraySpec) -> int:
     dtype: Any = spec.dtype.to_native_dtype() if hasattr(spec.dtype, "to_native_dtype") else spec.dtype
-    return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return math.prod(int(s) for s in spec.shape) * np.dtype(dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ class NvcompZstdCodec(BytesBytesCodec):
         for j, k in enumerate(live):
             view = out[int(dst_off[j]):int(dst_off[j] + decoded[j])]
             proto = items[k][1].prototype
-            result[k] = proto.buffer.from_array_like(view if _is_gpu(proto) else view.get())
+            result[k] = proto.buffer.from_array_like(view if is_gpu_prototype(proto) else view.get())
         stream.synchronize()
         return result
 
@@ -164,7 +165,7 @@ class NvcompZstdCodec(BytesBytesCodec):
         for j, k in enumerate(live):
             frame = cupy.array(cupy.asarray(encoded[j]).view(np.uint8), copy=True)
             proto = items[k][1].prototype
-            result[k] = proto.buffer.from_array_like(frame if _is_gpu(proto) else frame.get())
+            result[k] = proto.buffer.from_array_like(frame if is_gpu_prototype(proto) else frame.get())
         stream.synchronize()
         return result
 
@@ -173,8 +174,9 @@ class NvcompZstdCodec(BytesBytesCodec):
         raise NotImplementedError
 
 
-def _is_gpu(prototype: Any) -> bool:
-    return prototype.buffer.__module__.endswith(".gpu")
+def is_gpu_prototype(prototype: Any) -> bool:
+    """True for zarr's GPU buffer prototype (``zarr.core.buffer.gpu``)."""
+    return bool(prototype.buffer.__module__.endswith(".gpu"))
 
 
 def _to_host(a: Any) -> Any:

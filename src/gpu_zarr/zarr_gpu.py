@@ -31,8 +31,9 @@ from zarr.core.codec_pipeline import BatchedCodecPipeline
 from zarr.registry import register_pipeline
 
 from gpu_zarr.errors import CorruptChunkError, UnsupportedArrayError
+from gpu_zarr.nvcomp_zstd import gpu_zstd_config, is_gpu_prototype, register_nvcomp_zstd
 
-__all__ = ["PIPELINE", "GpuCodecPipeline", "gpu_decoding", "is_gpu_prototype", "read_on_gpu", "to_native_order"]
+__all__ = ["PIPELINE", "GpuCodecPipeline", "gpu_decoding", "read_on_gpu", "to_native_order"]
 
 #: the value of zarr's ``codec_pipeline.path`` that selects :class:`GpuCodecPipeline`
 PIPELINE = "gpu_zarr.zarr_gpu.GpuCodecPipeline"
@@ -40,11 +41,6 @@ PIPELINE = "gpu_zarr.zarr_gpu.GpuCodecPipeline"
 # the chunk keys of the batch being read (unsharded arrays), for error messages
 _warned: set[str] = set()
 _keys: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("gpu_zarr_chunk_keys", default=None)
-
-
-def is_gpu_prototype(prototype: Any) -> bool:
-    """True for zarr's GPU buffer prototype (``zarr.core.buffer.gpu``)."""
-    return bool(prototype.buffer.__module__.endswith(".gpu"))
 
 
 def to_native_order(a: np.ndarray) -> np.ndarray:
@@ -228,8 +224,6 @@ def gpu_decoding() -> Iterator[None]:
     the block and restored on exit, on exceptions and when nested; nothing is patched.
     """
     import zarr
-
-    from gpu_zarr.nvcomp_zstd import gpu_zstd_config, register_nvcomp_zstd
 
     overrides: dict[str, object] = {"codec_pipeline.path": PIPELINE}
     if register_nvcomp_zstd():

@@ -29,6 +29,7 @@ from gpu_zarr.bench.readers import (
     to_host,
 )
 from gpu_zarr.bench.volumes import VolumeInfo
+from gpu_zarr.errors import BenchReaderFailed
 
 __all__ = ["TARGETS", "EXTRA_GPU_TARGET", "time_volume", "summarise", "default_readers"]
 
@@ -199,7 +200,7 @@ def time_volume(
             if reader.external is not None:
                 rec.update(reader.external(path, n_timed, reference_fingerprint))
                 if "error" in rec:
-                    raise _Recorded(rec["error"])
+                    raise BenchReaderFailed(rec["error"])
                 times = rec["warm_s"]
             else:
                 # warm-up (untimed): ours on every volume (with a sampled memory peak), a peer
@@ -276,7 +277,7 @@ def time_volume(
                 f"  {reader.name:<17} {rec['gib_per_s']:8.2f} GiB/s warm (median {med:.3f} s of {len(times)})"
                 f"{cold_txt}{mem_txt}{backend}{tag}"
             )
-        except _Recorded as exc:
+        except BenchReaderFailed as exc:
             log(f"  {reader.name:<17} FAILED: {str(exc)[:300]}")
         except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
             record_failure(rec, exc, log, f"{reader.name:<17}")
@@ -289,10 +290,6 @@ def time_volume(
     record["reference"] = ref_name
     record["ratios"] = summarise(record)
     return record
-
-
-class _Recorded(Exception):
-    """A failure already written into the reader's record (an external reader's)."""
 
 
 def _reference(path: str, device: str):

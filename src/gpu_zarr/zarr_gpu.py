@@ -31,7 +31,8 @@ from zarr.core.codec_pipeline import BatchedCodecPipeline
 from zarr.registry import register_pipeline
 
 from gpu_zarr.errors import CorruptChunkError, UnsupportedArrayError
-from gpu_zarr.nvcomp_zstd import gpu_zstd_config, is_gpu_prototype, register_nvcomp_zstd
+from gpu_zarr import nvcomp_zstd
+from gpu_zarr.nvcomp_zstd import is_gpu_prototype
 
 __all__ = ["PIPELINE", "GpuCodecPipeline", "gpu_decoding", "read_on_gpu", "to_native_order"]
 
@@ -226,8 +227,8 @@ def gpu_decoding() -> Iterator[None]:
     import zarr
 
     overrides: dict[str, object] = {"codec_pipeline.path": PIPELINE}
-    if register_nvcomp_zstd():
-        overrides.update(gpu_zstd_config())
+    if nvcomp_zstd.register_nvcomp_zstd():
+        overrides.update(nvcomp_zstd.gpu_zstd_config())
     with zarr.config.enable_gpu(), zarr.config.set(overrides):
         yield
 

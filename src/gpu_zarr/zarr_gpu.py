@@ -30,8 +30,8 @@ import numpy as np
 from zarr.core.codec_pipeline import BatchedCodecPipeline
 from zarr.registry import register_pipeline
 
-from gpu_zarr.errors import CorruptChunkError, UnsupportedArrayError
 from gpu_zarr import nvcomp_zstd
+from gpu_zarr.errors import CorruptChunkError, UnsupportedArrayError
 from gpu_zarr.nvcomp_zstd import is_gpu_prototype
 
 __all__ = ["PIPELINE", "GpuCodecPipeline", "gpu_decoding", "read_on_gpu", "to_native_order"]

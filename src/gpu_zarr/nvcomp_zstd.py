@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["NvcompZstdCodec", "gpu_zstd_config", "is_gpu_prototype", "register_nvcomp_zstd"]
 
 QUALNAME = "gpu_zarr.nvcomp_zstd.NvcompZstdCodec"
-_ALIGN = 16
 _registered = False
 
 
@@ -89,6 +88,7 @@ class NvcompZstdCodec(BytesBytesCodec):
     def _decode_batch(self, items: Any) -> Any:
         import cupy
 
+        from gpu_zarr.engine.align import packed_offsets
         from gpu_zarr.engine.decode import decode_batch_gpu
         from gpu_zarr.engine.zstd_frames import check_frames
 
@@ -98,9 +98,7 @@ class NvcompZstdCodec(BytesBytesCodec):
             return result
         arrays = [items[k][0].as_array_like() for k in live]
         sizes = np.array([a.nbytes for a in arrays], np.int64)
-        padded = -(-sizes // _ALIGN) * _ALIGN
-        src_off = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
-        total = int(padded.sum())
+        src_off, total = packed_offsets(sizes)
         on_device = hasattr(arrays[0], "__cuda_array_interface__")
         stream = cupy.cuda.get_current_stream()
         if on_device:
@@ -120,9 +118,8 @@ class NvcompZstdCodec(BytesBytesCodec):
         info = check_frames(host, src_off, sizes, -1, names)
         spec_sizes = np.array([_decoded_nbytes(items[k][1]) for k in live], np.int64)
         decoded = np.where(info.content_size >= 0, info.content_size, spec_sizes).astype(np.int64)
-        stride = -(-decoded // _ALIGN) * _ALIGN
-        dst_off = np.concatenate([[0], np.cumsum(stride)[:-1]]).astype(np.int64)
-        out = cupy.empty(max(int(stride.sum()), 1), np.uint8)
+        dst_off, out_bytes = packed_offsets(decoded)
+        out = cupy.empty(max(out_bytes, 1), np.uint8)
         # every chunk of the batch in ONE nvCOMP call (the engine's decode stage)
         decode_batch_gpu("zstd", dev, src_off, sizes, out, dst_off, decoded, stream, names)
         for j, k in enumerate(live):

@@ -30,6 +30,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from gpu_zarr.engine.align import align_up
 from gpu_zarr.errors import CorruptChunkError
 
 __all__ = [
@@ -452,7 +453,7 @@ def decode_plan(ops: Any, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.n
             buf, s_src, s_size = src, plan.s_src[sel], plan.s_size[sel]
             if kind == KIND_DEFLATE and (s_src % _DEFLATE_ALIGN).any():
                 # nvCOMP Deflate wants aligned inputs; zlib payloads start anywhere: one copy kernel
-                pad = -(-s_size // 16) * 16
+                pad = align_up(s_size)
                 offs = np.cumsum(pad) - pad
                 buf = alloc(int(pad.sum()))
                 ops.copy_spans(src, s_src, buf, offs, s_size, slot=slot, wait=wait)
@@ -529,7 +530,7 @@ class BloscStage:
     def scratch_bytes(self, chunks_per_batch: int, lay: Any) -> int:
         """The decoded-streams buffer (at most the decoded batch plus alignment), plus nvCOMP's zstd
         scratch (about 3.1x the decoded batch) when the metadata names zstd (LZ4 needs none)."""
-        dec = chunks_per_batch * (-(-lay.inner_nbytes // 16) * 16) * 9 // 8
+        dec = chunks_per_batch * align_up(lay.inner_nbytes) * 9 // 8
         cname = str(getattr(lay, "codec_params", {}).get("cname", "zstd"))
         return dec + (dec * 31 // 10 if cname == "zstd" else 0)
 

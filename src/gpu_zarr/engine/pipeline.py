@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from gpu_zarr import settings
+from gpu_zarr.engine.align import align_up, packed_offsets
 from gpu_zarr.engine.codecs import CodecStage, stage_for
 from gpu_zarr.engine.fit import check_fits
 from gpu_zarr.engine.layout import Layout, layout_of
@@ -251,10 +252,7 @@ def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence
     n = len(encoded)
     names = list(names) if names is not None else [f"#{k}" for k in range(n)]
     sizes = np.array([int(e.nbytes) for e in encoded], np.int64)
-    offsets = np.zeros(n, np.int64)
-    if n > 1:
-        offsets[1:] = np.cumsum(-(-sizes[:-1] // 16) * 16)
-    total = int(offsets[-1] + sizes[-1]) if n else 0
+    offsets, total = packed_offsets(sizes)
     batch = Batch(np.arange(n), np.zeros(n, np.int64), np.zeros(n, np.int64), offsets, sizes,
                   np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64), total)
     with ops.host_buffers(total, 1) as (host,):
@@ -295,9 +293,7 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
         return
     ops = CpuOps(rt.pool("chunkwise", threads), threads, fast=True)
     sizes = loc.nbytes[todo].astype(np.int64)
-    src_offsets = np.zeros(n, np.int64)
-    src_offsets[1:] = np.cumsum(-(-sizes[:-1] // 16) * 16)
-    encoded = int(src_offsets[-1] + sizes[-1])
+    src_offsets, encoded = packed_offsets(sizes)
     batch = Batch(todo, loc.file_id[todo], loc.offset[todo], src_offsets, sizes,
                   np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64), encoded)
     stride = _stride(lay)
@@ -411,7 +407,7 @@ def _place_cached(cache: Any, keys: list[Any], loc: Located, pieces: Pieces, out
 
 def _stride(lay: Layout) -> int:
     """Bytes between decoded chunks in the decoded buffer (16-byte aligned)."""
-    return -(-lay.inner_nbytes // 16) * 16
+    return int(align_up(lay.inner_nbytes))
 
 
 class _Keep:

@@ -25,6 +25,7 @@ import numpy as np
 
 __all__ = [
     "CODECS",
+    "checksums",
     "OK",
     "SHORT",
     "UNSUPPORTED",
@@ -110,7 +111,10 @@ def _load() -> tuple[Any, NativeStatus]:
     lib.gz_strerror.restype = ctypes.c_char_p
     lib.gz_library_error.restype = ctypes.c_char_p
     lib.gz_read.restype = lib.gz_decode.restype = lib.gz_place.restype = lib.gz_fused.restype = _i64
-    lib.gz_read.argtypes = [_vp, _i64, _i64, _i64p, _i64p, _i64p, _i64p, _vp, _i64, _int, _i32p, _i64p]
+    lib.gz_checksum.restype = _i64
+    lib.gz_checksum.argtypes = [_int, _i64, _vp, _i64, _i64p, _i64p, _int,
+                                np.ctypeslib.ndpointer(np.uint32, flags="C_CONTIGUOUS"), _i32p]
+    lib.gz_read.argtypes = [_vp, _i64, _i64, _i64p, _i64p, _i64p, _i64p, _vp, _i64, _i64, _int, _i32p, _i64p]
     lib.gz_decode.argtypes = [_int, _i64, _vp, _i64, _i64p, _i64p, _vp, _i64, _i64p, _i64p, _int, _i32p, _i64p]
     lib.gz_place.argtypes = [_i64, _vp, _i64, _i64p, _i64, _i64p, _int, _i64p, _int, _int, _vp, _i64, _int, _i32p]
     lib.gz_fused.argtypes = [_int, _vp, _i64, _i64, _i64p, _i64p, _i64p, _i64, _i64p, _int, _i64p, _int, _int, _vp,
@@ -181,9 +185,12 @@ def _check_buffer(buf: np.ndarray, what: str) -> None:
 
 
 def read(files: list[Any], file_id: Any, file_offset: Any, sizes: Any, dst_offsets: Any, dst: np.ndarray,
-         threads: int) -> tuple[np.ndarray, np.ndarray]:
+         threads: int, group_bytes: int = 4 << 20) -> tuple[np.ndarray, np.ndarray]:
     """Read item i (``sizes[i]`` bytes at ``file_offset[i]`` of ``files[file_id[i]]``) into
     ``dst[dst_offsets[i]:]`` on ``threads`` native threads.
+
+    Consecutive items of one file form a group of at most ``group_bytes`` that one thread
+    reads with the file opened once; cut larger items into parts first.
 
     Returns
     -------
@@ -197,7 +204,7 @@ def read(files: list[Any], file_id: Any, file_offset: Any, sizes: Any, dst_offse
     if n:
         paths = _Paths(files)
         library().gz_read(ctypes.cast(paths.array, _vp), paths.n, n, fid, foff, size, doff, _ptr(dst), dst.nbytes,
-                          int(threads), st, det)
+                          int(group_bytes), int(threads), st, det)
     return st, det
 
 
@@ -215,6 +222,21 @@ def decode(codec: str, src: np.ndarray, src_offsets: Any, src_sizes: Any, dst: n
         library().gz_decode(CODECS[codec], n, _ptr(src), src.nbytes, so, ss, _ptr(dst), dst.nbytes, do, ds,
                             int(threads), st, det)
     return st, det
+
+
+def checksums(kind: str, buf: np.ndarray, offsets: Any, sizes: Any, threads: int) -> np.ndarray | None:
+    """CRC-32 (``kind="crc32"``) or Adler-32 (``"adler32"``) of each span of ``buf``; None
+    when neither zlib nor libdeflate is loaded."""
+    buf = np.ascontiguousarray(buf).view(np.uint8).reshape(-1)
+    off, size = _i64a(offsets), _i64a(sizes)
+    n = len(off)
+    out, st = np.zeros(n, np.uint32), np.empty(n, np.int32)
+    if n and library().gz_checksum(0 if kind == "crc32" else 1, n, _ptr(buf), buf.nbytes, off, size, int(threads),
+                                   out, st):
+        if (st == 20).any():
+            return None
+        raise ValueError("checksum spans lie outside the buffer")
+    return out
 
 
 def _geometry(table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype,

@@ -67,6 +67,8 @@ typedef int (*z_reset2_t)(z_stream *, int);
 typedef int (*z_inflate_t)(z_stream *, int);
 typedef int (*z_end_t)(z_stream *);
 typedef const char *(*z_version_t)(void);
+typedef unsigned long (*z_sum_t)(unsigned long, const uint8_t *, unsigned);
+typedef uint32_t (*ld_sum_t)(uint32_t, const void *, size_t);
 typedef void *(*ld_new_t)(void);
 typedef int (*ld_dec_t)(void *, const void *, size_t, void *, size_t, size_t *, size_t *);
 
@@ -77,6 +79,7 @@ static struct {
     lz4_dec_t lz4_dec;
     z_init2_t z_init2; z_reset2_t z_reset2; z_inflate_t z_inflate; z_end_t z_end; const char *z_ver;
     ld_new_t ld_new; ld_dec_t ld_deflate, ld_zlib, ld_gzip;
+    z_sum_t z_crc32, z_adler32; ld_sum_t ld_crc32, ld_adler32;
 } L;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -106,6 +109,8 @@ static void load(void) {
     L.z_reset2 = (z_reset2_t)sym(h, "inflateReset2", 2);
     L.z_inflate = (z_inflate_t)sym(h, "inflate", 2);
     L.z_end = (z_end_t)sym(h, "inflateEnd", 2);
+    L.z_crc32 = (z_sum_t)sym(h, "crc32", 2);
+    L.z_adler32 = (z_sum_t)sym(h, "adler32", 2);
     z_version_t ver = (z_version_t)sym(h, "zlibVersion", 2);
     if (L.ok[2]) L.z_ver = ver();
     h = lib(3, "libdeflate.so.0", "libdeflate.so");
@@ -113,6 +118,8 @@ static void load(void) {
     L.ld_deflate = (ld_dec_t)sym(h, "libdeflate_deflate_decompress_ex", 3);
     L.ld_zlib = (ld_dec_t)sym(h, "libdeflate_zlib_decompress_ex", 3);
     L.ld_gzip = (ld_dec_t)sym(h, "libdeflate_gzip_decompress_ex", 3);
+    L.ld_crc32 = (ld_sum_t)sym(h, "libdeflate_crc32", 3);
+    L.ld_adler32 = (ld_sum_t)sym(h, "libdeflate_adler32", 3);
     for (int k = 0; k < 4; k++) if (L.ok[k]) L.why[k][0] = 0;
 }
 
@@ -334,6 +341,10 @@ static int decode_one(Ctx *c, int codec, const uint8_t *s, int64_t n, uint8_t *d
 }
 
 /* ---------------------------------------------------------------- parallel for */
+static void not_run(int32_t *status, int64_t n) {
+    for (int64_t i = 0; i < n; i++) status[i] = S_MEMORY; /* overwritten by each item that runs */
+}
+
 typedef struct {
     void (*fn)(void *, int64_t, Ctx *);
     void *arg;
@@ -354,10 +365,6 @@ static void *worker(void *p) {
     return NULL;
 }
 
-static void not_run(int32_t *status, int64_t n) {
-    for (int64_t i = 0; i < n; i++) status[i] = S_MEMORY; /* overwritten by each item that runs */
-}
-
 static void parallel(int64_t n, int threads, void (*fn)(void *, int64_t, Ctx *), void *arg) {
     Job j = {fn, arg, n, 0};
     if (threads > n) threads = (int)n;
@@ -371,45 +378,71 @@ static void parallel(int64_t n, int threads, void (*fn)(void *, int64_t, Ctx *),
 }
 
 /* ---------------------------------------------------------------- read */
-static int read_at(const char *path, int64_t off, int64_t size, uint8_t *d, int64_t *detail) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) { *detail = errno; return S_OPEN; }
-    int64_t got = 0;
-    int st = S_OK;
-    while (got < size) {
-        ssize_t r = pread(fd, d + got, (size_t)(size - got), (off_t)(off + got));
-        if (r < 0) { if (errno == EINTR) continue; *detail = errno; st = S_IO; break; }
-        if (r == 0) { *detail = got; st = S_SHORT; break; }
-        got += r;
-    }
-    close(fd);
-    return st;
-}
 
 typedef struct {
     const char *const *paths; int64_t npaths;
     const int64_t *fid, *foff, *size, *doff;
     uint8_t *dst; int64_t dst_len;
     int32_t *status; int64_t *detail;
+    const int64_t *group; /* group g is items [group[g], group[g + 1]) */
 } ReadArgs;
 
-static void read_item(void *p, int64_t i, Ctx *c) {
-    (void)c;
-    ReadArgs *a = p;
-    a->detail[i] = 0;
-    if (a->fid[i] < 0 || a->fid[i] >= a->npaths || a->size[i] < 0 || a->doff[i] < 0 || a->foff[i] < 0
-        || a->doff[i] + a->size[i] > a->dst_len) { a->status[i] = S_BOUNDS; return; }
-    a->status[i] = read_at(a->paths[a->fid[i]], a->foff[i], a->size[i], a->dst + a->doff[i], &a->detail[i]);
+static int read_fd(int fd, int64_t off, int64_t size, uint8_t *d, int64_t *detail) {
+    int64_t got = 0;
+    while (got < size) {
+        ssize_t r = pread(fd, d + got, (size_t)(size - got), (off_t)(off + got));
+        if (r < 0) { if (errno == EINTR) continue; *detail = errno; return S_IO; }
+        if (r == 0) { *detail = got; return S_SHORT; }
+        got += r;
+    }
+    return S_OK;
 }
 
-/* Read item i: size[i] bytes at foff[i] of paths[fid[i]] into dst[doff[i]:]. Returns the
- * number of items whose status is not ok. Callers cut large ranges into parts. */
+static int read_at(const char *path, int64_t off, int64_t size, uint8_t *d, int64_t *detail) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) { *detail = errno; return S_OPEN; }
+    int st = read_fd(fd, off, size, d, detail);
+    close(fd);
+    return st;
+}
+
+/* one group: items of one file, the file opened once */
+static void read_group(void *p, int64_t g, Ctx *c) {
+    (void)c;
+    ReadArgs *a = p;
+    int fd = -1, open_err = 0;
+    for (int64_t i = a->group[g]; i < a->group[g + 1]; i++) {
+        a->detail[i] = 0;
+        if (a->fid[i] < 0 || a->fid[i] >= a->npaths || a->size[i] < 0 || a->doff[i] < 0 || a->foff[i] < 0
+            || a->doff[i] + a->size[i] > a->dst_len) { a->status[i] = S_BOUNDS; continue; }
+        if (fd < 0 && !open_err) {
+            fd = open(a->paths[a->fid[i]], O_RDONLY | O_CLOEXEC);
+            if (fd < 0) open_err = errno;
+        }
+        if (fd < 0) { a->status[i] = S_OPEN; a->detail[i] = open_err; continue; }
+        a->status[i] = read_fd(fd, a->foff[i], a->size[i], a->dst + a->doff[i], &a->detail[i]);
+    }
+    if (fd >= 0) close(fd);
+}
+
+/* Read item i: size[i] bytes at foff[i] of paths[fid[i]] into dst[doff[i]:]. Consecutive
+ * items of one file form a group of at most group_bytes (one open per group, one thread).
+ * Returns the number of items whose status is not ok. */
 API int64_t gz_read(const char *const *paths, int64_t npaths, int64_t n, const int64_t *fid, const int64_t *foff,
-                    const int64_t *size, const int64_t *doff, uint8_t *dst, int64_t dst_len, int threads,
-                    int32_t *status, int64_t *detail) {
-    ReadArgs a = {paths, npaths, fid, foff, size, doff, dst, dst_len, status, detail};
+                    const int64_t *size, const int64_t *doff, uint8_t *dst, int64_t dst_len, int64_t group_bytes,
+                    int threads, int32_t *status, int64_t *detail) {
+    int64_t *group = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!group) { not_run(status, n); return n; }
+    int64_t ng = 0, used = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (i == 0 || fid[i] != fid[i - 1] || used + size[i] > group_bytes) { group[ng++] = i; used = 0; }
+        used += size[i] > 0 ? size[i] : 0;
+    }
+    group[ng] = n;
+    ReadArgs a = {paths, npaths, fid, foff, size, doff, dst, dst_len, status, detail, group};
     not_run(status, n);
-    parallel(n, threads, read_item, &a);
+    parallel(ng, threads, read_group, &a);
+    free(group);
     int64_t bad = 0;
     for (int64_t i = 0; i < n; i++) bad += status[i] != S_OK;
     return bad;
@@ -593,6 +626,43 @@ API int64_t gz_fused(int codec, const char *const *paths, int64_t npaths, int64_
         if (pthread_create(&t[started], NULL, fused_worker, &j) == 0) started++;
     fused_worker(&j);
     for (int k = 0; k < started; k++) pthread_join(t[k], NULL);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += status[i] != S_OK;
+    return bad;
+}
+
+/* ---------------------------------------------------------------- checksums */
+typedef struct {
+    int kind; const uint8_t *buf; int64_t len; const int64_t *off, *size; uint32_t *out; int32_t *status;
+} SumArgs;
+
+static uint32_t checksum(int kind, const uint8_t *p, int64_t n) {
+    if (L.ok[3]) return (kind ? L.ld_adler32 : L.ld_crc32)(kind ? 1 : 0, p, (size_t)n);
+    unsigned long v = kind ? 1 : 0;
+    for (int64_t done = 0; done < n;) { /* zlib takes unsigned lengths */
+        unsigned step = (unsigned)((n - done) > (1 << 30) ? (1 << 30) : (n - done));
+        v = (kind ? L.z_adler32 : L.z_crc32)(v, p + done, step);
+        done += step;
+    }
+    return (uint32_t)v;
+}
+
+static void sum_item(void *p, int64_t i, Ctx *c) {
+    (void)c;
+    SumArgs *a = p;
+    if (a->off[i] < 0 || a->size[i] < 0 || a->off[i] + a->size[i] > a->len) { a->status[i] = S_BOUNDS; return; }
+    a->out[i] = checksum(a->kind, a->buf + a->off[i], a->size[i]);
+    a->status[i] = S_OK;
+}
+
+/* CRC-32 (kind 0) or Adler-32 (kind 1) of buf[off[i]:+size[i]] into out[i]. */
+API int64_t gz_checksum(int kind, int64_t n, const uint8_t *buf, int64_t len, const int64_t *off, const int64_t *size,
+                        int threads, uint32_t *out, int32_t *status) {
+    pthread_once(&once, load);
+    if (!L.ok[3] && !L.ok[2]) { not_run(status, n); for (int64_t i = 0; i < n; i++) status[i] = S_UNSUP_NOLIB; return n; }
+    SumArgs a = {kind, buf, len, off, size, out, status};
+    not_run(status, n);
+    parallel(n, threads, sum_item, &a);
     int64_t bad = 0;
     for (int64_t i = 0; i < n; i++) bad += status[i] != S_OK;
     return bad;

@@ -349,7 +349,11 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
 
 def _cpu_reader(kind: str) -> str:
     """The CPU path's reader: native threads when built (kvikio fills device memory: not here)."""
-    return kind if kind in ("native", "threads") else "cpu-auto"
+    from gpu_zarr.engine import native
+
+    if kind in ("native", "threads"):
+        return kind
+    return "native" if native.available() else "threads"
 
 
 def _needs_host_check(stage: CodecStage, ops: Ops) -> bool:

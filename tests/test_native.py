@@ -207,7 +207,7 @@ def test_read_batch(tmp_path):
     st, _ = native.read(files, np.arange(40), np.zeros(40, np.int64), sizes, doff, dst, 4)
     assert (st == native.OK).all() and dst.tobytes() == b"".join(blobs)
     # short file, missing file, a destination past the buffer: per item, the others still read
-    fid = np.array([0, 1, 2, 3]); foff = np.array([0, 10, 0, 0]); size = sizes[:4].copy()
+    fid, foff, size = np.array([0, 1, 2, 3]), np.array([0, 10, 0, 0]), sizes[:4].copy()
     os.remove(files[2])
     size[3] = len(dst)
     st, det = native.read(files, fid, foff, size, np.array([0, 0, 0, 5]), dst, 2)
@@ -230,7 +230,8 @@ def test_place_equals_numpy(dtype, perm):
     table[:, :, 0] = inner
     for k in range(6):
         for d in range(3):
-            a = int(rng.integers(0, inner[d])); n = int(rng.integers(1, inner[d] - a + 1))
+            a = int(rng.integers(0, inner[d]))
+            n = int(rng.integers(1, inner[d] - a + 1))
             table[k, d, 1:] = (a, n, int(rng.integers(0, 10 - n)))
     want = np.zeros((10, 10, 10), dt.newbyteorder("="))
     got = want.copy()

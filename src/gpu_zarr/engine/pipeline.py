@@ -285,10 +285,9 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
     chunks are decoded and placed. The encoded and decoded bytes live in reused scratch
     (fresh memory costs page faults). ``keep`` receives copies of the chunks the cache wants.
     """
+    from gpu_zarr.engine import native_read
     from gpu_zarr.engine.fetch import read_range
     from gpu_zarr.engine.ops import CpuOps
-
-    from gpu_zarr.engine import native_read
 
     t = time.perf_counter()
     todo = np.flatnonzero(to_read >= 0)

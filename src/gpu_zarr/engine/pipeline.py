@@ -493,13 +493,25 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
     read_lock = threading.Lock()
     stats["setup_s"] = time.perf_counter() - t_setup
 
-    def fetch(k: int) -> None:
+    check = _needs_host_check(stage, ops)
+
+    def fetch(k: int) -> Any:
+        """Read batch k into its slot, then run the codec's host check there: on the read
+        threads, off the thread that drives the GPU (the check reads only the slot)."""
         s = k % nslots
         ops.wait(released[s])  # the slot's previous batch has left its read buffer
         t = time.perf_counter()
         reader.read(loc.files, batches[k], dev_in[s] if direct else host[s])
+        t1 = time.perf_counter()
+        prep = stage.prepare(host[s], batches[k], lay, _names(loc, batches[k].pieces)) if check else None
+        t2 = time.perf_counter()
         with read_lock:
-            timings["read_s"] += time.perf_counter() - t
+            timings["read_s"] += t1 - t
+            if check:
+                timings["check_s"] += t2 - t1
+                for key, val in getattr(prep, "stats", dict)().items():  # e.g. Blosc streams per codec
+                    timings[key] = timings.get(key, 0) + val
+        return prep
 
     # one coordinator per slot keeps `nslots` batches being read while the GPU works
     coord = get_runtime().pool("fetch", nslots)
@@ -519,16 +531,9 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
                 raise ReadCancelled("read cancelled: the partial result was discarded")
             s = k % nslots
             t = time.perf_counter()
-            futures.pop(k).result()
+            prep = futures.pop(k).result()  # read and host-checked on the fetch thread
             timings["wait_read_s"] += time.perf_counter() - t
             names = _names(loc, b.pieces)
-            prep = None
-            if _needs_host_check(stage, ops):
-                t = time.perf_counter()
-                prep = stage.prepare(host[s], b, lay, names)
-                for key, val in getattr(prep, "stats", dict)().items():  # e.g. Blosc streams per codec
-                    timings[key] = timings.get(key, 0) + val
-                timings["check_s"] += time.perf_counter() - t
             t = time.perf_counter()
             uploaded = None
             if not direct:

@@ -335,3 +335,27 @@ def test_native_reader_short_file_named(tmp_path):
     big = make_batches(np.array([0]), np.array([0]), np.array([size]), size, 8 * MiB)[0]
     NativeReader(2).read(files, big, dest)
     assert dest[:size].tobytes() == open(files[0], "rb").read()
+
+
+def test_cpu_twin_reads_with_native_threads(tmp_path, mode):
+    arr, values = write(tmp_path / "f.zarr", fmt=3, codec="zstd", partial=False)
+    res = read(arr, Ellipsis, device="cpu", options=EngineOptions(threads=3, batch_bytes=64 << 10))
+    np.testing.assert_array_equal(res.data, values)
+    assert res.stats["batches"] > 1
+    assert res.stats["reader"].startswith("native" if mode == "native" else "threads")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["zstd", "gzip", "blosc", "raw"])
+def test_gpu_path_with_native_reader(tmp_path, case):
+    """The GPU pipeline with reader="native" (staging filled by C threads) equals zarr."""
+    if not native.available():
+        pytest.skip(native.status().reason)
+    if case == "blosc":
+        arr, values = write_blosc(tmp_path / "g.zarr", fmt=2, cname="lz4", shuffle="shuffle")
+    else:
+        arr, values = write(tmp_path / "g.zarr", fmt=3, codec=case)
+    values = np.asarray(arr[...])
+    res = read(arr, Ellipsis, device="gpu", options=EngineOptions(reader="native", threads=8, batch_bytes=64 << 10))
+    np.testing.assert_array_equal(res.data.get(), values)
+    assert res.stats["reader"].startswith("native")

@@ -48,6 +48,11 @@ class Capabilities:
         Version of the nvCOMP C library (or of its wheel when the library did not load).
     nvcomp_lowlevel : bool
         The low-level batched API of libnvcomp loaded (``gpu_zarr.engine.nvcomp_batch``).
+    native : bool
+        The native host library (``gpu_zarr.engine.native``: reads, CPU decode and place on
+        C threads) is loaded.
+    native_summary : str
+        Which codecs it decodes here, or why it is not loaded.
     """
 
     cupy: bool = False
@@ -62,6 +67,8 @@ class Capabilities:
     notes: list[str] = field(default_factory=list)
     nvcomp_version: str | None = None
     nvcomp_lowlevel: bool = False
+    native: bool = False
+    native_summary: str = ""
 
     def backend_status(self, name: str) -> tuple[bool, str]:
         """Whether backend *name* can run on this machine, and why (not).
@@ -134,6 +141,8 @@ class Capabilities:
             lines.append(f"nvCOMP:  {ver.strip()} installed, low-level batched API loaded (GPU zstd/LZ4/deflate decode)")
         else:
             lines.append(f"nvCOMP:  {'installed' + ver + ' but not usable (see notes)' if ver else 'not installed'}")
+        if self.native_summary:
+            lines.append(f"native:  {self.native_summary}")
         lines.append("backends: " + "; ".join(
             f"{b}: {'yes' if ok else 'no'}" for b in BACKENDS for ok, _ in [self.backend_status(b)]
         ))
@@ -204,8 +213,12 @@ def _probe() -> Capabilities:
     low = nvcomp_info()
     if nvcomp_ok and not low["low_level"]:
         notes.append(f"nvCOMP's C library is not usable, so compressed chunks are decoded on the CPU: {low['error']}")
+    from gpu_zarr.engine import native
+
+    nat = native.status()
     return Capabilities(cupy_ok, gpu, name, free, total, kvikio_ok, compat, gds, nvcomp_ok and bool(low["low_level"]),
-                        notes, low["version"], bool(low["low_level"]))
+                        notes, low["version"], bool(low["low_level"]), nat.loaded,
+                        "host path " + nat.summary())
 
 
 def _kvikio_compat(kvikio: Any) -> bool:

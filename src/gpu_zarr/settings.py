@@ -24,7 +24,7 @@ budget_bytes   ``GPU_ZARR_BUDGET_MIB``     GPU memory a read may use beyond its 
                                            default 0: a quarter of the free memory, at
                                            most 3 GiB
 threads        ``GPU_ZARR_THREADS``        read threads (default: cores, 8..32)
-reader         ``GPU_ZARR_READER``         "auto", "kvikio" or "threads"
+reader         ``GPU_ZARR_READER``         "auto", "kvikio", "native" or "threads"
 direct_raw     ``GPU_ZARR_DIRECT_RAW``     raw chunks read by kvikio straight into
                                            device memory (default 1)
 pinned_bytes   ``GPU_ZARR_PINNED_MIB``     bound of the pinned host staging shared by
@@ -91,7 +91,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "lanes": lambda v: isinstance(v, int) and 1 <= v <= 64,
     "budget_bytes": lambda v: isinstance(v, int) and v >= 0,
     "threads": lambda v: isinstance(v, int) and 1 <= v <= 256,
-    "reader": lambda v: v in ("auto", "kvikio", "threads"),
+    "reader": lambda v: v in ("auto", "kvikio", "native", "threads"),
     "direct_raw": lambda v: isinstance(v, bool),
     "pinned_bytes": lambda v: isinstance(v, int) and v >= 0,
     "headroom_bytes": lambda v: isinstance(v, int) and v >= 0,

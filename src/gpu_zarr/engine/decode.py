@@ -28,6 +28,7 @@ __all__ = [
     "decode_batch_gpu",
     "decode_zstd_cpu",
     "decode_zstd_gpu",
+    "native_stream_codec",
     "nvcomp_codec",
 ]
 
@@ -178,19 +179,66 @@ def _cpu_decoder(algo: str):
     raise ValueError(f"algo must be one of {ALGORITHMS}, not {algo!r}")
 
 
+def native_stream_codec(algo: str) -> bool:
+    """Whether the native library decodes streams of ``algo`` here (see :func:`decode_batch_cpu`)."""
+    from gpu_zarr.engine import native
+
+    return native.available() and native.codec_available(algo)
+
+
+def _fail_native(algo: str, names: Sequence[str] | None, k: int, code: int, detail: int) -> CorruptChunkError:
+    from gpu_zarr.engine import native
+
+    return CorruptChunkError(f"chunk {_name(names, k)}: {algo} decode failed ({native.describe(code, detail)}). The "
+                             "chunk is corrupt or truncated; rewrite or delete that chunk.")
+
+
+def _decode_batch_native(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: np.ndarray,
+                         dst_offsets: np.ndarray, dsizes: np.ndarray, names: Sequence[str] | None,
+                         crc32: np.ndarray | None, adler32: np.ndarray | None, threads: int) -> None:
+    """The whole batch in ONE call on native threads; then the trailers' checksums, also native."""
+    from gpu_zarr.engine import native
+
+    st, det = native.decode(algo, src, src_offsets, src_sizes, dst, dst_offsets, dsizes, threads)
+    bad = np.flatnonzero(st != native.OK)
+    if len(bad):
+        k = int(bad[0])
+        raise _fail_native(algo, names, k, int(st[k]), int(det[k]))
+    for want, kind, label in ((crc32, "crc32", "CRC-32"), (adler32, "adler32", "Adler-32")):
+        if want is None:
+            continue
+        got = native.checksums(kind, dst, dst_offsets, dsizes, threads)
+        if got is None:  # no zlib / libdeflate loaded: Python's zlib
+            got = np.array([zlib.crc32(dst[o:o + n]) if kind == "crc32" else zlib.adler32(dst[o:o + n])
+                            for o, n in zip(np.asarray(dst_offsets).tolist(), dsizes.tolist())], np.uint32)
+        wrong = np.flatnonzero(got != np.asarray(want, np.uint32))
+        if len(wrong):
+            k = int(wrong[0])
+            raise CorruptChunkError(f"chunk {_name(names, k)}: the decoded bytes' {label} is {int(got[k]):#010x}, the "
+                                    f"stream's trailer says {int(want[k]):#010x}. The chunk is corrupt; rewrite or "
+                                    "delete that chunk.")
+
+
 def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray,
                      dst: np.ndarray, dst_offsets: np.ndarray, dst_sizes: np.ndarray | int,
                      names: Sequence[str] | None = None, crc32: np.ndarray | None = None,
-                     adler32: np.ndarray | None = None) -> None:
-    """numcodecs/zlib twin of :func:`decode_batch_gpu` (one call per stream, on the CPU).
+                     adler32: np.ndarray | None = None, threads: int = 1) -> None:
+    """numcodecs/zlib twin of :func:`decode_batch_gpu` (on the CPU).
 
     Same arguments (host numpy buffers, no stream) and same errors: a stream that fails or
     decodes to another size than ``dst_sizes[k]``, or whose decoded bytes do not match
     ``crc32[k]`` (gzip) / ``adler32[k]`` (zlib, checked on the CPU only), raises
-    CorruptChunkError naming ``names[k]``.
+    CorruptChunkError naming ``names[k]``. With the native library
+    (:mod:`gpu_zarr.engine.native`) the batch is ONE call on ``threads`` native threads;
+    without it (or ``GPU_ZARR_NATIVE=0``), one numcodecs call per stream.
     """
     n = len(src_offsets)
     if n == 0:
+        return
+    if native_stream_codec(algo) and isinstance(dst, np.ndarray) and dst.flags.c_contiguous:
+        _decode_batch_native(algo, src, np.asarray(src_offsets, np.int64), np.asarray(src_sizes, np.int64), dst,
+                             np.asarray(dst_offsets, np.int64), _as_sizes(dst_sizes, n), names, crc32, adler32,
+                             threads)
         return
     decode = _cpu_decoder(algo)
     dsizes = _as_sizes(dst_sizes, n)

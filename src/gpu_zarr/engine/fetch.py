@@ -1,9 +1,11 @@
 """Stage 2, fetch: read a batch's byte ranges, many at a time.
 
-Two readers with one interface: :class:`ThreadReader` (a pool of threads calling
-``os.preadv``, which releases the GIL) and :class:`KvikioReader` (kvikio's own C++ thread
-pool, several threads; kvikio's default is one). Both fill a host staging buffer (pinned
-memory on the GPU path); kvikio can also fill device memory directly.
+Three readers with one interface: :class:`NativeReader` (the native library's threads,
+:mod:`gpu_zarr.engine.native`: one call per batch, no Python per file), :class:`ThreadReader`
+(a pool of Python threads calling ``os.preadv``, which releases the GIL; the fallback) and
+:class:`KvikioReader` (kvikio's own C++ thread pool, several threads; kvikio's default is
+one). All fill a host staging buffer (pinned memory on the GPU path); kvikio can also fill
+device memory directly.
 Large ranges are split into parts so that all threads work on a batch of few big chunks.
 """
 
@@ -22,7 +24,8 @@ if TYPE_CHECKING:
     from gpu_zarr.engine.plan import Batch
     from gpu_zarr.engine.runtime import Runtime
 
-__all__ = ["KvikioReader", "Reader", "ThreadReader", "make_reader", "read_range", "read_tasks"]
+__all__ = ["KvikioReader", "NativeReader", "Reader", "ThreadReader", "make_reader", "native_items", "raise_read_errors",
+           "read_range", "read_tasks"]
 
 PART_BYTES = 4 << 20
 
@@ -183,20 +186,97 @@ class KvikioReader:
         pass
 
 
+def native_items(batch: Batch, part: int = PART_BYTES) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(file id, file offset, size, staging offset) of every read of a batch for the native
+    reader: one per piece, pieces larger than ``part`` cut into parts (vectorised)."""
+    size = batch.src_sizes.astype(np.int64)
+    nparts = np.maximum(1, -(-size // part))
+    rep = np.repeat(np.arange(len(size)), nparts)
+    k = np.arange(len(rep), dtype=np.int64) - np.repeat(np.cumsum(nparts) - nparts, nparts)
+    off = k * part
+    return (batch.file_id[rep].astype(np.int64), batch.file_offset[rep] + off, np.minimum(part, size[rep] - off),
+            batch.src_offsets[rep] + off)
+
+
+def raise_read_errors(files: list[Any], fid: np.ndarray, foff: np.ndarray, size: np.ndarray, status: np.ndarray,
+                      detail: np.ndarray) -> None:
+    """Raise for the first failed item of a native read: CorruptChunkError naming the file
+    for a short file, the OSError of the failed open or read otherwise."""
+    from gpu_zarr.engine import native
+
+    bad = np.flatnonzero(status != native.OK)
+    if not len(bad):
+        return
+    i = int(bad[0])
+    path, code, det = files[int(fid[i])], int(status[i]), int(detail[i])
+    if code == native.SHORT:
+        raise CorruptChunkError(
+            f"{path}: expected {int(size[i])} bytes at offset {int(foff[i])}, the file ends after {det}; "
+            "it was truncated (or is being written). Re-run once the writer has finished.")
+    if code in (native.OPEN, native.IO) and det:
+        raise OSError(det, f"{os.strerror(det)} (reading chunk bytes)", str(path))
+    raise RuntimeError(f"{path}: native read failed: {native.describe(code, det)}")
+
+
+class NativeReader:
+    """Read byte ranges on the native library's threads (:mod:`gpu_zarr.engine.native`).
+
+    One call per batch: the Python side only computes the batch's read list (vectorised);
+    the files are opened and read by C threads (``pread``), consecutive pieces of one file
+    with the file opened once per 4 MiB group, while the GIL stays free for the thread that
+    drives the GPU.
+    """
+
+    name = "native"
+
+    def __init__(self, threads: int):
+        from gpu_zarr.engine import native
+
+        if not native.available():
+            raise RuntimeError(f"the native reader is not available: {native.status().reason}")
+        self.threads = threads
+        self._native = native
+
+    def read(self, files: list[Path], batch: Batch, dest: Any) -> None:
+        """Fill ``dest`` (host uint8) with the encoded bytes of every piece of ``batch``."""
+        if not isinstance(dest, np.ndarray):
+            raise TypeError("the native reader fills host memory (numpy); use kvikio for device memory")
+        fid, foff, size, doff = native_items(batch)
+        st, det = self._native.read(files, fid, foff, size, doff, dest.reshape(-1), self.threads)
+        raise_read_errors(files, fid, foff, size, st, det)
+
+    def close(self) -> None:
+        pass
+
+
+def _native_ok() -> bool:
+    from gpu_zarr.engine import native
+
+    return native.available()
+
+
 def make_reader(kind: str, threads: int, runtime: Runtime | None = None) -> Reader:
-    """A reader of ``kind`` "kvikio", "threads" or "auto" (kvikio when importable).
+    """A reader of ``kind`` "kvikio", "native", "threads", "auto" (kvikio when importable,
+    else native when built, else threads) or "cpu-auto" (native when built, else threads:
+    the CPU path, where no device memory is filled).
 
     Readers are long-lived: get them through :meth:`Runtime.reader`, which keeps them.
     """
+    if kind == "cpu-auto":
+        kind = "native" if _native_ok() else "threads"
+    if kind == "native":
+        return NativeReader(threads)
     if kind == "auto":
         try:
             import kvikio  # noqa: F401
 
             kind = "kvikio"
         except ImportError:
-            kind = "threads"
+            kind = "native" if _native_ok() else "threads"
+        if kind == "native":
+            return NativeReader(threads)
     if kind == "kvikio":
         return KvikioReader(threads)
     if kind != "threads":
-        raise ValueError(f"reader must be 'auto', 'kvikio' or 'threads'; got {kind!r}")
+        raise ValueError(f"reader must be 'auto', 'kvikio', 'native' or 'threads'; got {kind!r}")
     return ThreadReader(threads, runtime.pool("read", threads) if runtime is not None else None)

@@ -14,7 +14,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gpu_zarr.engine.decode import copy_spans_cpu, copy_spans_gpu, decode_batch_cpu, decode_batch_gpu
+from gpu_zarr.engine.decode import (
+    copy_spans_cpu,
+    copy_spans_gpu,
+    decode_batch_cpu,
+    decode_batch_gpu,
+    native_stream_codec,
+)
 from gpu_zarr.engine.place import place_cpu, place_gpu
 from gpu_zarr.errors import INSTALL_HINT, GPUUnavailable
 
@@ -75,16 +81,24 @@ class CpuOps:
 
     With a thread pool, a batch's streams are decoded by all its threads (numcodecs and
     zlib release the GIL): the small-read path that spares reads of a few chunks nvCOMP's
-    per-call latency.
+    per-call latency. With the native library (:mod:`gpu_zarr.engine.native`), a batch's
+    decode and its place are each ONE call on ``native_threads`` native threads (default
+    ``settings`` ``threads``); ``GPU_ZARR_NATIVE=0`` gives the pure-Python calls.
     """
 
     name = "cpu"
     overlap = False
     lanes = 1
 
-    def __init__(self, pool: ThreadPoolExecutor | None = None, threads: int = 1, *, fast: bool = False) -> None:
+    def __init__(self, pool: ThreadPoolExecutor | None = None, threads: int = 1, *, fast: bool = False,
+                 native_threads: int | None = None) -> None:
+        from gpu_zarr import settings
+        from gpu_zarr.engine import native
+
         self.xp: Any = np
         self._pool, self._threads = pool, max(1, threads)
+        self.native = native.available()
+        self.native_threads = max(1, native_threads or max(threads, int(settings.get("threads"))))
         # fast: the small-read path, where speed matters more than being the GPU's twin:
         # fetched bytes are decoded where they were read (no staging copy), and stages may
         # use the codecs' own C decoders for whole chunks (numcodecs Blosc)
@@ -105,6 +119,10 @@ class CpuOps:
                          names: Sequence[str] | None, crc32: np.ndarray | None = None,
                          adler32: np.ndarray | None = None) -> None:
         n = len(src_offsets)
+        if self.native and native_stream_codec(algo):  # one native call for the batch
+            decode_batch_cpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names, crc32, adler32,
+                             threads=self.native_threads)
+            return
         parts = np.array_split(np.arange(n), max(1, min(n, self._threads)))
 
         def part(i: int) -> None:
@@ -155,7 +173,21 @@ class CpuOps:
 
     def place(self, src: np.ndarray, src_offsets: np.ndarray, table: np.ndarray, out: np.ndarray,
               disk_dtype: np.dtype, slot: int = 0, wait: Any = None, perm: tuple[int, ...] | None = None) -> None:
-        self._run(place_cpu, src, src_offsets, table, out, disk_dtype, perm, slot=slot, after=wait)
+        fn = self._place_native if self.native and out.flags.c_contiguous and out.flags.writeable else place_cpu
+        self._run(fn, src, src_offsets, table, out, disk_dtype, perm, slot=slot, after=wait)
+
+    def _place_native(self, src: np.ndarray, src_offsets: np.ndarray, table: np.ndarray, out: np.ndarray,
+                      disk_dtype: np.dtype, perm: tuple[int, ...] | None = None) -> None:
+        from gpu_zarr.engine import native
+
+        if len(src_offsets) == 0:
+            return
+        nbytes = int(np.prod(table[0, :, 0])) * disk_dtype.itemsize
+        st = native.place(src, src_offsets, nbytes, table, out, disk_dtype, perm, self.native_threads)
+        if (st != native.OK).any():
+            k = int(np.flatnonzero(st != native.OK)[0])
+            raise ValueError(f"placing piece {k}: {native.describe(int(st[k]))} (a bug: the placement table and "
+                             "the buffers disagree)")
 
     def place_chunks(self, chunks: list[Any], table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype,
                      perm: tuple[int, ...] | None = None) -> None:

@@ -214,7 +214,7 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     if getattr(ops, "host_is_device", False):
         _run_chunkwise(lay, stage, loc, pieces, to_read, out, rt, opts.threads, stats, keep)
     else:
-        reader = rt.reader(opts.reader if device == "gpu" else "threads", opts.threads)
+        reader = rt.reader(opts.reader if device == "gpu" else _cpu_reader(opts.reader), opts.threads)
         _run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, keep)
     result = ops.finish(out, None if region.is_box else region.post)
     ops.sync()
@@ -283,13 +283,21 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
     chunks are decoded and placed. The encoded and decoded bytes live in reused scratch
     (fresh memory costs page faults). ``keep`` receives copies of the chunks the cache wants.
     """
+    from gpu_zarr.engine import native_read
     from gpu_zarr.engine.fetch import read_range
     from gpu_zarr.engine.ops import CpuOps
 
     t = time.perf_counter()
     todo = np.flatnonzero(to_read >= 0)
+    if len(todo) and native_read.serves(lay.codec, out):
+        # one native call: per chunk read, decode, place on C threads; what it cannot decode
+        # (Blosc with blosclz / snappy, Blosc2 chunks) continues below with numcodecs
+        left = native_read.read_chunkwise(lay, loc, pieces, todo, out, rt, threads, keep)
+        stats["chunkwise_native"] = len(todo) - len(left)
+        todo = left
     n = len(todo)
     if n == 0:
+        stats["chunkwise_s"] = time.perf_counter() - t
         return
     ops = CpuOps(rt.pool("chunkwise", threads), threads, fast=True)
     sizes = loc.nbytes[todo].astype(np.int64)
@@ -332,6 +340,15 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
                 stats["chunkwise_decode_s"] = time.perf_counter() - t - stats["chunkwise_read_s"]
             ops.map_chunks(place, n)
     stats["chunkwise_s"] = time.perf_counter() - t
+
+
+def _cpu_reader(kind: str) -> str:
+    """The CPU path's reader: native threads when built (kvikio fills device memory: not here)."""
+    from gpu_zarr.engine import native
+
+    if kind in ("native", "threads"):
+        return kind
+    return "native" if native.available() else "threads"
 
 
 def _needs_host_check(stage: CodecStage, ops: Ops) -> bool:
@@ -472,13 +489,25 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
     read_lock = threading.Lock()
     stats["setup_s"] = time.perf_counter() - t_setup
 
-    def fetch(k: int) -> None:
+    check = _needs_host_check(stage, ops)
+
+    def fetch(k: int) -> Any:
+        """Read batch k into its slot, then run the codec's host check there: on the read
+        threads, off the thread that drives the GPU (the check reads only the slot)."""
         s = k % nslots
         ops.wait(released[s])  # the slot's previous batch has left its read buffer
         t = time.perf_counter()
         reader.read(loc.files, batches[k], dev_in[s] if direct else host[s])
+        t1 = time.perf_counter()
+        prep = stage.prepare(host[s], batches[k], lay, _names(loc, batches[k].pieces)) if check else None
+        t2 = time.perf_counter()
         with read_lock:
-            timings["read_s"] += time.perf_counter() - t
+            timings["read_s"] += t1 - t
+            if check:
+                timings["check_s"] += t2 - t1
+                for key, val in getattr(prep, "stats", dict)().items():  # e.g. Blosc streams per codec
+                    timings[key] = timings.get(key, 0) + val
+        return prep
 
     # one coordinator per slot keeps `nslots` batches being read while the GPU works
     coord = get_runtime().pool("fetch", nslots)
@@ -498,16 +527,9 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
                 raise ReadCancelled("read cancelled: the partial result was discarded")
             s = k % nslots
             t = time.perf_counter()
-            futures.pop(k).result()
+            prep = futures.pop(k).result()  # read and host-checked on the fetch thread
             timings["wait_read_s"] += time.perf_counter() - t
             names = _names(loc, b.pieces)
-            prep = None
-            if _needs_host_check(stage, ops):
-                t = time.perf_counter()
-                prep = stage.prepare(host[s], b, lay, names)
-                for key, val in getattr(prep, "stats", dict)().items():  # e.g. Blosc streams per codec
-                    timings[key] = timings.get(key, 0) + val
-                timings["check_s"] += time.perf_counter() - t
             t = time.perf_counter()
             uploaded = None
             if not direct:

@@ -1,0 +1,669 @@
+/* gz_native: the host side of gpu_zarr at native speed (loaded with ctypes).
+ *
+ * Batched calls, each spread over N pthreads, no Python per file or chunk:
+ *   gz_read      read byte ranges of many files into one buffer
+ *   gz_decode    decode many chunks (zstd, LZ4 block, zlib, gzip, raw deflate, Blosc 1.x)
+ *   gz_place     scatter decoded C-order chunks into an n-d output (strided copy)
+ *   gz_fused     read + decode + place per chunk (the small-read path)
+ * Codec libraries are loaded at run time with dlopen (no -dev packages needed); every
+ * destination and size is checked, and each item gets a status (see gz_strerror).
+ * Build: cc -O3 -shared -fPIC -pthread gz_native.c -o libgz_native.so -ldl
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define API __attribute__((visibility("default")))
+
+enum { C_RAW = 0, C_ZSTD = 1, C_LZ4 = 2, C_ZLIB = 3, C_GZIP = 4, C_DEFLATE = 5, C_BLOSC = 6 };
+enum {
+    S_OK = 0, S_OPEN = 1, S_SHORT = 2, S_IO = 3, S_BOUNDS = 4,
+    S_CORRUPT = 10, S_SIZE = 11, S_HEADER = 12, S_BLOCKS = 13, S_STREAM = 14, S_MEMORY = 15,
+    S_UNSUP_NOLIB = 20, S_UNSUP_BLOSCLZ = 21, S_UNSUP_SNAPPY = 22, S_UNSUP_BLOSC2 = 23, S_UNSUP_CODEC = 24,
+};
+
+API const char *gz_strerror(int s) {
+    switch (s) {
+    case S_OK: return "ok";
+    case S_OPEN: return "the file could not be opened";
+    case S_SHORT: return "the file ends before the bytes the read needs";
+    case S_IO: return "the read failed";
+    case S_BOUNDS: return "a range lies outside its buffer";
+    case S_CORRUPT: return "the decoder rejected the stream";
+    case S_SIZE: return "it decodes to another size than the array's chunks hold";
+    case S_HEADER: return "its Blosc header is invalid";
+    case S_BLOCKS: return "its Blosc block table points outside the chunk";
+    case S_STREAM: return "a Blosc stream size is invalid or runs past the chunk";
+    case S_MEMORY: return "out of memory";
+    case S_UNSUP_NOLIB: return "the codec library is not loaded";
+    case S_UNSUP_BLOSCLZ: return "Blosc inner codec blosclz";
+    case S_UNSUP_SNAPPY: return "Blosc inner codec snappy";
+    case S_UNSUP_BLOSC2: return "a Blosc2-format chunk";
+    case S_UNSUP_CODEC: return "unknown codec";
+    }
+    return "unknown status";
+}
+
+/* ---------------------------------------------------------------- codec libraries */
+typedef size_t (*zstd_dec_t)(void *, void *, size_t, const void *, size_t);
+typedef void *(*zstd_new_t)(void);
+typedef unsigned (*zstd_iserr_t)(size_t);
+typedef int (*lz4_dec_t)(const char *, char *, int, int);
+typedef struct {
+    const uint8_t *next_in; unsigned avail_in; unsigned long total_in;
+    uint8_t *next_out; unsigned avail_out; unsigned long total_out;
+    const char *msg; void *state; void *zalloc, *zfree, *opaque;
+    int data_type; unsigned long adler, reserved;
+} z_stream;
+typedef int (*z_init2_t)(z_stream *, int, const char *, int);
+typedef int (*z_reset2_t)(z_stream *, int);
+typedef int (*z_inflate_t)(z_stream *, int);
+typedef int (*z_end_t)(z_stream *);
+typedef const char *(*z_version_t)(void);
+typedef unsigned long (*z_sum_t)(unsigned long, const uint8_t *, unsigned);
+typedef uint32_t (*ld_sum_t)(uint32_t, const void *, size_t);
+typedef void *(*ld_new_t)(void);
+typedef int (*ld_dec_t)(void *, const void *, size_t, void *, size_t, size_t *, size_t *);
+
+static struct {
+    int ok[4]; /* zstd, lz4, zlib, libdeflate */
+    char why[4][200];
+    zstd_dec_t zstd_dec; zstd_new_t zstd_new; zstd_iserr_t zstd_iserr;
+    lz4_dec_t lz4_dec;
+    z_init2_t z_init2; z_reset2_t z_reset2; z_inflate_t z_inflate; z_end_t z_end; const char *z_ver;
+    ld_new_t ld_new; ld_dec_t ld_deflate, ld_zlib, ld_gzip;
+    z_sum_t z_crc32, z_adler32; ld_sum_t ld_crc32, ld_adler32;
+} L;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void *sym(void *h, const char *name, int k) {
+    void *p = h ? dlsym(h, name) : NULL;
+    if (h && !p && L.ok[k]) { L.ok[k] = 0; snprintf(L.why[k], sizeof L.why[k], "no symbol %s", name); }
+    return p;
+}
+
+static void *lib(int k, const char *a, const char *b) {
+    void *h = dlopen(a, RTLD_NOW | RTLD_LOCAL);
+    if (!h && b) h = dlopen(b, RTLD_NOW | RTLD_LOCAL);
+    L.ok[k] = h != NULL;
+    if (!h) snprintf(L.why[k], sizeof L.why[k], "%s", dlerror());
+    return h;
+}
+
+static void load(void) {
+    void *h = lib(0, "libzstd.so.1", "libzstd.so");
+    L.zstd_dec = (zstd_dec_t)sym(h, "ZSTD_decompressDCtx", 0);
+    L.zstd_new = (zstd_new_t)sym(h, "ZSTD_createDCtx", 0);
+    L.zstd_iserr = (zstd_iserr_t)sym(h, "ZSTD_isError", 0);
+    h = lib(1, "liblz4.so.1", "liblz4.so");
+    L.lz4_dec = (lz4_dec_t)sym(h, "LZ4_decompress_safe", 1);
+    h = lib(2, "libz.so.1", "libz.so");
+    L.z_init2 = (z_init2_t)sym(h, "inflateInit2_", 2);
+    L.z_reset2 = (z_reset2_t)sym(h, "inflateReset2", 2);
+    L.z_inflate = (z_inflate_t)sym(h, "inflate", 2);
+    L.z_end = (z_end_t)sym(h, "inflateEnd", 2);
+    L.z_crc32 = (z_sum_t)sym(h, "crc32", 2);
+    L.z_adler32 = (z_sum_t)sym(h, "adler32", 2);
+    z_version_t ver = (z_version_t)sym(h, "zlibVersion", 2);
+    if (L.ok[2]) L.z_ver = ver();
+    h = lib(3, "libdeflate.so.0", "libdeflate.so");
+    L.ld_new = (ld_new_t)sym(h, "libdeflate_alloc_decompressor", 3);
+    L.ld_deflate = (ld_dec_t)sym(h, "libdeflate_deflate_decompress_ex", 3);
+    L.ld_zlib = (ld_dec_t)sym(h, "libdeflate_zlib_decompress_ex", 3);
+    L.ld_gzip = (ld_dec_t)sym(h, "libdeflate_gzip_decompress_ex", 3);
+    L.ld_crc32 = (ld_sum_t)sym(h, "libdeflate_crc32", 3);
+    L.ld_adler32 = (ld_sum_t)sym(h, "libdeflate_adler32", 3);
+    for (int k = 0; k < 4; k++) if (L.ok[k]) L.why[k][0] = 0;
+}
+
+/* bit k set: library k loaded (0 zstd, 1 lz4, 2 zlib, 3 libdeflate) */
+API int gz_libraries(void) {
+    pthread_once(&once, load);
+    return L.ok[0] | L.ok[1] << 1 | L.ok[2] << 2 | L.ok[3] << 3;
+}
+
+API const char *gz_library_error(int k) {
+    pthread_once(&once, load);
+    return (k >= 0 && k < 4) ? L.why[k] : "";
+}
+
+API int gz_version(void) { return 1; }
+
+/* ---------------------------------------------------------------- decoder contexts
+ * One per worker for the call's duration, taken from and returned to a small global pool
+ * (creating a zstd or zlib context allocates and touches fresh memory). */
+typedef struct Ctx {
+    void *zstd, *ld; z_stream *z; int z_bits;
+    uint8_t *tmp; size_t tmp_cap;
+    int64_t slot; /* gz_fused: this worker's slot of the caller's scratch */
+    struct Ctx *next;
+} Ctx;
+static Ctx *free_ctx;
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static Ctx *ctx_get(void) {
+    pthread_mutex_lock(&ctx_lock);
+    Ctx *c = free_ctx;
+    if (c) free_ctx = c->next;
+    pthread_mutex_unlock(&ctx_lock);
+    return c ? c : calloc(1, sizeof(Ctx));
+}
+
+static void ctx_put(Ctx *c) {
+    if (!c) return;
+    pthread_mutex_lock(&ctx_lock);
+    c->next = free_ctx;
+    free_ctx = c;
+    pthread_mutex_unlock(&ctx_lock);
+}
+
+static uint8_t *ctx_tmp(Ctx *c, size_t n) {
+    if (c->tmp_cap < n) {
+        free(c->tmp);
+        c->tmp = malloc(n);
+        c->tmp_cap = c->tmp ? n : 0;
+    }
+    return c->tmp;
+}
+
+/* ---------------------------------------------------------------- stream decoders
+ * Each decodes src[0:n] to exactly cap bytes at dst, consuming all of src; else an error. */
+static int dec_zstd(Ctx *c, const uint8_t *s, size_t n, uint8_t *d, size_t cap) {
+    if (!L.ok[0]) return S_UNSUP_NOLIB;
+    if (!c->zstd && !(c->zstd = L.zstd_new())) return S_MEMORY;
+    size_t r = L.zstd_dec(c->zstd, d, cap, s, n);
+    if (L.zstd_iserr(r)) return S_CORRUPT;
+    return r == cap ? S_OK : S_SIZE;
+}
+
+static int dec_lz4(const uint8_t *s, size_t n, uint8_t *d, size_t cap) {
+    if (!L.ok[1]) return S_UNSUP_NOLIB;
+    if (n > 0x7E000000u || cap > 0x7E000000u) return S_UNSUP_CODEC;
+    int r = L.lz4_dec((const char *)s, (char *)d, (int)n, (int)cap);
+    if (r < 0) return S_CORRUPT;
+    return (size_t)r == cap ? S_OK : S_SIZE;
+}
+
+/* wrapper: C_DEFLATE (raw), C_ZLIB, C_GZIP; both libraries verify the trailers' checksums */
+static int dec_inflate(Ctx *c, int wrapper, const uint8_t *s, size_t n, uint8_t *d, size_t cap) {
+    if (L.ok[3]) {
+        if (!c->ld && !(c->ld = L.ld_new())) return S_MEMORY;
+        ld_dec_t f = wrapper == C_GZIP ? L.ld_gzip : wrapper == C_ZLIB ? L.ld_zlib : L.ld_deflate;
+        size_t in = 0, out = 0;
+        int r = f(c->ld, s, n, d, cap, &in, &out);
+        if (r == 3) return S_SIZE;          /* more output than cap */
+        if (r != 0) return S_CORRUPT;
+        if (in != n) return S_CORRUPT;      /* bytes after the stream */
+        return out == cap ? S_OK : S_SIZE;
+    }
+    if (!L.ok[2]) return S_UNSUP_NOLIB;
+    if (n > 0xFFFFFFFFu || cap > 0xFFFFFFFFu) return S_UNSUP_CODEC;
+    int bits = wrapper == C_GZIP ? 31 : wrapper == C_ZLIB ? 15 : -15;
+    if (!c->z) {
+        c->z = calloc(1, sizeof(z_stream));
+        if (!c->z) return S_MEMORY;
+        if (L.z_init2(c->z, bits, L.z_ver, (int)sizeof(z_stream)) != 0) { free(c->z); c->z = NULL; return S_MEMORY; }
+        c->z_bits = bits;
+    } else if (L.z_reset2(c->z, bits) != 0) {
+        return S_MEMORY;
+    }
+    c->z_bits = bits;
+    z_stream *z = c->z;
+    z->next_in = s; z->avail_in = (unsigned)n; z->next_out = d; z->avail_out = (unsigned)cap;
+    int r = L.z_inflate(z, 4 /* Z_FINISH */);
+    if (r == 1 /* Z_STREAM_END */) {
+        if (z->avail_in) return S_CORRUPT;
+        return z->total_out == cap ? S_OK : S_SIZE;
+    }
+    if (r == -5 /* Z_BUF_ERROR */ && z->avail_out == 0) return S_SIZE;
+    return S_CORRUPT;
+}
+
+/* ---------------------------------------------------------------- Blosc 1.x */
+static int32_t rd32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+static void unshuffle_bytes(const uint8_t *s, uint8_t *d, int64_t size, int ts) {
+    int64_t n = size / ts;
+    if (ts == 2) {
+        for (int64_t i = 0; i < n; i++) { d[2 * i] = s[i]; d[2 * i + 1] = s[n + i]; }
+    } else if (ts == 4) {
+        for (int64_t i = 0; i < n; i++) {
+            d[4 * i] = s[i]; d[4 * i + 1] = s[n + i]; d[4 * i + 2] = s[2 * n + i]; d[4 * i + 3] = s[3 * n + i];
+        }
+    } else {
+        for (int j = 0; j < ts; j++)
+            for (int64_t i = 0; i < n; i++) d[i * ts + j] = s[j * n + i];
+    }
+    memcpy(d + n * ts, s + n * ts, (size_t)(size - n * ts));
+}
+
+/* transpose an 8x8 bit matrix held as 8 bytes (row r = byte r) */
+static uint64_t transpose8(uint64_t x) {
+    uint64_t t;
+    t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAull; x ^= t ^ (t << 7);
+    t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCull; x ^= t ^ (t << 14);
+    t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ull; x ^= t ^ (t << 28);
+    return x;
+}
+
+/* bitshuffle's untranspose: rows 8*j+b of n/8 bytes hold bit b of byte j of each element */
+static void unshuffle_bits(const uint8_t *s, uint8_t *d, int64_t size, int ts) {
+    int64_t n = size / ts, rb = n / 8;
+    for (int j = 0; j < ts; j++) {
+        const uint8_t *rows = s + (int64_t)j * 8 * rb;
+        for (int64_t g = 0; g < rb; g++) {
+            uint64_t x = 0;
+            for (int b = 0; b < 8; b++) x |= (uint64_t)rows[b * rb + g] << (8 * b);
+            x = transpose8(x);
+            for (int e = 0; e < 8; e++) d[(g * 8 + e) * ts + j] = (uint8_t)(x >> (8 * e));
+        }
+    }
+    memcpy(d + n * ts, s + n * ts, (size_t)(size - n * ts));
+}
+
+static int dec_blosc(Ctx *c, const uint8_t *s, int64_t n, uint8_t *d, int64_t cap, int64_t *detail) {
+    if (n < 16) return S_HEADER;
+    int version = s[0], flags = s[2], ts = s[3];
+    int64_t nbytes = rd32(s + 4), block = rd32(s + 8), cbytes = rd32(s + 12);
+    if (version == 0) return S_HEADER;
+    if (version >= 3 || (flags & 0x05) == 0x05) return S_UNSUP_BLOSC2;
+    if (nbytes != cap) { *detail = nbytes; return S_SIZE; }
+    if (cbytes < 16 || cbytes > n) return S_HEADER;
+    if (flags & 0x02) { /* memcpyed */
+        if (cbytes != nbytes + 16) return S_HEADER;
+        memcpy(d, s + 16, (size_t)nbytes);
+        return S_OK;
+    }
+    int comp = flags >> 5;
+    if (comp == 0) return S_UNSUP_BLOSCLZ;
+    if (comp == 2) return S_UNSUP_SNAPPY;
+    if (comp != 1 && comp != 3 && comp != 4) return S_HEADER;
+    if (ts < 1 || block < 1) return S_HEADER;
+    int64_t nblocks = (nbytes + block - 1) / block, leftover = nbytes % block;
+    if (16 + 4 * nblocks > cbytes) return S_BLOCKS;
+    int byte_sh = (flags & 0x01) && ts > 1, bit_sh = (flags & 0x04) != 0;
+    uint8_t *tmp = NULL;
+    if (byte_sh || bit_sh) {
+        tmp = ctx_tmp(c, (size_t)(block < nbytes ? block : nbytes));
+        if (!tmp && nbytes) return S_MEMORY;
+    }
+    for (int64_t j = 0; j < nblocks; j++) {
+        int64_t bstart = rd32(s + 16 + 4 * j);
+        if (bstart < 16 + 4 * nblocks || bstart + 4 > cbytes) return S_BLOCKS;
+        int last = (j == nblocks - 1) && leftover > 0;
+        int64_t bsize = last ? leftover : block;
+        int split = !(flags & 0x10) && ts <= 16 && bsize / ts >= 128 && !last;
+        int nsplit = split ? ts : 1;
+        if (bsize % nsplit) return S_BLOCKS;
+        int64_t ne = bsize / nsplit, nel = bsize / ts;
+        int mode = byte_sh ? 1 : (bit_sh && nel % 8 == 0) ? 2 : 0;
+        uint8_t *out = mode ? tmp : d + j * block;
+        int64_t pos = bstart;
+        for (int k = 0; k < nsplit; k++) {
+            if (pos + 4 > cbytes) return S_STREAM;
+            int64_t cs = rd32(s + pos);
+            if (cs <= 0 || cs > ne || pos + 4 + cs > cbytes) return S_STREAM;
+            const uint8_t *in = s + pos + 4;
+            uint8_t *o = out + k * ne;
+            int r = S_OK;
+            if (cs == ne) memcpy(o, in, (size_t)ne);
+            else if (comp == 1) r = dec_lz4(in, (size_t)cs, o, (size_t)ne);
+            else if (comp == 4) r = dec_zstd(c, in, (size_t)cs, o, (size_t)ne);
+            else r = dec_inflate(c, C_ZLIB, in, (size_t)cs, o, (size_t)ne);
+            if (r != S_OK) return r == S_SIZE ? S_CORRUPT : r;
+            pos += 4 + cs;
+        }
+        if (mode == 1) unshuffle_bytes(tmp, d + j * block, bsize, ts);
+        else if (mode == 2) unshuffle_bits(tmp, d + j * block, bsize, ts);
+    }
+    return S_OK;
+}
+
+static int decode_one(Ctx *c, int codec, const uint8_t *s, int64_t n, uint8_t *d, int64_t cap, int64_t *detail) {
+    switch (codec) {
+    case C_RAW:
+        if (n != cap) { *detail = n; return S_SIZE; }
+        memcpy(d, s, (size_t)n);
+        return S_OK;
+    case C_ZSTD: return dec_zstd(c, s, (size_t)n, d, (size_t)cap);
+    case C_LZ4: return dec_lz4(s, (size_t)n, d, (size_t)cap);
+    case C_ZLIB: case C_GZIP: case C_DEFLATE: return dec_inflate(c, codec, s, (size_t)n, d, (size_t)cap);
+    case C_BLOSC: return dec_blosc(c, s, n, d, cap, detail);
+    }
+    return S_UNSUP_CODEC;
+}
+
+/* ---------------------------------------------------------------- parallel for */
+static void not_run(int32_t *status, int64_t n) {
+    for (int64_t i = 0; i < n; i++) status[i] = S_MEMORY; /* overwritten by each item that runs */
+}
+
+typedef struct {
+    void (*fn)(void *, int64_t, Ctx *);
+    void *arg;
+    int64_t n;
+    int64_t next; /* atomic */
+} Job;
+
+static void *worker(void *p) {
+    Job *j = p;
+    Ctx *c = ctx_get();
+    if (!c) return NULL;
+    for (;;) {
+        int64_t i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (i >= j->n) break;
+        j->fn(j->arg, i, c);
+    }
+    ctx_put(c);
+    return NULL;
+}
+
+static void parallel(int64_t n, int threads, void (*fn)(void *, int64_t, Ctx *), void *arg) {
+    Job j = {fn, arg, n, 0};
+    if (threads > n) threads = (int)n;
+    if (threads > 256) threads = 256;
+    pthread_t t[256];
+    int started = 0;
+    for (int k = 1; k < threads; k++)
+        if (pthread_create(&t[started], NULL, worker, &j) == 0) started++;
+    worker(&j); /* the calling thread works too */
+    for (int k = 0; k < started; k++) pthread_join(t[k], NULL);
+}
+
+/* ---------------------------------------------------------------- read */
+
+typedef struct {
+    const char *const *paths; int64_t npaths;
+    const int64_t *fid, *foff, *size, *doff;
+    uint8_t *dst; int64_t dst_len;
+    int32_t *status; int64_t *detail;
+    const int64_t *group; /* group g is items [group[g], group[g + 1]) */
+} ReadArgs;
+
+static int read_fd(int fd, int64_t off, int64_t size, uint8_t *d, int64_t *detail) {
+    int64_t got = 0;
+    while (got < size) {
+        ssize_t r = pread(fd, d + got, (size_t)(size - got), (off_t)(off + got));
+        if (r < 0) { if (errno == EINTR) continue; *detail = errno; return S_IO; }
+        if (r == 0) { *detail = got; return S_SHORT; }
+        got += r;
+    }
+    return S_OK;
+}
+
+static int read_at(const char *path, int64_t off, int64_t size, uint8_t *d, int64_t *detail) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) { *detail = errno; return S_OPEN; }
+    int st = read_fd(fd, off, size, d, detail);
+    close(fd);
+    return st;
+}
+
+/* one group: items of one file, the file opened once */
+static void read_group(void *p, int64_t g, Ctx *c) {
+    (void)c;
+    ReadArgs *a = p;
+    int fd = -1, open_err = 0;
+    for (int64_t i = a->group[g]; i < a->group[g + 1]; i++) {
+        a->detail[i] = 0;
+        if (a->fid[i] < 0 || a->fid[i] >= a->npaths || a->size[i] < 0 || a->doff[i] < 0 || a->foff[i] < 0
+            || a->doff[i] + a->size[i] > a->dst_len) { a->status[i] = S_BOUNDS; continue; }
+        if (fd < 0 && !open_err) {
+            fd = open(a->paths[a->fid[i]], O_RDONLY | O_CLOEXEC);
+            if (fd < 0) open_err = errno;
+        }
+        if (fd < 0) { a->status[i] = S_OPEN; a->detail[i] = open_err; continue; }
+        a->status[i] = read_fd(fd, a->foff[i], a->size[i], a->dst + a->doff[i], &a->detail[i]);
+    }
+    if (fd >= 0) close(fd);
+}
+
+/* Read item i: size[i] bytes at foff[i] of paths[fid[i]] into dst[doff[i]:]. Consecutive
+ * items of one file form a group of at most group_bytes (one open per group, one thread).
+ * Returns the number of items whose status is not ok. */
+API int64_t gz_read(const char *const *paths, int64_t npaths, int64_t n, const int64_t *fid, const int64_t *foff,
+                    const int64_t *size, const int64_t *doff, uint8_t *dst, int64_t dst_len, int64_t group_bytes,
+                    int threads, int32_t *status, int64_t *detail) {
+    int64_t *group = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!group) { not_run(status, n); return n; }
+    int64_t ng = 0, used = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (i == 0 || fid[i] != fid[i - 1] || used + size[i] > group_bytes) { group[ng++] = i; used = 0; }
+        used += size[i] > 0 ? size[i] : 0;
+    }
+    group[ng] = n;
+    ReadArgs a = {paths, npaths, fid, foff, size, doff, dst, dst_len, status, detail, group};
+    not_run(status, n);
+    parallel(ng, threads, read_group, &a);
+    free(group);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += status[i] != S_OK;
+    return bad;
+}
+
+/* ---------------------------------------------------------------- decode */
+typedef struct {
+    int codec;
+    const uint8_t *src; int64_t src_len; const int64_t *soff, *ssize;
+    uint8_t *dst; int64_t dst_len; const int64_t *doff, *dsize;
+    int32_t *status; int64_t *detail;
+} DecArgs;
+
+static void dec_item(void *p, int64_t i, Ctx *c) {
+    DecArgs *a = p;
+    a->detail[i] = 0;
+    if (a->soff[i] < 0 || a->ssize[i] < 0 || a->soff[i] + a->ssize[i] > a->src_len || a->doff[i] < 0
+        || a->dsize[i] < 0 || a->doff[i] + a->dsize[i] > a->dst_len) { a->status[i] = S_BOUNDS; return; }
+    a->status[i] = decode_one(c, a->codec, a->src + a->soff[i], a->ssize[i], a->dst + a->doff[i], a->dsize[i],
+                              &a->detail[i]);
+}
+
+/* Decode item i: src[soff[i]:+ssize[i]] to exactly dsize[i] bytes at dst[doff[i]:]. */
+API int64_t gz_decode(int codec, int64_t n, const uint8_t *src, int64_t src_len, const int64_t *soff,
+                      const int64_t *ssize, uint8_t *dst, int64_t dst_len, const int64_t *doff, const int64_t *dsize,
+                      int threads, int32_t *status, int64_t *detail) {
+    pthread_once(&once, load);
+    DecArgs a = {codec, src, src_len, soff, ssize, dst, dst_len, doff, dsize, status, detail};
+    not_run(status, n);
+    parallel(n, threads, dec_item, &a);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += status[i] != S_OK;
+    return bad;
+}
+
+/* ---------------------------------------------------------------- place
+ * table: per piece and dimension (chunk extent, start in chunk, length, start in output),
+ * in units of `unit` bytes; the chunk is C-ordered along the table's dimensions; ostride
+ * (units) per dimension of the output. swap: reverse the bytes of each unit. */
+typedef struct {
+    int ndim, unit, swap;
+    const int64_t *ostride;
+    uint8_t *out; int64_t out_len;
+} PlaceGeom;
+
+static void copy_row(const uint8_t *s, uint8_t *d, int64_t len, int64_t os, int unit, int swap) {
+    if (!swap && os == 1) { memcpy(d, s, (size_t)(len * unit)); return; }
+    for (int64_t i = 0; i < len; i++) {
+        const uint8_t *a = s + i * unit;
+        uint8_t *b = d + i * os * unit;
+        if (swap) for (int k = 0; k < unit; k++) b[k] = a[unit - 1 - k];
+        else memcpy(b, a, (size_t)unit);
+    }
+}
+
+static int place_one(const PlaceGeom *g, const uint8_t *chunk, int64_t chunk_len, const int64_t *t) {
+    int L1 = g->ndim - 1;
+    int64_t rows = 1, hi_s = 0, hi_d = 0, sstride = 1;
+    /* bounds: the last element touched in the chunk and in the output */
+    for (int dd = L1; dd >= 0; dd--) {
+        const int64_t *e = t + 4 * dd;
+        if (e[1] < 0 || e[2] < 0 || e[3] < 0 || e[1] + e[2] > e[0]) return S_BOUNDS;
+        if (e[2] == 0) return S_OK;
+        hi_s += (e[1] + e[2] - 1) * sstride;
+        hi_d += (e[3] + e[2] - 1) * g->ostride[dd];
+        sstride *= e[0];
+        if (dd < L1) rows *= e[2];
+    }
+    if ((hi_s + 1) * g->unit > chunk_len || (hi_d + 1) * g->unit > g->out_len) return S_BOUNDS;
+    const int64_t *last = t + 4 * L1;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t rem = r, so = last[1], dof = last[3] * g->ostride[L1], ss = last[0];
+        for (int dd = L1 - 1; dd >= 0; dd--) {
+            const int64_t *e = t + 4 * dd;
+            int64_t cidx = rem % e[2];
+            rem /= e[2];
+            so += (e[1] + cidx) * ss;
+            ss *= e[0];
+            dof += (e[3] + cidx) * g->ostride[dd];
+        }
+        copy_row(chunk + so * g->unit, g->out + dof * g->unit, last[2], g->ostride[L1], g->unit, g->swap);
+    }
+    return S_OK;
+}
+
+typedef struct {
+    PlaceGeom g;
+    const uint8_t *src; int64_t src_len; const int64_t *soff; int64_t chunk_len;
+    const int64_t *table;
+    int32_t *status;
+} PlaceArgs;
+
+static void place_item(void *p, int64_t i, Ctx *c) {
+    (void)c;
+    PlaceArgs *a = p;
+    if (a->soff[i] < 0 || a->soff[i] + a->chunk_len > a->src_len) { a->status[i] = S_BOUNDS; return; }
+    a->status[i] = place_one(&a->g, a->src + a->soff[i], a->chunk_len, a->table + (int64_t)i * 4 * a->g.ndim);
+}
+
+/* Place n decoded chunks of chunk_len bytes, chunk i at src[soff[i]:] (soff NULL: the
+ * chunks are at the addresses in ptrs). */
+API int64_t gz_place(int64_t n, const uint8_t *src, int64_t src_len, const int64_t *soff, int64_t chunk_len,
+                     const int64_t *table, int ndim, const int64_t *ostride, int unit, int swap, uint8_t *out,
+                     int64_t out_len, int threads, int32_t *status) {
+    PlaceArgs a = {{ndim, unit, swap, ostride, out, out_len}, src, src_len, soff, chunk_len, table, status};
+    not_run(status, n);
+    parallel(n, threads, place_item, &a);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += status[i] != S_OK;
+    return bad;
+}
+
+/* ---------------------------------------------------------------- fused read + decode + place */
+typedef struct {
+    int codec;
+    const char *const *paths; int64_t npaths;
+    const int64_t *fid, *foff, *size;
+    int64_t chunk_len;
+    PlaceGeom g; const int64_t *table;
+    uint8_t *const *keep;          /* per chunk: decode into this buffer and keep it there (NULL: scratch) */
+    uint8_t *scratch; int64_t per_thread; int64_t next_slot; /* atomic */
+    int32_t *status; int64_t *detail;
+} FusedArgs;
+
+static void fused_item(void *p, int64_t i, Ctx *c) {
+    FusedArgs *a = p;
+    uint8_t *enc = a->scratch + c->slot * a->per_thread;
+    int64_t n = a->size[i];
+    a->detail[i] = 0;
+    if (a->fid[i] < 0 || a->fid[i] >= a->npaths || n < 0 || a->foff[i] < 0) { a->status[i] = S_BOUNDS; return; }
+    int64_t enc_cap = a->per_thread - (a->codec == C_RAW ? 0 : a->chunk_len);
+    if (n > enc_cap) { a->status[i] = S_BOUNDS; return; }
+    int st = read_at(a->paths[a->fid[i]], a->foff[i], n, enc, &a->detail[i]);
+    if (st != S_OK) { a->status[i] = st; return; }
+    const uint8_t *dec = enc;
+    if (a->codec != C_RAW) {
+        uint8_t *d = a->keep && a->keep[i] ? a->keep[i] : enc + enc_cap;
+        st = decode_one(c, a->codec, enc, n, d, a->chunk_len, &a->detail[i]);
+        if (st != S_OK) { a->status[i] = st; return; }
+        dec = d;
+    } else {
+        if (n != a->chunk_len) { a->detail[i] = n; a->status[i] = S_SIZE; return; }
+        if (a->keep && a->keep[i]) memcpy(a->keep[i], enc, (size_t)n);
+    }
+    a->status[i] = place_one(&a->g, dec, a->chunk_len, a->table + i * 4 * a->g.ndim);
+}
+
+static void *fused_worker(void *p) {
+    Job *j = p;
+    Ctx *c = ctx_get();
+    if (!c) return NULL;
+    /* one slot of the caller's scratch per worker (at most `threads` workers run) */
+    c->slot = __atomic_fetch_add(&((FusedArgs *)j->arg)->next_slot, 1, __ATOMIC_RELAXED);
+    for (;;) {
+        int64_t i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (i >= j->n) break;
+        fused_item(j->arg, i, c);
+    }
+    ctx_put(c);
+    return NULL;
+}
+
+/* Chunk i: read size[i] bytes at foff[i] of paths[fid[i]], decode to chunk_len bytes, place
+ * it with table row i. scratch: `threads` slots of per_thread bytes (encoded bytes, then the
+ * decoded chunk unless keep[i] gives its own buffer). */
+API int64_t gz_fused(int codec, const char *const *paths, int64_t npaths, int64_t n, const int64_t *fid,
+                     const int64_t *foff, const int64_t *size, int64_t chunk_len, const int64_t *table, int ndim,
+                     const int64_t *ostride, int unit, int swap, uint8_t *out, int64_t out_len, uint8_t *const *keep,
+                     uint8_t *scratch, int64_t per_thread, int threads, int32_t *status, int64_t *detail) {
+    pthread_once(&once, load);
+    if (threads > n) threads = (int)n;
+    if (threads > 256) threads = 256;
+    if (threads < 1) threads = 1;
+    FusedArgs a = {codec, paths, npaths, fid, foff, size, chunk_len, {ndim, unit, swap, ostride, out, out_len},
+                   table, keep, scratch, per_thread, 0, status, detail};
+    Job j = {NULL, &a, n, 0};
+    not_run(status, n);
+    pthread_t t[256];
+    int started = 0;
+    for (int k = 1; k < threads; k++)
+        if (pthread_create(&t[started], NULL, fused_worker, &j) == 0) started++;
+    fused_worker(&j);
+    for (int k = 0; k < started; k++) pthread_join(t[k], NULL);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += status[i] != S_OK;
+    return bad;
+}
+
+/* ---------------------------------------------------------------- checksums */
+typedef struct {
+    int kind; const uint8_t *buf; int64_t len; const int64_t *off, *size; uint32_t *out; int32_t *status;
+} SumArgs;
+
+static uint32_t checksum(int kind, const uint8_t *p, int64_t n) {
+    if (L.ok[3]) return (kind ? L.ld_adler32 : L.ld_crc32)(kind ? 1 : 0, p, (size_t)n);
+    unsigned long v = kind ? 1 : 0;
+    for (int64_t done = 0; done < n;) { /* zlib takes unsigned lengths */
+        unsigned step = (unsigned)((n - done) > (1 << 30) ? (1 << 30) : (n - done));
+        v = (kind ? L.z_adler32 : L.z_crc32)(v, p + done, step);
+        done += step;
+    }
+    return (uint32_t)v;
+}
+
+static void sum_item(void *p, int64_t i, Ctx *c) {
+    (void)c;
+    SumArgs *a = p;
+    if (a->off[i] < 0 || a->size[i] < 0 || a->off[i] + a->size[i] > a->len) { a->status[i] = S_BOUNDS; return; }
+    a->out[i] = checksum(a->kind, a->buf + a->off[i], a->size[i]);
+    a->status[i] = S_OK;
+}
+
+/* CRC-32 (kind 0) or Adler-32 (kind 1) of buf[off[i]:+size[i]] into out[i]. */
+API int64_t gz_checksum(int kind, int64_t n, const uint8_t *buf, int64_t len, const int64_t *off, const int64_t *size,
+                        int threads, uint32_t *out, int32_t *status) {
+    pthread_once(&once, load);
+    if (!L.ok[3] && !L.ok[2]) { not_run(status, n); for (int64_t i = 0; i < n; i++) status[i] = S_UNSUP_NOLIB; return n; }
+    SumArgs a = {kind, buf, len, off, size, out, status};
+    not_run(status, n);
+    parallel(n, threads, sum_item, &a);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += status[i] != S_OK;
+    return bad;
+}

@@ -1,0 +1,311 @@
+"""The native host library (``_native/gz_native.c``): load it, expose its batch calls.
+
+One job: find ``libgz_native.so`` (built next to this module by the package's build hook on
+``pip install``), load it with ctypes, and offer typed batch calls -- read many byte ranges,
+decode many chunks, place many chunks, or all three per chunk -- each spread over native
+threads with no Python per file or chunk (ctypes releases the GIL for the call).
+:func:`status` says whether it loaded and which codec libraries it found (dlopen at run
+time: libzstd, liblz4, zlib, libdeflate), or why not. ``GPU_ZARR_NATIVE=0`` turns it off:
+the engine then runs its pure-Python paths.
+
+Every call returns per-item status codes; :func:`describe` turns one into words, and
+:data:`UNSUPPORTED` are the codes for which a caller falls back to numcodecs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CODECS",
+    "checksums",
+    "OK",
+    "SHORT",
+    "UNSUPPORTED",
+    "NativeStatus",
+    "available",
+    "codec_available",
+    "decode",
+    "describe",
+    "fused",
+    "library",
+    "place",
+    "read",
+    "scratch_per_thread",
+    "status",
+]
+
+LIBNAME = "libgz_native.so"
+CODECS = {"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6}
+OK, OPEN, SHORT, IO, BOUNDS = 0, 1, 2, 3, 4
+UNSUPPORTED = frozenset(range(20, 25))
+_LIBS = ("libzstd", "liblz4", "zlib", "libdeflate")
+# codec -> the libraries that can decode it (any one of them)
+_NEEDS = {"raw": (), "zstd": ("libzstd",), "lz4": ("liblz4",), "zlib": ("zlib", "libdeflate"),
+          "gzip": ("zlib", "libdeflate"), "deflate": ("zlib", "libdeflate"), "blosc": ()}
+
+_i64p = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
+_i32p = np.ctypeslib.ndpointer(np.int32, flags="C_CONTIGUOUS")
+_vp = ctypes.c_void_p
+_i64, _int = ctypes.c_int64, ctypes.c_int
+
+
+@dataclass(frozen=True)
+class NativeStatus:
+    """Whether the native library runs here.
+
+    Attributes
+    ----------
+    loaded : bool
+    path : str or None
+        The shared library loaded (or looked for).
+    reason : str
+        Why it is not loaded ("" when it is).
+    libraries : dict
+        Codec library name -> "" when loaded, else why not.
+    codecs : tuple of str
+        Codecs the library can decode here (Blosc inner codecs follow the libraries).
+    """
+
+    loaded: bool
+    path: str | None
+    reason: str
+    libraries: dict[str, str]
+    codecs: tuple[str, ...]
+
+    def summary(self) -> str:
+        """One line for ``gpu-zarr info``."""
+        if not self.loaded:
+            return f"not loaded ({self.reason}); the pure-Python host path runs"
+        libs = ", ".join(k for k, v in self.libraries.items() if not v) or "none"
+        return f"loaded ({libs}): {', '.join(self.codecs)}"
+
+
+def _candidates() -> list[Path]:
+    here = Path(__file__).with_name("_native")
+    env = os.environ.get("GPU_ZARR_NATIVE_LIB")
+    return ([Path(env)] if env else []) + [here / LIBNAME]
+
+
+@functools.cache
+def _load() -> tuple[Any, NativeStatus]:
+    if os.environ.get("GPU_ZARR_NATIVE", "1").strip().lower() in ("0", "off", "false", "no"):
+        return None, NativeStatus(False, None, "turned off by GPU_ZARR_NATIVE=0", {}, ())
+    path = next((p for p in _candidates() if p.exists()), None)
+    if path is None:
+        return None, NativeStatus(False, str(_candidates()[-1]), "the library was not built (no C compiler when the "
+                                  "package was installed?); reinstall with a C compiler (cc) on PATH", {}, ())
+    try:
+        lib = ctypes.CDLL(str(path))
+        if lib.gz_version() != 1:
+            raise OSError(f"version {lib.gz_version()}, expected 1: rebuild it (reinstall the package)")
+    except (OSError, AttributeError) as exc:
+        return None, NativeStatus(False, str(path), f"it did not load: {exc}", {}, ())
+    lib.gz_strerror.restype = ctypes.c_char_p
+    lib.gz_library_error.restype = ctypes.c_char_p
+    lib.gz_read.restype = lib.gz_decode.restype = lib.gz_place.restype = lib.gz_fused.restype = _i64
+    lib.gz_checksum.restype = _i64
+    lib.gz_checksum.argtypes = [_int, _i64, _vp, _i64, _i64p, _i64p, _int,
+                                np.ctypeslib.ndpointer(np.uint32, flags="C_CONTIGUOUS"), _i32p]
+    lib.gz_read.argtypes = [_vp, _i64, _i64, _i64p, _i64p, _i64p, _i64p, _vp, _i64, _i64, _int, _i32p, _i64p]
+    lib.gz_decode.argtypes = [_int, _i64, _vp, _i64, _i64p, _i64p, _vp, _i64, _i64p, _i64p, _int, _i32p, _i64p]
+    lib.gz_place.argtypes = [_i64, _vp, _i64, _i64p, _i64, _i64p, _int, _i64p, _int, _int, _vp, _i64, _int, _i32p]
+    lib.gz_fused.argtypes = [_int, _vp, _i64, _i64, _i64p, _i64p, _i64p, _i64, _i64p, _int, _i64p, _int, _int, _vp,
+                             _i64, _vp, _vp, _i64, _int, _i32p, _i64p]
+    mask = lib.gz_libraries()
+    libs = {name: ("" if mask >> k & 1 else lib.gz_library_error(k).decode(errors="replace") or "not found")
+            for k, name in enumerate(_LIBS)}
+    have = {k for k, v in libs.items() if not v}
+    codecs = tuple(c for c, need in _NEEDS.items() if not need or have & set(need))
+    return lib, NativeStatus(True, str(path), "", libs, codecs)
+
+
+def library() -> Any:
+    """The loaded ctypes library, or None."""
+    return _load()[0]
+
+
+def status() -> NativeStatus:
+    """Whether the native library loaded, its codec libraries, or why not."""
+    return _load()[1]
+
+
+def available() -> bool:
+    """The native library is loaded (and not turned off by ``GPU_ZARR_NATIVE=0``)."""
+    return _load()[0] is not None
+
+
+def codec_available(codec: str) -> bool:
+    """The native library can decode ``codec`` here ("raw", "zstd", "lz4", "zlib", "gzip",
+    "deflate", "blosc"; Blosc chunks whose inner codec's library is missing report
+    "unsupported", per chunk)."""
+    return codec in status().codecs
+
+
+def describe(code: int, detail: int = 0) -> str:
+    """A status code (and its detail: errno, bytes found, decoded size) in words."""
+    lib = library()
+    text = lib.gz_strerror(int(code)).decode() if lib is not None else f"status {code}"
+    if code in (OPEN, IO) and detail:
+        text += f" ({os.strerror(int(detail))})"
+    elif code == SHORT:
+        text += f" (it has {int(detail)} of them)"
+    elif code == 11 and detail:
+        text += f" (its header says {int(detail)} bytes)"
+    return text
+
+
+def _ptr(a: Any) -> int:
+    return int(a.ctypes.data) if isinstance(a, np.ndarray) else int(a)
+
+
+def _i64a(v: Any) -> np.ndarray:
+    return np.ascontiguousarray(v, np.int64)
+
+
+class _Paths:
+    """A C array of NUL-terminated file names, kept alive with it."""
+
+    def __init__(self, files: list[Any]) -> None:
+        self._bytes = [os.fsencode(f) for f in files]
+        self.array = (ctypes.c_char_p * max(1, len(self._bytes)))(*self._bytes)
+        self.n = len(self._bytes)
+
+
+def _check_buffer(buf: np.ndarray, what: str) -> None:
+    if not (isinstance(buf, np.ndarray) and buf.flags.c_contiguous and buf.flags.writeable):
+        raise ValueError(f"{what} must be a writable C-contiguous numpy array")
+
+
+def read(files: list[Any], file_id: Any, file_offset: Any, sizes: Any, dst_offsets: Any, dst: np.ndarray,
+         threads: int, group_bytes: int = 4 << 20) -> tuple[np.ndarray, np.ndarray]:
+    """Read item i (``sizes[i]`` bytes at ``file_offset[i]`` of ``files[file_id[i]]``) into
+    ``dst[dst_offsets[i]:]`` on ``threads`` native threads.
+
+    Consecutive items of one file form a group of at most ``group_bytes`` that one thread
+    reads with the file opened once; cut larger items into parts first.
+
+    Returns
+    -------
+    (status, detail)
+        Per item: :data:`OK` or an error code, and its detail (errno, or the bytes found).
+    """
+    _check_buffer(dst, "dst")
+    fid, foff, size, doff = _i64a(file_id), _i64a(file_offset), _i64a(sizes), _i64a(dst_offsets)
+    n = len(fid)
+    st, det = np.empty(n, np.int32), np.empty(n, np.int64)
+    if n:
+        paths = _Paths(files)
+        library().gz_read(ctypes.cast(paths.array, _vp), paths.n, n, fid, foff, size, doff, _ptr(dst), dst.nbytes,
+                          int(group_bytes), int(threads), st, det)
+    return st, det
+
+
+def decode(codec: str, src: np.ndarray, src_offsets: Any, src_sizes: Any, dst: np.ndarray, dst_offsets: Any,
+           dst_sizes: Any, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """Decode item i (``src[src_offsets[i]:][:src_sizes[i]]``) to exactly ``dst_sizes[i]`` bytes
+    at ``dst[dst_offsets[i]:]`` (``codec`` a key of :data:`CODECS`). Returns (status, detail)."""
+    _check_buffer(dst, "dst")
+    src = np.ascontiguousarray(src).view(np.uint8).reshape(-1)
+    so, ss, do = _i64a(src_offsets), _i64a(src_sizes), _i64a(dst_offsets)
+    n = len(so)
+    ds = np.broadcast_to(_i64a(dst_sizes), (n,)).copy()
+    st, det = np.empty(n, np.int32), np.empty(n, np.int64)
+    if n:
+        library().gz_decode(CODECS[codec], n, _ptr(src), src.nbytes, so, ss, _ptr(dst), dst.nbytes, do, ds,
+                            int(threads), st, det)
+    return st, det
+
+
+def checksums(kind: str, buf: np.ndarray, offsets: Any, sizes: Any, threads: int) -> np.ndarray | None:
+    """CRC-32 (``kind="crc32"``) or Adler-32 (``"adler32"``) of each span of ``buf``; None
+    when neither zlib nor libdeflate is loaded."""
+    buf = np.ascontiguousarray(buf).view(np.uint8).reshape(-1)
+    off, size = _i64a(offsets), _i64a(sizes)
+    n = len(off)
+    out, st = np.zeros(n, np.uint32), np.empty(n, np.int32)
+    if n and library().gz_checksum(0 if kind == "crc32" else 1, n, _ptr(buf), buf.nbytes, off, size, int(threads),
+                                   out, st):
+        if (st == 20).any():
+            return None
+        raise ValueError("checksum spans lie outside the buffer")
+    return out
+
+
+def _geometry(table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype,
+              perm: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray, int, int]:
+    from gpu_zarr.engine.place import _permuted, _with_units, unit_layout
+
+    unit, per = unit_layout(disk_dtype)
+    swap = int(unit > 1 and (disk_dtype.byteorder == ">" or (disk_dtype.byteorder == "=" and not np.little_endian)))
+    tab, strides = _with_units(np.asarray(table, np.int64), out.shape, per)
+    tab, strides = _permuted(tab, strides, perm)
+    return np.ascontiguousarray(tab, np.int64), np.ascontiguousarray(strides, np.int64), unit, swap
+
+
+def place(src: np.ndarray, src_offsets: Any, chunk_nbytes: int, table: np.ndarray, out: np.ndarray,
+          disk_dtype: np.dtype, perm: tuple[int, ...] | None, threads: int) -> np.ndarray:
+    """Scatter decoded chunks (chunk k at ``src[src_offsets[k]:]``) into ``out`` with the
+    placement ``table`` (see :func:`gpu_zarr.engine.place.place_cpu`). Returns the statuses."""
+    _check_buffer(out, "out")
+    src = np.ascontiguousarray(src).view(np.uint8).reshape(-1)
+    so = _i64a(src_offsets)
+    n = len(so)
+    st = np.empty(n, np.int32)
+    if n:
+        tab, strides, unit, swap = _geometry(table, out, np.dtype(disk_dtype), perm)
+        library().gz_place(n, _ptr(src), src.nbytes, so, int(chunk_nbytes), tab, tab.shape[1], strides, unit, swap,
+                           _ptr(out), out.nbytes, int(threads), st)
+    return st
+
+
+def fused(codec: str, files: list[Any], file_id: Any, file_offset: Any, sizes: Any, chunk_nbytes: int,
+          table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype, perm: tuple[int, ...] | None, threads: int,
+          scratch: np.ndarray, keep: list[np.ndarray | None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per chunk, on native threads: read its bytes, decode them, place them into ``out``.
+
+    Parameters
+    ----------
+    scratch : ndarray of uint8
+        At least ``threads * scratch_per_thread(codec, max(sizes), chunk_nbytes)`` bytes
+        (reused memory: fresh memory costs page faults).
+    keep : list, optional
+        Per chunk a buffer of ``chunk_nbytes`` bytes to decode into and keep (the chunk
+        cache's), or None.
+
+    Returns
+    -------
+    (status, detail)
+    """
+    _check_buffer(out, "out")
+    fid, foff, size = _i64a(file_id), _i64a(file_offset), _i64a(sizes)
+    n = len(fid)
+    st, det = np.empty(n, np.int32), np.empty(n, np.int64)
+    if n == 0:
+        return st, det
+    threads = max(1, min(int(threads), n))
+    per = scratch_per_thread(codec, int(size.max()), chunk_nbytes)
+    if scratch.nbytes < threads * per:
+        raise ValueError(f"scratch has {scratch.nbytes} bytes, {threads * per} needed")
+    tab, strides, unit, swap = _geometry(table, out, np.dtype(disk_dtype), perm)
+    keep_arr = None
+    if keep is not None and any(k is not None for k in keep):
+        keep_arr = np.array([0 if k is None else _ptr(k) for k in keep], np.uint64)
+    paths = _Paths(files)
+    library().gz_fused(CODECS[codec], ctypes.cast(paths.array, _vp), paths.n, n, fid, foff, size, int(chunk_nbytes),
+                       tab, tab.shape[1], strides, unit, swap, _ptr(out), out.nbytes,
+                       None if keep_arr is None else _ptr(keep_arr), _ptr(scratch), per, threads, st, det)
+    return st, det
+
+
+def scratch_per_thread(codec: str, max_encoded: int, chunk_nbytes: int) -> int:
+    """Scratch bytes one thread of :func:`fused` needs (encoded bytes, then the decoded chunk)."""
+    enc = -(-max(max_encoded, 1) // 64) * 64
+    return enc if codec == "raw" else enc + -(-chunk_nbytes // 64) * 64

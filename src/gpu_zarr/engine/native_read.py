@@ -1,0 +1,97 @@
+"""The small-read path on native threads: read, decode and place each chunk in one C call.
+
+:func:`read_chunkwise` serves the CPU's small reads (a viewer's plane or tile, the ``cpu``
+backend) with ONE call into the native library (:mod:`gpu_zarr.engine.native`): per chunk
+a native thread reads the chunk's bytes, decodes them (zstd, Blosc with every shuffle and
+its lz4 / zstd / zlib inner codecs, gzip, zlib, raw) and places them into the output, with
+no Python per chunk and the GIL free. Scratch is leased from the runtime's reused host
+memory (fresh memory costs page faults). Chunks the library reports as unsupported (Blosc
+with blosclz or snappy, Blosc2-format chunks) are returned to the caller, which decodes
+them with numcodecs; any other failure raises naming the chunk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpu_zarr.errors import CorruptChunkError
+
+__all__ = ["NATIVE_CODECS", "read_chunkwise", "serves"]
+
+# Layout.codec -> the native codec
+NATIVE_CODECS = {"raw": "raw", "zstd": "zstd", "blosc": "blosc", "gzip": "gzip", "zlib": "zlib"}
+
+
+def serves(codec: str, out: Any) -> bool:
+    """Whether :func:`read_chunkwise` can read chunks of ``codec`` into ``out`` here."""
+    from gpu_zarr.engine import native
+
+    return (codec in NATIVE_CODECS and native.available() and native.codec_available(NATIVE_CODECS[codec])
+            and isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable)
+
+
+def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.ndarray, rt: Any, threads: int,
+                   keep: Any = None) -> np.ndarray:
+    """Read, decode and place the located pieces ``todo`` into ``out`` on native threads.
+
+    Parameters
+    ----------
+    lay : Layout
+    loc : Located
+    pieces : Pieces
+    todo : ndarray of int
+        Indices of the pieces to read (present, not served by the cache).
+    out : ndarray
+        The output box (C-contiguous, native byte order).
+    rt : Runtime
+        Its ``host_scratch`` pool lends the per-thread scratch.
+    threads : int
+    keep : callable with ``wants(k)``, optional
+        The chunk cache's keeper (see ``pipeline._Keep``): wanted chunks are decoded into
+        buffers of their own, handed to ``keep(k, buffer)``.
+
+    Returns
+    -------
+    ndarray of int
+        The pieces of ``todo`` the library does not decode (unsupported Blosc chunks).
+
+    Raises
+    ------
+    CorruptChunkError
+        A chunk file is truncated or a chunk does not decode (named).
+    """
+    from gpu_zarr.engine import native
+    from gpu_zarr.engine.fetch import raise_read_errors
+
+    codec = NATIVE_CODECS[lay.codec]
+    n = len(todo)
+    if n == 0:
+        return todo
+    fid, foff = loc.file_id[todo].astype(np.int64), loc.offset[todo].astype(np.int64)
+    size = loc.nbytes[todo].astype(np.int64)
+    inner = int(lay.inner_nbytes)
+    threads = max(1, min(int(threads), n))
+    per = native.scratch_per_thread(codec, int(size.max()), inner)
+    keep_bufs: list[np.ndarray | None] | None = None
+    if keep is not None:
+        keep_bufs = [np.empty(inner, np.uint8) if keep.wants(int(k)) else None for k in todo.tolist()]
+    with rt.host_scratch.lease(threads * per, 1, lambda nb: np.empty(nb, np.uint8)) as (scratch,):
+        st, det = native.fused(codec, loc.files, fid, foff, size, inner, pieces.table[todo], out, lay.disk_dtype,
+                               lay.transpose, threads, scratch, keep_bufs)
+    unsupported = np.isin(st, list(native.UNSUPPORTED))
+    bad = np.flatnonzero((st != native.OK) & ~unsupported)
+    if len(bad):
+        i = int(bad[0])
+        code = int(st[i])
+        if code in (native.OPEN, native.SHORT, native.IO):
+            raise_read_errors(loc.files, fid, foff, size, np.where(unsupported, native.OK, st), det)
+        raise CorruptChunkError(
+            f"chunk {loc.names[int(todo[i])]}: {lay.codec} decode failed: {native.describe(code, int(det[i]))}. The "
+            "chunk is corrupt or truncated; rewrite or delete that chunk (zarr-python's own read fails on it too).")
+    if keep_bufs is not None:
+        for k, buf, skip in zip(todo.tolist(), keep_bufs, unsupported.tolist()):
+            if buf is not None and not skip:
+                keep(int(k), buf)
+    return todo[unsupported]

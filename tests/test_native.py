@@ -1,0 +1,361 @@
+"""The native host library (gpu_zarr.engine.native) and the engine paths that use it.
+
+Library tests skip when it is not built (or GPU_ZARR_NATIVE=0); the engine tests run in both
+modes and, where the library is built, also with it turned off in-process (the fallback).
+Ground truth: numcodecs' encoders and zarr-python's reads of stores it wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
+import numcodecs
+import numpy as np
+import pytest
+
+from blosc_cases import BLOSC_LAYOUTS, payload, write_blosc
+from gpu_zarr.engine import native
+from gpu_zarr.engine.fetch import NativeReader, make_reader
+from gpu_zarr.engine.ops import CpuOps
+from gpu_zarr.engine.pipeline import EngineOptions, read
+from gpu_zarr.engine.place import place_cpu
+from gpu_zarr.engine.plan import make_batches
+from gpu_zarr.errors import CorruptChunkError
+from stores import LAYOUTS, write
+
+needs_native = pytest.mark.skipif(not native.available(), reason=f"native library: {native.status().reason}")
+MiB = 1 << 20
+
+
+@pytest.fixture(params=["native", "fallback"])
+def mode(request, monkeypatch):
+    """Run a test with the native library (when built) and with GPU_ZARR_NATIVE=0."""
+    if request.param == "native" and not native.available():
+        pytest.skip(f"native library: {native.status().reason}")
+    if request.param == "fallback":
+        monkeypatch.setenv("GPU_ZARR_NATIVE", "0")
+        native._load.cache_clear()
+        assert not native.available()
+    yield request.param
+    monkeypatch.undo()
+    native._load.cache_clear()
+
+
+def _dec(codec, enc: bytes, nbytes: int, threads: int = 2):
+    src = np.frombuffer(enc, np.uint8).copy()
+    dst = np.full(nbytes + 64, 0xAB, np.uint8)  # a guard band after the slot
+    st, det = native.decode(codec, src, [0], [len(src)], dst, [0], [nbytes], threads)
+    assert (dst[nbytes:] == 0xAB).all(), "wrote past the destination"
+    return int(st[0]), dst[:nbytes]
+
+
+# ---------------------------------------------------------------- library
+@needs_native
+def test_status_reports_codecs():
+    s = native.status()
+    assert s.loaded and s.path and "blosc" in s.codecs and "raw" in s.codecs
+    assert set(s.libraries) == {"libzstd", "liblz4", "zlib", "libdeflate"}
+    assert "loaded" in s.summary()
+
+
+def test_turned_off(monkeypatch):
+    monkeypatch.setenv("GPU_ZARR_NATIVE", "0")
+    native._load.cache_clear()
+    try:
+        assert not native.available()
+        assert "GPU_ZARR_NATIVE=0" in native.status().reason
+        assert make_reader("cpu-auto", 2).name == "threads"
+        from gpu_zarr.capabilities import probe
+
+        assert "not loaded" in probe(refresh=True).report()
+    finally:
+        monkeypatch.undo()
+        native._load.cache_clear()
+        from gpu_zarr.capabilities import probe
+
+        probe(refresh=True)
+
+
+@needs_native
+@pytest.mark.parametrize("codec", ["zstd", "zlib", "gzip", "deflate", "lz4"])
+def test_stream_codecs_exact(codec):
+    raw = payload(300_001, 2, "smooth").tobytes()
+    enc = {"zstd": lambda: numcodecs.Zstd(3).encode(raw), "zlib": lambda: zlib.compress(raw, 6),
+           "gzip": lambda: numcodecs.GZip(5).encode(raw),
+           "deflate": lambda: (lambda c: c.compress(raw) + c.flush())(zlib.compressobj(6, zlib.DEFLATED, -15)),
+           "lz4": lambda: bytes(numcodecs.LZ4().encode(raw))[4:]}[codec]()
+    if not native.codec_available(codec):
+        pytest.skip(f"no library for {codec} here")
+    st, out = _dec(codec, bytes(enc), len(raw))
+    assert st == native.OK and out.tobytes() == raw
+    # a wrong expected size is an error, never a partial write past it
+    st, _ = _dec(codec, bytes(enc), len(raw) - 1)
+    assert st in (10, 11)  # "corrupt" where the decoder itself refuses to write past the end
+    st, _ = _dec(codec, bytes(enc), len(raw) + 5)
+    assert st in (10, 11)
+
+
+@needs_native
+@pytest.mark.parametrize("cname", ["lz4", "lz4hc", "zstd", "zlib"])
+@pytest.mark.parametrize("shuffle", [0, 1, 2])
+@pytest.mark.parametrize("ts", [1, 2, 4, 8, 16])
+def test_blosc_every_inner_codec_and_shuffle(cname, shuffle, ts):
+    for nbytes, blocksize, kind in ((200_000 // ts * ts, 0, "smooth"), (70_001 // ts * ts, 4096, "smooth"),
+                                    (65_536, 0, "random"), (1000 // ts * ts, 0, "smooth")):
+        buf = payload(nbytes, ts, kind)
+        for clevel in (0, 5):
+            enc = bytes(numcodecs.Blosc(cname=cname, clevel=clevel, shuffle=shuffle, blocksize=blocksize,
+                                        typesize=ts).encode(buf))
+            st, out = _dec("blosc", bytes(enc), nbytes)
+            assert st == native.OK, (nbytes, blocksize, kind, clevel, native.describe(st))
+            assert out.tobytes() == buf.tobytes()
+            assert out.tobytes() == bytes(numcodecs.Blosc().decode(enc))
+
+
+@needs_native
+@pytest.mark.parametrize("cname", ["blosclz", "snappy"])
+def test_blosc_unsupported_inner_codecs(cname):
+    buf = payload(100_000, 2, "smooth")
+    try:
+        enc = bytes(numcodecs.Blosc(cname=cname, clevel=5, shuffle=1).encode(buf))
+    except Exception as exc:  # numcodecs built without snappy
+        pytest.skip(f"numcodecs cannot write {cname}: {exc}")
+    if enc[2] & 0x02:
+        pytest.skip("stored memcpyed")
+    st, _ = _dec("blosc", enc, buf.nbytes)
+    assert st in native.UNSUPPORTED, native.describe(st)
+
+
+def _corruptions(enc: bytes, rng):
+    yield enc[:len(enc) // 2]  # truncated
+    yield enc[:17]
+    yield b""
+    yield rng.integers(0, 256, len(enc), dtype=np.uint8).tobytes()  # garbage
+    for _ in range(60):  # flipped bytes, anywhere
+        b = bytearray(enc)
+        for p in rng.integers(0, len(b), 1 + int(rng.integers(0, 4))):
+            b[int(p)] ^= int(rng.integers(1, 256))
+        yield bytes(b)
+    for p in range(0, 48):  # every header and block-table byte
+        b = bytearray(enc)
+        if p < len(b):
+            b[p] ^= 0xFF
+            yield bytes(b)
+
+
+@needs_native
+@pytest.mark.parametrize("case", ["blosc-lz4", "blosc-zstd-bit", "blosc-zlib", "zstd", "gzip", "zlib", "lz4"])
+def test_corrupt_inputs_give_statuses_never_crash(case):
+    rng = np.random.default_rng(7)
+    buf = payload(150_000, 4, "smooth")
+    raw = buf.tobytes()
+    enc = {"blosc-lz4": lambda: numcodecs.Blosc("lz4", 5, 1, 16384).encode(buf),
+           "blosc-zstd-bit": lambda: numcodecs.Blosc("zstd", 5, 2, 16384).encode(buf),
+           "blosc-zlib": lambda: numcodecs.Blosc("zlib", 5, 1, 16384).encode(buf),
+           "zstd": lambda: numcodecs.Zstd(1).encode(raw), "gzip": lambda: numcodecs.GZip(5).encode(raw),
+           "zlib": lambda: zlib.compress(raw), "lz4": lambda: bytes(numcodecs.LZ4().encode(raw))[4:]}[case]()
+    codec = case.split("-")[0]
+    if not native.codec_available(codec):
+        pytest.skip(f"no library for {codec}")
+    bad = list(_corruptions(bytes(enc), rng))
+    # all in one batch, each in a slot with a guard band after it
+    slot = len(raw) + 64
+    offs = np.cumsum([0] + [len(b) for b in bad[:-1]]).astype(np.int64)
+    src = np.frombuffer(b"".join(bad) or b"\0", np.uint8).copy()
+    dst = np.full(slot * len(bad), 0xAB, np.uint8)
+    st, det = native.decode(codec, src, offs, [len(b) for b in bad], dst, np.arange(len(bad)) * slot, len(raw), 2)
+    guards = dst.reshape(len(bad), slot)[:, len(raw):]
+    assert (guards == 0xAB).all(), "a corrupt chunk was decoded past its destination"
+    for k, b in enumerate(bad):
+        ok = dst[k * slot:k * slot + len(raw)].tobytes() == raw
+        # a chunk reported ok decoded to the right bytes, or the change was invisible to the
+        # format (e.g. a flipped byte in a stream stored raw, or in a Blosc header's unused bits)
+        if st[k] == native.OK and not ok and codec in ("gzip", "zlib"):  # the others carry no checksum here
+            raise AssertionError(f"corruption {k} reported ok but decoded to other bytes")
+    assert (st[:4] != native.OK).all()  # truncations and garbage are always caught
+
+
+@needs_native
+def test_wrong_sizes_and_bounds():
+    raw = payload(10_000, 2, "smooth").tobytes()
+    enc = np.frombuffer(numcodecs.Zstd(1).encode(raw), np.uint8).copy()
+    dst = np.zeros(20_000, np.uint8)
+    st, _ = native.decode("zstd", enc, [0], [len(enc) + 5], dst, [0], [len(raw)], 1)  # source past the buffer
+    assert st[0] == native.BOUNDS
+    st, _ = native.decode("zstd", enc, [0], [len(enc)], dst, [15_000], [len(raw)], 1)  # destination past the end
+    assert st[0] == native.BOUNDS
+    benc = np.frombuffer(numcodecs.Blosc("lz4", 5, 1).encode(np.frombuffer(raw, np.uint8)), np.uint8).copy()
+    st, det = native.decode("blosc", benc, [0], [len(benc)], dst, [0], [len(raw) - 2], 1)
+    assert st[0] == 11 and det[0] == len(raw)
+
+
+@needs_native
+def test_read_batch(tmp_path):
+    rng = np.random.default_rng(0)
+    files, blobs = [], []
+    for k in range(40):
+        b = rng.integers(0, 256, int(rng.integers(1, 300_000)), dtype=np.uint8).tobytes()
+        p = tmp_path / f"f{k}"
+        p.write_bytes(b)
+        files.append(str(p))
+        blobs.append(b)
+    sizes = np.array([len(b) for b in blobs], np.int64)
+    doff = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    dst = np.zeros(int(sizes.sum()), np.uint8)
+    st, _ = native.read(files, np.arange(40), np.zeros(40, np.int64), sizes, doff, dst, 4)
+    assert (st == native.OK).all() and dst.tobytes() == b"".join(blobs)
+    # short file, missing file, a destination past the buffer: per item, the others still read
+    fid, foff, size = np.array([0, 1, 2, 3]), np.array([0, 10, 0, 0]), sizes[:4].copy()
+    os.remove(files[2])
+    size[3] = len(dst)
+    st, det = native.read(files, fid, foff, size, np.array([0, 0, 0, 5]), dst, 2)
+    assert st.tolist() == [native.OK, native.SHORT, native.OPEN, native.BOUNDS]
+    assert det[1] == sizes[1] - 10
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", ["<u2", ">i4", "<f8", ">c8", "u1"])
+@pytest.mark.parametrize("perm", [None, (2, 0, 1)])
+def test_place_equals_numpy(dtype, perm):
+    rng = np.random.default_rng(1)
+    dt = np.dtype(dtype)
+    inner = (5, 6, 7)
+    stored = inner if perm is None else tuple(inner[a] for a in perm)
+    chunks = [rng.integers(0, 255, int(np.prod(stored)) * dt.itemsize, dtype=np.uint8) for _ in range(6)]
+    src = np.concatenate(chunks)
+    offs = np.arange(6, dtype=np.int64) * chunks[0].nbytes
+    table = np.zeros((6, 3, 4), np.int64)
+    table[:, :, 0] = inner
+    for k in range(6):
+        for d in range(3):
+            a = int(rng.integers(0, inner[d]))
+            n = int(rng.integers(1, inner[d] - a + 1))
+            table[k, d, 1:] = (a, n, int(rng.integers(0, 10 - n)))
+    want = np.zeros((10, 10, 10), dt.newbyteorder("="))
+    got = want.copy()
+    place_cpu(src, offs, table, want, dt, perm)
+    st = native.place(src, offs, chunks[0].nbytes, table, got, dt, perm, 3)
+    assert (st == native.OK).all()
+    assert want.tobytes() == got.tobytes()
+    bad = table.copy()
+    bad[0, 0, 3] = 10  # runs past the output
+    st = native.place(src, offs, chunks[0].nbytes, bad, got, dt, perm, 1)
+    assert st[0] == native.BOUNDS
+
+
+# ---------------------------------------------------------------- engine
+def _small(arr, sel, threads=4, cache=False):
+    pool = ThreadPoolExecutor(threads)
+    try:
+        ops = CpuOps(pool, threads, fast=True)
+        return read(arr, sel, device="cpu", ops=ops, options=EngineOptions(threads=threads, cache=cache))
+    finally:
+        pool.shutdown()
+
+
+def selections(shape):
+    """The whole array, a plane with a cropped axis, a stepped box with an integer index."""
+    mid = tuple(slice(1, max(2, n - 1)) for n in shape[1:])
+    step = tuple(slice(0, None, 2 + d) for d in range(len(shape) - 1))
+    return [Ellipsis, (shape[0] // 2, *mid), (*step, shape[-1] // 2)]
+
+
+@pytest.mark.parametrize("case", [c for c in LAYOUTS if c[0] in ("v3-raw", "v3-zstd", "v2-zstd", "v3-shard-zstd",
+                                                                 "v3-zstd-bigendian", "v2-F-order", "v3-fill-7")]
+                         + [("v2-gzip", dict(fmt=2, codec="gzip")), ("v3-gzip", dict(fmt=3, codec="gzip")),
+                            ("v2-zlib", dict(fmt=2, codec="zlib"))], ids=lambda c: c[0])
+def test_engine_cpu_reads_equal_zarr(tmp_path, case, mode):
+    arr, _ = write(tmp_path / "a.zarr", **case[1])
+    for sel in selections(arr.shape):
+        want = np.asarray(arr[sel])
+        for res in (_small(arr, sel), read(arr, sel, device="cpu", options=EngineOptions(threads=3))):
+            np.testing.assert_array_equal(res.data, want)
+        if mode == "native":
+            assert _small(arr, sel).stats.get("chunkwise_native", 0) > 0 or case[0] == "v3-fill-7"
+
+
+@pytest.mark.parametrize("case", BLOSC_LAYOUTS, ids=lambda c: c[0])
+def test_engine_blosc_equal_zarr(tmp_path, case, mode):
+    arr, _ = write_blosc(tmp_path / "b.zarr", **case[1])
+    for sel in selections(arr.shape):
+        want = np.asarray(arr[sel])
+        np.testing.assert_array_equal(_small(arr, sel).data, want)
+        np.testing.assert_array_equal(read(arr, sel, device="cpu", options=EngineOptions(threads=3)).data, want)
+
+
+def test_engine_cache_keeps_native_chunks(tmp_path, mode):
+    from gpu_zarr.engine.runtime import get_runtime
+
+    arr, values = write(tmp_path / "c.zarr", fmt=3, codec="zstd", partial=False)
+    get_runtime().clear_caches()
+    first = _small(arr, (3, slice(None), slice(None)), cache=True)
+    second = _small(arr, (4, slice(None), slice(None)), cache=True)  # same chunk layer: served by the cache
+    np.testing.assert_array_equal(first.data, values[3])
+    np.testing.assert_array_equal(second.data, values[4])
+    assert second.stats["cache_hits"] > 0
+    get_runtime().clear_caches()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage"])
+@pytest.mark.parametrize("codec", ["zstd", "gzip", "blosc"])
+def test_engine_corrupt_chunk_is_named(tmp_path, codec, damage, mode):
+    if codec == "blosc":
+        arr, _ = write_blosc(tmp_path / "d.zarr", fmt=2, cname="lz4", shuffle="shuffle", partial=False)
+    else:
+        arr, _ = write(tmp_path / "d.zarr", fmt=2, codec=codec, partial=False)
+    chunk = tmp_path / "d.zarr" / "1.1.1"
+    b = bytearray(chunk.read_bytes())
+    if damage == "truncate":
+        b = b[:len(b) // 2]
+    elif damage == "flip":
+        for p in range(len(b) // 3, len(b) // 3 + 8):
+            b[p] ^= 0x5A
+        b[:20] = bytes(x ^ 0xFF for x in b[:20])
+    else:
+        b = bytearray(np.random.default_rng(3).integers(0, 256, len(b), dtype=np.uint8).tobytes())
+    chunk.write_bytes(bytes(b))
+    with pytest.raises(CorruptChunkError, match=r"1\.1\.1"):
+        _small(arr, Ellipsis)
+    with pytest.raises(CorruptChunkError, match=r"1\.1\.1"):
+        read(arr, Ellipsis, device="cpu", options=EngineOptions(threads=2))
+
+
+def test_native_reader_short_file_named(tmp_path):
+    if not native.available():
+        pytest.skip(native.status().reason)
+    arr, _ = write(tmp_path / "e.zarr", fmt=3, codec="raw", partial=False)
+    files = [str(tmp_path / "e.zarr" / "c" / "0" / "0" / "0")]
+    size = os.path.getsize(files[0])
+    batch = make_batches(np.array([0]), np.array([0]), np.array([size + 10]), size, 8 * MiB)[0]
+    dest = np.zeros(size + 16, np.uint8)
+    with pytest.raises(CorruptChunkError, match="the file ends after"):
+        NativeReader(2).read(files, batch, dest)
+    big = make_batches(np.array([0]), np.array([0]), np.array([size]), size, 8 * MiB)[0]
+    NativeReader(2).read(files, big, dest)
+    assert dest[:size].tobytes() == open(files[0], "rb").read()
+
+
+def test_cpu_twin_reads_with_native_threads(tmp_path, mode):
+    arr, values = write(tmp_path / "f.zarr", fmt=3, codec="zstd", partial=False)
+    res = read(arr, Ellipsis, device="cpu", options=EngineOptions(threads=3, batch_bytes=64 << 10))
+    np.testing.assert_array_equal(res.data, values)
+    assert res.stats["batches"] > 1
+    assert res.stats["reader"].startswith("native" if mode == "native" else "threads")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["zstd", "gzip", "blosc", "raw"])
+def test_gpu_path_with_native_reader(tmp_path, case):
+    """The GPU pipeline with reader="native" (staging filled by C threads) equals zarr."""
+    if not native.available():
+        pytest.skip(native.status().reason)
+    if case == "blosc":
+        arr, values = write_blosc(tmp_path / "g.zarr", fmt=2, cname="lz4", shuffle="shuffle")
+    else:
+        arr, values = write(tmp_path / "g.zarr", fmt=3, codec=case)
+    values = np.asarray(arr[...])
+    res = read(arr, Ellipsis, device="gpu", options=EngineOptions(reader="native", threads=8, batch_bytes=64 << 10))
+    np.testing.assert_array_equal(res.data.get(), values)
+    assert res.stats["reader"].startswith("native")

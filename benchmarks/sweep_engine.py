@@ -8,7 +8,7 @@ and a Markdown table.
     python benchmarks/sweep_engine.py VOLUME.zarr [...] [--configs 192x3,256x2,...] [--repeat 3]
 
 A configuration is ``BATCHxSLOTS`` (batch in MiB) optionally followed by flags:
-``:threads`` (the threaded reader instead of kvikio), ``:staged`` (raw chunks through
+``:threads`` / ``:native`` / ``:kvikio`` (the reader), ``:staged`` (raw chunks through
 pinned staging instead of straight into device memory), ``:budget=MIB`` (the read's GPU
 memory budget), ``:lanes=N`` (GPU work streams), ``:nthreads=N`` (read threads),
 ``:pinned=MIB`` (the pinned staging bound) and ``:compat`` (kvikio's POSIX compat mode set ON
@@ -81,8 +81,8 @@ def _env(config: str) -> dict:
     env = dict(os.environ, GPU_ZARR_BATCH_MIB=batch, GPU_ZARR_SLOTS=slots)
     for flag in flags:
         key, _, value = flag.partition("=")
-        if key == "threads":
-            env["GPU_ZARR_READER"] = "threads"
+        if key in ("threads", "native", "kvikio"):
+            env["GPU_ZARR_READER"] = key
         elif key == "staged":
             env["GPU_ZARR_DIRECT_RAW"] = "0"
         elif key == "budget":

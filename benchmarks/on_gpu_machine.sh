@@ -7,6 +7,7 @@
 #   bash benchmarks/on_gpu_machine.sh readers  # the two staging readers on 4 GiB volumes
 #   bash benchmarks/on_gpu_machine.sh speed    # 4 GiB throughput with peers and cold reads; budget curve
 #   bash benchmarks/on_gpu_machine.sh scale    # dask on every GPU (kind nvidia-h200-x2), notebooks
+#   bash benchmarks/on_gpu_machine.sh native   # the native host library: file-read floor, small reads vs peers, readers on 4 GiB
 #   bash benchmarks/on_gpu_machine.sh pack     # everything in $OUT into $OUT/results.tgz (the device tool returns 8 files)
 # Results go to $OUT (default ./gpu-results).
 set -uo pipefail
@@ -17,6 +18,9 @@ mkdir -p "$OUT"
   --target /tmp/site .whl/*.whl $(ls .whl-dask/*.whl .whl-ts/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpus.txt"
+# the native host library (git-ignored build output): built here with the flags of hatch_build.py
+[ -f src/gpu_zarr/engine/_native/libgz_native.so ] || gcc -O3 -shared -fPIC -pthread -fvisibility=hidden \
+  src/gpu_zarr/engine/_native/gz_native.c -o src/gpu_zarr/engine/_native/libgz_native.so -ldl || echo "native library not built"
 WORK=/tmp/gzb
 bench() { timeout "$1" python3 -m gpu_zarr.bench --device gpu --workdir $WORK --out "$OUT" --no-progress "${@:2}"; }
 
@@ -109,11 +113,22 @@ scale)
   timeout 120 python3 examples/run_notebooks.py > "$OUT/notebooks.txt" 2>&1
   tail -12 "$OUT/notebooks.txt"
   ;;
+native)
+  python3 -c "from gpu_zarr.engine import native; print(native.status())"
+  timeout 120 python3 benchmarks/native_floor.py --dir /tmp/gz-floor --json "$OUT/native_floor.json" > "$OUT/native_floor.txt" 2>&1
+  tail -30 "$OUT/native_floor.txt"
+  bench 200 --repeat 1 --layouts zstd-v3-1MiB,zstd-v3-4MiB,blosc-lz4-shuffle-v2,raw-v3-32MiB --readers ours-kvikio > "$OUT/tp.log" 2>&1
+  V1=$(ls -d $WORK/*/512x2048x2048/zstd-v3-1MiB.zarr | head -1); V4=$(ls -d $WORK/*/512x2048x2048/zstd-v3-4MiB.zarr | head -1)
+  VB=$(ls -d $WORK/*/512x2048x2048/blosc-lz4-shuffle-v2.zarr | head -1); VR=$(ls -d $WORK/*/512x2048x2048/raw-v3-32MiB.zarr | head -1)
+  timeout 150 python3 benchmarks/sweep_engine.py "$V1" "$V4" "$VB" "$VR" --repeat 2 \
+    --configs "192x3:kvikio,192x3:native,192x3:native:nthreads=32" > "$OUT/sweep-readers.txt" 2>&1
+  tail -16 "$OUT/sweep-readers.txt"
+  ;;
 pack)
   tar czf /tmp/results.tgz -C "$OUT" . && find "$OUT" -type f -delete && mv /tmp/results.tgz "$OUT/"
   ;;
 *)
-  echo "unknown step ${1}: tests, browse, readers, speed, scale or pack" >&2
+  echo "unknown step ${1}: tests, browse, readers, speed, scale, native or pack" >&2
   exit 2
   ;;
 esac

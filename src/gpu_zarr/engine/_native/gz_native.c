@@ -26,6 +26,7 @@ enum { C_RAW = 0, C_ZSTD = 1, C_LZ4 = 2, C_ZLIB = 3, C_GZIP = 4, C_DEFLATE = 5, 
 enum {
     S_OK = 0, S_OPEN = 1, S_SHORT = 2, S_IO = 3, S_BOUNDS = 4,
     S_CORRUPT = 10, S_SIZE = 11, S_HEADER = 12, S_BLOCKS = 13, S_STREAM = 14, S_MEMORY = 15,
+    S_CRC32 = 16, S_ADLER32 = 17,
     S_UNSUP_NOLIB = 20, S_UNSUP_BLOSCLZ = 21, S_UNSUP_SNAPPY = 22, S_UNSUP_BLOSC2 = 23, S_UNSUP_CODEC = 24,
 };
 
@@ -42,6 +43,8 @@ API const char *gz_strerror(int s) {
     case S_BLOCKS: return "its Blosc block table points outside the chunk";
     case S_STREAM: return "a Blosc stream size is invalid or runs past the chunk";
     case S_MEMORY: return "out of memory";
+    case S_CRC32: return "the gzip trailer's CRC-32 does not match the decoded bytes";
+    case S_ADLER32: return "the zlib trailer's Adler-32 does not match the decoded bytes";
     case S_UNSUP_NOLIB: return "the codec library is not loaded";
     case S_UNSUP_BLOSCLZ: return "Blosc inner codec blosclz";
     case S_UNSUP_SNAPPY: return "Blosc inner codec snappy";
@@ -223,6 +226,8 @@ static int dec_inflate(Ctx *c, int wrapper, const uint8_t *s, size_t n, uint8_t 
         return z->total_out == cap ? S_OK : S_SIZE;
     }
     if (r == -5 /* Z_BUF_ERROR */ && z->avail_out == 0) return S_SIZE;
+    if (r == -3 /* Z_DATA_ERROR */ && z->msg && strcmp(z->msg, "incorrect data check") == 0)
+        return wrapper == C_GZIP ? S_CRC32 : S_ADLER32;
     return S_CORRUPT;
 }
 

@@ -91,6 +91,9 @@ class CheckingReader:
         self.ops.check_writable(dest, "reader")
         self.inner.read(files, batch, dest)
 
+    def session(self):
+        return self.inner.session()
+
     def close(self) -> None:
         pass
 

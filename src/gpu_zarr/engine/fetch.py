@@ -12,7 +12,10 @@ Large ranges are split into parts so that all threads work on a batch of few big
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -99,6 +102,8 @@ class Reader(Protocol):
 
     def read(self, files: list[Path], batch: Batch, dest: Any) -> None: ...
 
+    def session(self) -> AbstractContextManager[None]: ...
+
     def close(self) -> None: ...
 
 
@@ -131,6 +136,10 @@ class ThreadReader:
         for fut in [self._pool.submit(run, j) for j in range(jobs)]:
             fut.result()
 
+    def session(self) -> AbstractContextManager[None]:
+        """Nothing to scope: the threads are ours."""
+        return nullcontext()
+
     def close(self) -> None:
         """The pool belongs to the runtime; nothing to release here."""
 
@@ -146,15 +155,38 @@ class KvikioReader:
 
     name = "kvikio"
 
+    _lock = threading.Lock()
+    _active = 0  # engine reads inside session(), all readers together
+    _saved: Any = None  # kvikio's own setting, restored when the last of them ends
+
     def __init__(self, threads: int):
         import kvikio
         import kvikio.defaults
 
         self.threads = threads
         self._kvikio = kvikio
-        # resizing kvikio's pool rebuilds it: only when it differs
-        if kvikio.defaults.get("num_threads") != threads:
-            kvikio.defaults.set("num_threads", threads)
+
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """kvikio's thread pool sized to ``threads`` for the reads inside (kvikio's setting is
+        process-wide: the first read in saves the user's value, the last one out restores it;
+        resizing rebuilds kvikio's pool, so it is done only when the value differs)."""
+        import kvikio.defaults
+
+        cls = type(self)
+        with cls._lock:
+            if cls._active == 0:
+                cls._saved = kvikio.defaults.get("num_threads")
+            if kvikio.defaults.get("num_threads") < self.threads:
+                kvikio.defaults.set("num_threads", self.threads)
+            cls._active += 1
+        try:
+            yield
+        finally:
+            with cls._lock:
+                cls._active -= 1
+                if cls._active == 0 and kvikio.defaults.get("num_threads") != cls._saved:
+                    kvikio.defaults.set("num_threads", cls._saved)
 
     def read(self, files: list[Path], batch: Batch, dest: Any) -> None:
         """Fill ``dest`` (host or device uint8) with the encoded bytes of every piece of ``batch``."""
@@ -244,6 +276,10 @@ class NativeReader:
         fid, foff, size, doff = native_items(batch)
         st, det = self._native.read(files, fid, foff, size, doff, dest.reshape(-1), self.threads)
         raise_read_errors(files, fid, foff, size, st, det)
+
+    def session(self) -> AbstractContextManager[None]:
+        """Nothing to scope: the threads are ours."""
+        return nullcontext()
 
     def close(self) -> None:
         pass

@@ -477,7 +477,7 @@ def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, b
     cap = max(b.staging_bytes for b in batches)
     # raw chunks read by kvikio land in device memory directly: nothing to check on the host
     direct = (not stage.decodes) and ops.name == "gpu" and reader.name == "kvikio" and opts.direct_raw
-    with ops.host_buffers(0 if direct else cap, 0 if direct else nslots) as host:
+    with reader.session(), ops.host_buffers(0 if direct else cap, 0 if direct else nslots) as host:
         _run(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, nslots, cap, direct, host, keep)
     stats["reader"] = reader.name + (" (into device memory)" if direct else " (staging)")
     stats["threads"] = getattr(reader, "threads", None)

@@ -266,3 +266,18 @@ def test_context_restores_config():
             pass
         assert zarr.config.get("buffer") == "zarr.buffer.gpu.Buffer"
     assert (zarr.config.get("buffer"), zarr.config.get("codecs.zstd")) == before
+
+
+def test_kvikio_thread_setting_is_restored_after_a_read(tmp_path):
+    pytest.importorskip("kvikio")
+    import kvikio.defaults
+
+    from gpu_zarr.engine import EngineOptions
+    from gpu_zarr.zarr_io import read_zarr
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="raw", partial=False)
+    before = kvikio.defaults.get("num_threads")
+    res = read_zarr(tmp_path / "a.zarr", prefer="kvikio", options=EngineOptions(reader="kvikio", threads=before + 3),
+                    progress=False)
+    assert res.stats["reader"].startswith("kvikio")
+    assert kvikio.defaults.get("num_threads") == before

@@ -29,7 +29,7 @@ def test_choices_mirror_the_controller(image):
     assert [v for _, v in w.level_select.options] == [0, 1] and w.level_select.value == 1
     assert w.resident.disabled and "needs a CUDA GPU" in w.resident.tooltip
     w.backend_select.value = "cpu"
-    assert w.controller.backend == "cpu" and "forced: numpy via zarr-python" in w.reason.value
+    assert w.controller.backend == "cpu" and "cpu: forced: " in w.reason.value
     w.level_select.value = 0
     assert w.controller.level == 0
     assert "no load yet" in w.history_html.value and "load a level" in w.chart.value

@@ -171,7 +171,9 @@ def test_read_result_stats_belong_to_the_read(tmp_path, monkeypatch):
     monkeypatch.setattr(capabilities, "probe", lambda: Capabilities())
     arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd")
     res = read_selection(arr, (0,), prefer="cpu")
-    assert res.backend == "cpu" and res.stats == {}
+    other = read_selection(arr, (slice(0, 20),), prefer="cpu")
+    assert res.backend == "cpu" and res.stats is not other.stats
+    assert res.stats.get("pieces", 0) < other.stats.get("pieces", 1)  # each read's own counts
 
 
 def test_absurd_shape_is_a_clear_error_on_the_cpu(tmp_path, monkeypatch):

@@ -31,8 +31,8 @@ from gpu_zarr.errors import (
     UnsupportedArrayError,
 )
 
-__all__ = ["BACKENDS", "READ_BACKENDS", "Backend", "BackendChoice", "CpuBackend", "EngineBackend", "ReadBackend",
-           "ZarrGpuBackend", "check_backend", "choose", "nbytes_of"]
+__all__ = ["BACKENDS", "READ_BACKENDS", "Backend", "BackendChoice", "CpuBackend", "CpuEngineBackend", "EngineBackend",
+           "ReadBackend", "ZarrGpuBackend", "check_backend", "choose", "nbytes_of"]
 
 Backend = Literal["auto", "kvikio", "zarr-gpu", "cpu"]
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
@@ -207,6 +207,39 @@ class CpuBackend(_ZarrBackend):
         return to_native_order(np.asarray(arr[selection]))
 
 
+class CpuEngineBackend:
+    """``"cpu"`` through the engine's native host path: chunks read, decoded and placed on
+    native threads (:mod:`gpu_zarr.engine.native`), no Python per chunk; with the host chunk
+    cache for viewers. Used where the native library is loaded and the engine reads the layout."""
+
+    name = "cpu"
+
+    def __init__(self, layout: Any, runtime: Any = None) -> None:
+        self.layout = layout
+        self._engine = EngineBackend(layout, runtime)
+
+    def small_read_bytes(self, region: Any) -> int | None:
+        return None
+
+    def read(self, arr: Any, region: Any, selection: Any, *, options: Any, progress: Callable[[int, int], None] | None,
+             cancel: Any, where: str) -> tuple[Any, dict[str, Any], str]:
+        from gpu_zarr.engine import EngineOptions
+        from gpu_zarr.engine import read as engine_read
+        from gpu_zarr.engine.ops import CpuOps
+
+        rt = self._engine.runtime
+        opts = options or EngineOptions()
+        ops = CpuOps(rt.pool("cpu-decode", opts.threads), opts.threads, fast=True)
+        stats: dict[str, Any] = {}
+
+        def read(sel: Any) -> Any:
+            res = engine_read(None, sel, device="cpu", options=opts, layout=self.layout, ops=ops, runtime=rt)
+            stats.update(res.stats)
+            return res.data
+        # progress and cancel between chunk-aligned slabs, as for zarr-python reads
+        return _in_slabs(arr, region, selection, read, "cpu", progress, cancel), stats, ""
+
+
 def _name_the_chunk(arr: Any, selection: Any, exc: Exception) -> Exception:
     """zarr-python's own message names no chunk ("Zstd decompression error: invalid input
     data"): find the chunk with the engine's CPU twin, which checks and decodes chunk by
@@ -262,6 +295,24 @@ def _in_slabs(arr: Any, region: Any, selection: Any, read: Callable[[Any], Any],
     return out if region.is_box else out[region.post].copy()
 
 
+def _cpu(arr: Any, why: str, runtime: Any) -> tuple[ReadBackend, BackendChoice]:
+    """The CPU backend: the engine's native host path where it serves the array, else zarr-python."""
+    from gpu_zarr.engine import native
+    from gpu_zarr.engine.layout import describe, layout_of
+
+    if arr is None or not native.available():
+        how = "numpy via zarr-python" + ("" if arr is None else f" (native host path not loaded: {native.status().reason})")
+        return CpuBackend(), BackendChoice("cpu", f"{why}: {how}")
+    try:
+        if arr.ndim == 0:
+            raise UnsupportedArrayError("0-dimensional")
+        lay = layout_of(arr)
+    except UnsupportedArrayError as exc:
+        return CpuBackend(), BackendChoice("cpu", f"{why}: numpy via zarr-python (the native host path cannot: {exc})")
+    return CpuEngineBackend(lay, runtime), BackendChoice(
+        "cpu", f"{why}: native host path ({describe(lay)}; chunks read, decoded and placed on native threads)")
+
+
 def choose(arr: Any, prefer: str, caps: Any, runtime: Any = None) -> tuple[ReadBackend, BackendChoice]:
     """The backend for ``arr`` (opened) under ``prefer`` on a machine that offers ``caps``
     (:func:`gpu_zarr.capabilities.probe`), and why.
@@ -275,10 +326,10 @@ def choose(arr: Any, prefer: str, caps: Any, runtime: Any = None) -> tuple[ReadB
     """
     check_backend(prefer)
     if prefer == "cpu":
-        return CpuBackend(), BackendChoice("cpu", "forced: numpy via zarr-python")
+        return _cpu(arr, "forced", runtime)
     if not caps.gpu:
         if prefer == "auto":
-            return CpuBackend(), BackendChoice("cpu", "no usable GPU" + (f" ({caps.notes[0]})" if caps.notes else ""))
+            return _cpu(arr, "no usable GPU" + (f" ({caps.notes[0]})" if caps.notes else ""), runtime)
         raise GPUUnavailable(f"backend {prefer!r} needs a CUDA GPU, and none is usable here: "
                              f"{caps.backend_status(prefer)[1]}. Use prefer='cpu', or {INSTALL_HINT}.")
     if prefer == "zarr-gpu":

@@ -83,7 +83,7 @@ class Capabilities:
             Availability and a one-line reason.
         """
         if name == "cpu":
-            return True, "numpy via zarr-python: always available"
+            return True, "host memory: the native host path where it reads the array, else zarr-python; always available"
         if name == "auto":
             if self.gpu:
                 return True, "picks the fastest GPU path per array"

@@ -148,7 +148,7 @@ def choose_backend(array_or_path: Any, prefer: Backend = "auto") -> BackendChoic
         A forced backend cannot serve (no GPU, kvikio engine cannot read the codec...).
     """
     check_backend(prefer)
-    arr = None if prefer in ("cpu", "zarr-gpu") else open_array(array_or_path)
+    arr = None if prefer == "zarr-gpu" else open_array(array_or_path)
     return choose(arr, prefer, capabilities.probe())[1]
 
 

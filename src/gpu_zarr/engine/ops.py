@@ -215,7 +215,8 @@ class CpuOps:
         return None
 
     def finish(self, out: np.ndarray, post: tuple | None) -> np.ndarray:
-        return np.ascontiguousarray(out[post]) if post is not None else out
+        # np.array, not ascontiguousarray, which turns a 0-d result (all-integer index) into shape (1,)
+        return np.array(out[post], order="C") if post is not None else out
 
 
 class AsyncCpuOps(CpuOps):
@@ -410,7 +411,7 @@ class GpuOps:
         if post is None:
             return out
         with self.stream:
-            res = self._cupy.ascontiguousarray(out[post])
+            res = self._cupy.array(out[post], order="C")  # 0-d stays 0-d
         self.stream.synchronize()
         return res
 

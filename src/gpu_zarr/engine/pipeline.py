@@ -213,7 +213,7 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     if getattr(ops, "host_is_device", False):
         _run_chunkwise(lay, stage, loc, pieces, to_read, out, rt, opts.threads, stats, keep)
     else:
-        reader = rt.reader(opts.reader if device == "gpu" else "threads", opts.threads)
+        reader = _remote_reader(lay) or rt.reader(opts.reader if device == "gpu" else "threads", opts.threads)
         _run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, keep)
     result = ops.finish(out, None if region.is_box else region.post)
     ops.sync()
@@ -314,6 +314,11 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
 
         def read(i: int) -> None:
             read_range(files[file_id[i]], offset[i], buf[so[i]:so[i] + sz[i]])
+        if (remote := _remote_reader(lay)) is not None:  # every range in flight at once, then decode
+            remote.read(files, batch, buf)
+
+            def read(i: int) -> None:
+                pass
 
         def place(i: int) -> None:
             ops.place(src, src_off[i:i + 1], table[i:i + 1], out, lay.disk_dtype, perm=lay.transpose)
@@ -336,6 +341,15 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
                 stats["chunkwise_decode_s"] = time.perf_counter() - t - stats["chunkwise_read_s"]
             ops.map_chunks(place, n)
     stats["chunkwise_s"] = time.perf_counter() - t
+
+
+def _remote_reader(lay: Layout) -> Any:
+    """The fetch stage of a remote array (None for local files)."""
+    if lay.source is None:
+        return None
+    from gpu_zarr.engine.remote import RemoteReader
+
+    return RemoteReader(lay.source.requests)
 
 
 def _needs_host_check(stage: CodecStage, ops: Ops) -> bool:

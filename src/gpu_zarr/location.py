@@ -119,11 +119,42 @@ class Location:
         ``zarr.storage.ObjectStore`` when remote."""
         if not self.is_remote:
             return self.url
-        from zarr.storage import ObjectStore
+        return _retrying_store_class()(self.object_store(), location=self)
 
-        store = ObjectStore(self.object_store(), read_only=True)
-        store._gpu_zarr_location = self  # type: ignore[attr-defined]  # the engine's source names this URL
-        return store
+
+_store_class: Any = None
+
+
+def _retrying_store_class() -> Any:
+    """``zarr.storage.ObjectStore``, read-only, whose GETs are retried when an answer ends early
+    (obstore retries 5xx, resets and timeouts itself, not a body cut short)."""
+    global _store_class
+    if _store_class is not None:
+        return _store_class
+    import asyncio
+
+    import obstore.exceptions as oe
+    from zarr.storage import ObjectStore
+
+    class ReadOnlyObjectStore(ObjectStore):
+        def __init__(self, store: Any, *, read_only: bool = True, location: Location | None = None) -> None:
+            super().__init__(store, read_only=True)
+            self._gpu_zarr_location = location  # the engine's remote source names this URL
+
+        def with_read_only(self, read_only: bool = False) -> Any:
+            return type(self)(self.store, location=self._gpu_zarr_location)
+
+        async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+            for attempt in range(4):
+                try:
+                    return await super().get(key, prototype, byte_range)
+                except oe.GenericError:
+                    if attempt == 3:
+                        raise
+                    await asyncio.sleep(0.05 * 2 ** attempt)
+
+    _store_class = ReadOnlyObjectStore
+    return _store_class
 
 
 _lock = threading.Lock()
@@ -263,19 +294,19 @@ def _make_store(loc: Location) -> Any:
     parts = urlsplit(loc.url)
     if loc.scheme in ("http", "https"):
         client, retry = _client_and_retry(opts, loc.scheme == "http")
-        return st.HTTPStore.from_url(loc.url, client_options=client, retry_config=retry)  # type: ignore[arg-type]
+        return st.HTTPStore.from_url(loc.url, client_options=client, retry_config=retry)
     if loc.scheme == "s3":
         cfg = _s3_config(opts)
         client, retry = _client_and_retry(opts, str(cfg.get("endpoint", "")).startswith("http://"))
         prefix = parts.path.strip("/") or None
-        return st.S3Store(parts.netloc, prefix=prefix, config=cfg, client_options=client,  # type: ignore[arg-type]
-                          retry_config=retry)  # type: ignore[arg-type]
+        return st.S3Store(parts.netloc, prefix=prefix, config=cfg, client_options=client,
+                          retry_config=retry)
     if loc.scheme == "gs":
         cfg = {k: v for k, v in opts.items() if k not in _OWN and k not in ("anon", "token")}
         if opts.get("anon") or opts.get("token") == "anon":
             cfg["skip_signature"] = True
         client, retry = _client_and_retry(opts, False)
         prefix = parts.path.strip("/") or None
-        return st.GCSStore(parts.netloc, prefix=prefix, config=cfg, client_options=client,  # type: ignore[arg-type]
-                           retry_config=retry)  # type: ignore[arg-type]
+        return st.GCSStore(parts.netloc, prefix=prefix, config=cfg, client_options=client,
+                           retry_config=retry)
     raise ValueError(f"no remote store for scheme {loc.scheme!r}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -116,6 +117,16 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 1024
     owner: RangeServer
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.owner.lock:
+            self.owner.connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.owner.lock:
+            self.owner.connections.discard(request)
+        super().shutdown_request(request)
+
 
 class RangeServer:
     """Serve ``root`` on 127.0.0.1 (a free port) until :meth:`close`; a context manager.
@@ -141,6 +152,7 @@ class RangeServer:
         self.forbidden = forbidden
         self._rng = random.Random(seed)
         self.lock = threading.Lock()
+        self.connections: set[Any] = set()
         self.requests = self.bytes_sent = self.in_flight = self.max_in_flight = 0
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
         self._httpd.owner = self
@@ -169,6 +181,14 @@ class RangeServer:
     def close(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+        with self.lock:  # kept-alive connections too: a closed server answers nothing
+            conns, self.connections = list(self.connections), set()
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+                c.close()
+            except OSError:
+                pass
         self._thread.join(5)
 
     def __enter__(self) -> RangeServer:

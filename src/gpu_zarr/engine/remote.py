@@ -133,7 +133,7 @@ class RemoteSource:
         self.prefix = prefix.strip("/")
         self.url = url.rstrip("/")
         self.requests = max(1, int(requests))
-        self.stats = {"requests": 0, "bytes": 0}
+        self.stats: dict[str, float] = {"requests": 0, "bytes": 0}
         self._stats_lock = threading.Lock()
 
     def key(self, rel: str) -> str:
@@ -243,7 +243,7 @@ class RemoteSource:
         import obstore
 
         async def once() -> Any:
-            rng = {"suffix": nbytes} if at_end else {"offset": 0, "length": nbytes}
+            rng: Any = {"suffix": nbytes} if at_end else {"offset": 0, "length": nbytes}
             try:
                 res = await obstore.get_async(self.store, self.key(rel), options={"range": rng})
             except FileNotFoundError:
@@ -331,7 +331,11 @@ def source_of(arr: Any) -> RemoteSource | None:
     """The remote source of a zarr array opened over obstore (``zarr.storage.ObjectStore``),
     None for any other store."""
     store = getattr(arr, "store", None)
-    if type(store).__name__ != "ObjectStore" or not hasattr(store, "store"):
+    try:
+        from zarr.storage import ObjectStore
+    except ImportError:  # zarr without obstore support
+        return None
+    if not isinstance(store, ObjectStore):
         return None
     loc = getattr(store, "_gpu_zarr_location", None)
     base = loc.url if loc is not None else repr(store.store)

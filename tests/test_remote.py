@@ -98,6 +98,19 @@ def test_engine_cpu_twin_equals_zarr(server, stores, rel):
     np.testing.assert_array_equal(engine_read(arr, sel, device="cpu").data, ref[sel])
 
 
+@pytest.mark.parametrize("rel", ["plain.zarr", "sharded.zarr", "v04.ome.zarr/0"])
+def test_cpu_small_read_path_equals_zarr(server, stores, rel):
+    """The CPU's chunkwise path (native decoders, what small reads and viewers use)."""
+    from gpu_zarr.engine.ops import CpuOps
+    from gpu_zarr.engine.runtime import get_runtime
+
+    ops = CpuOps(get_runtime().pool("cpu-decode", 4), 4, fast=True)
+    arr = open_array(f"{server.url}/{rel}")
+    ref = _disk(stores, rel)
+    np.testing.assert_array_equal(engine_read(arr, device="cpu", ops=ops).data, ref)
+    np.testing.assert_array_equal(engine_read(arr, (1,), device="cpu", ops=ops).data, ref[1])
+
+
 def test_many_requests_in_flight(stores):
     FETCHED.clear()
     with RangeServer(stores, latency=0.05) as srv:

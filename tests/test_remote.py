@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 import zarr
 
-from gpu_zarr.bench.remote_server import RangeServer
-from gpu_zarr.engine import read as engine_read
-from gpu_zarr.engine.remote import FETCHED
-from gpu_zarr.errors import CorruptChunkError, NotAZarrError
-from gpu_zarr.location import RemoteError, resolve
-from gpu_zarr.store import open_array, open_node
+pytest.importorskip("obstore")
+
+from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
+from gpu_zarr.engine import read as engine_read  # noqa: E402
+from gpu_zarr.engine.remote import FETCHED  # noqa: E402
+from gpu_zarr.errors import CorruptChunkError, NotAZarrError  # noqa: E402
+from gpu_zarr.location import RemoteError, resolve  # noqa: E402
+from gpu_zarr.store import open_array, open_node  # noqa: E402
 
 
 def _sharded_ome(src: Path, dst: Path) -> None:
@@ -272,6 +274,16 @@ def test_s3_through_moto(stores, monkeypatch):
             open_node("s3://imgs/data/none.zarr", opts)
     finally:
         srv.stop()
+
+
+def test_missing_obstore_names_the_install(monkeypatch):
+    import sys as _sys
+
+    from gpu_zarr.location import RemoteUnavailable
+
+    monkeypatch.setitem(_sys.modules, "obstore.store", None)  # as if obstore were not installed
+    with pytest.raises(RemoteUnavailable, match=r"napari-gpu-zarr\[remote\]"):
+        open_node("http://127.0.0.1:9/none.zarr")
 
 
 def test_nothing_is_written(server, stores):

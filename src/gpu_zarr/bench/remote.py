@@ -135,7 +135,7 @@ def run(workdir: Path, *, size: str = "full", latencies: Sequence[float] = (0, 2
         rel = f"remote-{size}-{i}" + ("-v2" if spec["fmt"] == 2 else "")
         _write(workdir / rel, spec)
         ref = zarr.open_array(workdir / rel, mode="r")
-        check = ref[spec["shape"][0] // 2]
+        check = np.asarray(ref[spec["shape"][0] // 2])
         nbytes = int(np.prod(spec["shape"])) * 2
         for lat in latencies:
             with RangeServer(workdir, latency=lat / 1000) as srv:

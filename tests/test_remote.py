@@ -303,3 +303,12 @@ def test_gpu_direct_engine_reads_remote(server, stores, rel):
     res = read_zarr(f"{server.url}/{rel}", prefer="kvikio", progress=False)
     assert isinstance(res.data, cupy.ndarray) and res.backend == "kvikio"
     np.testing.assert_array_equal(cupy.asnumpy(res.data), _disk(stores, rel))
+
+
+def test_bench_remote_runs(tmp_path):
+    from gpu_zarr.bench.remote import run, table
+
+    rows = run(tmp_path, size="small", latencies=[0], repeat=1, planes=1, readers=["ours", "zarr"], log=lambda s: None)
+    assert {r["reader"] for r in rows} == {"ours", "zarr"} and len(rows) == 6
+    assert all(r["requests"] > 0 and r["moved_mib"] > 0 for r in rows)
+    assert "| ours |" in table(rows)

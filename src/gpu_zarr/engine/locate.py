@@ -20,7 +20,7 @@ from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.plan import LazyNames, Pieces
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["Located", "index_entries", "locate"]
+__all__ = ["Located", "check_sizes", "index_entries", "locate"]
 
 _MISSING = np.uint64(2**64 - 1)
 
@@ -68,12 +68,13 @@ def locate(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) -> Located:
         An uncompressed chunk whose stored size is not its decoded size, an empty chunk
         file, or a shard whose index is truncated, corrupt or points outside the shard.
     """
-    if layout.source is not None:  # a remote store: ranged GETs instead of stat and pread
-        from gpu_zarr.engine.remote import locate_remote
+    loc = _locate_sharded(layout, pieces, pool) if layout.sharded else _locate_files(layout, pieces)
+    return check_sizes(layout, loc)
 
-        loc = locate_remote(layout, pieces, layout.source)
-    else:
-        loc = _locate_sharded(layout, pieces, pool) if layout.sharded else _locate_files(layout, pieces)
+
+def check_sizes(layout: Layout, loc: Located) -> Located:
+    """``loc`` itself; CorruptChunkError when an uncompressed chunk's stored size is not its
+    decoded size (shared with the remote locate stage)."""
     if layout.codec == "raw":
         bad = np.flatnonzero((loc.nbytes >= 0) & (loc.nbytes != layout.inner_nbytes))
         if len(bad):

@@ -191,7 +191,12 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     stats["plan_s"] = time.perf_counter() - t0
 
     t = time.perf_counter()
-    loc = locate(lay, pieces, rt.pool("locate", min(opts.threads, 64)))
+    if lay.source is not None:  # a remote store: ranged GETs instead of stat and pread
+        from gpu_zarr.engine.remote_fetch import locate_remote
+
+        loc = locate_remote(lay, pieces, lay.source)
+    else:
+        loc = locate(lay, pieces, rt.pool("locate", min(opts.threads, 64)))
     stats["locate_s"] = time.perf_counter() - t
     t = time.perf_counter()
     out = ops.empty(box_shape, lay.out_dtype)
@@ -347,7 +352,7 @@ def _remote_reader(lay: Layout) -> Any:
     """The fetch stage of a remote array (None for local files)."""
     if lay.source is None:
         return None
-    from gpu_zarr.engine.remote import RemoteReader
+    from gpu_zarr.engine.remote_fetch import RemoteReader
 
     return RemoteReader(lay.source.requests)
 

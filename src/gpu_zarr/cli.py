@@ -24,7 +24,7 @@ def _esc(text: str) -> str:
     return escape(str(text))
 
 
-def _resolve_array(path: Path, level: int):
+def _resolve_array(path: Path | str, level: int):
     """A zarr array from an array path or an OME-Zarr image path (given level)."""
     from gpu_zarr.omezarr import is_ome_zarr, read_omezarr
 
@@ -100,7 +100,7 @@ def cmd_read(args: argparse.Namespace) -> int:
     from gpu_zarr.zarr_io import choose_backend
 
     con = _console()
-    arr = _resolve_array(Path(args.path), args.level)
+    arr = _resolve_array(args.path if "://" in args.path else Path(args.path), args.level)  # URLs stay strings
     choice = choose_backend(arr, args.backend)
     con.print(_esc(f"{args.path}: shape {arr.shape}, {arr.dtype}, chunks {arr.chunks}; backend {choice}"))
     res = None

@@ -8,6 +8,7 @@ the same helpful message everywhere. Nothing here writes.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,10 @@ __all__ = ["METADATA_FILES", "is_zarr_node", "open_array", "open_node"]
 METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
 
 
-def is_zarr_node(path: str | os.PathLike[str]) -> bool:
+def is_zarr_node(path: Any) -> bool:
     """True when ``path`` is a local folder holding zarr v2 or v3 metadata (never raises)."""
+    if isinstance(path, str) and "://" in path or getattr(path, "is_remote", False):
+        return False
     try:
         p = Path(path)
         return p.is_dir() and any((p / f).is_file() for f in METADATA_FILES)
@@ -34,22 +37,74 @@ def _found(p: str) -> str:
     return f"; the folder holds {names}" if names else "; the folder is empty"
 
 
-def open_node(path: str | os.PathLike[str]) -> Any:
+def _open_remote(loc: Any) -> Any:
+    """zarr.open of a remote location, read-only, with errors that name the URL."""
+    import zarr
+
+    from gpu_zarr.location import RemoteError, RemoteUnavailable
+
+    try:
+        store = loc.zarr_store()
+    except RemoteUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a bad URL or option: re-raised with context
+        raise NotAZarrError(f"cannot open {loc.url}: {type(exc).__name__}: {_first_line(exc)}") from exc
+    try:
+        return zarr.open(store, mode="r")
+    except FileNotFoundError as exc:
+        raise NotAZarrError(f"expected a zarr array or group at {loc.url}, found no zarr.json, .zarray or .zgroup "
+                            "there (404): check the URL (it names the folder that holds the metadata)."
+                            ) from exc
+    except Exception as exc:  # noqa: BLE001 - re-raised with what to do
+        name = type(exc).__name__
+        if "PermissionDenied" in name or "Unauthenticated" in name:
+            raise RemoteError(f"{loc.url}: the server refused access (403/401): check the URL, and for a "
+                              "private bucket the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+                              f"or storage_options). {_first_line(exc)}") from exc
+        if name in ("GenericError", "TimeoutError", "ConnectionError") or isinstance(exc, OSError):
+            raise RemoteError(f"{loc.url} could not be reached: {_first_line(exc)}. Check the URL, that the "
+                              "server is up and reachable (network, DNS, proxy), then retry.") from exc
+        raise NotAZarrError(f"expected a zarr group or array at {loc.url}, but it could not be opened as one: "
+                            f"{name}: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def open_node(path: Any, storage_options: Mapping[str, Any] | None = None) -> Any:
     """Open a zarr group or array read-only.
+
+    Parameters
+    ----------
+    path : str, os.PathLike or gpu_zarr.location.Location
+        A local path, or a ``file://``, ``http(s)://``, ``s3://`` or ``gs://`` URL.
+    storage_options : mapping, optional
+        Options of a remote store (see :mod:`gpu_zarr.location`).
 
     Raises
     ------
     NotAZarrError
         Nothing exists at ``path``, or it cannot be opened as zarr (the message lists
         what the folder holds).
+    gpu_zarr.location.RemoteError
+        A remote store refused access or could not be reached (the message names the URL).
+    gpu_zarr.location.RemoteUnavailable
+        A URL was given and the package that reads it is missing (the message names the install).
     """
     import zarr
 
-    p = os.fspath(path)
-    if "://" not in p and not os.path.exists(p):
+    from gpu_zarr.location import resolve
+
+    loc = resolve(path, storage_options)
+    if loc.is_remote:
+        return _open_remote(loc)
+    p = loc.url
+    if not os.path.exists(p):
         raise NotAZarrError(f"{p} does not exist: nothing exists there. Expected a zarr array or group (a folder holding "
                             "zarr.json, .zarray or .zgroup).")
-    if "://" not in p and os.path.isfile(p):
+    if os.path.isfile(p):
         raise NotAZarrError(f"expected a zarr group or array at {p} (a folder with zarr.json, .zgroup or "
                             ".zarray), found a file. Pass the folder that holds it.")
     try:
@@ -61,8 +116,15 @@ def open_node(path: str | os.PathLike[str]) -> Any:
         ) from exc
 
 
-def open_array(path_or_array: Any) -> Any:
+def open_array(path_or_array: Any, storage_options: Mapping[str, Any] | None = None) -> Any:
     """Open a zarr array read-only (a ``zarr.Array`` is returned as it is).
+
+    Parameters
+    ----------
+    path_or_array : str, os.PathLike, gpu_zarr.location.Location or zarr.Array
+        A local path or a URL (see :func:`open_node`).
+    storage_options : mapping, optional
+        Options of a remote store (see :mod:`gpu_zarr.location`).
 
     Raises
     ------
@@ -72,15 +134,18 @@ def open_array(path_or_array: Any) -> Any:
     """
     import zarr
 
-    if not isinstance(path_or_array, (str, os.PathLike)):
+    from gpu_zarr.location import Location, resolve
+
+    if not isinstance(path_or_array, (str, os.PathLike, Location)):
         if isinstance(path_or_array, zarr.Array):
             return path_or_array
-        raise TypeError(f"expected a path or a zarr.Array, got {type(path_or_array).__name__}")
-    p = os.fspath(path_or_array)
-    if "://" not in p and os.path.isdir(p) and not is_zarr_node(p):
+        raise TypeError(f"expected a path, a URL or a zarr.Array, got {type(path_or_array).__name__}")
+    loc = resolve(path_or_array, storage_options)
+    p = loc.url
+    if not loc.is_remote and os.path.isdir(p) and not is_zarr_node(p):
         raise NotAZarrError(f"{p} is not a zarr array: expected a directory holding zarr.json (zarr v3) "
                             f"or .zarray (zarr v2), found a directory without either{_found(p)}.")
-    node = open_node(p)
+    node = open_node(loc)
     if isinstance(node, zarr.Group):
         inside = sorted(k for k, _ in node.arrays())
         hint = f" It holds the arrays {', '.join(inside)}: pass one of those paths." if inside else ""

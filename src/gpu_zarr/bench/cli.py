@@ -105,6 +105,10 @@ def _list(size: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; returns 0, or 1 when one of our readers failed or was wrong."""
+    if argv is not None and "--remote" in argv:  # remote reads over loopback HTTP: gpu_zarr.bench.remote
+        from gpu_zarr.bench.remote import main as remote_main
+
+        return remote_main([a for a in argv if a != "--remote"])
     args = build_parser().parse_args(argv)
     if args.list:
         return _list(args.size)

@@ -55,6 +55,9 @@ class Layout:
         How a decoded chunk's elements are ordered: None for C order; else the chunk is
         stored as ``chunk.transpose(transpose)`` in C order (zarr v2 ``order: "F"`` is the
         reversed axes, zarr v3's ``transpose`` codec gives its ``order``).
+    source : gpu_zarr.engine.remote.RemoteSource or None
+        Where the bytes come from when the array is remote (``root`` is then its URL);
+        None for a local directory store.
     """
 
     shape: tuple[int, ...]
@@ -72,6 +75,7 @@ class Layout:
     zarr_format: int
     codec_params: Mapping[str, Any] = field(default_factory=dict)
     transpose: tuple[int, ...] | None = None
+    source: Any = field(default=None, compare=False, repr=False)
 
     @property
     def ndim(self) -> int:
@@ -97,11 +101,29 @@ def _unsupported(what: str, found: str) -> UnsupportedArrayError:
     )
 
 
+class _RemoteRoot(str):
+    """The URL of a remote array, joined with ``/`` as a Path would be (messages, keys)."""
+
+    def __truediv__(self, key: str) -> _RemoteRoot:
+        return _RemoteRoot(self.rstrip("/") + "/" + key)
+
+
+def _root_and_source(arr: Any) -> tuple[Path, Any]:
+    """(root, remote source): a local directory and None, or a remote array's URL and source."""
+    from gpu_zarr.engine.remote import source_of
+
+    src = source_of(arr)
+    if src is not None:
+        return _RemoteRoot(src.url), src  # type: ignore[return-value]
+    return _local_root(arr), None
+
+
 def _local_root(arr: Any) -> Path:
     store = arr.store
     root = getattr(store, "root", None)
     if root is None or type(store).__name__ != "LocalStore":
-        raise _unsupported("arrays in a local directory store", f"a {type(store).__name__}")
+        raise _unsupported("arrays in a local directory store or a remote store opened by gpu_zarr "
+                           "(http, s3, gs)", f"a {type(store).__name__}")
     return Path(root) / arr.path if arr.path else Path(root)
 
 
@@ -233,7 +255,7 @@ def layout_of(arr: Any) -> Layout:
         stage for, irregular chunk grids, non-numeric dtypes.
     """
     meta = arr.metadata
-    root = _local_root(arr)
+    root, source = _root_and_source(arr)
     shape = tuple(int(s) for s in arr.shape)
     chunks = _regular_chunks(meta)
     dtype = np.dtype(meta.dtype.to_native_dtype() if hasattr(meta, "dtype") else arr.dtype)
@@ -244,7 +266,8 @@ def layout_of(arr: Any) -> Layout:
         codec, params = codec_of_v2_compressor(meta.compressor, dtype)
         disk = dtype
         return Layout(shape, disk, native_dtype(disk), _fill(arr, native_dtype(disk)), chunks, chunks, codec,
-                      False, True, False, root, meta.encode_chunk_key, 2, codec_params=params, transpose=perm)
+                      False, True, False, root, meta.encode_chunk_key, 2, codec_params=params, transpose=perm,
+                      source=source)
 
     dtype = np.dtype(meta.data_type.to_native_dtype())
     codecs = tuple(meta.codecs)
@@ -273,4 +296,5 @@ def layout_of(arr: Any) -> Layout:
         disk = np.dtype(disk)
     out = native_dtype(disk)
     return Layout(shape, disk, out, _fill(arr, out), chunks, inner, codec, sharded, index_at_end,
-                  index_crc, root, meta.encode_chunk_key, 3, codec_params=params, transpose=perm)
+                  index_crc, root, meta.encode_chunk_key, 3, codec_params=params, transpose=perm,
+                  source=source)

@@ -20,7 +20,7 @@ from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.plan import LazyNames, Pieces
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["Located", "locate"]
+__all__ = ["Located", "check_sizes", "index_entries", "locate"]
 
 _MISSING = np.uint64(2**64 - 1)
 
@@ -69,6 +69,12 @@ def locate(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) -> Located:
         file, or a shard whose index is truncated, corrupt or points outside the shard.
     """
     loc = _locate_sharded(layout, pieces, pool) if layout.sharded else _locate_files(layout, pieces)
+    return check_sizes(layout, loc)
+
+
+def check_sizes(layout: Layout, loc: Located) -> Located:
+    """``loc`` itself; CorruptChunkError when an uncompressed chunk's stored size is not its
+    decoded size (shared with the remote locate stage)."""
     if layout.codec == "raw":
         bad = np.flatnonzero((loc.nbytes >= 0) & (loc.nbytes != layout.inner_nbytes))
         if len(bad):
@@ -117,6 +123,19 @@ def _read_index(layout: Layout, path: Path) -> tuple[np.ndarray, int] | None:
         raw = os.pread(fd, size, fsize - size if layout.index_at_end else 0)
     finally:
         os.close(fd)
+    return index_entries(layout, path, raw, fsize), st.st_mtime_ns
+
+
+def index_entries(layout: Layout, path: Any, raw: bytes, fsize: int) -> np.ndarray:
+    """The checked (n_inner, 2) uint64 index of a shard of ``fsize`` bytes from its index bytes
+    ``raw`` (CorruptChunkError naming ``path`` when it is short, corrupt or points outside)."""
+    n = int(np.prod(layout.inner_per_shard))
+    size = n * 16 + (4 if layout.index_crc else 0)
+    if fsize < size or len(raw) != size:
+        raise CorruptChunkError(
+            f"shard {path} has {fsize} bytes, fewer than its index alone ({size} bytes for "
+            f"{n} inner chunks): the shard is truncated. Rewrite or delete it."
+        )
     body = raw[: n * 16]
     if layout.index_crc:
         import google_crc32c
@@ -138,7 +157,7 @@ def _read_index(layout: Layout, path: Path) -> tuple[np.ndarray, int] | None:
             f"shard {path}: its index points outside the shard's data ({data_lo}..{data_hi} bytes); "
             "the shard is truncated or corrupt. Rewrite or delete it."
         )
-    return index, st.st_mtime_ns
+    return index
 
 
 def _locate_sharded(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) -> Located:

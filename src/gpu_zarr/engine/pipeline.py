@@ -193,7 +193,12 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     stats["plan_s"] = time.perf_counter() - t0
 
     t = time.perf_counter()
-    loc = locate(lay, pieces, rt.pool("locate", min(opts.threads, 64)))
+    if lay.source is not None:  # a remote store: ranged GETs instead of stat and pread
+        from gpu_zarr.engine.remote_fetch import locate_remote
+
+        loc = locate_remote(lay, pieces, lay.source)
+    else:
+        loc = locate(lay, pieces, rt.pool("locate", min(opts.threads, 64)))
     stats["locate_s"] = time.perf_counter() - t
     t = time.perf_counter()
     out = ops.empty(box_shape, lay.out_dtype)
@@ -216,7 +221,7 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
         _run_chunkwise(lay, stage, loc, pieces, to_read, out, rt, opts.threads, stats, keep)
     else:
         kind = _gpu_reader(opts.reader, lay, opts) if device == "gpu" else _cpu_reader(opts.reader)
-        reader = rt.reader(kind, opts.threads)
+        reader = _remote_reader(lay) or rt.reader(kind, opts.threads)
         _run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, keep)
     result = ops.finish(out, None if region.is_box else region.post)
     ops.sync()
@@ -291,7 +296,7 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
 
     t = time.perf_counter()
     todo = np.flatnonzero(to_read >= 0)
-    if len(todo) and native_read.serves(lay.codec, out):
+    if len(todo) and lay.source is None and native_read.serves(lay.codec, out):  # local files only
         # one native call: per chunk read, decode, place on C threads; what it cannot decode
         # (Blosc with blosclz / snappy, Blosc2 chunks) continues below with numcodecs
         left = native_read.read_chunkwise(lay, loc, pieces, todo, out, rt, threads, keep)
@@ -320,6 +325,11 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
 
         def read(i: int) -> None:
             read_range(files[file_id[i]], offset[i], buf[so[i]:so[i] + sz[i]])
+        if (remote := _remote_reader(lay)) is not None:  # every range in flight at once, then decode
+            remote.read(files, batch, buf)
+
+            def read(i: int) -> None:
+                pass
 
         def place(i: int) -> None:
             ops.place(src, src_off[i:i + 1], table[i:i + 1], out, lay.disk_dtype, perm=lay.transpose)
@@ -366,6 +376,15 @@ def _cpu_reader(kind: str) -> str:
     if kind in ("native", "threads"):
         return kind
     return "native" if native.available() else "threads"
+
+
+def _remote_reader(lay: Layout) -> Any:
+    """The fetch stage of a remote array (None for local files)."""
+    if lay.source is None:
+        return None
+    from gpu_zarr.engine.remote_fetch import RemoteReader
+
+    return RemoteReader(lay.source.requests)
 
 
 def _needs_host_check(stage: CodecStage, ops: Ops) -> bool:

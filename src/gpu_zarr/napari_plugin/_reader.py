@@ -57,8 +57,8 @@ def _resolve(path: Any) -> str | None:
             return None
         path = path[0]
     p = os.fspath(path)
-    if "://" in p:  # remote store: accept only what zarr can open as a node
-        zarr.open(p, mode="r")
+    if "://" in p:  # remote store (http, s3, gs): accept only what opens as a zarr node
+        open_node(p)
         return p
     node = find_zarr_node(p)
     return None if node is None else str(node)

@@ -1,0 +1,217 @@
+"""``gpu-zarr bench --remote``: remote reads over loopback HTTP at 0/20/50 ms per request.
+
+A :class:`~gpu_zarr.bench.remote_server.RangeServer` serves synthetic volumes (written once to
+``--workdir``) with the latency added to every request. For each volume and latency, each
+reader reads the whole array and single planes; reported: ms (best of ``--repeat`` for the
+whole array, median over planes), time to the first plane (open + metadata + one plane, from
+nothing cached), requests, the most requests in flight at once, and bytes moved.
+
+Readers: ``ours`` (the engine's CPU twin over obstore: :func:`gpu_zarr.engine.read` with
+``device="cpu"``; ``--device gpu`` reads onto the GPU instead), ``zarr`` (zarr-python's
+FsspecStore over aiohttp: what napari-ome-zarr and ome-zarr-py open URLs with), ``zarr+dask``
+(the same through ``dask.array.from_zarr``, napari-ome-zarr's path), and ``tensorstore``
+(its ``http`` kvstore).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpu_zarr.bench.remote_server import RangeServer
+
+__all__ = ["main", "run"]
+
+MiB = 1 << 20
+
+
+def _volumes(size: str) -> dict[str, dict[str, Any]]:
+    z, y = (64, 1024) if size == "full" else (16, 512)
+    return {
+        "zstd v3, 512 KiB chunks": dict(fmt=3, shape=(z, y, y), chunks=(1, 512, 512), shards=None, codec="zstd"),
+        "zstd v3, sharded 8x1024^2": dict(fmt=3, shape=(z, y, y), chunks=(1, 512, 512),
+                                          shards=(8, y, y), codec="zstd"),
+        "blosc lz4 v2, 512 KiB chunks": dict(fmt=2, shape=(z, y, y), chunks=(1, 512, 512), shards=None,
+                                             codec="blosc"),
+    }
+
+
+def _write(path: Path, spec: dict[str, Any]) -> None:
+    import zarr
+
+    if (path / ("zarr.json" if spec["fmt"] == 3 else ".zarray")).exists():
+        return
+    if spec["fmt"] == 3:
+        comp: Any = zarr.codecs.ZstdCodec(level=3)
+    else:
+        import numcodecs
+
+        comp = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)
+    arr = zarr.create_array(path, shape=spec["shape"], chunks=spec["chunks"], shards=spec["shards"],
+                            dtype="<u2", compressors=comp, zarr_format=spec["fmt"], fill_value=0)
+    rng = np.random.default_rng(0)
+    z, y, x = spec["shape"]
+    base = (np.add.outer(np.arange(y), np.arange(x)) % 4096).astype("<u2")
+    step = spec["shards"][0] if spec["shards"] else 8
+    for a in range(0, z, step):
+        n = min(step, z - a)
+        arr[a:a + n] = base[None] + rng.integers(0, 64, (n, y, x), dtype="<u2")
+
+
+def _ours(device: str) -> Callable[[str], Any]:
+    def open_(url: str) -> Any:
+        from gpu_zarr.engine import read
+        from gpu_zarr.store import open_array
+
+        arr = open_array(url)
+        if device == "gpu":
+            return lambda sel: read(arr, sel, device="gpu").data
+        from gpu_zarr.engine.ops import CpuOps
+        from gpu_zarr.engine.pipeline import EngineOptions
+        from gpu_zarr.engine.runtime import get_runtime
+
+        # the CPU backend's host path: native decoders on the runtime's threads (as small reads)
+        opts = EngineOptions()
+        ops = CpuOps(get_runtime().pool("cpu-decode", opts.threads), opts.threads, fast=True)
+        return lambda sel: read(arr, sel, device="cpu", options=opts, ops=ops).data
+    return open_
+
+
+def _zarr(url: str) -> Any:
+    import zarr
+
+    arr = zarr.open_array(url, mode="r")
+    return lambda sel: arr[sel]
+
+
+def _zarr_dask(url: str) -> Any:
+    import dask
+    import dask.array as da
+    import zarr
+
+    arr = da.from_zarr(zarr.open_array(url, mode="r"))
+
+    def read(sel: Any) -> Any:
+        with dask.config.set(scheduler="threads"):
+            return arr[sel].compute()
+    return read
+
+
+def _tensorstore(url: str) -> Any:
+    import tensorstore as ts
+
+    driver = "zarr3" if not url.rstrip("/").endswith("v2") else "zarr"
+    t = ts.open({"driver": driver, "kvstore": {"driver": "http", "base_url": url}}, read=True).result()
+    return lambda sel: t[sel].read().result()
+
+
+def _clear() -> None:
+    from gpu_zarr.engine.remote import FETCHED
+    from gpu_zarr.engine.runtime import get_runtime
+
+    FETCHED.clear()
+    get_runtime().clear_caches()
+
+
+def run(workdir: Path, *, size: str = "full", latencies: Sequence[float] = (0, 20, 50), repeat: int = 2,
+        planes: int = 5, readers: Sequence[str] = ("ours", "zarr", "zarr+dask", "tensorstore"),
+        device: str = "cpu", log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Run the remote benchmark; one row per (volume, latency, reader)."""
+    import zarr
+
+    makers: dict[str, Callable[[str], Any]] = {"ours": _ours(device), "zarr": _zarr, "zarr+dask": _zarr_dask,
+                                                "tensorstore": _tensorstore}
+    workdir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    vols = _volumes(size)
+    for i, (vname, spec) in enumerate(vols.items()):
+        rel = f"remote-{size}-{i}" + ("-v2" if spec["fmt"] == 2 else "")
+        _write(workdir / rel, spec)
+        ref = zarr.open_array(workdir / rel, mode="r")
+        check = np.asarray(ref[spec["shape"][0] // 2])
+        nbytes = int(np.prod(spec["shape"])) * 2
+        for lat in latencies:
+            with RangeServer(workdir, latency=lat / 1000) as srv:
+                url = f"{srv.url}/{rel}"
+                for name in readers:
+                    _clear()
+                    srv.reset_counters()
+                    t = time.perf_counter()
+                    read = makers[name](url)
+                    first = np.asarray(read((0,)))
+                    ttfp = time.perf_counter() - t
+                    whole = []
+                    for _ in range(repeat):
+                        _clear()
+                        srv.reset_counters()
+                        t = time.perf_counter()
+                        out = read(Ellipsis)
+                        whole.append(time.perf_counter() - t)
+                    reqs, moved, inflight = srv.requests, srv.bytes_sent, srv.max_in_flight
+                    got = np.asarray(out[spec["shape"][0] // 2] if not hasattr(out, "get") else out.get()[
+                        spec["shape"][0] // 2])
+                    assert np.array_equal(got, check), f"{name} read wrong pixels"
+                    assert first.shape == check.shape
+                    pl = []
+                    srv.reset_counters()
+                    for k in range(planes):
+                        _clear()
+                        z = (7 * k + 3) % spec["shape"][0]
+                        t = time.perf_counter()
+                        read((z,))
+                        pl.append(time.perf_counter() - t)
+                    row = dict(volume=vname, latency_ms=lat, reader=name, whole_ms=min(whole) * 1e3,
+                               whole_mib_s=nbytes / MiB / min(whole), plane_ms=statistics.median(pl) * 1e3,
+                               first_plane_ms=ttfp * 1e3, requests=reqs, max_in_flight=inflight,
+                               moved_mib=moved / MiB, plane_requests=srv.requests / planes)
+                    rows.append(row)
+                    log(f"{vname:30s} {lat:3.0f} ms {name:12s} whole {row['whole_ms']:8.0f} ms  plane "
+                        f"{row['plane_ms']:6.1f} ms  first plane {row['first_plane_ms']:6.0f} ms  "
+                        f"{reqs} req ({inflight} in flight), {row['moved_mib']:.0f} MiB")
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table of :func:`run`'s rows."""
+    out = ["| volume | ms/request | reader | whole (ms) | MiB/s | plane (ms) | first plane (ms) | requests "
+           "(whole) | most in flight | MiB moved | requests/plane |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['volume']} | {r['latency_ms']:.0f} | {r['reader']} | {r['whole_ms']:.0f} | "
+                   f"{r['whole_mib_s']:.0f} | {r['plane_ms']:.1f} | {r['first_plane_ms']:.0f} | {r['requests']} | "
+                   f"{r['max_in_flight']} | {r['moved_mib']:.0f} | {r['plane_requests']:.1f} |")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``gpu-zarr bench --remote``."""
+    from gpu_zarr.bench.api import DEFAULT_WORKDIR
+
+    p = argparse.ArgumentParser(prog="gpu-zarr bench --remote", description=__doc__.splitlines()[0])
+    p.add_argument("--size", choices=("full", "small"), default="full",
+                   help="full: 64x1024x1024 uint16 (128 MiB); small: 16x512x512")
+    p.add_argument("--latency", default="0,20,50", help="ms added per request, comma-separated")
+    p.add_argument("--readers", default="ours,zarr,zarr+dask,tensorstore")
+    p.add_argument("--repeat", type=int, default=2, help="whole-array reads per reader (best reported)")
+    p.add_argument("--planes", type=int, default=5, help="single-plane reads per reader (median reported)")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="where ours decodes")
+    p.add_argument("--workdir", default=DEFAULT_WORKDIR)
+    p.add_argument("--out", default=None, help="write remote.json and remote.md here")
+    a = p.parse_args(list(argv or []))
+    rows = run(Path(a.workdir), size=a.size, latencies=[float(x) for x in a.latency.split(",")],
+               repeat=a.repeat, planes=a.planes, readers=a.readers.split(","), device=a.device)
+    md = table(rows)
+    print(md)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "remote.json").write_text(json.dumps(rows, indent=1))
+        (out / "remote.md").write_text(md + "\n")
+    return 0

@@ -1,0 +1,312 @@
+"""One way to name a store: a local path, ``file://``, ``http(s)://``, ``s3://`` or ``gs://``.
+
+:func:`resolve` turns what a user passes (a path, a URL, a :class:`Location`, and optional
+``storage_options``) into a :class:`Location`: whether it is remote, a name to show, the
+read-only zarr store zarr-python opens (``zarr.storage.ObjectStore`` over obstore for remote
+stores), and the obstore store the engine's remote fetch uses (:mod:`gpu_zarr.engine.remote`).
+
+Remote stores go through obstore (Rust ``object_store``: ranged, concurrent, retried with
+backoff): install it with ``pip install "napari-gpu-zarr[remote]"``.
+
+S3 configuration comes from the standard AWS environment (``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``,
+``AWS_ENDPOINT_URL``) and from ``storage_options`` (s3fs's names: ``anon``, ``key``,
+``secret``, ``token``, ``endpoint_url``, ``region``, ``client_kwargs``; or obstore's own
+``S3Config`` keys). Without credentials requests are anonymous (unsigned). Options given once
+for a URL are remembered for the URLs below it (an OME-Zarr image's levels and labels).
+Nothing here writes: every store is opened read-only.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from gpu_zarr.errors import GpuZarrError
+
+__all__ = ["REMOTE_HINT", "REMOTE_SCHEMES", "Location", "RemoteError", "RemoteUnavailable", "is_url", "resolve"]
+
+REMOTE_SCHEMES = ("http", "https", "s3", "s3a", "gs", "gcs")
+REMOTE_HINT = 'pip install "napari-gpu-zarr[remote]"'
+
+# our own options (not passed to the store): requests in flight, timeouts, retries
+_OWN = ("requests", "timeout", "connect_timeout", "max_retries", "retry_timeout", "headers")
+
+
+class RemoteUnavailable(GpuZarrError, ImportError):
+    """A remote store was asked for and the package that reads it is not installed."""
+
+
+class RemoteError(GpuZarrError, OSError):
+    """A remote store could not be read (refused, not found, forbidden, timed out, or a short
+    answer); the message names the URL and what to do. Nothing partial is ever returned."""
+
+
+def is_url(path: Any) -> bool:
+    """True for ``scheme://...`` strings (and :class:`Location` objects that are remote)."""
+    if isinstance(path, Location):
+        return path.is_remote
+    return isinstance(path, str) and "://" in path
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a zarr node is.
+
+    Attributes
+    ----------
+    url : str
+        A local path (``file://`` removed) or a URL without a trailing slash.
+    scheme : str
+        "file", "http", "https", "s3" or "gs".
+    storage_options : mapping
+        Options of the remote store (see the module docstring); empty for local paths.
+    """
+
+    url: str
+    scheme: str
+    storage_options: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def is_remote(self) -> bool:
+        return self.scheme != "file"
+
+    @property
+    def name(self) -> str:
+        """Last path component (the display name a viewer shows)."""
+        return self.url.rstrip("/").rsplit("/", 1)[-1] or self.url
+
+    def __str__(self) -> str:
+        return self.url
+
+    def __fspath__(self) -> str:
+        if self.is_remote:
+            raise TypeError(f"{self.url} is a remote store, not a local path")
+        return self.url
+
+    def join(self, sub: str) -> Location:
+        """The location ``sub`` below this one, with the same options."""
+        if not sub:
+            return self
+        if not self.is_remote:
+            return Location(os.path.join(self.url, sub), "file")
+        return Location(self.url.rstrip("/") + "/" + sub.strip("/"), self.scheme, self.storage_options)
+
+    def requests(self) -> int:
+        """Requests in flight for the engine's fetch (``storage_options["requests"]``, else
+        the environment's ``GPU_ZARR_REMOTE_REQUESTS``, default 64)."""
+        v = self.storage_options.get("requests") or os.environ.get("GPU_ZARR_REMOTE_REQUESTS") or 64
+        return max(1, int(v))
+
+    def object_store(self) -> Any:
+        """The obstore store for this location (cached per URL and options)."""
+        if not self.is_remote:
+            raise ValueError(f"{self.url} is a local path, not a remote store")
+        key = (self.url, _freeze(self.storage_options), _env_key(self.scheme))
+        with _lock:
+            store = _stores.get(key)
+            if store is None:
+                store = _stores[key] = _make_store(self)
+            return store
+
+    def zarr_store(self) -> Any:
+        """What ``zarr.open(..., mode="r")`` opens: the path itself when local, a read-only
+        ``zarr.storage.ObjectStore`` when remote."""
+        if not self.is_remote:
+            return self.url
+        return _retrying_store_class()(self.object_store(), location=self)
+
+
+_store_class: Any = None
+
+
+def _retrying_store_class() -> Any:
+    """``zarr.storage.ObjectStore``, read-only, whose GETs are retried when an answer ends early
+    (obstore retries 5xx, resets and timeouts itself, not a body cut short)."""
+    global _store_class
+    if _store_class is not None:
+        return _store_class
+    import asyncio
+
+    import obstore.exceptions as oe
+    from zarr.storage import ObjectStore
+
+    class ReadOnlyObjectStore(ObjectStore):
+        def __init__(self, store: Any, *, read_only: bool = True, location: Location | None = None) -> None:
+            super().__init__(store, read_only=True)
+            self._gpu_zarr_location = location  # the engine's remote source names this URL
+
+        def with_read_only(self, read_only: bool = False) -> Any:
+            return type(self)(self.store, location=self._gpu_zarr_location)
+
+        async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+            for attempt in range(4):
+                try:
+                    return await super().get(key, prototype, byte_range)
+                except oe.GenericError:
+                    if attempt == 3:
+                        raise
+                    await asyncio.sleep(0.05 * 2 ** attempt)
+
+    _store_class = ReadOnlyObjectStore
+    return _store_class
+
+
+_lock = threading.Lock()
+_stores: dict[Any, Any] = {}
+_remembered: dict[str, Mapping[str, Any]] = {}
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return tuple(sorted((str(k), _freeze(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+def _env_key(scheme: str) -> tuple[Any, ...]:
+    if scheme not in ("s3", "s3a"):
+        return ()
+    return tuple(os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                                             "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL",
+                                             "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"))
+
+
+def resolve(path: Any, storage_options: Mapping[str, Any] | None = None) -> Location:
+    """The :class:`Location` of what a user passed.
+
+    Parameters
+    ----------
+    path : str, os.PathLike or Location
+        A local path, ``file://``, ``http(s)://``, ``s3://`` or ``gs://`` URL.
+    storage_options : mapping, optional
+        Options of a remote store (see the module docstring); remembered for the URLs
+        below this one.
+
+    Raises
+    ------
+    ValueError
+        An unknown URL scheme, or storage_options for a local path.
+    """
+    if isinstance(path, Location):
+        if storage_options:
+            path = Location(path.url, path.scheme, {**path.storage_options, **storage_options})
+            _remember(path)
+        return path
+    p = os.fspath(path)
+    if "://" not in p:
+        if storage_options:
+            raise ValueError(f"storage_options are for remote stores; {p} is a local path")
+        return Location(p, "file")
+    parts = urlsplit(p)
+    scheme = parts.scheme.lower()
+    if scheme == "file":
+        if storage_options:
+            raise ValueError(f"storage_options are for remote stores; {p} is a local path")
+        return Location(unquote(parts.path), "file")
+    if scheme not in REMOTE_SCHEMES:
+        raise ValueError(f"expected a local path or a URL with a scheme in {('file',) + REMOTE_SCHEMES}, "
+                         f"got {p!r}")
+    scheme = {"s3a": "s3", "gcs": "gs"}.get(scheme, scheme)
+    url = scheme + p[len(parts.scheme):].rstrip("/")
+    if storage_options:
+        loc = Location(url, scheme, dict(storage_options))
+        _remember(loc)
+        return loc
+    return Location(url, scheme, _remembered_for(url))
+
+
+def _remember(loc: Location) -> None:
+    with _lock:
+        _remembered[loc.url.rstrip("/") + "/"] = dict(loc.storage_options)
+
+
+def _remembered_for(url: str) -> dict[str, Any]:
+    with _lock:
+        best = max((k for k in _remembered if (url + "/").startswith(k)), key=len, default=None)
+        return dict(_remembered[best]) if best is not None else {}
+
+
+def _obstore() -> Any:
+    try:
+        import obstore.store
+    except ImportError as exc:
+        raise RemoteUnavailable(f"reading remote stores (http, s3, gs) needs obstore, which is not installed: "
+                                f"{REMOTE_HINT}") from exc
+    return obstore.store
+
+
+def _seconds(v: Any) -> timedelta:
+    return v if isinstance(v, timedelta) else timedelta(seconds=float(v))
+
+
+def _client_and_retry(opts: Mapping[str, Any], allow_http: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    client: dict[str, Any] = {"timeout": _seconds(opts.get("timeout", 60)),
+                              "connect_timeout": _seconds(opts.get("connect_timeout", 10)),
+                              "pool_max_idle_per_host": "256"}
+    if allow_http:
+        client["allow_http"] = True
+    if opts.get("headers"):
+        client["default_headers"] = dict(opts["headers"])
+    retry = {"max_retries": int(opts.get("max_retries", 8)),
+             "retry_timeout": _seconds(opts.get("retry_timeout", 120)),
+             "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=5),
+                         "base": 2}}
+    return client, retry
+
+
+def _s3_config(opts: Mapping[str, Any]) -> dict[str, Any]:
+    """obstore S3Config from s3fs-style (or obstore-style) storage_options."""
+    cfg: dict[str, Any] = {}
+    ck = dict(opts.get("client_kwargs") or {})
+    names = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token",
+             "endpoint_url": "endpoint", "region": "region", "region_name": "region"}
+    for k, v in {**ck, **opts}.items():
+        if k in _OWN or k in ("anon", "client_kwargs") or v is None:
+            continue
+        cfg[names.get(k, k)] = v
+    if opts.get("anon"):
+        cfg["skip_signature"] = True
+    env = os.environ
+    if "endpoint" not in cfg and (env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")):
+        cfg["endpoint"] = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if "region" not in cfg and not (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")):
+        cfg["region"] = "us-east-1"
+    has_creds = ("access_key_id" in cfg or env.get("AWS_ACCESS_KEY_ID") or env.get("AWS_PROFILE")
+                 or env.get("AWS_WEB_IDENTITY_TOKEN_FILE") or env.get("AWS_CONTAINER_CREDENTIALS_FULL_URI")
+                 or env.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"))
+    if not has_creds:
+        cfg.setdefault("skip_signature", True)  # public buckets: no credential lookup, unsigned
+    if str(cfg.get("endpoint", "")).startswith("http://"):
+        cfg.setdefault("virtual_hosted_style_request", False)
+    return cfg
+
+
+def _make_store(loc: Location) -> Any:
+    st = _obstore()
+    opts = loc.storage_options
+    parts = urlsplit(loc.url)
+    if loc.scheme in ("http", "https"):
+        client, retry = _client_and_retry(opts, loc.scheme == "http")
+        return st.HTTPStore.from_url(loc.url, client_options=client, retry_config=retry)
+    if loc.scheme == "s3":
+        cfg = _s3_config(opts)
+        client, retry = _client_and_retry(opts, str(cfg.get("endpoint", "")).startswith("http://"))
+        prefix = parts.path.strip("/") or None
+        return st.S3Store(parts.netloc, prefix=prefix, config=cfg, client_options=client,
+                          retry_config=retry)
+    if loc.scheme == "gs":
+        cfg = {k: v for k, v in opts.items() if k not in _OWN and k not in ("anon", "token")}
+        if opts.get("anon") or opts.get("token") == "anon":
+            cfg["skip_signature"] = True
+        client, retry = _client_and_retry(opts, False)
+        prefix = parts.path.strip("/") or None
+        return st.GCSStore(parts.netloc, prefix=prefix, config=cfg, client_options=client,
+                           retry_config=retry)
+    raise ValueError(f"no remote store for scheme {loc.scheme!r}")

@@ -1,0 +1,314 @@
+"""Remote stores (http on 127.0.0.1, S3 through moto's server): every reader equals zarr's read
+of the same store on disk; injected failures give exact pixels or a clear error."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+pytest.importorskip("obstore")
+
+from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
+from gpu_zarr.engine import read as engine_read  # noqa: E402
+from gpu_zarr.engine.remote import FETCHED  # noqa: E402
+from gpu_zarr.errors import CorruptChunkError, NotAZarrError  # noqa: E402
+from gpu_zarr.location import RemoteError, resolve  # noqa: E402
+from gpu_zarr.store import open_array, open_node  # noqa: E402
+
+
+def _sharded_ome(src: Path, dst: Path) -> None:
+    """An OME-Zarr 0.5 image with the pyramid of ``src`` (0.5), written sharded."""
+    g = zarr.open_group(src, mode="r")
+    out = zarr.open_group(dst, mode="w", zarr_format=3)
+    out.attrs.update(dict(g.attrs))
+    for key, arr in sorted(g.arrays()):
+        ch = tuple(max(1, c // 2) for c in arr.chunks)
+        a = out.create_array(key, shape=arr.shape, dtype=arr.dtype, chunks=ch, shards=arr.chunks,
+                             compressors=zarr.codecs.ZstdCodec(level=1), fill_value=0,
+                             dimension_names=arr.metadata.dimension_names)
+        a[...] = arr[...]
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    from gpu_zarr.sample import write_sample_omezarr
+
+    root = tmp_path_factory.mktemp("remote")
+    write_sample_omezarr(root / "v04.ome.zarr", version="0.4", shape=(2, 8, 96, 96), levels=3,
+                         compressor="blosc", chunks=(1, 4, 32, 32))
+    write_sample_omezarr(root / "v05.ome.zarr", version="0.5", shape=(2, 8, 96, 96), levels=3,
+                         compressor="zstd", chunks=(1, 4, 48, 48))
+    _sharded_ome(root / "v05.ome.zarr", root / "v05s.ome.zarr")
+    a = zarr.create_array(root / "plain.zarr", shape=(40, 70, 50), chunks=(8, 16, 16), dtype="<u2",
+                          compressors=zarr.codecs.ZstdCodec(), fill_value=7)
+    a[:24] = np.arange(24 * 70 * 50, dtype="<u2").reshape(24, 70, 50)  # the rest is never written
+    s = zarr.create_array(root / "sharded.zarr", shape=(40, 70, 50), chunks=(4, 16, 16), shards=(8, 32, 32),
+                          dtype="<u2", compressors=zarr.codecs.ZstdCodec(), fill_value=3)
+    s[:24] = np.arange(24 * 70 * 50, dtype="<u2").reshape(24, 70, 50)
+    v2 = zarr.create_array(root / "v2.zarr", shape=(30, 64), chunks=(8, 16), dtype="<f4", zarr_format=2,
+                           compressors=None, fill_value=0)
+    v2[:] = np.random.default_rng(0).random((30, 64), dtype="f4")
+    return root
+
+
+@pytest.fixture
+def server(stores):
+    FETCHED.clear()
+    with RangeServer(stores, latency=0.002) as srv:
+        yield srv
+    FETCHED.clear()
+
+
+def _disk(stores, rel):
+    return zarr.open_array(stores / rel, mode="r")[...]
+
+
+PLAIN = ["plain.zarr", "sharded.zarr", "v2.zarr", "v04.ome.zarr/0", "v04.ome.zarr/2", "v05.ome.zarr/1",
+         "v05s.ome.zarr/0", "v05.ome.zarr/labels/blobs/0"]
+
+
+def test_location_names_stores():
+    assert not resolve("/tmp/x.zarr").is_remote
+    assert resolve("file:///tmp/x.zarr").url == "/tmp/x.zarr"
+    loc = resolve("https://example.org/data/img.zarr/")
+    assert loc.is_remote and loc.url == "https://example.org/data/img.zarr" and loc.name == "img.zarr"
+    assert resolve("s3a://bucket/key").scheme == "s3"
+    with pytest.raises(ValueError, match="scheme"):
+        resolve("ftp://host/x")
+    with pytest.raises(ValueError, match="local path"):
+        resolve("/tmp/x", {"anon": True})
+    # options are remembered for the URLs below (an image's levels)
+    resolve("s3://opts-bucket/img.zarr", {"anon": True, "requests": 17})
+    sub = resolve("s3://opts-bucket/img.zarr/0")
+    assert sub.storage_options["anon"] and sub.requests() == 17
+
+
+@pytest.mark.parametrize("rel", PLAIN)
+def test_engine_cpu_twin_equals_zarr(server, stores, rel):
+    arr = open_array(f"{server.url}/{rel}")
+    ref = _disk(stores, rel)
+    res = engine_read(arr, device="cpu")
+    np.testing.assert_array_equal(res.data, ref)
+    assert res.stats["reader"].startswith("remote")
+    sel = (slice(1, None, 2),) + (slice(3, 40),) * (ref.ndim - 1)
+    np.testing.assert_array_equal(engine_read(arr, sel, device="cpu").data, ref[sel])
+
+
+@pytest.mark.parametrize("rel", ["plain.zarr", "sharded.zarr", "v04.ome.zarr/0"])
+def test_cpu_small_read_path_equals_zarr(server, stores, rel):
+    """The CPU's chunkwise path (native decoders, what small reads and viewers use)."""
+    from gpu_zarr.engine.ops import CpuOps
+    from gpu_zarr.engine.runtime import get_runtime
+
+    ops = CpuOps(get_runtime().pool("cpu-decode", 4), 4, fast=True)
+    arr = open_array(f"{server.url}/{rel}")
+    ref = _disk(stores, rel)
+    np.testing.assert_array_equal(engine_read(arr, device="cpu", ops=ops).data, ref)
+    np.testing.assert_array_equal(engine_read(arr, (1,), device="cpu", ops=ops).data, ref[1])
+
+
+def test_many_requests_in_flight(stores):
+    FETCHED.clear()
+    with RangeServer(stores, latency=0.05) as srv:
+        arr = open_array(f"{srv.url}/plain.zarr")
+        engine_read(arr, device="cpu")
+        # 3 * 5 * 4 = 60 chunks, all requested at once: the server saw them together
+        assert srv.max_in_flight >= 32
+
+
+def test_missing_chunks_are_the_fill_value(server, stores):
+    arr = open_array(f"{server.url}/plain.zarr")
+    out = engine_read(arr, (slice(30, 40),), device="cpu").data
+    assert (out == 7).all()
+    out = engine_read(open_array(f"{server.url}/sharded.zarr"), (slice(30, 40),), device="cpu").data
+    assert (out == 3).all()
+
+
+def test_read_zarr_omezarr_dask(server, stores):
+    from gpu_zarr.dask_array import to_dask
+    from gpu_zarr.omezarr import open_ome, read_omezarr
+    from gpu_zarr.zarr_io import read_zarr
+
+    for img in ("v04.ome.zarr", "v05.ome.zarr", "v05s.ome.zarr"):
+        url = f"{server.url}/{img}"
+        arr, res = read_omezarr(url, level=1)
+        np.testing.assert_array_equal(np.asarray(arr[...]), _disk(stores, f"{img}/1"))
+        assert len(res) == 4
+        assert len(open_ome(url).levels) == 3
+        r = read_zarr(f"{url}/0", prefer="cpu", progress=False)
+        np.testing.assert_array_equal(r.data, _disk(stores, f"{img}/0"))
+        d = to_dask(url, level=2)
+        np.testing.assert_array_equal(d.compute(), _disk(stores, f"{img}/2"))
+
+
+def test_lazy_array_reads_only_the_plane(server, stores):
+    from gpu_zarr.lazy import GpuLazyArray
+
+    arr = open_array(f"{server.url}/sharded.zarr")
+    lazy = GpuLazyArray(arr, backend="cpu")
+    server.reset_counters()
+    np.testing.assert_array_equal(lazy[5], _disk(stores, "sharded.zarr")[5])
+    first = server.bytes_sent
+    total = sum(f.stat().st_size for f in (stores / "sharded.zarr").rglob("*") if f.is_file())
+    assert 0 < first < total / 2
+
+
+def test_engine_plane_is_cached(server, stores):
+    arr = open_array(f"{server.url}/plain.zarr")
+    engine_read(arr, (3,), device="cpu")
+    server.reset_counters()
+    np.testing.assert_array_equal(engine_read(arr, (3,), device="cpu").data, _disk(stores, "plain.zarr")[3])
+    assert server.requests == 0  # the chunks fetched for the first read were kept
+
+
+def test_napari_reader_accepts_urls(server, stores):
+    pytest.importorskip("napari")
+    from gpu_zarr.napari_plugin._reader import napari_get_reader
+
+    reader = napari_get_reader(f"{server.url}/v05s.ome.zarr")
+    assert reader is not None
+    layers = reader(f"{server.url}/v05s.ome.zarr")
+    data = layers[0][0]
+    level0 = data[0] if isinstance(data, list) else data
+    np.testing.assert_array_equal(np.asarray(level0[3]), _disk(stores, "v05s.ome.zarr/0")[0, 3])
+    assert napari_get_reader(f"{server.url}/no-such.zarr") is None
+
+
+def test_cli_reads_a_url(server, stores):
+    out = subprocess.run([sys.executable, "-m", "gpu_zarr.cli", "read", f"{server.url}/v05.ome.zarr",
+                          "--backend", "cpu", "--repeat", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "does not exist" not in out.stderr and "(2, 8, 96, 96)" in out.stdout
+
+
+@pytest.mark.parametrize("fault", ["fail_503", "fail_reset", "fail_truncate"])
+def test_injected_failures_give_exact_pixels(stores, fault):
+    FETCHED.clear()
+    with RangeServer(stores, latency=0.001, seed=3, **{fault: 0.05}) as srv:
+        for rel in ("plain.zarr", "sharded.zarr", "v04.ome.zarr/0"):
+            ref = _disk(stores, rel)
+            for _ in range(2):
+                FETCHED.clear()
+                arr = open_array(f"{srv.url}/{rel}")
+                np.testing.assert_array_equal(engine_read(arr, device="cpu").data, ref)
+                np.testing.assert_array_equal(np.asarray(arr[...]), ref)
+
+
+def test_persistent_truncation_is_an_error_not_data(stores):
+    FETCHED.clear()
+    arr = None
+    with RangeServer(stores) as srv:
+        arr = open_array(f"{srv.url}/sharded.zarr")
+        srv.fail_truncate = 1.0
+        with pytest.raises(RemoteError, match="sharded.zarr"):
+            engine_read(arr, device="cpu")
+
+
+def test_errors_name_the_url(stores):
+    FETCHED.clear()
+    with RangeServer(stores, forbidden=("plain.zarr",)) as srv:
+        with pytest.raises(RemoteError, match=r"plain\.zarr.*refused access"):
+            open_node(f"{srv.url}/plain.zarr")
+        with pytest.raises(NotAZarrError, match=r"nothing\.zarr.*404"):
+            open_node(f"{srv.url}/nothing.zarr")
+        arr = open_array(f"{srv.url}/sharded.zarr")
+        url = srv.url
+    # the server is gone: connection refused
+    with pytest.raises(RemoteError, match=r"127\.0\.0\.1.*(reached|failed)"):
+        open_node(f"{url}/v2.zarr", {"max_retries": 1, "retry_timeout": 2})
+    with pytest.raises(RemoteError, match="sharded.zarr"):
+        engine_read(arr, device="cpu")
+
+
+def test_corrupt_shard_index_is_named(stores, tmp_path):
+    import shutil
+
+    shutil.copytree(stores / "sharded.zarr", tmp_path / "bad.zarr")
+    shard = tmp_path / "bad.zarr" / "c" / "0" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[-3] ^= 0xFF  # the index checksum
+    shard.write_bytes(bytes(raw))
+    FETCHED.clear()
+    with RangeServer(tmp_path) as srv:
+        with pytest.raises(CorruptChunkError, match="bad.zarr/c/0/0/0"):
+            engine_read(open_array(f"{srv.url}/bad.zarr"), device="cpu")
+
+
+def test_s3_through_moto(stores, monkeypatch):
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    srv.start()
+    try:
+        host, port = srv.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                     "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():
+            monkeypatch.setenv(k, v)
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        s3.create_bucket(Bucket="imgs")
+        for rel in ("v05s.ome.zarr", "v04.ome.zarr", "plain.zarr"):
+            for f in (stores / rel).rglob("*"):
+                if f.is_file():
+                    s3.upload_file(str(f), "imgs", f"data/{f.relative_to(stores)}")
+        FETCHED.clear()
+        from gpu_zarr.omezarr import read_omezarr
+
+        arr, _ = read_omezarr("s3://imgs/data/v05s.ome.zarr", level=0)
+        np.testing.assert_array_equal(engine_read(arr, device="cpu").data, _disk(stores, "v05s.ome.zarr/0"))
+        arr, _ = read_omezarr("s3://imgs/data/v04.ome.zarr", level=1)
+        np.testing.assert_array_equal(np.asarray(arr[...]), _disk(stores, "v04.ome.zarr/1"))
+        # the same through storage_options, with the environment's credentials gone
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+            monkeypatch.delenv(k)
+        opts = {"key": "testing", "secret": "testing", "endpoint_url": endpoint}
+        arr = open_array("s3://imgs/data/plain.zarr", opts)
+        np.testing.assert_array_equal(engine_read(arr, device="cpu").data, _disk(stores, "plain.zarr"))
+        with pytest.raises((NotAZarrError, RemoteError), match="s3://imgs/data/none.zarr"):
+            open_node("s3://imgs/data/none.zarr", opts)
+    finally:
+        srv.stop()
+
+
+def test_missing_obstore_names_the_install(monkeypatch):
+    import sys as _sys
+
+    from gpu_zarr.location import RemoteUnavailable
+
+    monkeypatch.setitem(_sys.modules, "obstore.store", None)  # as if obstore were not installed
+    with pytest.raises(RemoteUnavailable, match=r"napari-gpu-zarr\[remote\]"):
+        open_node("http://127.0.0.1:9/none.zarr")
+
+
+def test_nothing_is_written(server, stores):
+    before = {str(f): f.stat().st_mtime_ns for f in stores.rglob("*")}
+    engine_read(open_array(f"{server.url}/sharded.zarr"), device="cpu")
+    assert {str(f): f.stat().st_mtime_ns for f in stores.rglob("*")} == before
+    assert json.loads((stores / "sharded.zarr" / "zarr.json").read_text())["node_type"] == "array"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rel", ["plain.zarr", "sharded.zarr", "v04.ome.zarr/0", "v05s.ome.zarr/0"])
+def test_gpu_direct_engine_reads_remote(server, stores, rel):
+    import cupy
+
+    from gpu_zarr.zarr_io import read_zarr
+
+    res = read_zarr(f"{server.url}/{rel}", prefer="kvikio", progress=False)
+    assert isinstance(res.data, cupy.ndarray) and res.backend == "kvikio"
+    np.testing.assert_array_equal(cupy.asnumpy(res.data), _disk(stores, rel))
+
+
+def test_bench_remote_runs(tmp_path):
+    from gpu_zarr.bench.remote import run, table
+
+    rows = run(tmp_path, size="small", latencies=[0], repeat=1, planes=1, readers=["ours", "zarr"], log=lambda s: None)
+    assert {r["reader"] for r in rows} == {"ours", "zarr"} and len(rows) == 6
+    assert all(r["requests"] > 0 and r["moved_mib"] > 0 for r in rows)
+    assert "| ours |" in table(rows)

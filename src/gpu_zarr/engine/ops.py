@@ -104,6 +104,8 @@ class CpuOps:
         # use the codecs' own C decoders for whole chunks (numcodecs Blosc)
         self.host_is_device = fast
         self.native_decoders = fast
+        # whole chunks through a whole-chunk decoder (Blosc) after the usual host check
+        self.whole_chunks = fast
 
     def map_chunks(self, fn: Any, n: int) -> None:
         """``fn(k)`` for every k < n, on the pool's threads when there is one."""
@@ -416,9 +418,17 @@ class GpuOps:
 
 
 def ops_for(device: str, slots: int = 3, lanes: int = 1) -> Ops:
-    """``"gpu"`` or ``"cpu"``; ``lanes`` work streams on the GPU."""
+    """``"gpu"`` or ``"cpu"``; ``lanes`` work streams on the GPU.
+
+    The CPU's ops use the native library's whole-chunk decoders where it is loaded (the
+    GPU path's exact twin, stream by stream, runs with ``GPU_ZARR_NATIVE=0`` and with
+    ``CpuOps()`` made directly)."""
     if device == "gpu":
         return GpuOps(slots, lanes=lanes)
     if device == "cpu":
-        return CpuOps()
+        ops = CpuOps()
+        # with the native library, whole Blosc chunks decode natively (one call per batch) rather
+        # than stream by stream as on the GPU; GPU_ZARR_NATIVE=0 runs the GPU's exact twin
+        ops.whole_chunks = ops.native
+        return ops
     raise ValueError(f"device must be 'gpu' or 'cpu', not {device!r}")

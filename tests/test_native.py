@@ -337,12 +337,36 @@ def test_native_reader_short_file_named(tmp_path):
     assert dest[:size].tobytes() == open(files[0], "rb").read()
 
 
-def test_cpu_twin_reads_with_native_threads(tmp_path, mode):
-    arr, values = write(tmp_path / "f.zarr", fmt=3, codec="zstd", partial=False)
-    res = read(arr, Ellipsis, device="cpu", options=EngineOptions(threads=3, batch_bytes=64 << 10))
+@pytest.mark.parametrize("codec", ["zstd", "gzip", "raw"])
+def test_cpu_twin_reads_with_native_threads(tmp_path, mode, codec):
+    """The GPU pipeline's CPU twin (ops given): staging filled by the native reader."""
+    from gpu_zarr.engine.ops import ops_for
+
+    arr, values = write(tmp_path / "f.zarr", fmt=3, codec=codec, partial=False)
+    res = read(arr, Ellipsis, device="cpu", ops=ops_for("cpu"), options=EngineOptions(threads=3, batch_bytes=64 << 10))
     np.testing.assert_array_equal(res.data, values)
     assert res.stats["batches"] > 1
     assert res.stats["reader"].startswith("native" if mode == "native" else "threads")
+
+
+def test_cpu_whole_read_progress_and_cancel(tmp_path, mode):
+    """The CPU path (native: per chunk on C threads, in groups) reports progress and honours cancel."""
+    import threading
+
+    from gpu_zarr.errors import ReadCancelled
+
+    arr, values = write(tmp_path / "p.zarr", fmt=3, codec="zstd", partial=False)
+    seen = []
+    res = read(arr, Ellipsis, device="cpu", options=EngineOptions(threads=2, batch_bytes=16 << 10,
+                                                                 progress=lambda d, t: seen.append((d, t))))
+    np.testing.assert_array_equal(res.data, values)
+    assert len(seen) > 1 and seen[-1][0] == seen[-1][1]
+    if mode == "native":
+        assert res.stats["chunkwise_native"] == res.stats["pieces"]
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(ReadCancelled):
+        read(arr, Ellipsis, device="cpu", options=EngineOptions(threads=2, cancel=stop))
 
 
 @pytest.mark.gpu

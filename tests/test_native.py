@@ -383,3 +383,35 @@ def test_gpu_path_with_native_reader(tmp_path, case):
     res = read(arr, Ellipsis, device="gpu", options=EngineOptions(reader="native", threads=8, batch_bytes=64 << 10))
     np.testing.assert_array_equal(res.data.get(), values)
     assert res.stats["reader"].startswith("native")
+
+
+def _hatch_build():
+    import importlib.util
+    from pathlib import Path
+
+    pytest.importorskip("hatchling")
+    path = Path(__file__).resolve().parents[1] / "hatch_build.py"
+    spec = importlib.util.spec_from_file_location("hatch_build", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod, path.parent
+
+
+def test_build_hook_compiles_or_says_why(tmp_path, monkeypatch):
+    """The build hook's compile: a library that loads, or a reason (never an exception)."""
+    import shutil
+
+    hb, root = _hatch_build()
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    if shutil.which("cc") is None:
+        assert "compiler" in hb.compile_native(root, tmp_path / "x.so")
+        return
+    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    why = hb.compile_native(root, tmp_path / "bad.so")
+    assert why and "failed" in why and not (tmp_path / "bad.so").exists()
+    monkeypatch.delenv("CC")
+    out = tmp_path / "libgz_native.so"
+    assert hb.compile_native(root, out) is None
+    import ctypes
+
+    assert ctypes.CDLL(str(out)).gz_version() == 1

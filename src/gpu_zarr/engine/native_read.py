@@ -94,8 +94,10 @@ def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.nd
         if code in (native.OPEN, native.SHORT, native.IO):
             raise_read_errors(loc.files, fid, foff, size, np.where(unsupported, native.OK, st), det)
         _explain(lay, loc, int(todo[i]))  # the host check's detailed message, when it finds the fault
+        what = {"gzip": " (its deflate stream, or the CRC-32 and size in its trailer)",
+                "zlib": " (its deflate stream, or the Adler-32 in its trailer)"}.get(lay.codec, "")
         raise CorruptChunkError(
-            f"chunk {loc.names[int(todo[i])]}: {lay.codec} decode failed: {native.describe(code, int(det[i]))}. The "
+            f"chunk {loc.names[int(todo[i])]}: {lay.codec} decode failed{what}: {native.describe(code, int(det[i]))}. The "
             "chunk is corrupt or truncated; rewrite or delete that chunk (zarr-python's own read fails on it too).")
     if stats is not None and unsupported.any():
         stats["blosc_host_chunks"] = stats.get("blosc_host_chunks", 0) + int(unsupported.sum())

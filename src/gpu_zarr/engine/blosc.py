@@ -496,7 +496,7 @@ def _decode_native(ops: Any, src: np.ndarray, batch: Any, dst: np.ndarray, dst_o
     checked by :func:`parse_batch` already."""
     from numcodecs import blosc
 
-    from gpu_zarr.engine import native
+    import gpu_zarr.engine.native as native
 
     so, ss, do = batch.src_offsets.tolist(), batch.src_sizes.tolist(), np.asarray(dst_offsets).tolist()
     todo = list(range(len(so)))

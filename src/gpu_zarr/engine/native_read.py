@@ -26,7 +26,7 @@ NATIVE_CODECS = {"raw": "raw", "zstd": "zstd", "blosc": "blosc", "gzip": "gzip",
 
 def serves(codec: str, out: Any) -> bool:
     """Whether :func:`read_chunkwise` can read chunks of ``codec`` into ``out`` here."""
-    from gpu_zarr.engine import native
+    import gpu_zarr.engine.native as native
 
     return (codec in NATIVE_CODECS and native.available() and native.codec_available(NATIVE_CODECS[codec])
             and isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable)
@@ -68,7 +68,7 @@ def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.nd
     CorruptChunkError
         A chunk file is truncated or a chunk does not decode (named).
     """
-    from gpu_zarr.engine import native
+    import gpu_zarr.engine.native as native
     from gpu_zarr.engine.fetch import raise_read_errors
 
     codec = NATIVE_CODECS[lay.codec]

@@ -92,8 +92,8 @@ class CpuOps:
 
     def __init__(self, pool: ThreadPoolExecutor | None = None, threads: int = 1, *, fast: bool = False,
                  native_threads: int | None = None) -> None:
+        import gpu_zarr.engine.native as native
         from gpu_zarr import settings
-        from gpu_zarr.engine import native
 
         self.xp: Any = np
         self._pool, self._threads = pool, max(1, threads)
@@ -180,7 +180,7 @@ class CpuOps:
 
     def _place_native(self, src: np.ndarray, src_offsets: np.ndarray, table: np.ndarray, out: np.ndarray,
                       disk_dtype: np.dtype, perm: tuple[int, ...] | None = None) -> None:
-        from gpu_zarr.engine import native
+        import gpu_zarr.engine.native as native
 
         if len(src_offsets) == 0:
             return

@@ -211,7 +211,7 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     stats.update(codec=lay.codec, pieces=len(pieces), missing=len(missing), batches=len(batches),
                  encoded_bytes=int(loc.nbytes[loc.nbytes > 0].sum()), decoded_bytes=out_nbytes)
     keep = _Keep(keys, pieces, every=opts.cache == "all") if cache is not None else None
-    from gpu_zarr.engine import native_read
+    import gpu_zarr.engine.native_read as native_read
 
     if getattr(ops, "host_is_device", False) or (own_ops and device == "cpu" and native_read.serves(lay.codec, out)):
         # the CPU path with the native library: per chunk read, decode, place on C threads (no
@@ -291,7 +291,7 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
     chunks are decoded and placed. The encoded and decoded bytes live in reused scratch
     (fresh memory costs page faults). ``keep`` receives copies of the chunks the cache wants.
     """
-    from gpu_zarr.engine import native_read
+    import gpu_zarr.engine.native_read as native_read
     from gpu_zarr.engine.fetch import read_range
     from gpu_zarr.engine.ops import CpuOps
 
@@ -364,7 +364,7 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
 
 def _cpu_reader(kind: str) -> str:
     """The CPU path's reader: native threads when built (kvikio fills device memory: not here)."""
-    from gpu_zarr.engine import native
+    import gpu_zarr.engine.native as native
 
     if kind in ("native", "threads"):
         return kind

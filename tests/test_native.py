@@ -337,12 +337,36 @@ def test_native_reader_short_file_named(tmp_path):
     assert dest[:size].tobytes() == open(files[0], "rb").read()
 
 
-def test_cpu_twin_reads_with_native_threads(tmp_path, mode):
-    arr, values = write(tmp_path / "f.zarr", fmt=3, codec="zstd", partial=False)
-    res = read(arr, Ellipsis, device="cpu", options=EngineOptions(threads=3, batch_bytes=64 << 10))
+@pytest.mark.parametrize("codec", ["zstd", "gzip", "raw"])
+def test_cpu_twin_reads_with_native_threads(tmp_path, mode, codec):
+    """The GPU pipeline's CPU twin (ops given): staging filled by the native reader."""
+    from gpu_zarr.engine.ops import ops_for
+
+    arr, values = write(tmp_path / "f.zarr", fmt=3, codec=codec, partial=False)
+    res = read(arr, Ellipsis, device="cpu", ops=ops_for("cpu"), options=EngineOptions(threads=3, batch_bytes=64 << 10))
     np.testing.assert_array_equal(res.data, values)
     assert res.stats["batches"] > 1
     assert res.stats["reader"].startswith("native" if mode == "native" else "threads")
+
+
+def test_cpu_whole_read_progress_and_cancel(tmp_path, mode):
+    """The CPU path (native: per chunk on C threads, in groups) reports progress and honours cancel."""
+    import threading
+
+    from gpu_zarr.errors import ReadCancelled
+
+    arr, values = write(tmp_path / "p.zarr", fmt=3, codec="zstd", partial=False)
+    seen = []
+    res = read(arr, Ellipsis, device="cpu", options=EngineOptions(threads=2, batch_bytes=16 << 10,
+                                                                 progress=lambda d, t: seen.append((d, t))))
+    np.testing.assert_array_equal(res.data, values)
+    assert len(seen) > 1 and seen[-1][0] == seen[-1][1]
+    if mode == "native":
+        assert res.stats["chunkwise_native"] == res.stats["pieces"]
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(ReadCancelled):
+        read(arr, Ellipsis, device="cpu", options=EngineOptions(threads=2, cancel=stop))
 
 
 @pytest.mark.gpu
@@ -359,3 +383,35 @@ def test_gpu_path_with_native_reader(tmp_path, case):
     res = read(arr, Ellipsis, device="gpu", options=EngineOptions(reader="native", threads=8, batch_bytes=64 << 10))
     np.testing.assert_array_equal(res.data.get(), values)
     assert res.stats["reader"].startswith("native")
+
+
+def _hatch_build():
+    import importlib.util
+    from pathlib import Path
+
+    pytest.importorskip("hatchling")
+    path = Path(__file__).resolve().parents[1] / "hatch_build.py"
+    spec = importlib.util.spec_from_file_location("hatch_build", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod, path.parent
+
+
+def test_build_hook_compiles_or_says_why(tmp_path, monkeypatch):
+    """The build hook's compile: a library that loads, or a reason (never an exception)."""
+    import shutil
+
+    hb, root = _hatch_build()
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    if shutil.which("cc") is None:
+        assert "compiler" in hb.compile_native(root, tmp_path / "x.so")
+        return
+    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    why = hb.compile_native(root, tmp_path / "bad.so")
+    assert why and "failed" in why and not (tmp_path / "bad.so").exists()
+    monkeypatch.delenv("CC")
+    out = tmp_path / "libgz_native.so"
+    assert hb.compile_native(root, out) is None
+    import ctypes
+
+    assert ctypes.CDLL(str(out)).gz_version() == 1

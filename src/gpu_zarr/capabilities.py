@@ -213,7 +213,7 @@ def _probe() -> Capabilities:
     low = nvcomp_info()
     if nvcomp_ok and not low["low_level"]:
         notes.append(f"nvCOMP's C library is not usable, so compressed chunks are decoded on the CPU: {low['error']}")
-    from gpu_zarr.engine import native
+    import gpu_zarr.engine.native as native
 
     nat = native.status()
     return Capabilities(cupy_ok, gpu, name, free, total, kvikio_ok, compat, gds, nvcomp_ok and bool(low["low_level"]),

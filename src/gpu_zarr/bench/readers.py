@@ -223,6 +223,20 @@ def _zarr_cpu_cupy(path: str) -> Any:
     return cupy.asarray(_zarr_cpu(path))
 
 
+def _zarrs_numpy(path: str) -> Any:
+    """zarr-python with zarrs-python's Rust codec pipeline (the fastest CPU whole-array reader)."""
+    import zarr
+
+    with _zarr_default_codecs(), zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}):
+        return zarr.open_array(path, mode="r")[...]
+
+
+def _zarrs_cupy(path: str) -> Any:
+    import cupy
+
+    return cupy.asarray(_zarrs_numpy(path))
+
+
 def _zarr_gpu(path: str) -> Any:
     import zarr
 
@@ -465,6 +479,9 @@ def throughput_readers(device: str) -> list[Reader]:
     """Readers in the order they run: the reference (zarr CPU) first, czarr last."""
     ts_skip = _not_installed("tensorstore", "pip install tensorstore, or napari-gpu-zarr[bench]")
     cz_skip = _not_installed("czarr", _CZARR_HINT)
+    zarrs_skip = _not_installed("zarrs", "pip install zarrs")
+    zarrs = Reader("zarrs", "peer", 'zarr-python with zarrs (codec_pipeline.path "zarrs.ZarrsCodecPipeline"), numpy',
+                   _zarrs_numpy, skip_reason=zarrs_skip)
     czarr = Reader(
         "czarr", "peer",
         "czarr 0.0.1: with czarr.configure_gpu(): zarr.open_array(path)[...] (in a child process)",
@@ -487,6 +504,7 @@ def throughput_readers(device: str) -> list[Reader]:
                 _ours_engine_cpu,
             ),
             Reader("tensorstore", "peer", "TensorStore read (numpy)", _tensorstore_numpy, skip_reason=ts_skip),
+            zarrs,
             czarr,
         ]
     gds_skip = _probe_import("kvikio.zarr", "GDSStore")
@@ -526,6 +544,8 @@ def throughput_readers(device: str) -> list[Reader]:
             "tensorstore+cupy", "peer", "TensorStore read (numpy), then cupy.asarray",
             _tensorstore_cupy, skip_reason=ts_skip,
         ),
+        Reader("zarrs+cupy", "peer", "zarr-python with zarrs (Rust codec pipeline), then cupy.asarray", _zarrs_cupy,
+               skip_reason=zarrs_skip),
         czarr,
     ]
 

@@ -491,18 +491,32 @@ def decode_plan(ops: Any, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.n
 
 def _decode_native(ops: Any, src: np.ndarray, batch: Any, dst: np.ndarray, dst_offsets: np.ndarray, nbytes: int,
                    names: Sequence[str]) -> None:
-    """Whole chunks through numcodecs' c-blosc (it releases the GIL), one per thread: the
-    chunks were parsed and checked by :func:`parse_batch` already."""
+    """Whole chunks on the CPU: ONE call into our native library (every chunk on its threads;
+    it checks headers, tables and sizes itself), numcodecs' c-blosc for the chunks it leaves
+    (blosclz, snappy, Blosc2) or for all of them without it. The chunks were parsed and
+    checked by :func:`parse_batch` already."""
     from numcodecs import blosc
 
-    so, ss, do = batch.src_offsets.tolist(), batch.src_sizes.tolist(), np.asarray(dst_offsets).tolist()
+    import gpu_zarr.engine.native as native
 
-    def one(k: int) -> None:
+    so, ss, do = batch.src_offsets.tolist(), batch.src_sizes.tolist(), np.asarray(dst_offsets).tolist()
+    todo = list(range(len(so)))
+    if native.codec_available("blosc") and isinstance(dst, np.ndarray) and dst.flags.c_contiguous:
+        st, det = native.decode("blosc", src, so, ss, dst, do, nbytes, getattr(ops, "native_threads", 1))
+        bad = np.flatnonzero((st != native.OK) & ~np.isin(st, list(native.UNSUPPORTED)))
+        if len(bad):
+            k = int(bad[0])
+            raise CorruptChunkError(f"chunk {names[k]}: Blosc decode failed ({native.describe(int(st[k]), int(det[k]))}); "
+                                    "the chunk is corrupt.")
+        todo = np.flatnonzero(st != native.OK).tolist()
+
+    def one(i: int) -> None:
+        k = todo[i]
         try:
             blosc.decompress(src[so[k]:so[k] + ss[k]], dst[do[k]:do[k] + nbytes])
         except Exception as exc:  # noqa: BLE001 - named, with the cause
             raise CorruptChunkError(f"chunk {names[k]}: Blosc decode failed ({exc}); the chunk is corrupt.") from exc
-    ops.map_chunks(one, len(so))
+    ops.map_chunks(one, len(todo))
 
 
 class BloscStage:
@@ -522,7 +536,7 @@ class BloscStage:
 
     def decode(self, ops: Any, src: Any, batch: Any, prep: BloscPlan, dst: Any, dst_offsets: np.ndarray, lay: Any,
                names: Sequence[str], slot: int, wait: Any) -> None:
-        if getattr(ops, "native_decoders", False):  # the CPU's small-read path: c-blosc itself
+        if getattr(ops, "whole_chunks", False):  # the CPU's fast paths: whole-chunk decoders
             _decode_native(ops, src, batch, dst, dst_offsets, lay.inner_nbytes, names)
             return
         decode_plan(ops, src, prep, dst, dst_offsets, names, slot, wait)

@@ -181,13 +181,13 @@ def _cpu_decoder(algo: str):
 
 def native_stream_codec(algo: str) -> bool:
     """Whether the native library decodes streams of ``algo`` here (see :func:`decode_batch_cpu`)."""
-    from gpu_zarr.engine import native
+    import gpu_zarr.engine.native as native
 
     return native.available() and native.codec_available(algo)
 
 
 def _fail_native(algo: str, names: Sequence[str] | None, k: int, code: int, detail: int) -> CorruptChunkError:
-    from gpu_zarr.engine import native
+    import gpu_zarr.engine.native as native
 
     return CorruptChunkError(f"chunk {_name(names, k)}: {algo} decode failed ({native.describe(code, detail)}). The "
                              "chunk is corrupt or truncated; rewrite or delete that chunk.")
@@ -197,7 +197,7 @@ def _decode_batch_native(algo: str, src: np.ndarray, src_offsets: np.ndarray, sr
                          dst_offsets: np.ndarray, dsizes: np.ndarray, names: Sequence[str] | None,
                          crc32: np.ndarray | None, adler32: np.ndarray | None, threads: int) -> None:
     """The whole batch in ONE call on native threads; then the trailers' checksums, also native."""
-    from gpu_zarr.engine import native
+    import gpu_zarr.engine.native as native
 
     st, det = native.decode(algo, src, src_offsets, src_sizes, dst, dst_offsets, dsizes, threads)
     bad = np.flatnonzero(st != native.OK)

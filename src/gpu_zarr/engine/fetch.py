@@ -234,7 +234,7 @@ def raise_read_errors(files: list[Any], fid: np.ndarray, foff: np.ndarray, size:
                       detail: np.ndarray) -> None:
     """Raise for the first failed item of a native read: CorruptChunkError naming the file
     for a short file, the OSError of the failed open or read otherwise."""
-    from gpu_zarr.engine import native
+    import gpu_zarr.engine.native as native
 
     bad = np.flatnonzero(status != native.OK)
     if not len(bad):
@@ -262,7 +262,7 @@ class NativeReader:
     name = "native"
 
     def __init__(self, threads: int):
-        from gpu_zarr.engine import native
+        import gpu_zarr.engine.native as native
 
         if not native.available():
             raise RuntimeError(f"the native reader is not available: {native.status().reason}")
@@ -286,7 +286,7 @@ class NativeReader:
 
 
 def _native_ok() -> bool:
-    from gpu_zarr.engine import native
+    import gpu_zarr.engine.native as native
 
     return native.available()
 

@@ -241,13 +241,9 @@ def checksums(kind: str, buf: np.ndarray, offsets: Any, sizes: Any, threads: int
 
 def _geometry(table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype,
               perm: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray, int, int]:
-    from gpu_zarr.engine.place import _permuted, _with_units, unit_layout
+    from gpu_zarr.engine.place import place_geometry
 
-    unit, per = unit_layout(disk_dtype)
-    swap = int(unit > 1 and (disk_dtype.byteorder == ">" or (disk_dtype.byteorder == "=" and not np.little_endian)))
-    tab, strides = _with_units(np.asarray(table, np.int64), out.shape, per)
-    tab, strides = _permuted(tab, strides, perm)
-    return np.ascontiguousarray(tab, np.int64), np.ascontiguousarray(strides, np.int64), unit, swap
+    return place_geometry(table, out.shape, disk_dtype, perm)
 
 
 def place(src: np.ndarray, src_offsets: Any, chunk_nbytes: int, table: np.ndarray, out: np.ndarray,

@@ -26,14 +26,17 @@ NATIVE_CODECS = {"raw": "raw", "zstd": "zstd", "blosc": "blosc", "gzip": "gzip",
 
 def serves(codec: str, out: Any) -> bool:
     """Whether :func:`read_chunkwise` can read chunks of ``codec`` into ``out`` here."""
-    from gpu_zarr.engine import native
+    import gpu_zarr.engine.native as native
 
     return (codec in NATIVE_CODECS and native.available() and native.codec_available(NATIVE_CODECS[codec])
             and isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable)
 
 
+_HOST_REASONS = {21: "blosclz", 22: "snappy", 23: "blosc2"}
+
+
 def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.ndarray, rt: Any, threads: int,
-                   keep: Any = None) -> np.ndarray:
+                   keep: Any = None, stats: dict[str, Any] | None = None) -> np.ndarray:
     """Read, decode and place the located pieces ``todo`` into ``out`` on native threads.
 
     Parameters
@@ -51,6 +54,9 @@ def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.nd
     keep : callable with ``wants(k)``, optional
         The chunk cache's keeper (see ``pipeline._Keep``): wanted chunks are decoded into
         buffers of their own, handed to ``keep(k, buffer)``.
+    stats : dict, optional
+        Receives counts of the chunks left to numcodecs, as the Blosc parser reports them
+        (``blosc_host_chunks``, ``blosc_host_blosclz``, ...).
 
     Returns
     -------
@@ -62,7 +68,7 @@ def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.nd
     CorruptChunkError
         A chunk file is truncated or a chunk does not decode (named).
     """
-    from gpu_zarr.engine import native
+    import gpu_zarr.engine.native as native
     from gpu_zarr.engine.fetch import raise_read_errors
 
     codec = NATIVE_CODECS[lay.codec]
@@ -87,11 +93,36 @@ def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.nd
         code = int(st[i])
         if code in (native.OPEN, native.SHORT, native.IO):
             raise_read_errors(loc.files, fid, foff, size, np.where(unsupported, native.OK, st), det)
+        _explain(lay, loc, int(todo[i]))  # the host check's detailed message, when it finds the fault
+        what = {"gzip": " (its deflate stream, or the CRC-32 and size in its trailer)",
+                "zlib": " (its deflate stream, or the Adler-32 in its trailer)"}.get(lay.codec, "")
         raise CorruptChunkError(
-            f"chunk {loc.names[int(todo[i])]}: {lay.codec} decode failed: {native.describe(code, int(det[i]))}. The "
+            f"chunk {loc.names[int(todo[i])]}: {lay.codec} decode failed{what}: {native.describe(code, int(det[i]))}. The "
             "chunk is corrupt or truncated; rewrite or delete that chunk (zarr-python's own read fails on it too).")
+    if stats is not None and unsupported.any():
+        stats["blosc_host_chunks"] = stats.get("blosc_host_chunks", 0) + int(unsupported.sum())
+        for code, why in _HOST_REASONS.items():
+            if (st == code).any():
+                stats[f"blosc_host_{why}"] = stats.get(f"blosc_host_{why}", 0) + int((st == code).sum())
     if keep_bufs is not None:
         for k, buf, skip in zip(todo.tolist(), keep_bufs, unsupported.tolist()):
             if buf is not None and not skip:
                 keep(int(k), buf)
     return todo[unsupported]
+
+
+def _explain(lay: Any, loc: Any, k: int) -> None:
+    """Run the codec's Python host check on the one chunk that failed (the slow path, only
+    on an error): it raises CorruptChunkError saying exactly what is wrong, when it can see it."""
+    from gpu_zarr.engine.codecs import stage_for
+    from gpu_zarr.engine.fetch import read_range
+    from gpu_zarr.engine.plan import Batch
+
+    size = int(loc.nbytes[k])
+    buf = np.empty(max(size, 1), np.uint8)
+    read_range(loc.files[int(loc.file_id[k])], int(loc.offset[k]), buf[:size])
+    one = Batch(np.array([k]), np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64),
+                np.array([size], np.int64), np.array([[0, 1]], np.int64), size)
+    stage = stage_for(lay)
+    if stage.decodes:
+        stage.prepare(buf, one, lay, [loc.names[k]])

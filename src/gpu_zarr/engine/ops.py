@@ -92,8 +92,8 @@ class CpuOps:
 
     def __init__(self, pool: ThreadPoolExecutor | None = None, threads: int = 1, *, fast: bool = False,
                  native_threads: int | None = None) -> None:
+        import gpu_zarr.engine.native as native
         from gpu_zarr import settings
-        from gpu_zarr.engine import native
 
         self.xp: Any = np
         self._pool, self._threads = pool, max(1, threads)
@@ -104,6 +104,8 @@ class CpuOps:
         # use the codecs' own C decoders for whole chunks (numcodecs Blosc)
         self.host_is_device = fast
         self.native_decoders = fast
+        # whole chunks through a whole-chunk decoder (Blosc) after the usual host check
+        self.whole_chunks = fast
 
     def map_chunks(self, fn: Any, n: int) -> None:
         """``fn(k)`` for every k < n, on the pool's threads when there is one."""
@@ -178,7 +180,7 @@ class CpuOps:
 
     def _place_native(self, src: np.ndarray, src_offsets: np.ndarray, table: np.ndarray, out: np.ndarray,
                       disk_dtype: np.dtype, perm: tuple[int, ...] | None = None) -> None:
-        from gpu_zarr.engine import native
+        import gpu_zarr.engine.native as native
 
         if len(src_offsets) == 0:
             return
@@ -417,9 +419,17 @@ class GpuOps:
 
 
 def ops_for(device: str, slots: int = 3, lanes: int = 1) -> Ops:
-    """``"gpu"`` or ``"cpu"``; ``lanes`` work streams on the GPU."""
+    """``"gpu"`` or ``"cpu"``; ``lanes`` work streams on the GPU.
+
+    The CPU's ops use the native library's whole-chunk decoders where it is loaded (the
+    GPU path's exact twin, stream by stream, runs with ``GPU_ZARR_NATIVE=0`` and with
+    ``CpuOps()`` made directly)."""
     if device == "gpu":
         return GpuOps(slots, lanes=lanes)
     if device == "cpu":
-        return CpuOps()
+        ops = CpuOps()
+        # with the native library, whole Blosc chunks decode natively (one call per batch) rather
+        # than stream by stream as on the GPU; GPU_ZARR_NATIVE=0 runs the GPU's exact twin
+        ops.whole_chunks = ops.native
+        return ops
     raise ValueError(f"device must be 'gpu' or 'cpu', not {device!r}")

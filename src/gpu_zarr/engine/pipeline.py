@@ -188,6 +188,7 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     check_fits(out_nbytes, scratch if device == "gpu" else 0, device=device,
                what=f"reading {box_shape} {lay.out_dtype}")
     stats.update(budget_bytes=budget, planned_device_bytes=scratch, lanes=lanes)
+    own_ops = ops is None
     ops = ops or ops_for(device, slots, lanes)
     pieces = plan_pieces(lay, region.start, region.stop)
     stats["plan_s"] = time.perf_counter() - t0
@@ -217,8 +218,12 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     stats.update(codec=lay.codec, pieces=len(pieces), missing=len(missing), batches=len(batches),
                  encoded_bytes=int(loc.nbytes[loc.nbytes > 0].sum()), decoded_bytes=out_nbytes)
     keep = _Keep(keys, pieces, every=opts.cache == "all") if cache is not None else None
-    if getattr(ops, "host_is_device", False):
-        _run_chunkwise(lay, stage, loc, pieces, to_read, out, rt, opts.threads, stats, keep)
+    import gpu_zarr.engine.native_read as native_read
+
+    if getattr(ops, "host_is_device", False) or (own_ops and device == "cpu" and native_read.serves(lay.codec, out)):
+        # the CPU path with the native library: per chunk read, decode, place on C threads (no
+        # staging, no batch buffers); small reads take this path on every CPU ops
+        _run_chunkwise(lay, stage, loc, pieces, to_read, out, rt, opts.threads, stats, keep, opts)
     else:
         kind = _gpu_reader(opts.reader, lay, opts) if device == "gpu" else _cpu_reader(opts.reader)
         reader = _remote_reader(lay) or rt.reader(kind, opts.threads)
@@ -279,7 +284,8 @@ def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence
 
 
 def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, to_read: np.ndarray, out: Any,
-                   rt: Runtime, threads: int, stats: dict[str, Any], keep: _Keep | None = None) -> None:
+                   rt: Runtime, threads: int, stats: dict[str, Any], keep: _Keep | None = None,
+                   opts: EngineOptions | None = None) -> None:
     """The small-read path on the CPU: the few chunks of a viewer's plane, with no staging
     slots and no pipeline, spread over the pool's threads.
 
@@ -290,7 +296,7 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
     chunks are decoded and placed. The encoded and decoded bytes live in reused scratch
     (fresh memory costs page faults). ``keep`` receives copies of the chunks the cache wants.
     """
-    from gpu_zarr.engine import native_read
+    import gpu_zarr.engine.native_read as native_read
     from gpu_zarr.engine.fetch import read_range
     from gpu_zarr.engine.ops import CpuOps
 
@@ -299,9 +305,19 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
     if len(todo) and lay.source is None and native_read.serves(lay.codec, out):  # local files only
         # one native call: per chunk read, decode, place on C threads; what it cannot decode
         # (Blosc with blosclz / snappy, Blosc2 chunks) continues below with numcodecs
-        left = native_read.read_chunkwise(lay, loc, pieces, todo, out, rt, threads, keep)
-        stats["chunkwise_native"] = len(todo) - len(left)
-        todo = left
+        # in groups of about batch_bytes decoded, so that progress and cancel are looked at
+        per = max(1, (opts.batch_bytes if opts is not None else 256 * MiB) // max(1, lay.inner_nbytes))
+        left, total, done = [], int(lay.inner_nbytes) * len(todo), 0
+        for a in range(0, len(todo), per):
+            if opts is not None and opts.cancel is not None and opts.cancel.is_set():
+                raise ReadCancelled("read cancelled: the partial result was discarded")
+            left.append(native_read.read_chunkwise(lay, loc, pieces, todo[a:a + per], out, rt, threads, keep, stats))
+            done += int(lay.inner_nbytes) * len(todo[a:a + per])
+            if opts is not None and opts.progress is not None:
+                opts.progress(done, total)
+        rest = np.concatenate(left)
+        stats["chunkwise_native"] = len(todo) - len(rest)
+        todo = rest
     n = len(todo)
     if n == 0:
         stats["chunkwise_s"] = time.perf_counter() - t
@@ -371,7 +387,7 @@ def _gpu_reader(kind: str, lay: Layout, opts: EngineOptions) -> str:
 
 def _cpu_reader(kind: str) -> str:
     """The CPU path's reader: native threads when built (kvikio fills device memory: not here)."""
-    from gpu_zarr.engine import native
+    import gpu_zarr.engine.native as native
 
     if kind in ("native", "threads"):
         return kind

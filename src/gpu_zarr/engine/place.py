@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["place_cpu", "place_gpu", "unit_layout"]
+__all__ = ["place_cpu", "place_geometry", "place_gpu", "unit_layout"]
 
 _KERNEL = r"""
 __device__ __forceinline__ unsigned char bswap_(unsigned char v) { return v; }
@@ -105,6 +105,17 @@ def _permuted(tab: np.ndarray, strides: np.ndarray, perm: tuple[int, ...] | None
         return tab, strides
     idx = list(perm) + list(range(len(perm), tab.shape[1]))
     return np.ascontiguousarray(tab[:, idx, :]), np.ascontiguousarray(strides[idx])
+
+
+def place_geometry(table: np.ndarray, out_shape: tuple[int, ...], disk_dtype: np.dtype,
+                   perm: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(table, output strides, unit bytes, swap) as the place kernels walk them: in units (a
+    complex number is two), along the chunk's stored axes, strides in units of the output."""
+    unit, per = unit_layout(disk_dtype)
+    swap = int(unit > 1 and (disk_dtype.byteorder == ">" or (disk_dtype.byteorder == "=" and not np.little_endian)))
+    tab, strides = _with_units(np.asarray(table, np.int64), out_shape, per)
+    tab, strides = _permuted(tab, strides, perm)
+    return np.ascontiguousarray(tab, np.int64), np.ascontiguousarray(strides, np.int64), unit, swap
 
 
 def place_gpu(src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,

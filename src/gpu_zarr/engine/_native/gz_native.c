@@ -234,13 +234,26 @@ static int dec_inflate(Ctx *c, int wrapper, const uint8_t *s, size_t n, uint8_t 
 /* ---------------------------------------------------------------- Blosc 1.x */
 static int32_t rd32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
 
-static void unshuffle_bytes(const uint8_t *s, uint8_t *d, int64_t size, int ts) {
+static void unshuffle_bytes(const uint8_t *restrict s, uint8_t *restrict d, int64_t size, int ts) {
     int64_t n = size / ts;
+    /* whole elements assembled in a register, then stored (the compiler vectorises these) */
     if (ts == 2) {
-        for (int64_t i = 0; i < n; i++) { d[2 * i] = s[i]; d[2 * i + 1] = s[n + i]; }
-    } else if (ts == 4) {
+        const uint8_t *p0 = s, *p1 = s + n;
         for (int64_t i = 0; i < n; i++) {
-            d[4 * i] = s[i]; d[4 * i + 1] = s[n + i]; d[4 * i + 2] = s[2 * n + i]; d[4 * i + 3] = s[3 * n + i];
+            uint16_t v = (uint16_t)(p0[i] | p1[i] << 8);
+            memcpy(d + 2 * i, &v, 2);
+        }
+    } else if (ts == 4) {
+        const uint8_t *p0 = s, *p1 = s + n, *p2 = s + 2 * n, *p3 = s + 3 * n;
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t v = (uint32_t)p0[i] | (uint32_t)p1[i] << 8 | (uint32_t)p2[i] << 16 | (uint32_t)p3[i] << 24;
+            memcpy(d + 4 * i, &v, 4);
+        }
+    } else if (ts == 8) {
+        for (int64_t i = 0; i < n; i++) {
+            uint64_t v = 0;
+            for (int j = 0; j < 8; j++) v |= (uint64_t)s[j * n + i] << (8 * j);
+            memcpy(d + 8 * i, &v, 8);
         }
     } else {
         for (int j = 0; j < ts; j++)

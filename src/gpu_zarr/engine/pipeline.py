@@ -376,7 +376,7 @@ def _gpu_reader(kind: str, lay: Layout, opts: EngineOptions) -> str:
     pinned staging for compressed chunks (zstd 1 MiB 15.0 GiB/s against kvikio's 8.6, 4 MiB
     23.6 / 20.2, Blosc lz4 16.5 / 14.6: kvikio opens each file from Python), kvikio for raw
     chunks, which it reads straight into device memory (34.1 / 26.9)."""
-    from gpu_zarr.engine import native
+    import gpu_zarr.engine.native as native
 
     if kind != "auto":
         return kind

@@ -283,7 +283,7 @@ META: dict[str, tuple[int, object, bool]] = {
 }
 #: OME groups whose metadata points outside the store (the array itself is a good one)
 OME_META = ("ome-path-parent", "ome-path-absolute", "ome-path-missing", "ome-axes-wrong", "ome-nonjson-attrs",
-            "ome-multiscales-notlist")
+            "ome-multiscales-notlist", "group-pickle-member")
 
 
 def _write_meta(arr: Path, fmt: int, meta: object) -> None:
@@ -308,6 +308,12 @@ def _write_ome_hostile(case_root: Path, how: str, outside: Path) -> None:
         attrs["multiscales"][0]["axes"] = [{"name": "x", "type": "space"}]
     elif how == "ome-multiscales-notlist":
         attrs["multiscales"] = "yes"
+    if how == "group-pickle-member":  # a plain group: the napari reader lists its arrays
+        (image / ".zattrs").write_text("{}")
+        bad = image / "bad"
+        _write_meta(bad, 2, _zarray([20, 24], [8, 8], dtype="|O", filters=[{"id": "pickle", "protocol": 5}]))
+        (bad / "0.0").write_bytes(b"\x80\x05N.")
+        return
     if how == "ome-nonjson-attrs":
         (image / ".zattrs").write_bytes(b"\x00{multiscales")
     else:

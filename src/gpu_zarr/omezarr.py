@@ -24,9 +24,9 @@ from typing import Any
 
 import zarr
 
+from .engine.fit import nbytes_of
 from .errors import GpuZarrError, InvalidOmeMetadata, NotOmeZarrError
 from .reprs import codec_names
-from .engine.fit import nbytes_of
 from .store import METADATA_FILES, check_safe, is_zarr_node, open_array, open_node
 
 __all__ = [

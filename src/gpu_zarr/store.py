@@ -94,14 +94,16 @@ def arrays_of(group: Any, path: str) -> list[tuple[str, Any]]:
     """
     import zarr
 
+    if "://" not in path and os.path.isdir(path):
+        for name in sorted(os.listdir(path)):  # before zarr lists (and so parses) the members
+            if os.path.isdir(os.path.join(path, name)):
+                check_safe(os.path.join(path, name))
     try:
         names = sorted(group.keys())
     except Exception as exc:  # noqa: BLE001 - re-raised with context
         raise NotAZarrError(f"{path}: the group's members cannot be listed: {type(exc).__name__}: {exc}") from exc
     out = []
     for name in names:
-        if "://" not in path:
-            check_safe(os.path.join(path, name))
         try:
             node = group[name]
         except GpuZarrError:

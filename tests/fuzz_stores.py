@@ -321,12 +321,23 @@ def _write_ome_hostile(case_root: Path, how: str, outside: Path) -> None:
 
 
 # -- the corpus ------------------------------------------------------------------------------
+#: Blosc variants whose chunks are damaged in the default (CI) corpus: every cname and every
+#: shuffle at least once; ``GPU_ZARR_FUZZ_FULL=1`` damages all twelve
+DAMAGED_BLOSC = ("blosc-lz4-0", "blosc-lz4-1", "blosc-lz4hc-2", "blosc-zstd-0", "blosc-zstd-2", "blosc-zlib-1")
+
+
+def full() -> bool:
+    return os.environ.get("GPU_ZARR_FUZZ_FULL", "") not in ("", "0")
+
+
 def cases() -> list[Case]:
     """Every case, in a fixed order (the names are the test ids)."""
     out: list[Case] = []
     for fmt in (2, 3):
         for codec in codecs(fmt):
             out.append(Case(f"v{fmt}-{codec}", "codec", fmt, codec))
+            if codec.startswith("blosc-") and codec not in DAMAGED_BLOSC and not full():
+                continue
             if codec.startswith("sharded-"):
                 key = chunk_key(fmt, (0, 0))
                 out.extend(Case(f"v{fmt}-{codec}-{d}", "damage", fmt, codec, key, DAMAGED) for d in SHARD_DAMAGES)

@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE))
 import fuzz_stores as fs  # noqa: E402
 
 TIMEOUT_S = 30.0  # in-process reads: a read of these tiny stores takes milliseconds
-CHILD_TIMEOUT_S = 30.0
+CHILD_TIMEOUT_S = 120.0  # one child runs every entry point on one hostile-shape case
 CHILD_MEMORY = 6 << 30  # address-space bound of a hostile-shape child (RLIMIT_AS)
 CASES = fs.cases()
 BY_NAME = {c.name: c for c in CASES}
@@ -226,31 +226,50 @@ def outcome_bounded(entry: str, case: fs.Case, base: Path) -> dict[str, Any]:
     return box[0]
 
 
-def outcome_child(entry: str, case: fs.Case, base: Path, *, strict: bool = True) -> dict[str, Any]:
-    """``outcome`` in a subprocess bounded in wall-clock time and address space (``strict``:
-    a hang or crash fails the test; else it is an outcome, zarr's own read failing)."""
+_child_runs: dict[tuple[str, bool], dict[str, Any]] = {}
+
+
+def outcomes_child(case: fs.Case, base: Path, gpu: bool) -> dict[str, Any]:
+    """Every entry point (CPU or GPU ones) on a hostile-shape case in ONE subprocess bounded in
+    wall-clock time and address space, one JSON line per entry as it finishes (cached per case):
+    an entry without a line hung or crashed the process."""
+    key = (case.name, gpu)
+    if key in _child_runs:
+        return _child_runs[key]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE),
                                                          os.environ.get("PYTHONPATH", "")])}
+    entries = ["zarr-region", "zarr-all"] + [e for e, v in ENTRIES.items() if v[3] == gpu]
     try:
-        proc = subprocess.run([sys.executable, str(Path(__file__)), entry, case.name, str(base)],
+        proc = subprocess.run([sys.executable, str(Path(__file__)), ",".join(entries), case.name, str(base)],
                               capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env)
-    except subprocess.TimeoutExpired:
-        if not strict:
-            return {"kind": "error", "type": "Timeout", "mro": [], "msg": "zarr's read ran past the time limit"}
-        pytest.fail(f"HANG: {entry} on {case.name} ran past {CHILD_TIMEOUT_S:.0f} s")
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if (proc.returncode != 0 or not lines) and not strict:
-        return {"kind": "error", "type": "Crash", "mro": [], "msg": proc.stderr[-500:]}
-    if proc.returncode != 0 or not lines:
-        pytest.fail(f"CRASH: {entry} on {case.name} exited {proc.returncode} (memory bound "
-                    f"{CHILD_MEMORY >> 30} GiB): {proc.stderr[-2000:]}")
-    return json.loads(lines[-1])
+        out, err, rc = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err, rc = f"ran past {CHILD_TIMEOUT_S:.0f} s", None
+    got = {}
+    for line in out.splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            got[rec.pop("entry")] = rec
+    _child_runs[key] = {"got": got, "rc": rc, "err": err[-2000:]}
+    return _child_runs[key]
 
 
-def reference(case: fs.Case, base: Path, region: bool) -> dict[str, Any]:
+def _from_child(run: dict[str, Any], entry: str, case: fs.Case, strict: bool = True) -> dict[str, Any]:
+    if entry in run["got"]:
+        return run["got"][entry]
+    what = "HANG" if run["rc"] is None else "CRASH"
+    if not strict:  # zarr's own read: it failing to finish is an outcome, not a test failure
+        return {"kind": "error", "type": what, "mro": [], "msg": run["err"]}
+    pytest.fail(f"{what}: {entry} on {case.name} gave no result (exit {run['rc']}, memory bound "
+                f"{CHILD_MEMORY >> 30} GiB, {CHILD_TIMEOUT_S:.0f} s): {run['err']}")
+
+
+def reference(case: fs.Case, base: Path, region: bool, gpu: bool = False) -> dict[str, Any]:
     """zarr-python's own CPU read of the store (an outcome)."""
     if case.hostile_shape:
-        return outcome_child("zarr-region" if region else "zarr-all", case, base, strict=False)
+        return _from_child(outcomes_child(case, base, gpu), "zarr-region" if region else "zarr-all", case,
+                           strict=False)
     return outcome(lambda c, b: _zarr_ref(c, b, region), case, base)
 
 
@@ -370,11 +389,12 @@ _refs: dict[tuple[str, bool], dict[str, Any]] = {}
 def check(entry: str, name: str, corpus: tuple[Path, dict[str, dict[str, str]]]) -> str:
     base, digests = corpus
     case = BY_NAME[name]
-    _, region, ome, _ = ENTRIES[entry]
+    _, region, ome, gpu = ENTRIES[entry]
     key = (name, region)
     if key not in _refs:
-        _refs[key] = reference(case, base, region)
-    got = outcome_child(entry, case, base) if case.hostile_shape else outcome_bounded(entry, case, base)
+        _refs[key] = reference(case, base, region, gpu)
+    got = (_from_child(outcomes_child(case, base, gpu), entry, case) if case.hostile_shape
+           else outcome_bounded(entry, case, base))
     after = fs.digest(case.root(base))
     assert after == digests[name], f"CHANGED STORE: {entry} altered {name}"
     v = verdict(case, ome, got, _refs[key])
@@ -393,15 +413,28 @@ def test_fuzz_gpu(entry: str, name: str, corpus: tuple[Path, dict[str, dict[str,
 
 
 # -- the CLI, in a subprocess -----------------------------------------------------------------
-CLI_CASES = [c.name for c in CASES if c.kind in ("meta", "codec")] + [
+CLI_TIMEOUT_S = 60.0
+CLI_CASES = [c.name for c in CASES if c.kind == "meta"] + ["v2-zstd", "v3-sharded-zstd", "v2-blosc-zlib-1"] + [
     f"v{f}-{c}-{d}" for f, c, d in [(2, "raw", "trunc-half"), (2, "raw", "bigger"), (2, "zstd", "empty"),
                                     (2, "blosc-lz4-1", "flip-header3"), (2, "zlib", "garbage"),
                                     (3, "gzip", "trunc-1"), (3, "zstd", "smaller"),
                                     (3, "sharded-zstd", "inner-flip"), (3, "sharded-raw", "index-size-huge")]]
 
 
-@pytest.mark.parametrize("name", CLI_CASES)
-@pytest.mark.parametrize("ome", [False, True], ids=["array", "ome"])
+def _cli_params() -> list[Any]:
+    out = []
+    for name in CLI_CASES:
+        for ome in (False, True):
+            if ome and not name.startswith(("ome-", "group-", "v2-zstd", "object-pickle-v2")):
+                continue  # the OME route of the CLI: the OME cases and a few others
+            marks = []
+            if not ome and ("read_zarr-cpu", name) in KNOWN:
+                marks.append(pytest.mark.xfail(strict=True, reason=KNOWN[("read_zarr-cpu", name)]))
+            out.append(pytest.param(name, ome, marks=marks, id=f"{'ome' if ome else 'array'}-{name}"))
+    return out
+
+
+@pytest.mark.parametrize(("name", "ome"), _cli_params())
 def test_fuzz_cli(name: str, ome: bool, corpus: tuple[Path, dict[str, dict[str, str]]]) -> None:
     base, digests = corpus
     case = BY_NAME[name]
@@ -411,9 +444,9 @@ def test_fuzz_cli(name: str, ome: bool, corpus: tuple[Path, dict[str, dict[str, 
             "from gpu_zarr.cli import main; sys.exit(main(sys.argv[1:]))")
     try:
         proc = subprocess.run([sys.executable, "-c", code, "read", str(path), "--backend", "cpu", "--repeat", "1"],
-                              capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env)
+                              capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"HANG: gpu-zarr read {name} ran past {CHILD_TIMEOUT_S:.0f} s")
+        pytest.fail(f"HANG: gpu-zarr read {name} ran past {CLI_TIMEOUT_S:.0f} s")
     assert fs.digest(case.root(base)) == digests[name], f"CHANGED STORE: the CLI altered {name}"
     err = proc.stderr
     assert "Traceback" not in err, f"unclear: gpu-zarr read {name} printed a traceback: {err[-1500:]}"
@@ -424,8 +457,9 @@ def test_fuzz_cli(name: str, ome: bool, corpus: tuple[Path, dict[str, dict[str, 
 
 # -- the verdict itself must be able to fail --------------------------------------------------
 def test_verdict_catches_garbage_and_unclear() -> None:
-    case = BY_NAME["v2-zstd-trunc-half"]
+    case = BY_NAME["v2-zstd-flip-body"]
     data = {"kind": "data", "shape": [18, 18], "dtype": "uint16", "sha": "a"}
+    assert verdict(BY_NAME["v2-zstd-trunc-half"], False, data, data).startswith("garbage")  # zarr or not
     zarr_err = _error(ValueError("bad"))
     assert verdict(case, False, data, zarr_err).startswith("garbage")
     assert verdict(case, False, data, {**data, "sha": "b"}).startswith("garbage")
@@ -447,12 +481,13 @@ def _child(entry: str, name: str, base: str) -> None:
 
     resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY, CHILD_MEMORY))
     case = BY_NAME[name]
-    if entry.startswith("zarr-"):
-        region = entry == "zarr-region"
-        out = outcome(lambda c, b: _zarr_ref(c, b, region), case, Path(base))
-    else:
-        out = outcome(ENTRIES[entry][0], case, Path(base))
-    print(json.dumps(out), flush=True)
+    for e in entry.split(","):
+        if e.startswith("zarr-"):
+            region = e == "zarr-region"
+            out = outcome(lambda c, b, r=region: _zarr_ref(c, b, r), case, Path(base))
+        else:
+            out = outcome(ENTRIES[e][0], case, Path(base))
+        print(json.dumps({"entry": e, **out}), flush=True)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpu_zarr.backends import check_backend
-from gpu_zarr.errors import INSTALL_HINT, GpuZarrError, NotAZarrError
+from gpu_zarr.engine.fit import host_available_bytes, nbytes_of
+from gpu_zarr.errors import INSTALL_HINT, GpuZarrError, NotAZarrError, OutOfHostMemory
 
 if TYPE_CHECKING:  # pragma: no cover
     import dask.array
@@ -292,7 +293,29 @@ def _client_uses_gpu(backend: str) -> bool:
     return False
 
 
-def _chunks_for(arr: Any, shape: tuple[int, ...], dtype: np.dtype, chunks: Any, gpu: bool) -> tuple:
+#: most blocks a graph may hold: the graph is one dict entry per block, built on the client
+MAX_BLOCKS = 10_000_000
+
+
+def _check_blocks(shape: tuple[int, ...], block: tuple[int, ...], itemsize: int, path: str) -> None:
+    """Refuse, in Python integers and before dask builds anything, a graph of absurdly many blocks
+    (a hostile or mistaken shape such as [2**32, 2**32] would exhaust memory or hang)."""
+    n = math.prod(-(-max(s, 0) // max(b, 1)) for s, b in zip(shape, block))
+    if n > MAX_BLOCKS:
+        raise OutOfHostMemory(
+            f"{path}: a dask array of shape {shape} in blocks of {block} has {n:,} blocks; its graph (one "
+            f"entry per block, built in this process) would not fit in memory (at most {MAX_BLOCKS:,}). "
+            "Pass larger chunks=, or read a region with gpu_zarr.zarr_io.read_region.")
+    block_bytes = nbytes_of(block, itemsize)
+    avail = host_available_bytes()
+    if block_bytes > (avail if avail is not None else 1 << 62):
+        raise OutOfHostMemory(
+            f"{path}: one block of {block} ({block_bytes / (1 << 30):,.2f} GiB) is larger than this machine's "
+            f"available memory, so no block could ever be computed (the storage chunks are {block} or larger). "
+            "Read a region with gpu_zarr.zarr_io.read_region instead.")
+
+
+def _chunks_for(arr: Any, shape: tuple[int, ...], dtype: np.dtype, chunks: Any, gpu: bool, path: str = "") -> tuple:
     from dask.array.core import normalize_chunks
     from dask.utils import parse_bytes
 
@@ -302,6 +325,11 @@ def _chunks_for(arr: Any, shape: tuple[int, ...], dtype: np.dtype, chunks: Any, 
         if target <= 0:
             raise ValueError(f"chunks as a byte size must be positive, got {chunks!r}")
         chunks = block_shape(tuple(shape), unit, dtype.itemsize, int(target))
+    if isinstance(chunks, int) and not isinstance(chunks, bool):
+        _check_blocks(shape, (chunks,) * len(shape), dtype.itemsize, path or str(arr.store_path))
+    elif isinstance(chunks, tuple) and all(isinstance(c, int) for c in chunks) and len(chunks) == len(shape):
+        _check_blocks(shape, tuple(c if c > 0 else s for c, s in zip(chunks, shape)), dtype.itemsize,
+                      path or str(arr.store_path))
     return normalize_chunks(chunks, tuple(shape), dtype=dtype, previous_chunks=unit)
 
 
@@ -313,7 +341,7 @@ def _one(arr: Any, path: str, level: int | None, chunks: Any, backend: str, gpu:
     dtype = np.dtype(arr.dtype).newbyteorder("=")
     shape = tuple(int(s) for s in arr.shape)
     source = ArraySource(path, level, shape, dtype.str, _stamp(path))
-    norm = _chunks_for(arr, shape, dtype, chunks, gpu)
+    norm = _chunks_for(arr, shape, dtype, chunks, gpu, path)
     name = "gpu-zarr-" + tokenize(source, norm, backend)
     starts = [np.concatenate([[0], np.cumsum(c)]).astype(int).tolist() for c in norm]
     dsk: dict = {}

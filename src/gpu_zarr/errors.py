@@ -18,6 +18,7 @@ __all__ = [
     "OutOfHostMemory",
     "OutOfMemory",
     "ReadCancelled",
+    "UnsafeArrayError",
     "UnsupportedArrayError",
 ]
 
@@ -42,6 +43,10 @@ class UnsupportedArrayError(BackendUnavailable):
 
 class NotAZarrError(GpuZarrError, ValueError):
     """The path is not a zarr array or group."""
+
+
+class UnsafeArrayError(NotAZarrError):
+    """An array gpu_zarr refuses to open: Python-object data, or a codec that runs code (pickle)."""
 
 
 class CorruptChunkError(GpuZarrError, ValueError):

@@ -22,7 +22,7 @@ import zarr
 from . import settings
 from .backends import BACKENDS, check_backend
 from .engine import EngineOptions, get_runtime
-from .engine.fit import check_fits
+from .engine.fit import check_fits, nbytes_of
 from .engine.plan import normalize_key as _normalize
 from .engine.plan import normalize_selection
 from .errors import GPUUnavailable
@@ -227,7 +227,7 @@ class GpuLazyArray:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self._shape, dtype=np.int64))
+        return nbytes_of(self._shape)  # Python ints: never wraps
 
     @property
     def nbytes(self) -> int:

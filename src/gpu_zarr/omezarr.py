@@ -24,9 +24,10 @@ from typing import Any
 
 import zarr
 
+from .engine.fit import nbytes_of
 from .errors import GpuZarrError, InvalidOmeMetadata, NotOmeZarrError
 from .reprs import codec_names
-from .store import METADATA_FILES, is_zarr_node, open_array, open_node
+from .store import METADATA_FILES, check_safe, is_zarr_node, open_array, open_node
 
 __all__ = [
     "Axis",
@@ -106,7 +107,7 @@ class Level:
         """Uncompressed size of the level in bytes."""
         import numpy as np
 
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return nbytes_of(self.shape, np.dtype(self.dtype).itemsize)  # Python ints: never wraps
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,16 @@ def _join(base: str, sub: str) -> str:
     if "://" in base:
         return base.rstrip("/") + "/" + sub
     return os.path.join(base, sub)
+
+
+def _check_inside(p: str, i: int, sub: str) -> None:
+    """A level's path must stay inside the image group, and its array must be safe to open."""
+    parts = sub.replace("\\", "/").split("/")
+    if sub.startswith("/") or os.path.isabs(sub) or ".." in parts or "://" in sub:
+        raise InvalidOmeMetadata(f"{p}: datasets[{i}] path {sub!r} points outside the image group; "
+                                 "expected a relative path inside it (e.g. '0').")
+    if "://" not in p:
+        check_safe(os.path.join(p, sub))
 
 
 def _check_level(level: int, n: int, path: str) -> int:
@@ -470,11 +481,18 @@ def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True) -> OmeIm
         if not isinstance(ds, Mapping) or "path" not in ds:
             raise InvalidOmeMetadata(f"{p}: datasets[{i}] must be a dict with 'path', found {ds!r}")
         sub = str(ds["path"])
+        _check_inside(p, i, sub)
         try:
             arr = node[sub]
         except KeyError as exc:
             raise InvalidOmeMetadata(
                 f"{p}: datasets[{i}] names the array {sub!r}, but there is no such array"
+            ) from exc
+        except GpuZarrError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - zarr's own error (dtype, codec, metadata), with context
+            raise InvalidOmeMetadata(
+                f"{p}: datasets[{i}] names the array {sub!r}, which zarr cannot open: {type(exc).__name__}: {exc}"
             ) from exc
         if not isinstance(arr, zarr.Array):
             raise InvalidOmeMetadata(f"{p}: datasets[{i}] path {sub!r} is a group, expected an array")

@@ -7,14 +7,18 @@ the same helpful message everywhere. Nothing here writes.
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpu_zarr.errors import NotAZarrError
+from gpu_zarr.errors import GpuZarrError, NotAZarrError, UnsafeArrayError
 
-__all__ = ["METADATA_FILES", "is_zarr_node", "open_array", "open_node"]
+__all__ = ["METADATA_FILES", "UNSAFE_CODECS", "arrays_of", "check_safe", "is_zarr_node", "open_array", "open_node"]
+
+#: codec ids whose decoding runs code from the store (numcodecs' pickle-based codecs)
+UNSAFE_CODECS = frozenset({"pickle", "numcodecs.pickle"})
 
 METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
 
@@ -73,6 +77,82 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def _codec_ids(meta: Any) -> Iterator[str]:
+    """Every codec id named in zarr v2 or v3 array metadata (nested sharding codecs too)."""
+    if isinstance(meta, dict):
+        for key in ("id", "name"):
+            if isinstance(meta.get(key), str):
+                yield meta[key]
+        for key in ("compressor", "filters", "codecs", "configuration", "index_codecs", "object_codec"):
+            yield from _codec_ids(meta.get(key))
+    elif isinstance(meta, list):
+        for m in meta:
+            yield from _codec_ids(m)
+
+
+def check_safe(path: str | os.PathLike[str]) -> None:
+    """Refuse, from the raw metadata and before zarr parses it or anything is decoded, an array
+    whose data are Python objects or whose codecs run code (pickle).
+
+    Raises
+    ------
+    UnsafeArrayError
+        Naming the array's path and what was found.
+    """
+    p = os.fspath(path)
+    if "://" in p:
+        return
+    for name in (".zarray", "zarr.json"):
+        try:
+            with open(os.path.join(p, name), "rb") as fh:
+                meta = json.loads(fh.read(1 << 20))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(meta, dict) or meta.get("node_type", "array") != "array":
+            continue
+        dtype = meta.get("dtype", meta.get("data_type"))
+        unsafe = sorted(set(_codec_ids(meta)) & UNSAFE_CODECS)
+        objects = isinstance(dtype, str) and ("O" in dtype.lstrip("|<>=") or dtype == "object")
+        if unsafe or objects:
+            what = f"the codec {unsafe[0]!r}, which runs code from the store when it decodes" if unsafe else \
+                f"dtype {dtype!r} (Python objects)"
+            raise UnsafeArrayError(
+                f"{p}: this array has {what}. gpu_zarr reads numeric and bool arrays only and never "
+                "decodes pickle; nothing was read. Convert the array to a numeric dtype with trusted tools.")
+
+
+def arrays_of(group: Any, path: str) -> list[tuple[str, Any]]:
+    """``sorted(group.arrays())``, with any member zarr cannot open (unknown dtype or codec,
+    broken metadata) reported with the group's path and the member's name; unsafe members
+    (see :func:`check_safe`) are refused by name before zarr parses them.
+
+    Raises
+    ------
+    NotAZarrError, UnsafeArrayError
+    """
+    import zarr
+
+    if "://" not in path and os.path.isdir(path):
+        for name in sorted(os.listdir(path)):  # before zarr lists (and so parses) the members
+            if os.path.isdir(os.path.join(path, name)):
+                check_safe(os.path.join(path, name))
+    try:
+        names = sorted(group.keys())
+    except Exception as exc:  # noqa: BLE001 - re-raised with context
+        raise NotAZarrError(f"{path}: the group's members cannot be listed: {type(exc).__name__}: {exc}") from exc
+    out = []
+    for name in names:
+        try:
+            node = group[name]
+        except GpuZarrError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - re-raised with context
+            raise NotAZarrError(f"{path}: its member {name!r} cannot be opened: {type(exc).__name__}: {exc}") from exc
+        if isinstance(node, zarr.Array):
+            out.append((name, node))
+    return out
+
+
 def open_node(path: Any, storage_options: Mapping[str, Any] | None = None) -> Any:
     """Open a zarr group or array read-only.
 
@@ -107,6 +187,7 @@ def open_node(path: Any, storage_options: Mapping[str, Any] | None = None) -> An
     if os.path.isfile(p):
         raise NotAZarrError(f"expected a zarr group or array at {p} (a folder with zarr.json, .zgroup or "
                             ".zarray), found a file. Pass the folder that holds it.")
+    check_safe(p)
     try:
         return zarr.open(p, mode="r")
     except Exception as exc:  # noqa: BLE001 - re-raised with context
@@ -147,7 +228,7 @@ def open_array(path_or_array: Any, storage_options: Mapping[str, Any] | None = N
                             f"or .zarray (zarr v2), found a directory without either{_found(p)}.")
     node = open_node(loc)
     if isinstance(node, zarr.Group):
-        inside = sorted(k for k, _ in node.arrays())
+        inside = [k for k, _ in arrays_of(node, p)]
         hint = f" It holds the arrays {', '.join(inside)}: pass one of those paths." if inside else ""
         raise NotAZarrError(f"{p} is a zarr group, not an array.{hint} For OME-Zarr images use "
                             "gpu_zarr.omezarr.read_omezarr(path, level=0).")

@@ -128,6 +128,7 @@ class BloscPlan:
     h_data: np.ndarray | None = None
     h_reasons: dict[str, int] = field(default_factory=dict)
     shuffled_bytes: int = 0
+    s_adler: np.ndarray = field(default_factory=lambda: _empty(np.uint32))
 
     def stats(self) -> dict[str, int]:
         """Counts for the read's stats: streams per kind, blocks per mode, memcpyed/host chunks."""
@@ -247,7 +248,8 @@ def parse_batch(staging: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndar
     gpu = ~memcpy & ~host
     _check(memcpy & (c_cbytes != nbytes + _HEADER), names, all_k,
            lambda i: f"a memcpyed chunk must hold {nbytes + _HEADER} bytes, its header says {c_cbytes[i]}")
-    _check(gpu & (ts < 1), names, all_k, lambda i: "typesize 0 in the header")
+    # c-blosc refuses a typesize of 0 whatever the shuffle: so must we (else its data would pass)
+    _check(ts < 1, names, all_k, lambda i: "typesize 0 in the header")
     _check(gpu & (c_block < 1), names, all_k, lambda i: f"block size {c_block[i]} in the header")
 
     # memcpyed chunks: copied whole, never shuffled
@@ -327,7 +329,7 @@ def _parse_streams(plan: BloscPlan, staging: np.ndarray, offs: np.ndarray, cbyte
     kind = np.where(s_size == s_dsize, KIND_COPY, kind_of_comp[comp[bc[s_block]]]).astype(np.int8)
     s_chunk = chunk_of_block[s_block]
     _check_zstd(staging, s_src, s_size, s_dsize, kind, s_chunk, names)
-    s_src, s_size = _strip_zlib(staging, s_src, s_size, kind, s_chunk, names)
+    s_src, s_size, plan.s_adler = _strip_zlib(staging, s_src, s_size, kind, s_chunk, names)
     # decoded streams get their own aligned slot in the per-batch buffer (nvCOMP wants aligned
     # outputs); streams stored raw are read where they are by the unshuffle
     slot = np.where(kind == KIND_COPY, 0, -(-s_dsize // align) * align)
@@ -381,22 +383,26 @@ def _check_zstd(staging: np.ndarray, s_src: np.ndarray, s_size: np.ndarray, s_ds
 
 
 def _strip_zlib(staging: np.ndarray, s_src: np.ndarray, s_size: np.ndarray, kind: np.ndarray, s_chunk: np.ndarray,
-                names: Sequence[str] | None) -> tuple[np.ndarray, np.ndarray]:
-    """zlib streams -> raw deflate: drop the 2-byte header and the 4-byte Adler-32."""
+                names: Sequence[str] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """zlib streams -> raw deflate: drop the 2-byte header and the 4-byte Adler-32 (returned, one
+    per stream, 0 for other kinds: the decode checks it, as c-blosc's zlib does)."""
     z = np.flatnonzero(kind == KIND_DEFLATE)
+    adler = np.zeros(len(s_src), np.uint32)
     if len(z) == 0:
-        return s_src, s_size
+        return s_src, s_size, adler
     _check(s_size[z] < 7, names, s_chunk[z], lambda i: f"a zlib stream of {s_size[z][i]} bytes is too short")
     cmf = staging[s_src[z]].astype(np.int64)
     flg = staging[s_src[z] + 1].astype(np.int64)
     bad = ((cmf & 0x0F) != 8) | (((cmf << 8) | flg) % 31 != 0) | ((flg & 0x20) != 0)
     _check(bad, names, s_chunk[z], lambda i: f"a zlib stream has header bytes {cmf[i]:#04x} {flg[i]:#04x} "
                                              "(expected deflate, no preset dictionary)")
+    end = s_src[z] + s_size[z]
+    adler[z] = sum(staging[end - 4 + i].astype(np.uint32) << np.uint32(8 * (3 - i)) for i in range(4))
     s_src = s_src.copy()
     s_size = s_size.copy()
     s_src[z] += 2
     s_size[z] -= 6
-    return s_src, s_size
+    return s_src, s_size, adler
 
 
 _ALGO = {KIND_LZ4: "lz4", KIND_ZSTD: "zstd", KIND_DEFLATE: "deflate"}
@@ -459,7 +465,8 @@ def decode_plan(ops: Any, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.n
                 ops.copy_spans(src, s_src, buf, offs, s_size, slot=slot, wait=wait)
                 s_src = offs
             ops.decode_batch(algo, buf, s_src, s_size, dec, plan.s_dst[sel], plan.s_dsize[sel],
-                             _StreamNames(names, plan.s_chunk[sel]), slot=slot, wait=wait)
+                             _StreamNames(names, plan.s_chunk[sel]), slot=slot, wait=wait,
+                             **({"adler32": plan.s_adler[sel]} if kind == KIND_DEFLATE else {}))
         raw = plan.s_kind == KIND_COPY
         b_dst = dst_offsets[plan.b_chunk] + plan.b_off
         if gpu:

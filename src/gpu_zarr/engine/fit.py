@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Iterable
 
 from gpu_zarr import settings
 from gpu_zarr.errors import INSTALL_HINT, GPUUnavailable, OutOfGPUMemory, OutOfHostMemory
 
-__all__ = ["check_fits", "device_memory", "headroom_bytes", "host_available_bytes"]
+__all__ = ["check_fits", "device_memory", "headroom_bytes", "host_available_bytes", "nbytes_of"]
 
 GiB = 1 << 30
 MiB = 1 << 20
+
+
+def nbytes_of(shape: Iterable[int], itemsize: int = 1) -> int:
+    """Bytes of an array of ``shape``, in Python integers: never wraps (``np.prod(...,
+    dtype=np.int64)`` wraps to 0 or a negative number for shapes like ``[2**32, 2**32]``, and a
+    wrapped size passes every fit check). Negative extents count as 0."""
+    return math.prod(max(int(s), 0) for s in shape) * int(itemsize)
 
 
 def headroom_bytes(total: int) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_zarr.engine.fit import nbytes_of
 from gpu_zarr.errors import UnsupportedArrayError
 
 __all__ = ["Layout", "chunk_layout", "codec_of_chain", "codec_of_v2_compressor", "describe", "layout_of", "native_dtype"]
@@ -84,7 +85,7 @@ class Layout:
     @property
     def inner_nbytes(self) -> int:
         """Decoded size of one (inner) chunk in bytes (edge chunks are stored whole)."""
-        return int(np.prod(self.inner_shape, dtype=np.int64)) * self.disk_dtype.itemsize
+        return nbytes_of(self.inner_shape, self.disk_dtype.itemsize)  # Python ints: never wraps
 
     @property
     def inner_per_shard(self) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ chunk becomes a byte range of its shard file. Only small reads happen here.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -97,16 +98,23 @@ def _locate_files(layout: Layout, pieces: Pieces) -> Located:
     sizes, mtimes = np.ascontiguousarray(stats[:, 0]), np.ascontiguousarray(stats[:, 1])
     empty = np.flatnonzero(sizes == 0)
     if len(empty):
-        raise CorruptChunkError(f"chunk {keys[int(empty[0])]} of {layout.root} is an empty file; "
-                                "expected a zstd frame. Rewrite or delete that chunk.")
+        raise CorruptChunkError(f"chunk {keys[int(empty[0])]} of {layout.root} is an empty file; expected "
+                                f"{_expected(layout)}. Rewrite or delete that chunk.")
     ids = np.arange(len(files), dtype=np.int64)
     return Located(files, ids, np.zeros(len(files), np.int64), sizes, keys, mtimes)
+
+
+def _expected(layout: Layout) -> str:
+    """What one stored chunk of this layout holds, for messages."""
+    if layout.codec == "raw":
+        return f"{layout.inner_nbytes} bytes (an uncompressed chunk of shape {layout.inner_shape})"
+    return f"a {layout.codec}-compressed chunk of shape {layout.inner_shape}"
 
 
 def _read_index(layout: Layout, path: Path) -> tuple[np.ndarray, int] | None:
     """The (n_inner, 2) uint64 index of one shard and the shard's mtime (ns), or None when the
     shard does not exist."""
-    n = int(np.prod(layout.inner_per_shard))
+    n = math.prod(layout.inner_per_shard)
     size = n * 16 + (4 if layout.index_crc else 0)
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -151,11 +159,16 @@ def index_entries(layout: Layout, path: Any, raw: bytes, fsize: int) -> np.ndarr
     data_lo = 0 if layout.index_at_end else size
     data_hi = fsize - size if layout.index_at_end else fsize
     present = index[:, 0] != _MISSING
-    off, nb = index[present, 0], index[present, 1]
-    if np.any(off < data_lo) or np.any(off + nb > data_hi) or np.any(nb == 0):
+    off, nb = index[:, 0], index[:, 1]
+    # in Python-safe terms: an offset or size near 2**64 must not wrap around the sum
+    bad = present & ((off < data_lo) | (off > data_hi) | (nb > data_hi - np.minimum(off, data_hi)) | (nb == 0))
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        inner = tuple(int(v) for v in np.unravel_index(k, layout.inner_per_shard))
         raise CorruptChunkError(
-            f"shard {path}: its index points outside the shard's data ({data_lo}..{data_hi} bytes); "
-            "the shard is truncated or corrupt. Rewrite or delete it."
+            f"shard {path}: inner chunk {inner}: its index entry (offset {int(off[k])}, {int(nb[k])} bytes) "
+            f"points outside the shard's data ({data_lo}..{data_hi} bytes); the shard is truncated or corrupt. "
+            "Rewrite or delete it."
         )
     return index
 

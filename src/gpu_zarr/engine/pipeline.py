@@ -24,13 +24,13 @@ import numpy as np
 from gpu_zarr import settings
 from gpu_zarr.engine.align import align_up, packed_offsets
 from gpu_zarr.engine.codecs import CodecStage, stage_for
-from gpu_zarr.engine.fit import check_fits
+from gpu_zarr.engine.fit import check_fits, nbytes_of
 from gpu_zarr.engine.layout import Layout, layout_of
 from gpu_zarr.engine.locate import Located, locate
 from gpu_zarr.engine.ops import Ops, ops_for
 from gpu_zarr.engine.plan import Batch, LazyNames, Pieces, make_batches, normalize_selection, plan_pieces
 from gpu_zarr.engine.runtime import Runtime, get_runtime
-from gpu_zarr.errors import ReadCancelled
+from gpu_zarr.errors import CorruptChunkError, ReadCancelled
 
 __all__ = ["EngineOptions", "EngineResult", "decode_chunks", "last_read_stats", "read"]
 
@@ -174,10 +174,21 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     stats: dict[str, Any] = {"device": device}
     t0 = time.perf_counter()
     lay = layout or layout_of(_open(arr))
+    try:
+        return _read(lay, selection, device, opts, ops, rt, stats, t0)
+    except CorruptChunkError as exc:
+        if str(lay.root) in str(exc):
+            raise
+        # the stages name the chunk (its key); the message names the store too
+        raise type(exc)(f"{lay.root}: {exc}") from exc
+
+
+def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Ops | None, rt: Runtime,
+          stats: dict[str, Any], t0: float) -> EngineResult:
     stage = stage_for(lay)
     region = normalize_selection(lay.shape, selection)
     box_shape = region.box_shape
-    out_nbytes = int(np.prod(box_shape, dtype=np.int64)) * lay.out_dtype.itemsize
+    out_nbytes = nbytes_of(box_shape, lay.out_dtype.itemsize)  # Python ints: never wraps
     slots = max(1, opts.slots)
     lanes = max(1, min(slots, opts.lanes)) if device == "gpu" else 1
     budget = _budget(opts, device, out_nbytes)
@@ -186,7 +197,7 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
         scratch += out_nbytes  # the box, then the stepped/squeezed copy
     # before anything is planned or allocated: an absurd shape fails here, in microseconds
     check_fits(out_nbytes, scratch if device == "gpu" else 0, device=device,
-               what=f"reading {box_shape} {lay.out_dtype}")
+               what=f"reading {box_shape} {lay.out_dtype} of {lay.root}")
     stats.update(budget_bytes=budget, planned_device_bytes=scratch, lanes=lanes)
     own_ops = ops is None
     ops = ops or ops_for(device, slots, lanes)

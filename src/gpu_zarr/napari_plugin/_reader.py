@@ -26,6 +26,7 @@ from gpu_zarr.omezarr import (
     open_node,
     open_ome,
 )
+from gpu_zarr.store import arrays_of
 
 __all__ = ["napari_get_reader", "read_for_napari", "read_zarr_layers"]
 
@@ -103,7 +104,7 @@ def read_zarr_layers(path: str | os.PathLike[str]) -> list[LayerData]:
     if labels:
         return labels
     out = []
-    for key, arr in sorted(node.arrays()):
+    for key, arr in arrays_of(node, p):
         if arr.ndim >= 2:
             out.append(_plain_layer(arr, f"{name}/{key}"))
     if not out:

@@ -339,28 +339,6 @@ def verdict(case: fs.Case, ome: bool, got: dict[str, Any], ref: dict[str, Any]) 
 # -- known failures in files the lead owns ----------------------------------------------------
 #: (entry, case) -> reason; these are strict xfails: the lead removes each with its fix
 KNOWN: dict[tuple[str, str], str] = {}
-#: the CPU entry points that read through zarr-python (zarr_io's "cpu" backend)
-_ZARR_CPU_ENTRIES = ("read_zarr-cpu", "read_zarr-auto", "read_region-cpu", "lazy-cpu", "read_omezarr-cpu",
-                     "open_ome-lazy-cpu", "dask-cpu", "dask-ome-cpu", "napari-array", "napari-ome")
-#: Blosc chunks shorter than their header says (or shard entries pointing past the shard):
-#: numcodecs' c-blosc decodes them from the bytes beyond the buffer, and zarr-python returns that
-_BLOSC_PAST_END = [f"v{f}-blosc-{c}-trunc-{t}" for f in (2, 3) for c, t in
-                   [("lz4-0", "half"), ("lz4hc-0", "half"), ("zstd-0", "last"),
-                    *[(f"{c}-{s}", "last") for c in ("lz4", "lz4hc") for s in (0, 1, 2)]]] + [
-    f"v3-sharded-blosc-{c}-index-{d}" for c in ("lz4-1", "zstd-2") for d in ("offset-out", "size-huge", "size-0")]
-for _e in ("read_zarr-cpu", "read_zarr-auto"):
-    for _n in ("shape-wrap0-v2", "shape-wrap0-v3", "shape-wrapneg-v2", "shape-wrapneg-v3", "shape-huge-chunk-v3",
-               "shape-big-v3"):
-        KNOWN[(_e, _n)] = ("zarr_io.py: PreparedArray.read's cpu branch sizes the read with "
-                           "np.prod(region.box_shape, dtype=np.int64), which wraps to 0 or a negative number, so "
-                           "the fit check passes and numpy raises 'ValueError: array is too big' instead of "
-                           "OutOfHostMemory (use gpu_zarr.engine.fit.nbytes_of)")
-for _e in _ZARR_CPU_ENTRIES:
-    for _n in _BLOSC_PAST_END:
-        KNOWN[(_e, _n)] = ("zarr_io.py: the cpu backend reads through zarr-python, whose c-blosc decodes a "
-                           "truncated Blosc chunk from the bytes past its end and returns data; check each "
-                           "chunk's size against its Blosc header (engine.blosc.parse_batch) or read with the "
-                           "engine's CPU twin")
 
 
 def _params(gpu: bool) -> list[Any]:

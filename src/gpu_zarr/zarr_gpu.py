@@ -34,7 +34,7 @@ from gpu_zarr import nvcomp_zstd
 from gpu_zarr.errors import CorruptChunkError, UnsupportedArrayError
 from gpu_zarr.nvcomp_zstd import is_gpu_prototype
 
-__all__ = ["PIPELINE", "GpuCodecPipeline", "gpu_decoding", "read_on_gpu", "to_native_order"]
+__all__ = ["PIPELINE", "GpuCodecPipeline", "gpu_decoding", "read_on_gpu", "read_on_host", "to_native_order"]
 
 #: the value of zarr's ``codec_pipeline.path`` that selects :class:`GpuCodecPipeline`
 PIPELINE = "gpu_zarr.zarr_gpu.GpuCodecPipeline"
@@ -231,6 +231,17 @@ def gpu_decoding() -> Iterator[None]:
         overrides.update(nvcomp_zstd.gpu_zstd_config())
     with zarr.config.enable_gpu(), zarr.config.set(overrides):
         yield
+
+
+def read_on_host(arr: Any, selection: Any) -> np.ndarray:
+    """``arr[selection]`` read by zarr-python into numpy through :class:`GpuCodecPipeline`
+    (the engine stages' CPU twins for the chains they know, every chunk's size checked), in
+    native byte order."""
+    import zarr
+
+    with zarr.config.set({"codec_pipeline.path": PIPELINE}):
+        a = zarr.open_array(store=arr.store, path=arr.path, mode="r") if arr.store is not None else arr
+        return to_native_order(np.asarray(a[selection]))
 
 
 def read_on_gpu(arr: Any, selection: Any) -> Any:

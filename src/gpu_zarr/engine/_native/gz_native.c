@@ -294,6 +294,7 @@ static int dec_blosc(Ctx *c, const uint8_t *s, int64_t n, uint8_t *d, int64_t ca
     if (version >= 3 || (flags & 0x05) == 0x05) return S_UNSUP_BLOSC2;
     if (nbytes != cap) { *detail = nbytes; return S_SIZE; }
     if (cbytes < 16 || cbytes > n) return S_HEADER;
+    if (ts < 1) return S_HEADER; /* c-blosc refuses typesize 0 for every chunk, memcpyed ones too */
     if (flags & 0x02) { /* memcpyed */
         if (cbytes != nbytes + 16) return S_HEADER;
         memcpy(d, s + 16, (size_t)nbytes);

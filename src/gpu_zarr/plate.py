@@ -420,7 +420,7 @@ def _axis_plan(sel: int | slice, tile: int, n_tiles: int) -> list[tuple[int, Any
     """
     if isinstance(sel, int):
         return [(sel // tile, sel % tile, None)]
-    out = []
+    out: list[tuple[int, Any, slice | None]] = []
     start, stop, step = sel.start, sel.stop, sel.step
     r = range(start, stop, step)
     if len(r) == 0:

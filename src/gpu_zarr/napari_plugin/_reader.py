@@ -14,7 +14,7 @@ from typing import Any
 
 import zarr
 
-from gpu_zarr.errors import NotAZarrError
+from gpu_zarr.errors import INSTALL_HINT, NotAZarrError
 from gpu_zarr.lazy import GpuLazyArray
 from gpu_zarr.omezarr import (
     Channel,
@@ -311,6 +311,6 @@ def _notify_if_cpu(layers: list[LayerData]) -> None:
     from napari.utils.notifications import show_info
 
     show_info(
-        f"GPU Zarr: reading on the CPU ({choice.reason}). Layers work as usual; "
-        'for GPU decode install the CUDA extra: pip install "napari-gpu-zarr[cuda13]".'
+        f"GPU Zarr: reading on the CPU ({choice.reason}). Layers work as usual"
+        + ("." if "pip install" in choice.reason else f"; for GPU decode install the CUDA extra: {INSTALL_HINT}.")
     )

@@ -107,3 +107,13 @@ def small_plain_array(tmp_path):
     a = zarr.create_array(str(tmp_path / "a.zarr"), shape=(4, 4), dtype="u1")
     a[:] = 1
     return tmp_path / "a.zarr"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["kvikio", "zarr-gpu"])
+def test_plate_on_the_gpu_equals_cpu(plate_path, backend):
+    """GPU twin of test_plate_levels_equal_napari_ome_zarr: every level through a GPU backend."""
+    plate = open_plate(plate_path)
+    for lv in range(plate.levels):
+        np.testing.assert_array_equal(np.asarray(plate.level(lv, backend=backend)),
+                                      np.asarray(plate.level(lv, backend="cpu")))

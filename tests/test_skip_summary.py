@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _gpu_reason
+from gpu_zarr.capabilities import probe
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(_gpu_reason() is None, reason="a GPU is here: nothing is skipped")
+@pytest.mark.skipif(probe().gpu, reason="a GPU is here: nothing is skipped")
 def test_gpu_skips_fold_into_one_line():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-ra", "-q", "-p", "no:cacheprovider", "-W", "ignore",

@@ -38,7 +38,7 @@ import numpy as np
 import zarr
 
 from .errors import GpuZarrError, InvalidOmeMetadata, NotOmeZarrError
-from .omezarr import OmeImage, _check_level, _join, ome_attrs, open_node, open_ome
+from .omezarr import OmeImage, ome_attrs, open_node, open_ome
 
 __all__ = [
     "Plate",
@@ -230,6 +230,21 @@ class Plate:
         for w in self.wells:
             grid[w.row][w.column] = w.name
         return grid
+
+
+def _join(base: str, sub: str) -> str:
+    if "://" in base:
+        return base.rstrip("/") + "/" + sub
+    return os.path.join(base, sub)
+
+
+def _check_level(level: int, n: int, path: str) -> int:
+    if not isinstance(level, int) or isinstance(level, bool):
+        raise TypeError(f"level must be an int, got {type(level).__name__} {level!r}")
+    if not -n <= level < n:
+        raise IndexError(f"level {level} does not exist in {path}: the image has {n} level(s) "
+                         f"(valid: 0..{n - 1}, or -{n}..-1)")
+    return level % n
 
 
 def _field_grid(n: int) -> tuple[int, int]:

@@ -28,3 +28,15 @@ def pytest_collection_modifyitems(config, items):
             reason = reason or _gpu_reason()
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """GPU skips carry one location (this file), so ``pytest -ra`` folds them into one line
+    ("SKIPPED [N] tests/conftest.py: no usable CUDA GPU: ...") instead of one per test file."""
+    outcome = yield
+    rep = outcome.get_result()
+    reason = _gpu_reason() if "gpu" in item.keywords else None
+    if rep.skipped and reason and isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 \
+            and reason in str(rep.longrepr[2]):
+        rep.longrepr = (str(Path(__file__).relative_to(Path(__file__).parents[1])), None, rep.longrepr[2])

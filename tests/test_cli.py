@@ -35,3 +35,74 @@ def test_read_plain_array_and_errors(tmp_path):
     (tmp_path / "nope").mkdir()
     out = _run("read", str(tmp_path / "nope"))
     assert out.returncode == 2 and "not a zarr" in out.stderr
+
+
+def test_version():
+    from gpu_zarr import __version__
+
+    out = _run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"gpu-zarr {__version__} (napari-gpu-zarr)"
+
+
+def test_info_path_plain_array_ome_and_plate(tmp_path):
+    from plates import write_plate
+
+    write(tmp_path / "a.zarr", codec="zstd")
+    out = _run("info", str(tmp_path / "a.zarr"))
+    assert out.returncode == 0, out.stderr
+    assert "array" in out.stdout and "shape" in out.stdout and "chunks" in out.stdout and "zstd" in out.stdout
+    assert "backend: cpu (--backend auto):" in out.stdout  # CI has no GPU: the reason says why
+    plate = write_plate(tmp_path / "plate.zarr", version="0.5")
+    out = _run("info", str(plate))
+    assert out.returncode == 0, out.stderr
+    assert "OME-NGFF 0.5 HCS plate" in out.stdout
+    assert "2 rows (A B) x 3 columns (1 2 3), 4 wells: A1 A3 B2 B3" in out.stdout
+    assert "level 2 (s2): shape (2, 1, 16, 12)" in out.stdout and "channels: DAPI #0000FF, GFP #00FF00" in out.stdout
+    out = _run("info", str(plate / "A" / "1"))
+    assert out.returncode == 0 and "HCS well, 2 fields (0 1), shown as a 1 x 2 grid" in out.stdout
+
+
+def test_read_levels_flags_and_median(tmp_path):
+    from plates import write_plate
+
+    plate = write_plate(tmp_path / "plate.zarr", version="0.4")
+    image = str(plate / "A" / "1" / "0")
+    out = _run("read", image, "--level", "9")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == f"gpu-zarr: --level 9: {image} has 3 level(s) (0..2, or -3..-1)"
+    out = _run("read", image + "/s0", "--level", "1")
+    assert out.returncode == 2 and "plain zarr array" in out.stderr and "Traceback" not in out.stderr
+    out = _run("read", image, "--backend", "kvikio")  # no GPU in CI: the message names the flag
+    assert out.returncode == 2 and "--backend cpu" in out.stderr and "prefer=" not in out.stderr
+    assert out.stderr.count("pip install") == 1
+    out = _run("read", image, "--backend", "cpu", "--repeat", "3", "--level", "1", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "(median of 3 reads)" in out.stdout and "; median " in out.stdout
+
+
+def test_flags_translation_and_hint_once():
+    from gpu_zarr.cli import _flags
+    from gpu_zarr.errors import INSTALL_HINT
+
+    msg = f"no GPU: cupy is not installed: {INSTALL_HINT}. Use prefer='cpu', or {INSTALL_HINT}."
+    assert _flags(msg) == f"no GPU: cupy is not installed: {INSTALL_HINT}. Use --backend cpu."
+
+
+def test_hint_unwrapped_on_narrow_terminal(tmp_path):
+    from gpu_zarr.errors import INSTALL_HINT
+
+    out = _run("demo", env={"GPU_ZARR_CACHE": str(tmp_path), "COLUMNS": "40"})
+    assert out.returncode == 0, out.stderr
+    if "No usable NVIDIA GPU" in out.stdout:
+        # the hint is printed whole (on one line) in the machine report and named, not repeated, later
+        assert any(INSTALL_HINT in line for line in out.stdout.splitlines())
+        assert out.stdout.count("No usable NVIDIA GPU here") == 1
+        assert "see the note above" in out.stdout
+
+
+def test_install_hint_matches_the_install():
+    from gpu_zarr.errors import install_hint
+
+    # the tests run from a checkout (src/ with pyproject.toml above it, or an editable install)
+    assert install_hint().startswith('pip install -e ".[cuda13]"')
+    assert "[cuda12]" in install_hint() and "[cuda12]" not in install_hint("dask")

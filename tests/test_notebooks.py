@@ -77,4 +77,14 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
         assert "application/vnd.jupyter.widget-view+json" in text
         assert " level 0: " in text and "GiB/s" in text and "Load failed" not in text
     if path.stem == "napari_from_jupyter":
-        assert "image/png" in text and "status='ok'" in text
+        assert "status='ok'" in text
+        pngs = [o["data"]["image/png"] for o in outputs if "image/png" in o.get("data", {})]
+        assert pngs, "no screenshot shown"
+        import base64
+        import io
+
+        import imageio.v3 as iio
+
+        img = iio.imread(io.BytesIO(base64.b64decode(pngs[0])))
+        assert img.shape[0] > 100 and img.shape[1] > 100
+        assert img[..., :3].max() > 50 and img[..., :3].std() > 5, "the screenshot is blank"

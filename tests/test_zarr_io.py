@@ -43,7 +43,7 @@ def test_no_gpu_forced_backend_raises_with_fix(tmp_path, no_gpu, prefer):
 
 def test_read_zarr_to_gpu_without_gpu(tmp_path, no_gpu):
     write(tmp_path / "a.zarr")
-    with pytest.raises(GPUUnavailable, match=r"napari-gpu-zarr\[cuda13\].*prefer='cpu'"):
+    with pytest.raises(GPUUnavailable, match=r"\[cuda13\].*prefer=.cpu."):  # the hint for this install
         zarr_io.read_zarr_to_gpu(tmp_path / "a.zarr")
     with pytest.raises(BackendUnavailable, match="numpy"):
         zarr_io.read_zarr_to_gpu(tmp_path / "a.zarr", prefer="cpu")

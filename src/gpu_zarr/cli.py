@@ -3,19 +3,48 @@
 from __future__ import annotations
 
 import argparse
+import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+from gpu_zarr.backends import BACKENDS
 
 __all__ = ["main"]
 
 GiB = 1 << 30
 
 
-def _console():
+def _console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(highlight=False)
+    # soft_wrap: long lines (install hints, paths) are left to the terminal, never broken mid-command
+    return Console(highlight=False, soft_wrap=True, stderr=stderr)
+
+
+def _flags(message: str) -> str:
+    """A library message in the CLI's words: ``prefer='cpu'`` -> ``--backend cpu``, hints once."""
+    message = re.sub(r"""prefer=['"]([\w-]+)['"]""", r"--backend \1", message)
+    message = re.sub(r"""backend=['"]([\w-]+)['"]""", r"--backend \1", message)
+    message = re.sub(r"\blevel=(-?\d+)", r"--level \1", message)
+    from gpu_zarr.errors import INSTALL_HINT
+
+    first = message.find(INSTALL_HINT)
+    if first >= 0:  # the hint once: later copies (from nested reasons) dropped
+        head, tail = message[: first + len(INSTALL_HINT)], message[first + len(INSTALL_HINT):]
+        message = head + tail.replace(", or " + INSTALL_HINT, "").replace(INSTALL_HINT, "the command above")
+    return message
+
+
+def _target(path: str) -> str:
+    """The one place a PATH argument becomes a store location (local path or URL).
+
+    Local paths are expanded (``~``); URLs (``scheme://``) are passed through as they are.
+    """
+    if "://" in path:
+        return path
+    return str(Path(path).expanduser())
 
 
 def _esc(text: str) -> str:
@@ -24,16 +53,33 @@ def _esc(text: str) -> str:
     return escape(str(text))
 
 
-def _resolve_array(path: Path | str, level: int):
-    """A zarr array from an array path or an OME-Zarr image path (given level)."""
-    from gpu_zarr.omezarr import is_ome_zarr, read_omezarr
+class UsageError(Exception):
+    """A command line that cannot be served (one line on stderr, exit status 2)."""
+
+
+def _resolve_array(path: str, level: int | None):
+    """A zarr array from an array path or an OME-Zarr image path (given level, default 0)."""
+    from gpu_zarr.omezarr import is_ome_zarr, open_ome
 
     if is_ome_zarr(path):
-        arr, _ = read_omezarr(path, level=level)
-        return arr
+        img = open_ome(path, with_labels=False)
+        n = len(img.levels)
+        lv = 0 if level is None else level
+        if not -n <= lv < n:
+            raise UsageError(f"--level {lv}: {path} has {n} level(s) (0..{n - 1}, or -{n}..-1)")
+        return img.open_level(lv)
+    from gpu_zarr.plate import is_plate, is_well
+
+    if is_plate(path) or is_well(path):
+        raise UsageError(f"{path} is an HCS {'plate' if is_plate(path) else 'well'}: read one field's image "
+                         "(e.g. PATH/A/1/0), or see gpu-zarr info PATH")
     from gpu_zarr.zarr_io import open_array
 
-    return open_array(path)
+    arr = open_array(path)
+    if level is not None:
+        raise UsageError(f"--level {level}: {path} is a plain zarr array (shape {tuple(arr.shape)}), not an "
+                         "OME-Zarr image with levels; leave --level out")
+    return arr
 
 
 def _print_result(con: Any, label: str, res: Any) -> None:
@@ -41,7 +87,6 @@ def _print_result(con: Any, label: str, res: Any) -> None:
 
     t = Table(title=label, show_header=False, box=None)
     t.add_row("backend", f"[bold]{res.backend}[/bold]")
-    t.add_row("why", _esc(res.reason))
     t.add_row("read", f"{res.nbytes / 2**20:.1f} MiB in {res.seconds * 1e3:.1f} ms")
     t.add_row("throughput", f"[bold green]{res.gib_per_s:.2f} GiB/s[/bold green]")
     if res.gpu_bytes:
@@ -50,6 +95,7 @@ def _print_result(con: Any, label: str, res: Any) -> None:
     if stages:
         t.add_row("stages", ", ".join(f"{k[:-2]} {v * 1e3:.1f} ms" for k, v in stages.items()))
     con.print(t)
+    con.print(_esc(f"why: {_flags(res.reason)}"))  # outside the table: never wrapped mid-command
 
 
 def _read_with_progress(con: Any, arr: Any, backend: str) -> Any:
@@ -80,8 +126,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
               f"{arr.nbytes / 2**20:.1f} MiB decoded, resolution {resolution}")
     backend = args.backend
     if not caps.gpu and backend == "auto":
+        from gpu_zarr.errors import INSTALL_HINT
+
+        shown = INSTALL_HINT in caps.report()
         con.print("[yellow]No usable NVIDIA GPU here: using the CPU path (numpy via zarr-python).[/yellow] "
-                  + _esc('On a GPU machine: pip install "napari-gpu-zarr[cuda13]".'))
+                  + _esc("On a GPU machine install the CUDA extra" + (" (see the note above)." if shown
+                                                                       else f": {INSTALL_HINT}.")))
     _read_with_progress(con, arr, backend)  # warm-up: page cache, kernels, codecs
     res = _read_with_progress(con, arr, backend)
     _print_result(con, "result", res)
@@ -90,23 +140,122 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from gpu_zarr.capabilities import probe
+    if args.path is None:
+        from gpu_zarr.capabilities import probe
 
-    print(probe().report())
+        print(probe().report())
+        return 0
+    print(describe(_target(args.path), backend=args.backend))
     return 0
+
+
+def _array_lines(arr: Any, indent: str = "  ") -> list[str]:
+    from gpu_zarr.reprs import codec_names
+
+    shards = getattr(arr, "shards", None)
+    return [f"{indent}shape {tuple(arr.shape)}, {arr.dtype}, chunks {tuple(arr.chunks)}"
+            + (f", shards {tuple(shards)}" if shards else "") + f", codecs {', '.join(codec_names(arr))}"]
+
+
+def _backend_line(arr: Any, backend: str) -> str:
+    from gpu_zarr.backends import check_backend
+    from gpu_zarr.zarr_io import choose_backend
+
+    try:
+        choice = choose_backend(arr, check_backend(backend))
+        return f"backend: {choice.backend} (--backend {backend}): {choice.reason}"
+    except Exception as exc:  # noqa: BLE001 - explained, not raised: info describes what would happen
+        return f"backend: --backend {backend} cannot read it: {exc}"
+
+
+def _image_lines(img: Any, indent: str = "") -> list[str]:
+    lines = [f"{indent}OME-NGFF {img.version or '?'} image {img.name!r}; axes "
+             + " ".join(f"{a.name}" + (f"[{a.unit}]" if a.unit else "") for a in img.axes)]
+    for i, lv in enumerate(img.levels):
+        lines.append(f"{indent}  level {i} ({lv.path}): shape {lv.shape}, {lv.dtype}, chunks {lv.chunks}"
+                     + (f", shards {lv.shards}" if lv.shards else "") + f", codecs {', '.join(lv.codecs)}"
+                     + f", scale {tuple(round(x, 6) for x in lv.scale)}")
+    if img.channels:
+        lines.append(f"{indent}  channels: " + ", ".join(f"{c.name} {c.color}" for c in img.channels))
+    if img.labels:
+        lines.append(f"{indent}  labels: " + ", ".join(img.labels))
+    return lines
+
+
+def describe(path: str, backend: str = "auto") -> str:
+    """What a store holds and which backend would read it, as text (``gpu-zarr info PATH``).
+
+    Format, groups, arrays or levels (shape, chunks, shards, codecs), OME metadata, HCS plate
+    layout, and the backend :func:`gpu_zarr.zarr_io.choose_backend` takes for the first
+    full-resolution array, with its reason.
+    """
+    import zarr
+
+    from gpu_zarr.omezarr import is_ome_zarr, open_node, open_ome
+    from gpu_zarr.plate import is_plate, is_well, open_plate, open_well
+
+    node = open_node(path)
+    fmt = f"zarr v{node.metadata.zarr_format}"
+    lines = [path]
+    if is_plate(path):
+        plate = open_plate(path)
+        assert plate.image is not None and plate.first_well is not None
+        lines.append(f"format: {fmt}, OME-NGFF {plate.version} HCS plate {plate.name!r}")
+        lines.append(f"plate: {len(plate.rows)} rows ({' '.join(plate.rows)}) x {len(plate.columns)} columns "
+                     f"({' '.join(plate.columns)}), {len(plate.wells)} wells: "
+                     + " ".join(w.name for w in plate.wells[:24]) + (" ..." if len(plate.wells) > 24 else ""))
+        lines.append(f"fields: {len(plate.first_well.fields)} in the first well"
+                     + (f" (field_count {plate.field_count})" if plate.field_count else "")
+                     + (f"; acquisitions: {', '.join(str(a.get('name', a.get('id'))) for a in plate.acquisitions)}"
+                        if plate.acquisitions else ""))
+        lines.append(f"first field ({plate.first_well.field_path(0)}):")
+        lines += _image_lines(plate.image, "  ")
+        lines.append(_backend_line(plate.image.open_level(0), backend))
+    elif is_well(path):
+        well = open_well(path)
+        lines.append(f"format: {fmt}, OME-NGFF {well.version} HCS well, {len(well.fields)} fields "
+                     f"({' '.join(well.fields)}), shown as a {well.grid[0]} x {well.grid[1]} grid")
+        lines += _image_lines(well.image, "  ")
+        lines.append(_backend_line(well.image.open_level(0), backend))
+    elif is_ome_zarr(path):
+        img = open_ome(path)
+        lines.append(f"format: {fmt}")
+        lines += _image_lines(img)
+        lines.append(_backend_line(img.open_level(0), backend))
+    elif isinstance(node, zarr.Array):
+        lines.append(f"format: {fmt} array")
+        lines += _array_lines(node)
+        lines.append(_backend_line(node, backend))
+    else:
+        lines.append(f"format: {fmt} group (no OME-NGFF multiscales, plate or well metadata)")
+        groups = sorted(k for k, _ in node.groups())
+        from gpu_zarr.store import arrays_of
+
+        arrays = arrays_of(node, str(path))  # unsafe or broken members named, never parsed blindly
+        if groups:
+            lines.append("groups: " + " ".join(groups))
+        for key, arr in arrays:
+            lines.append(f"array {key}:")
+            lines += _array_lines(arr)
+        if arrays:
+            lines.append(_backend_line(arrays[0][1], backend))
+    return "\n".join(lines)
 
 
 def cmd_read(args: argparse.Namespace) -> int:
     from gpu_zarr.zarr_io import choose_backend
 
     con = _console()
-    arr = _resolve_array(args.path if "://" in args.path else Path(args.path), args.level)  # URLs stay strings
+    path = _target(args.path)
+    arr = _resolve_array(path, args.level)
     choice = choose_backend(arr, args.backend)
     con.print(_esc(f"{args.path}: shape {arr.shape}, {arr.dtype}, chunks {arr.chunks}; backend {choice}"))
-    res = None
-    for _ in range(max(1, args.repeat)):
-        res = _read_with_progress(con, arr, args.backend)
-    _print_result(con, str(args.path), res)
+    results = [_read_with_progress(con, arr, args.backend) for _ in range(max(1, args.repeat))]
+    res = sorted(results, key=lambda r: r.seconds)[(len(results) - 1) // 2]  # the median read
+    _print_result(con, f"{args.path} (median of {len(results)} reads)", res)
+    if len(results) > 1:
+        con.print("reads: " + ", ".join(f"{r.seconds * 1e3:.1f} ms" for r in results)
+                  + f"; median {statistics.median(r.seconds for r in results) * 1e3:.1f} ms")
     return 0
 
 
@@ -118,18 +267,25 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(bench_main(argv[1:]) or 0)
     parser = argparse.ArgumentParser(prog="gpu-zarr", description="Zarr and OME-Zarr volumes onto an NVIDIA GPU, fast.")
+    from gpu_zarr import __version__
+
+    parser.add_argument("--version", action="version", version=f"gpu-zarr {__version__} (napari-gpu-zarr)")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    backends = ["auto", "kvikio", "zarr-gpu", "cpu"]
+    backends = list(BACKENDS)
     p = sub.add_parser("demo", help="write a sample OME-Zarr, read it with the best backend, print speed")
     p.add_argument("--backend", default="auto", choices=backends)
     p.set_defaults(func=cmd_demo)
-    p = sub.add_parser("info", help="what this machine offers: GPU, kvikio, GDS, nvCOMP")
+    p = sub.add_parser("info", help="what this machine offers (GPU, kvikio, GDS, nvCOMP), or with PATH: what a "
+                       "store holds (format, arrays/levels, chunks, shards, codecs, OME metadata, plate "
+                       "layout) and which backend would read it and why")
+    p.add_argument("path", nargs="?", default=None)
+    p.add_argument("--backend", default="auto", choices=backends, help="the backend to explain (default auto)")
     p.set_defaults(func=cmd_info)
     p = sub.add_parser("read", help="read a zarr array (or an OME-Zarr level) and report the speed")
     p.add_argument("path")
     p.add_argument("--backend", default="auto", choices=backends)
-    p.add_argument("--level", type=int, default=0, help="OME-Zarr resolution level (default 0)")
-    p.add_argument("--repeat", type=int, default=2, help="reads; the last one is reported (default 2)")
+    p.add_argument("--level", type=int, default=None, help="OME-Zarr resolution level (default 0; OME-Zarr only)")
+    p.add_argument("--repeat", type=int, default=3, help="reads; the median one is reported (default 3)")
     p.set_defaults(func=cmd_read)
     sub.add_parser("bench", help="ours against zarr, kvikio, TensorStore, czarr: on your store (PATH) or on "
                    "synthetic volumes (gpu-zarr bench --help)")
@@ -138,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except GpuZarrError as exc:
-        print(f"gpu-zarr: {exc}", file=sys.stderr)
+    except (GpuZarrError, UsageError, IndexError, FileNotFoundError) as exc:
+        print(f"gpu-zarr: {_flags(str(exc))}", file=sys.stderr)
         return 2
 
 

@@ -20,9 +20,48 @@ __all__ = [
     "ReadCancelled",
     "UnsafeArrayError",
     "UnsupportedArrayError",
+    "install_hint",
 ]
 
-INSTALL_HINT = 'pip install "napari-gpu-zarr[cuda13]"  (or [cuda12] for a CUDA 12 driver)'
+
+
+def _installed_from_checkout() -> str | None:
+    """The source folder when gpu_zarr runs from a checkout (editable install or src on the path)."""
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent  # .../src/gpu_zarr
+    root = here.parent.parent
+    if here.parent.name == "src" and (root / "pyproject.toml").is_file():
+        return str(root)
+    try:
+        import json
+        from importlib.metadata import distribution
+
+        raw = distribution("napari-gpu-zarr").read_text("direct_url.json")
+        info = json.loads(raw) if raw else {}
+        if info.get("dir_info", {}).get("editable"):
+            url = str(info.get("url", ""))
+            return url.removeprefix("file://") or "."
+    except Exception:  # noqa: BLE001 - no metadata: an ordinary install
+        pass
+    return None
+
+
+def install_hint(extra: str = "cuda13") -> str:
+    """The pip command that installs an extra for how this package is installed.
+
+    From a checkout (editable install, or ``src`` on the path): ``pip install -e ".[extra]"``
+    run in the checkout; from a wheel: ``pip install "napari-gpu-zarr[extra]"``. For the CUDA
+    extras the CUDA 12 alternative is named too.
+    """
+    root = _installed_from_checkout()
+    cmd = f'pip install -e ".[{extra}]"' if root else f'pip install "napari-gpu-zarr[{extra}]"'
+    where = f" in {root}" if root and root != "." else ""
+    alt = " ([cuda12] for a CUDA 12 driver)" if extra == "cuda13" else ""
+    return f"{cmd}{where}{alt}"
+
+
+INSTALL_HINT = install_hint()
 
 
 class GpuZarrError(Exception):

@@ -460,7 +460,7 @@ def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True) -> OmeIm
         return open_ome(_join(p, "0"), with_labels=with_labels)
     if "multiscales" not in ome:
         found = sorted(ome) or "no attributes"
-        extra = " (an HCS plate/well: not supported)" if {"plate", "well"} & set(ome) else ""
+        extra = " (an HCS plate/well: open it with gpu_zarr.plate.open_plate / open_well)" if {"plate", "well"} & set(ome) else ""
         raise NotOmeZarrError(
             f"expected OME-NGFF 'multiscales' metadata in {p} (zarr v3: attributes['ome'], "
             f"zarr v2: .zattrs), found {found}{extra}"

@@ -120,3 +120,24 @@ def test_gpu_resident_load(qtbot, viewer_and_widget, small_stores, backend):
         np.testing.assert_array_equal(layers[1].data[0][z], cpu[1, z])
     widget.release_gpu()
     assert not layers[0].data[0].is_resident
+
+
+def test_preselects_first_visible_image_and_follows_selection(make_napari_viewer, qtbot, small_stores):
+    viewer = make_napari_viewer()
+    _dock, widget = viewer.window.add_plugin_dock_widget(PLUGIN, "GPU Zarr loader")
+    layers = viewer.open(str(small_stores["0.5"]), plugin=PLUGIN)
+    assert layers[-1]._type_string == "labels" and not layers[-1].visible
+    qtbot.waitUntil(lambda: viewer.layers.selection.active is layers[0], timeout=5_000)
+    assert widget.layer_label.text() == layers[0].name  # not the hidden Labels layer napari made active
+    viewer.layers.selection.active = layers[1]  # the user picks another layer: the widget follows
+    qtbot.waitUntil(lambda: widget.layer_label.text() == layers[1].name, timeout=5_000)
+    viewer.layers.selection.active = layers[-1]  # even the hidden labels, when the user asks for it
+    qtbot.waitUntil(lambda: widget.layer_label.text() == layers[-1].name, timeout=5_000)
+
+
+def test_docked_after_opening_preselects_first_visible_image(make_napari_viewer, qtbot, small_stores):
+    viewer = make_napari_viewer()
+    layers = viewer.open(str(small_stores["0.4"]), plugin=PLUGIN)
+    assert viewer.layers.selection.active is layers[-1]  # napari's choice: the last (hidden labels) layer
+    _dock, widget = viewer.window.add_plugin_dock_widget(PLUGIN, "GPU Zarr loader")
+    assert viewer.layers.selection.active is layers[0] and widget.layer_label.text() == layers[0].name

@@ -14,7 +14,7 @@ from typing import Any
 
 import zarr
 
-from gpu_zarr.errors import NotAZarrError
+from gpu_zarr.errors import INSTALL_HINT, NotAZarrError
 from gpu_zarr.lazy import GpuLazyArray
 from gpu_zarr.omezarr import (
     Channel,
@@ -26,6 +26,7 @@ from gpu_zarr.omezarr import (
     open_node,
     open_ome,
 )
+from gpu_zarr.plate import Plate, TiledArray, Well, is_plate, is_well, open_plate, open_well
 from gpu_zarr.store import arrays_of
 
 __all__ = ["napari_get_reader", "read_for_napari", "read_zarr_layers"]
@@ -91,6 +92,10 @@ def read_zarr_layers(path: str | os.PathLike[str]) -> list[LayerData]:
         Not a zarr node, or a group holding nothing displayable.
     """
     p = os.fspath(path)
+    if is_plate(p):
+        return _plate_layers(open_plate(p))
+    if is_well(p):
+        return _well_layers(open_well(p))
     if is_ome_zarr(p):
         img = open_ome(p)
         if img.is_label:
@@ -207,6 +212,64 @@ def _image_layers(img: OmeImage) -> list[LayerData]:
     return layers
 
 
+def _grid_layers(img: OmeImage, views: list[TiledArray], name: str, meta: dict[str, Any]) -> list[LayerData]:
+    """One multiscale image layer per channel of a plate or well grid (channels from the first field)."""
+    c = img.channel_axis
+    n = img.levels[0].shape[c] if c is not None else 1
+    common = _spatial(img, c)
+    layers: list[LayerData] = []
+    for i in range(n):
+        ch = img.channels[i] if i < len(img.channels) else None
+        kwargs: dict[str, Any] = dict(common)
+        kwargs["multiscale"] = len(views) > 1
+        kwargs["blending"] = "translucent_no_depth" if i == 0 else "additive"
+        kwargs["metadata"] = {"gpu_zarr": {**meta, "channel": i}}
+        kwargs["name"] = f"{name}: {ch.name}" if ch is not None else (f"{name} c{i}" if n > 1 else name)
+        if ch is not None:
+            kwargs["colormap"] = _colormap(ch)
+            kwargs["visible"] = ch.active
+            if ch.start is not None and ch.end is not None and ch.end > ch.start:
+                kwargs["contrast_limits"] = (ch.start, ch.end)
+        elif n > 1:
+            kwargs["colormap"] = ("magenta", "green", "cyan", "yellow", "red", "blue")[i % 6]
+        data = [v.index_axis(c, i) for v in views] if c is not None else list(views)
+        layers.append((data if len(data) > 1 else data[0], kwargs, "image"))
+    return layers
+
+
+def _plate_layers(plate: Plate) -> list[LayerData]:
+    """A plate: one image layer per channel (wells' first fields in the plate grid) and the
+    well names as a text overlay (a Points layer with one point at each well's corner)."""
+    assert plate.image is not None
+    img = plate.image
+    views = plate.views()
+    names = [w.name for w in plate.wells]
+    meta = {"path": plate.path, "version": plate.version,
+            "plate": {"rows": plate.rows, "columns": plate.columns, "wells": names,
+                      "well_paths": [w.path for w in plate.wells], "acquisitions": plate.acquisitions}}
+    layers = _grid_layers(img, views, plate.name, meta)
+    kw = layers[0][1]
+    th, tw = views[0].tile_shape[-2:]
+    sy, sx = kw["scale"][-2:]
+    ty, tx = kw["translate"][-2:]
+    nd = len(kw["scale"])
+    coords = [[0.0] * (nd - 2) + [ty + w.row * th * sy, tx + w.column * tw * sx] for w in plate.wells]
+    points = {"name": f"{plate.name}: wells", "features": {"well": names}, "size": 0.0,
+              "text": {"string": "{well}", "color": "white", "anchor": "upper_left", "size": 10},
+              "face_color": "transparent", "border_width": 0.0, "ndim": nd,
+              "metadata": {"gpu_zarr": meta}}
+    import numpy as np
+
+    layers.append((np.asarray(coords, dtype=float), points, "points"))
+    return layers
+
+
+def _well_layers(well: Well) -> list[LayerData]:
+    """A well: one image layer per channel, its fields in an almost-square grid."""
+    meta = {"path": well.path, "version": well.version, "well": {"fields": well.fields, "grid": list(well.grid)}}
+    return _grid_layers(well.image, well.views(), _name_of(well.path), meta)
+
+
 def _label_layers(img: OmeImage, *, visible: bool) -> list[LayerData]:
     c = img.channel_axis
     kwargs: dict[str, Any] = dict(_spatial(img, c))
@@ -249,6 +312,6 @@ def _notify_if_cpu(layers: list[LayerData]) -> None:
     from napari.utils.notifications import show_info
 
     show_info(
-        f"GPU Zarr: reading on the CPU ({choice.reason}). Layers work as usual; "
-        'for GPU decode install the CUDA extra: pip install "napari-gpu-zarr[cuda13]".'
+        f"GPU Zarr: reading on the CPU ({choice.reason}). Layers work as usual"
+        + ("." if "pip install" in choice.reason else f"; for GPU decode install the CUDA extra: {INSTALL_HINT}.")
     )

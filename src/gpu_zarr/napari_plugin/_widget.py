@@ -44,6 +44,12 @@ class _Relay(QObject):
     finished = Signal(object)
 
 
+def _fits(layer) -> bool:
+    """A layer the widget should preselect: a visible image layer read by GPU Zarr."""
+    return bool(getattr(layer, "visible", False)) and getattr(layer, "_type_string", "") == "image" \
+        and _lazy_levels(layer) is not None
+
+
 def _lazy_levels(layer) -> list[GpuLazyArray] | None:
     """The GpuLazyArray levels behind a layer, or None when it is not ours."""
     if layer is None:
@@ -130,9 +136,11 @@ class GpuZarrWidget(QWidget):
         self.release_button.clicked.connect(self.release_gpu)
         self.backend_combo.currentIndexChanged.connect(self._on_backend_change)
         self.level_combo.currentIndexChanged.connect(self._on_level_change)
+        self._inserted: list = []  # layers added since the last preselection
         self.viewer.layers.selection.events.active.connect(self._on_layer_change)
-        self.viewer.layers.events.inserted.connect(self._on_layer_change)
+        self.viewer.layers.events.inserted.connect(self._on_inserted)
         self.viewer.layers.events.removed.connect(self._on_layer_change)
+        self._preselect(list(self.viewer.layers), only_if_unfit=True)
         self._on_layer_change()
 
     @property
@@ -187,6 +195,34 @@ class GpuZarrWidget(QWidget):
 
     def _layer(self):
         return self.viewer.layers.selection.active
+
+    def _on_inserted(self, event=None) -> None:
+        """napari makes the last added layer active (for an OME-Zarr with labels: the hidden
+        Labels layer); once the batch of new layers is in, select the first visible image of it."""
+        layer = getattr(event, "value", None)
+        if layer is not None:
+            self._inserted.append(layer)
+        from qtpy.QtCore import QTimer
+
+        QTimer.singleShot(0, self._preselect_inserted)
+        self._on_layer_change()
+
+    def _preselect_inserted(self) -> None:
+        batch, self._inserted = self._inserted, []
+        if batch:
+            self._preselect(batch)
+
+    def _preselect(self, candidates: list, *, only_if_unfit: bool = False) -> None:
+        """Select the first visible image layer of ours among ``candidates`` (the viewer's
+        selection: the widget follows it from then on)."""
+        active = self.viewer.layers.selection.active
+        if only_if_unfit and active is not None and _fits(active):
+            return
+        for layer in candidates:
+            if layer in self.viewer.layers and _fits(layer):
+                if layer is not active:
+                    self.viewer.layers.selection.active = layer
+                return
 
     def _on_layer_change(self, *_args) -> None:
         layer = self._layer()

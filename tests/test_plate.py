@@ -1,0 +1,119 @@
+"""HCS plates and wells (gpu_zarr.plate) against the reference readers: napari-ome-zarr's
+plate pyramid and ome-zarr-py's Well grid, on plates written by ome-zarr-py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpu_zarr.errors import NotOmeZarrError
+from gpu_zarr.plate import is_plate, is_well, open_plate, open_well
+from plates import write_plate
+
+pytest.importorskip("ome_zarr")
+
+
+@pytest.fixture(scope="module", params=["0.4", "0.5"])
+def plate_path(request, tmp_path_factory):
+    return write_plate(tmp_path_factory.mktemp("plate") / f"plate-{request.param}.zarr", version=request.param)
+
+
+def _reference_plate(path):
+    zarr = pytest.importorskip("zarr")
+    plate_mod = pytest.importorskip("napari_ome_zarr.plate")
+    return plate_mod.get_pyramid_lazy(zarr.open_group(str(path), mode="r"))
+
+
+def _reference_well(path):
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Reader
+
+    return list(Reader(parse_url(str(path)))())[0].data
+
+
+def test_plate_metadata(plate_path):
+    assert is_plate(plate_path) and not is_well(plate_path)
+    plate = open_plate(plate_path)
+    assert plate.rows == ["A", "B"] and plate.columns == ["1", "2", "3"]
+    assert [w.name for w in plate.wells] == ["A1", "A3", "B2", "B3"]
+    assert plate.levels == 3 and plate.field_count == 2
+    assert plate.acquisitions == [{"id": 0, "name": "first"}]
+    assert [c.name for c in plate.image.channels] == ["DAPI", "GFP"]
+    assert plate.well_names()[0] == ["A1", None, "A3"]
+    assert plate.version == plate_path.name.removesuffix(".zarr").split("-")[1]
+
+
+def test_plate_levels_equal_napari_ome_zarr(plate_path):
+    plate = open_plate(plate_path)
+    ref = _reference_plate(plate_path)
+    assert len(ref) == plate.levels
+    for lv, r in enumerate(ref):
+        view = plate.level(lv, backend="cpu")
+        expected = np.asarray(r)
+        assert view.shape == expected.shape and view.dtype == expected.dtype
+        got = np.asarray(view)
+        np.testing.assert_array_equal(got, expected)
+        # missing well (B/3: listed, deleted) and empty cell (A/2) are zeros; real wells are not
+        th, tw = view.tile_shape[-2:]
+        assert not got[..., th:, 2 * tw:].any() and not got[..., :th, tw:2 * tw].any()
+        assert got[..., :th, :tw].all()
+        for key in [(0, 0, slice(None, None, -3), slice(5, None, 7)), (1, 0, 17), (slice(None), 0, slice(3, -2), -1),
+                    (0, 0, slice(th - 3, th + 5), slice(tw - 2, 3 * tw - 1, 2))]:
+            np.testing.assert_array_equal(view[key], expected[key])
+
+
+def test_plate_channel_view_and_field_choice(plate_path):
+    plate = open_plate(plate_path)
+    view = plate.level(0, backend="cpu")
+    ch1 = view.index_axis(0, 1)
+    assert ch1.shape == view.shape[1:]
+    np.testing.assert_array_equal(np.asarray(ch1), np.asarray(view)[1])
+    # the second field of each well: A/3's second field is missing, so its cell is filled
+    second = np.asarray(plate.level(0, field_index=1, backend="cpu", fill_value=7))
+    th, tw = view.tile_shape[-2:]
+    assert (second[..., :th, 2 * tw:] == 7).all()
+    field = open_well(plate_path / "A" / "1").level(0, backend="cpu")
+    np.testing.assert_array_equal(second[..., :th, :tw], np.asarray(field)[..., :, tw:])
+    assert not (np.asarray(plate.level(0, acquisition=5, backend="cpu"))).any()  # no such acquisition: all filled
+
+
+def test_well_equals_ome_zarr_py(plate_path):
+    for w in ("A/1", "A/3"):
+        well = open_well(plate_path / w)
+        assert is_well(plate_path / w)
+        assert well.grid == (1, 2) and well.fields == ["0", "1"]
+        ref = _reference_well(plate_path / w)
+        assert len(ref) == well.levels
+        for lv, r in enumerate(ref):
+            view = well.level(lv, backend="cpu")
+            assert view.shape == r.shape
+            if w == "A/1":  # ome-zarr-py cannot read a well with a missing field; ours fills it
+                np.testing.assert_array_equal(np.asarray(view), np.asarray(r))
+        if w == "A/3":
+            got = np.asarray(well.level(0, backend="cpu"))
+            assert got[..., :48].all() and not got[..., 48:].any()
+
+
+def test_not_a_plate_is_a_clear_error(tmp_path, small_plain_array):
+    with pytest.raises(NotOmeZarrError, match="plate group"):
+        open_plate(small_plain_array)
+    assert not is_plate(tmp_path / "nothing")
+
+
+@pytest.fixture
+def small_plain_array(tmp_path):
+    import zarr
+
+    a = zarr.create_array(str(tmp_path / "a.zarr"), shape=(4, 4), dtype="u1")
+    a[:] = 1
+    return tmp_path / "a.zarr"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["kvikio", "zarr-gpu"])
+def test_plate_on_the_gpu_equals_cpu(plate_path, backend):
+    """GPU twin of test_plate_levels_equal_napari_ome_zarr: every level through a GPU backend."""
+    plate = open_plate(plate_path)
+    for lv in range(plate.levels):
+        np.testing.assert_array_equal(np.asarray(plate.level(lv, backend=backend)),
+                                      np.asarray(plate.level(lv, backend="cpu")))

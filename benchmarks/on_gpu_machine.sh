@@ -30,11 +30,14 @@ tests)
   timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_nvcomp_batch.py tests/test_deflate.py \
     tests/test_blosc_gpu.py tests/test_zarr_v2_gpu.py > "$OUT/tests-codecs.txt" 2>&1
   tail -2 "$OUT/tests-codecs.txt"
+  # the seeded fuzz suite on the GPU backends (its hostile shapes in bounded child processes)
+  timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fuzz.py > "$OUT/tests-fuzz.txt" 2>&1
+  tail -2 "$OUT/tests-fuzz.txt"
   timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests --ignore=tests/test_nvcomp_batch.py \
     --ignore=tests/test_deflate.py --ignore=tests/test_blosc_gpu.py --ignore=tests/test_zarr_v2_gpu.py \
-    --ignore=tests/test_dask_gpu.py > "$OUT/tests-rest.txt" 2>&1
+    --ignore=tests/test_dask_gpu.py --ignore=tests/test_fuzz.py > "$OUT/tests-rest.txt" 2>&1
   tail -2 "$OUT/tests-rest.txt"
-  grep -hE "^(FAILED|ERROR)" "$OUT/tests-codecs.txt" "$OUT/tests-rest.txt" | head -20 || true  # none: fine
+  grep -hE "^(FAILED|ERROR)" "$OUT/tests-codecs.txt" "$OUT/tests-fuzz.txt" "$OUT/tests-rest.txt" | head -30 || true
   ;;
 browse)
   # browsing a 1 GiB volume, every layout, with the CPU peers; then what a first touch of thick chunks costs

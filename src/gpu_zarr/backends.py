@@ -25,6 +25,7 @@ import numpy as np
 from gpu_zarr import settings
 from gpu_zarr.errors import (
     INSTALL_HINT,
+    CorruptChunkError,
     GPUUnavailable,
     GpuZarrError,
     ReadCancelled,
@@ -176,6 +177,10 @@ class _ZarrBackend:
         def read(sel: Any) -> Any:
             try:
                 return self._read_all(arr, sel)
+            except CorruptChunkError as exc:
+                if str(arr.store_path) in str(exc):
+                    raise
+                raise CorruptChunkError(f"{arr.store_path}: {exc}") from exc  # the store, then the chunk
             except GpuZarrError:
                 raise
             except Exception as exc:  # noqa: BLE001 - re-raised, with the chunk named when we can

@@ -109,12 +109,12 @@ def _host_round_trip(codec: Any, items: list[tuple[Any, Any]], names: list[str])
             for f in reversed(codec.filters or ()):
                 data = f.decode(data)
         except Exception as exc:  # noqa: BLE001 - numcodecs' errors name no chunk
-            raise CorruptChunkError(f"{label}: {what} could not decode it: {type(exc).__name__}: {exc}") from exc
+            raise CorruptChunkError(f"chunk {label}: {what} could not decode it: {type(exc).__name__}: {exc}") from exc
         arr = np.frombuffer(memoryview(np.ascontiguousarray(data)).cast("B"), np.uint8)
         dtype = np.dtype(spec.dtype.to_native_dtype())
         want = math.prod(spec.shape) * dtype.itemsize
         if arr.nbytes != want:
-            raise CorruptChunkError(f"{label}: expected {want} bytes decoded (shape {tuple(spec.shape)} {dtype}), "
+            raise CorruptChunkError(f"chunk {label}: expected {want} bytes decoded (shape {tuple(spec.shape)} {dtype}), "
                                     f"{what} gave {arr.nbytes}; the chunk is damaged or belongs to another array.")
         host = to_native_order(arr.view(dtype).reshape(spec.shape, order=spec.order))
         out.append(spec.prototype.nd_buffer.from_ndarray_like(cupy.asarray(host)))
@@ -124,8 +124,8 @@ def _host_round_trip(codec: Any, items: list[tuple[Any, Any]], names: list[str])
 def _names(n: int) -> list[str]:
     keys = _keys.get()
     if keys is not None and len(keys) == n:
-        return [f"chunk {k}" for k in keys]
-    return [f"chunk #{k} of a batch of {n} (inner chunks of a shard)" for k in range(n)]
+        return list(keys)
+    return [f"#{k} of a batch of {n} (inner chunks of a shard)" for k in range(n)]
 
 
 def _check_shapes(out: list[Any], items: list[tuple[Any, Any]], names: list[str]) -> None:
@@ -133,7 +133,7 @@ def _check_shapes(out: list[Any], items: list[tuple[Any, Any]], names: list[str]
         if raw is None or got is None:
             continue
         if tuple(got.shape) != tuple(spec.shape):
-            raise CorruptChunkError(f"{name}: expected a chunk of shape {tuple(spec.shape)}, it decoded to shape "
+            raise CorruptChunkError(f"chunk {name}: expected a chunk of shape {tuple(spec.shape)}, it decoded to shape "
                                     f"{tuple(got.shape)}; the chunk is damaged or belongs to another array.")
 
 
@@ -158,7 +158,7 @@ def _decode_with_stages(items: list[tuple[Any, Any]], codec: str, params: dict[s
             data = data.get()  # the stages check encoded bytes on the host first
         data = np.frombuffer(memoryview(np.ascontiguousarray(data)).cast("B"), np.uint8)
         if codec == "raw" and data.nbytes != n:
-            raise CorruptChunkError(f"{names[k]}: expected {n} bytes of an uncompressed chunk of shape "
+            raise CorruptChunkError(f"chunk {names[k]}: expected {n} bytes of an uncompressed chunk of shape "
                                     f"{tuple(spec.shape)} {dtype}, found {data.nbytes}; the chunk is truncated, "
                                     "damaged or belongs to another array.")
         encoded.append(data)
@@ -179,7 +179,7 @@ class GpuCodecPipeline(BatchedCodecPipeline):
 
     async def read_batch(self, batch_info: Iterable[Any], out: Any, drop_axes: tuple[int, ...] = ()) -> Any:
         batch = list(batch_info)
-        token = _keys.set(None if self.supports_partial_decode else [str(getattr(b[0], "path", "?")) for b in batch])
+        token = _keys.set(None if self.supports_partial_decode else [str(b[0]) for b in batch])  # store and key
         try:
             return await super().read_batch(batch, out, drop_axes)
         finally:
@@ -196,7 +196,7 @@ class GpuCodecPipeline(BatchedCodecPipeline):
         if chain is not None:
             return await asyncio.to_thread(_decode_with_stages, items, *chain, names)
         if dtype.kind == "O":
-            raise UnsupportedArrayError(f"{names[0]}: object dtypes are not read on the GPU (expected a numeric "
+            raise UnsupportedArrayError(f"chunk {names[0]}: object dtypes are not read on the GPU (expected a numeric "
                                         "dtype); read this array with zarr-python on the CPU.")
         ab = self.array_bytes_codec
         if type(ab).__name__ == "V2Codec" and is_gpu_prototype(live[0].prototype):
@@ -208,7 +208,7 @@ class GpuCodecPipeline(BatchedCodecPipeline):
         except Exception as exc:  # noqa: BLE001 - zarr's and numcodecs' errors name no chunk
             if type(exc).__name__ == "PickleCodecDisabledError":
                 raise
-            raise CorruptChunkError(f"one of {', '.join(names[:4])}{' ...' if len(names) > 4 else ''} could not be "
+            raise CorruptChunkError(f"one of the chunks {', '.join(names[:4])}{' ...' if len(names) > 4 else ''} could not be "
                                     f"decoded: {type(exc).__name__}: {exc}") from exc
         _check_shapes(out, items, names)
         return out

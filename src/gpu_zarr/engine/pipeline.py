@@ -354,6 +354,7 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
             read_range(files[file_id[i]], offset[i], buf[so[i]:so[i] + sz[i]])
         if (remote := _remote_reader(lay)) is not None:  # every range in flight at once, then decode
             remote.read(files, batch, buf)
+            stats["reader"] = f"{remote.name} ({remote.threads} requests in flight)"
 
             def read(i: int) -> None:
                 pass

@@ -2,7 +2,6 @@
 v2-zstd-flip-body)? Run with CUDA_LAUNCH_BLOCKING=1, one process per attempt."""
 import sys, traceback, tempfile, pathlib
 import numpy as np, zarr, numcodecs
-sys.path.insert(0, "tests")
 mode = sys.argv[1]
 d = pathlib.Path(tempfile.mkdtemp())
 a = zarr.create_array(d / "a.zarr", shape=(64, 64), chunks=(32, 32), dtype="<u2", zarr_format=2,

@@ -274,22 +274,22 @@ def _group_ome(path: str, key: str) -> tuple[zarr.Group, dict[str, Any], str]:
     return node, ome, version
 
 
-def is_plate(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` is a zarr group with OME-NGFF ``plate`` metadata. Never raises."""
+def _has(path: str | os.PathLike[str], key: str) -> bool:
     try:
-        _group_ome(os.fspath(path), "plate")
+        _group_ome(os.fspath(path), key)
         return True
     except Exception:  # noqa: BLE001 - sniffing never raises
         return False
+
+
+def is_plate(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is a zarr group with OME-NGFF ``plate`` metadata. Never raises."""
+    return _has(path, "plate")
 
 
 def is_well(path: str | os.PathLike[str]) -> bool:
     """True when ``path`` is a zarr group with OME-NGFF ``well`` metadata. Never raises."""
-    try:
-        _group_ome(os.fspath(path), "well")
-        return True
-    except Exception:  # noqa: BLE001 - sniffing never raises
-        return False
+    return _has(path, "well")
 
 
 def _well_fields(ome: Mapping[str, Any], where: str) -> tuple[list[str], list[int | None]]:

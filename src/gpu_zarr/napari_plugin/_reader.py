@@ -185,27 +185,37 @@ def _levels(img: OmeImage, channel_axis: int | None, index: int | None) -> Any:
     return arrays if len(arrays) > 1 else arrays[0]
 
 
+def _channel_kwargs(img: OmeImage, i: int, n: int, common: dict[str, Any], multiscale: bool,
+                    meta: dict[str, Any], name: str | None) -> dict[str, Any]:
+    """napari layer kwargs of channel ``i`` of ``n`` (name, colours and contrast from the OME
+    metadata); ``name`` prefixes the channel's name (a plate or well grid), None for an image."""
+    ch = img.channels[i] if i < len(img.channels) else None
+    kwargs: dict[str, Any] = dict(common)
+    kwargs["multiscale"] = multiscale
+    kwargs["blending"] = "translucent_no_depth" if i == 0 else "additive"
+    kwargs["metadata"] = {"gpu_zarr": {**meta, "channel": i}}
+    base = img.name if name is None else name
+    if ch is not None:
+        kwargs["name"] = (ch.name if n > 1 else ch.name or img.name) if name is None else f"{name}: {ch.name}"
+        kwargs["colormap"] = _colormap(ch)
+        kwargs["visible"] = ch.active
+        if ch.start is not None and ch.end is not None and ch.end > ch.start:
+            kwargs["contrast_limits"] = (ch.start, ch.end)
+    else:
+        kwargs["name"] = f"{base} c{i}" if n > 1 else base
+        if n > 1:
+            kwargs["colormap"] = ("magenta", "green", "cyan", "yellow", "red", "blue")[i % 6]
+    return kwargs
+
+
 def _image_layers(img: OmeImage) -> list[LayerData]:
     c = img.channel_axis
     n = img.levels[0].shape[c] if c is not None else 1
     common = _spatial(img, c)
+    meta = {"path": img.path, "version": img.version}
     layers: list[LayerData] = []
     for i in range(n):
-        ch = img.channels[i] if i < len(img.channels) else None
-        kwargs: dict[str, Any] = dict(common)
-        kwargs["multiscale"] = len(img.levels) > 1
-        kwargs["blending"] = "translucent_no_depth" if i == 0 else "additive"
-        kwargs["metadata"] = {"gpu_zarr": {"path": img.path, "version": img.version, "channel": i}}
-        if ch is not None:
-            kwargs["name"] = ch.name if n > 1 else ch.name or img.name
-            kwargs["colormap"] = _colormap(ch)
-            kwargs["visible"] = ch.active
-            if ch.start is not None and ch.end is not None and ch.end > ch.start:
-                kwargs["contrast_limits"] = (ch.start, ch.end)
-        else:
-            kwargs["name"] = f"{img.name} c{i}" if n > 1 else img.name
-            if n > 1:
-                kwargs["colormap"] = ("magenta", "green", "cyan", "yellow", "red", "blue")[i % 6]
+        kwargs = _channel_kwargs(img, i, n, common, len(img.levels) > 1, meta, None)
         layers.append((_levels(img, c, i if c is not None else None), kwargs, "image"))
     for lab in img.labels.values():
         layers.extend(_label_layers(lab, visible=False))
@@ -219,19 +229,7 @@ def _grid_layers(img: OmeImage, views: list[TiledArray], name: str, meta: dict[s
     common = _spatial(img, c)
     layers: list[LayerData] = []
     for i in range(n):
-        ch = img.channels[i] if i < len(img.channels) else None
-        kwargs: dict[str, Any] = dict(common)
-        kwargs["multiscale"] = len(views) > 1
-        kwargs["blending"] = "translucent_no_depth" if i == 0 else "additive"
-        kwargs["metadata"] = {"gpu_zarr": {**meta, "channel": i}}
-        kwargs["name"] = f"{name}: {ch.name}" if ch is not None else (f"{name} c{i}" if n > 1 else name)
-        if ch is not None:
-            kwargs["colormap"] = _colormap(ch)
-            kwargs["visible"] = ch.active
-            if ch.start is not None and ch.end is not None and ch.end > ch.start:
-                kwargs["contrast_limits"] = (ch.start, ch.end)
-        elif n > 1:
-            kwargs["colormap"] = ("magenta", "green", "cyan", "yellow", "red", "blue")[i % 6]
+        kwargs = _channel_kwargs(img, i, n, common, len(views) > 1, meta, name)
         data = [v.index_axis(c, i) for v in views] if c is not None else list(views)
         layers.append((data if len(data) > 1 else data[0], kwargs, "image"))
     return layers

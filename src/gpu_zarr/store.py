@@ -110,6 +110,12 @@ def check_safe(path: str | os.PathLike[str]) -> None:
             continue
         if not isinstance(meta, dict) or meta.get("node_type", "array") != "array":
             continue
+        grid = meta.get("chunk_grid")
+        chunks = meta.get("chunks") if "chunks" in meta else (
+            grid.get("configuration", {}).get("chunk_shape") if isinstance(grid, dict) else None)
+        if isinstance(chunks, list) and any(not isinstance(c, int) or c <= 0 for c in chunks):
+            raise NotAZarrError(f"{p}: the array's chunk shape is {chunks}; expected positive integers (a chunk "
+                                "can hold no data otherwise). The metadata is damaged; nothing was read.")
         dtype = meta.get("dtype", meta.get("data_type"))
         unsafe = sorted(set(_codec_ids(meta)) & UNSAFE_CODECS)
         objects = isinstance(dtype, str) and ("O" in dtype.lstrip("|<>=") or dtype == "object")

@@ -360,6 +360,13 @@ static int decode_one(Ctx *c, int codec, const uint8_t *s, int64_t n, uint8_t *d
 }
 
 /* ---------------------------------------------------------------- parallel for */
+/* items whose status is not S_OK: what every batch call returns */
+static int64_t count_bad(const int32_t *status, int64_t n) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += status[i] != S_OK;
+    return bad;
+}
+
 static void not_run(int32_t *status, int64_t n) {
     for (int64_t i = 0; i < n; i++) status[i] = S_MEMORY; /* overwritten by each item that runs */
 }
@@ -462,9 +469,7 @@ API int64_t gz_read(const char *const *paths, int64_t npaths, int64_t n, const i
     not_run(status, n);
     parallel(ng, threads, read_group, &a);
     free(group);
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; i++) bad += status[i] != S_OK;
-    return bad;
+    return count_bad(status, n);
 }
 
 /* ---------------------------------------------------------------- decode */
@@ -492,9 +497,7 @@ API int64_t gz_decode(int codec, int64_t n, const uint8_t *src, int64_t src_len,
     DecArgs a = {codec, src, src_len, soff, ssize, dst, dst_len, doff, dsize, status, detail};
     not_run(status, n);
     parallel(n, threads, dec_item, &a);
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; i++) bad += status[i] != S_OK;
-    return bad;
+    return count_bad(status, n);
 }
 
 /* ---------------------------------------------------------------- place
@@ -569,9 +572,7 @@ API int64_t gz_place(int64_t n, const uint8_t *src, int64_t src_len, const int64
     PlaceArgs a = {{ndim, unit, swap, ostride, out, out_len}, src, src_len, soff, chunk_len, table, status};
     not_run(status, n);
     parallel(n, threads, place_item, &a);
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; i++) bad += status[i] != S_OK;
-    return bad;
+    return count_bad(status, n);
 }
 
 /* ---------------------------------------------------------------- fused read + decode + place */
@@ -645,9 +646,7 @@ API int64_t gz_fused(int codec, const char *const *paths, int64_t npaths, int64_
         if (pthread_create(&t[started], NULL, fused_worker, &j) == 0) started++;
     fused_worker(&j);
     for (int k = 0; k < started; k++) pthread_join(t[k], NULL);
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; i++) bad += status[i] != S_OK;
-    return bad;
+    return count_bad(status, n);
 }
 
 /* ---------------------------------------------------------------- checksums */
@@ -682,7 +681,5 @@ API int64_t gz_checksum(int kind, int64_t n, const uint8_t *buf, int64_t len, co
     SumArgs a = {kind, buf, len, off, size, out, status};
     not_run(status, n);
     parallel(n, threads, sum_item, &a);
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; i++) bad += status[i] != S_OK;
-    return bad;
+    return count_bad(status, n);
 }

@@ -229,7 +229,9 @@ def test_codec_batches_one_nvcomp_call(tmp_path, monkeypatch):
 
     monkeypatch.setattr(decode, "decode_batch_gpu", spy)  # the nvCOMP codec's call
     monkeypatch.setattr(ops, "decode_batch_gpu", spy)  # the engine stages' call (the codec pipeline)
-    with gpu_zarr_context():
+    from gpu_zarr import settings
+
+    with settings.set(small_read=0), gpu_zarr_context():  # every batch to nvCOMP, however small
         zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[...]
     n_chunks = 5 * 4 * 4
     assert sum(calls) == n_chunks and len(calls) < n_chunks / 8

@@ -30,7 +30,7 @@ import numpy as np
 from zarr.core.codec_pipeline import BatchedCodecPipeline
 from zarr.registry import register_pipeline
 
-from gpu_zarr import nvcomp_zstd
+from gpu_zarr import nvcomp_zstd, settings
 from gpu_zarr.errors import CorruptChunkError, UnsupportedArrayError
 from gpu_zarr.nvcomp_zstd import is_gpu_prototype
 
@@ -162,7 +162,15 @@ def _decode_with_stages(items: list[tuple[Any, Any]], codec: str, params: dict[s
                                     f"{tuple(spec.shape)} {dtype}, found {data.nbytes}; the chunk is truncated, "
                                     "damaged or belongs to another array.")
         encoded.append(data)
-    buf, offsets = decode_chunks(lay, encoded, names=[names[k] for k in present], device=device)
+    # a small batch (a viewer's tile) decodes on CPU threads, one copy to the GPU: nvCOMP's
+    # per-call latency costs more than it saves there (the engine's small-read policy)
+    limit = settings.get("small_read")
+    on_gpu = device == "gpu" and not (limit and n * len(present) <= limit)
+    buf, offsets = decode_chunks(lay, encoded, names=[names[k] for k in present], device="gpu" if on_gpu else "cpu")
+    if device == "gpu" and not on_gpu:
+        import cupy
+
+        buf = cupy.asarray(buf)
     for k, off in zip(present, offsets.tolist()):
         s = items[k][1]
         arr = buf[off:off + n].view(dtype).reshape(s.shape, order=order or s.order)

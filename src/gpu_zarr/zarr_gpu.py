@@ -121,6 +121,14 @@ def _host_round_trip(codec: Any, items: list[tuple[Any, Any]], names: list[str])
     return out
 
 
+def _key(byte_getter: Any) -> str:
+    """A chunk's key and its store, for messages: ``"2.0.1 of file:///data/a.zarr"``."""
+    path, store = getattr(byte_getter, "path", None), getattr(byte_getter, "store", None)
+    if path is None:
+        return str(byte_getter)
+    return f"{path} of {store}" if store is not None else str(path)
+
+
 def _names(n: int) -> list[str]:
     keys = _keys.get()
     if keys is not None and len(keys) == n:
@@ -187,7 +195,7 @@ class GpuCodecPipeline(BatchedCodecPipeline):
 
     async def read_batch(self, batch_info: Iterable[Any], out: Any, drop_axes: tuple[int, ...] = ()) -> Any:
         batch = list(batch_info)
-        token = _keys.set(None if self.supports_partial_decode else [str(b[0]) for b in batch])  # store and key
+        token = _keys.set(None if self.supports_partial_decode else [_key(b[0]) for b in batch])
         try:
             return await super().read_batch(batch, out, drop_axes)
         finally:

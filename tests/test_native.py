@@ -232,15 +232,18 @@ def test_place_equals_numpy(dtype, perm):
         for d in range(3):
             a = int(rng.integers(0, inner[d]))
             n = int(rng.integers(1, inner[d] - a + 1))
-            table[k, d, 1:] = (a, n, int(rng.integers(0, 10 - n)))
-    want = np.zeros((10, 10, 10), dt.newbyteorder("="))
+            # chunk k lands in its own slab of axis 0 (as a real read's chunks never overlap:
+            # threads place in any order, so overlapping boxes would make the result racy)
+            base = 10 * k if d == 0 else 0
+            table[k, d, 1:] = (a, n, base + int(rng.integers(0, 10 - n)))
+    want = np.zeros((60, 10, 10), dt.newbyteorder("="))
     got = want.copy()
     place_cpu(src, offs, table, want, dt, perm)
     st = native.place(src, offs, chunks[0].nbytes, table, got, dt, perm, 3)
     assert (st == native.OK).all()
     assert want.tobytes() == got.tobytes()
     bad = table.copy()
-    bad[0, 0, 3] = 10  # runs past the output
+    bad[0, 0, 3] = 60  # runs past the output
     st = native.place(src, offs, chunks[0].nbytes, bad, got, dt, perm, 1)
     assert st[0] == native.BOUNDS
 

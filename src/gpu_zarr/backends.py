@@ -15,7 +15,6 @@ holds the chosen backend for its life: a read never changes it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast, get_args
@@ -61,7 +60,9 @@ class BackendChoice:
 
 def nbytes_of(shape: tuple[int, ...], dtype: Any) -> int:
     """Bytes of an array of ``shape`` and ``dtype``, in Python integers (never wraps)."""
-    return math.prod(int(s) for s in shape) * np.dtype(dtype).itemsize
+    from gpu_zarr.engine.fit import nbytes_of as _nbytes
+
+    return _nbytes(shape, np.dtype(dtype).itemsize)
 
 
 class ReadBackend(Protocol):

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_zarr.engine.nvcomp_batch import ALGORITHMS as _NVCOMP_NAMES
 from gpu_zarr.errors import INSTALL_HINT, CorruptChunkError, GPUUnavailable
 
 __all__ = [
@@ -32,8 +33,8 @@ __all__ = [
     "nvcomp_codec",
 ]
 
-ALGORITHMS = ("zstd", "lz4", "deflate")
-_NVCOMP_NAMES = {"zstd": "Zstd", "lz4": "LZ4", "deflate": "Deflate"}
+#: the algorithms nvCOMP decodes for us (one table: :data:`gpu_zarr.engine.nvcomp_batch.ALGORITHMS`)
+ALGORITHMS = tuple(_NVCOMP_NAMES)
 
 
 def _name(names: Sequence[str] | None, k: int) -> str:

@@ -94,6 +94,20 @@ def test_flipped_bit_in_a_shard_is_an_error_where_zarr_finds_one(tmp_path, where
         _ours(tmp_path / "s.zarr")
 
 
+def test_corrupt_inner_chunk_is_named_by_its_shard(tmp_path):
+    """An inner chunk has no key of its own in zarr's sharding codec: the error names the shard."""
+    write(tmp_path / "s.zarr", codec="zstd", shards=(16, 32, 14))
+    f = tmp_path / "s.zarr" / "c" / "0" / "0" / "1"
+    raw = bytearray(f.read_bytes())
+    raw[4:40] = b"\x5a" * 36  # the first inner chunk's frame header and first block: garbage
+    f.write_bytes(bytes(raw))
+    with pytest.raises(Exception):  # noqa: B017 - zarr's own read finds it
+        zarr.open_array(tmp_path / "s.zarr", mode="r")[...]
+    # by its position in the shard where zarr says it (3.2+), else by its place in the shard's batch
+    with pytest.raises(CorruptChunkError, match=r"(inner chunk \(0, 0, 0\) of|inner chunks read from) shard c/0/0/1 of "):
+        _ours(tmp_path / "s.zarr")
+
+
 def test_pickle_is_refused_in_the_host_round_trip(tmp_path):
     codec = zarr_gpu.GpuCodecPipeline
     assert codec is not None

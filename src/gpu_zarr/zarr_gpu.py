@@ -42,6 +42,8 @@ PIPELINE = "gpu_zarr.zarr_gpu.GpuCodecPipeline"
 # the chunk keys of the batch being read (unsharded arrays), for error messages
 _warned: set[str] = set()
 _keys: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("gpu_zarr_chunk_keys", default=None)
+#: the shard keys of the read in progress (their inner chunks have no keys of their own)
+_shards: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("gpu_zarr_shard_keys", default=None)
 
 
 def to_native_order(a: np.ndarray) -> np.ndarray:
@@ -121,8 +123,21 @@ def _host_round_trip(codec: Any, items: list[tuple[Any, Any]], names: list[str])
     return out
 
 
+def _shard_phrase(shards: list[str]) -> str:
+    if len(shards) == 1:
+        return f"shard {shards[0]}"
+    return f"one of the shards {', '.join(shards[:3])}" + (" ..." if len(shards) > 3 else "")
+
+
 def _key(byte_getter: Any) -> str:
-    """A chunk's key and its store, for messages: ``"2.0.1 of file:///data/a.zarr"``."""
+    """A chunk's key and its store, for messages: ``"2.0.1 of file:///data/a.zarr"``; an inner
+    chunk of a shard by its position and the shard (zarr's sharding codec hands inner chunks
+    to their pipeline with their coordinates in the shard, not a key)."""
+    inner = getattr(byte_getter, "chunk_coords", None)
+    if inner is not None and not hasattr(byte_getter, "path"):
+        shards = _shards.get()
+        where = _shard_phrase(shards) if shards else "its shard"
+        return f"inner chunk {tuple(int(c) for c in inner)} of {where}"
     path, store = getattr(byte_getter, "path", None), getattr(byte_getter, "store", None)
     if path is None:
         return str(byte_getter)
@@ -133,6 +148,9 @@ def _names(n: int) -> list[str]:
     keys = _keys.get()
     if keys is not None and len(keys) == n:
         return list(keys)
+    shards = _shards.get()
+    if shards:  # inner chunks decoded with no key of their own (older zarr's sharding codec)
+        return [f"#{k} of the {n} inner chunks read from {_shard_phrase(shards)}" for k in range(n)]
     return [f"#{k} of a batch of {n} (inner chunks of a shard)" for k in range(n)]
 
 
@@ -195,10 +213,15 @@ class GpuCodecPipeline(BatchedCodecPipeline):
 
     async def read_batch(self, batch_info: Iterable[Any], out: Any, drop_axes: tuple[int, ...] = ()) -> Any:
         batch = list(batch_info)
-        token = _keys.set(None if self.supports_partial_decode else [_key(b[0]) for b in batch])
+        keys = [_key(b[0]) for b in batch]
+        # a sharded batch: the keys are shards', its inner chunks are decoded by a pipeline of
+        # their own (in tasks that inherit this context), named by shard
+        token = _keys.set(None if self.supports_partial_decode else keys)
+        shard_token = _shards.set(keys if self.supports_partial_decode else _shards.get())
         try:
             return await super().read_batch(batch, out, drop_axes)
         finally:
+            _shards.reset(shard_token)
             _keys.reset(token)
 
     async def decode_batch(self, chunk_bytes_and_specs: Iterable[tuple[Any, Any]]) -> Iterable[Any]:

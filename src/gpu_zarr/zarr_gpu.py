@@ -137,7 +137,7 @@ def _key(byte_getter: Any) -> str:
     if inner is not None and not hasattr(byte_getter, "path"):
         shards = _shards.get()
         where = _shard_phrase(shards) if shards else "its shard"
-        return f"inner chunk {tuple(int(c) for c in inner)} of {where}"
+        return f"{tuple(int(c) for c in inner)} (inner chunk) of {where}"
     path, store = getattr(byte_getter, "path", None), getattr(byte_getter, "store", None)
     if path is None:
         return str(byte_getter)

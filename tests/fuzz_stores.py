@@ -109,6 +109,13 @@ def _v3_chain(codec: str) -> list:
         return [ZstdCodec(level=3)]
     if codec == "gzip":
         return [GzipCodec(level=5)]
+    if codec == "zlib":  # numcodecs' zarr v3 codec (zarr v3 itself has no zlib)
+        import warnings
+
+        from numcodecs.zarr3 import Zlib
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "not in the Zarr v3 specification"
+            return [Zlib(level=5)]
     _, cname, shuffle = codec.split("-")
     return [BloscCodec(cname=cname, clevel=5, shuffle=SHUFFLES[int(shuffle)], typesize=2)]
 
@@ -154,8 +161,8 @@ def codecs(fmt: int) -> list[str]:
     blosc = [f"blosc-{c}-{s}" for c in BLOSC_CNAMES for s in SHUFFLES]
     if fmt == 2:
         return ["raw", "zstd", "gzip", "zlib", *blosc]
-    return ["raw", "zstd", "gzip", *blosc, "sharded-raw", "sharded-zstd", "sharded-blosc-lz4-1",
-            "sharded-blosc-zstd-2"]
+    return ["raw", "zstd", "gzip", "zlib", *blosc, "sharded-raw", "sharded-zstd", "sharded-gzip",
+            "sharded-blosc-lz4-1", "sharded-blosc-zstd-2"]
 
 
 # -- damages ---------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ PIPELINE = "gpu_zarr.zarr_gpu.GpuCodecPipeline"
 _warned: set[str] = set()
 _keys: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("gpu_zarr_chunk_keys", default=None)
 #: the shard keys of the read in progress (their inner chunks have no keys of their own)
-_shards: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("gpu_zarr_shard_keys", default=None)
+_shards: contextvars.ContextVar[list[tuple[str, str]] | None] = contextvars.ContextVar("gpu_zarr_shard_keys",
+                                                                                      default=None)
 
 
 def to_native_order(a: np.ndarray) -> np.ndarray:
@@ -123,25 +124,36 @@ def _host_round_trip(codec: Any, items: list[tuple[Any, Any]], names: list[str])
     return out
 
 
-def _shard_phrase(shards: list[str]) -> str:
+def _where(byte_getter: Any) -> tuple[str, str]:
+    """A chunk's key and its store (``("2.0.1", "file:///data/a.zarr")``), for messages."""
+    path, store = getattr(byte_getter, "path", None), getattr(byte_getter, "store", None)
+    if path is None:
+        return str(byte_getter), ""
+    return str(path), "" if store is None else str(store)
+
+
+def _inner_name(what: str, shards: list[tuple[str, str]] | None) -> str:
+    """``what`` (an inner chunk) of the shard it was read from, as the engine names it:
+    ``"c/0/0 inner chunk (1, 3) of file:///data/a.zarr"``."""
+    if not shards:
+        return f"{what} of a shard"
+    stores = {st for _, st in shards}
+    store = f" of {shards[0][1]}" if len(stores) == 1 and shards[0][1] else ""
     if len(shards) == 1:
-        return f"shard {shards[0]}"
-    return f"one of the shards {', '.join(shards[:3])}" + (" ..." if len(shards) > 3 else "")
+        return f"{shards[0][0]} {what}{store}"
+    keys = ", ".join(k for k, _ in shards[:3]) + (" ..." if len(shards) > 3 else "")
+    return f"{what} of one of the shards {keys}{store}"
 
 
 def _key(byte_getter: Any) -> str:
     """A chunk's key and its store, for messages: ``"2.0.1 of file:///data/a.zarr"``; an inner
-    chunk of a shard by its position and the shard (zarr's sharding codec hands inner chunks
-    to their pipeline with their coordinates in the shard, not a key)."""
+    chunk of a shard by the shard's key and its position there (zarr's sharding codec hands
+    inner chunks to their pipeline with their coordinates in the shard, not a key)."""
     inner = getattr(byte_getter, "chunk_coords", None)
     if inner is not None and not hasattr(byte_getter, "path"):
-        shards = _shards.get()
-        where = _shard_phrase(shards) if shards else "its shard"
-        return f"{tuple(int(c) for c in inner)} (inner chunk) of {where}"
-    path, store = getattr(byte_getter, "path", None), getattr(byte_getter, "store", None)
-    if path is None:
-        return str(byte_getter)
-    return f"{path} of {store}" if store is not None else str(path)
+        return _inner_name(f"inner chunk {tuple(int(c) for c in inner)}", _shards.get())
+    path, store = _where(byte_getter)
+    return f"{path} of {store}" if store else path
 
 
 def _names(n: int) -> list[str]:
@@ -150,7 +162,7 @@ def _names(n: int) -> list[str]:
         return list(keys)
     shards = _shards.get()
     if shards:  # inner chunks decoded with no key of their own (older zarr's sharding codec)
-        return [f"#{k} of the {n} inner chunks read from {_shard_phrase(shards)}" for k in range(n)]
+        return [_inner_name(f"inner chunk #{k} of {n} read", shards) for k in range(n)]
     return [f"#{k} of a batch of {n} (inner chunks of a shard)" for k in range(n)]
 
 
@@ -213,11 +225,11 @@ class GpuCodecPipeline(BatchedCodecPipeline):
 
     async def read_batch(self, batch_info: Iterable[Any], out: Any, drop_axes: tuple[int, ...] = ()) -> Any:
         batch = list(batch_info)
-        keys = [_key(b[0]) for b in batch]
         # a sharded batch: the keys are shards', its inner chunks are decoded by a pipeline of
         # their own (in tasks that inherit this context), named by shard
-        token = _keys.set(None if self.supports_partial_decode else keys)
-        shard_token = _shards.set(keys if self.supports_partial_decode else _shards.get())
+        partial = self.supports_partial_decode
+        token = _keys.set(None if partial else [_key(b[0]) for b in batch])
+        shard_token = _shards.set([_where(b[0]) for b in batch] if partial else _shards.get())
         try:
             return await super().read_batch(batch, out, drop_axes)
         finally:

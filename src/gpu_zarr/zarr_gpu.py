@@ -24,6 +24,7 @@ import math
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -216,6 +217,54 @@ def _decode_with_stages(items: list[tuple[Any, Any]], codec: str, params: dict[s
     return out
 
 
+@dataclass(frozen=True)
+class _Shards:
+    """A sharding codec's index geometry (:class:`gpu_zarr.engine.locate.ShardGeometry`)."""
+
+    inner_per_shard: tuple[int, ...]
+    index_crc: bool
+    index_at_end: bool
+
+
+async def _check_shard_indexes(codec: Any, batch: list[Any]) -> None:
+    """Check every shard's index of a batch as the engine does, before zarr reads the shards.
+
+    zarr's sharding codec hands an inner chunk whatever bytes its index entry spans, cut at
+    the shard's end: an entry whose size runs past the data gives Blosc, which ignores bytes
+    after its stream, a chunk that decodes. The engine refuses such shards
+    (:func:`~gpu_zarr.engine.locate.index_entries`: entries inside the data, sizes not 0, the
+    crc32c); so does this pipeline, for the price of the index read once more."""
+    from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+    from zarr.core.buffer import default_buffer_prototype
+
+    from gpu_zarr.engine.locate import index_entries
+
+    idx = [type(c).__name__ for c in codec.index_codecs]
+    if idx not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]):
+        return  # an index layout the engine does not know: zarr's own checks only
+    geo = _Shards(tuple(int(s) // int(c) for s, c in zip(batch[0][1].shape, codec.chunk_shape)),
+                  len(idx) == 2, getattr(codec.index_location, "value", codec.index_location) == "end")
+    size = math.prod(geo.inner_per_shard) * 16 + (4 if geo.index_crc else 0)
+
+    async def one(getter: Any) -> None:
+        store, path = getattr(getter, "store", None), getattr(getter, "path", None)
+        if store is None or path is None:
+            return
+        try:
+            fsize = int(await store.getsize(path))
+        except (FileNotFoundError, KeyError):
+            return  # a missing shard: filled, as zarr does
+        req = SuffixByteRequest(size) if geo.index_at_end else RangeByteRequest(0, size)
+        buf = await getter.get(prototype=default_buffer_prototype(), byte_range=req) if fsize >= size else None
+        raw = b"" if buf is None else buf.to_bytes()
+        index_entries(geo, _key(getter), raw, fsize)  # CorruptChunkError naming the shard
+
+    # every check finishes before the first failure is raised (none left running on a closing loop)
+    for res in await asyncio.gather(*(one(b[0]) for b in batch if b[1].shape), return_exceptions=True):
+        if isinstance(res, BaseException):
+            raise res
+
+
 class GpuCodecPipeline(BatchedCodecPipeline):
     """zarr's batched codec pipeline, with the engine's batched decoders for the chains it knows.
 
@@ -231,10 +280,15 @@ class GpuCodecPipeline(BatchedCodecPipeline):
         token = _keys.set(None if partial else [_key(b[0]) for b in batch])
         shard_token = _shards.set([_where(b[0]) for b in batch] if partial else _shards.get())
         try:
+            if partial and type(self.array_bytes_codec).__name__ == "ShardingCodec":
+                await _check_shard_indexes(self.array_bytes_codec, batch)
             return await super().read_batch(batch, out, drop_axes)
         finally:
-            _shards.reset(shard_token)
-            _keys.reset(token)
+            try:
+                _shards.reset(shard_token)
+                _keys.reset(token)
+            except ValueError:  # a task zarr abandoned, closed in another context at exit: nothing to restore
+                pass
 
     async def decode_batch(self, chunk_bytes_and_specs: Iterable[tuple[Any, Any]]) -> Iterable[Any]:
         items = list(chunk_bytes_and_specs)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,7 +21,18 @@ from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.plan import LazyNames, Pieces
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["Located", "check_sizes", "index_entries", "locate"]
+__all__ = ["Located", "ShardGeometry", "check_sizes", "index_entries", "locate"]
+
+
+class ShardGeometry(Protocol):
+    """What reading a shard's index needs of its array (a :class:`Layout` has it)."""
+
+    @property
+    def inner_per_shard(self) -> tuple[int, ...]: ...
+    @property
+    def index_crc(self) -> bool: ...
+    @property
+    def index_at_end(self) -> bool: ...
 
 _MISSING = np.uint64(2**64 - 1)
 
@@ -134,7 +145,7 @@ def _read_index(layout: Layout, path: Path) -> tuple[np.ndarray, int] | None:
     return index_entries(layout, path, raw, fsize), st.st_mtime_ns
 
 
-def index_entries(layout: Layout, path: Any, raw: bytes, fsize: int) -> np.ndarray:
+def index_entries(layout: ShardGeometry, path: Any, raw: bytes, fsize: int) -> np.ndarray:
     """The checked (n_inner, 2) uint64 index of a shard of ``fsize`` bytes from its index bytes
     ``raw`` (CorruptChunkError naming ``path`` when it is short, corrupt or points outside)."""
     n = int(np.prod(layout.inner_per_shard))

@@ -8,6 +8,9 @@ A backend is an object that owns one read path:
   pipeline (:mod:`gpu_zarr.zarr_gpu`), for any array zarr reads;
 - :class:`CpuBackend` (``"cpu"``): host memory, for machines without a GPU.
 
+The two engine backends also read boxes of several arrays of one chunk format in one engine
+read (``read_parts_into``: a plate's wells, :mod:`gpu_zarr.plate`).
+
 :func:`choose` picks one for an array (``prefer="auto"`` picks the fastest the array and the
 machine allow) and says why. A prepared array (:class:`gpu_zarr.zarr_io.PreparedArray`)
 holds the chosen backend for its life: a read never changes it.

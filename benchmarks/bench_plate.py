@@ -7,7 +7,7 @@ Run as::
 
 For each level it times (median of ``--repeat``) the whole plate image of one channel, as
 napari shows it when zoomed out: ours (``gpu_zarr.plate.open_plate(...).level(n)``, the
-wells' tiles read concurrently) against napari-ome-zarr's pyramid (``get_pyramid_lazy``: one
+wells' chunks in one engine read) against napari-ome-zarr's pyramid (``get_pyramid_lazy``: one
 dask array per well, concatenated, ``np.asarray``). Opening (metadata) is timed too. Every
 result is checked equal to napari-ome-zarr's. Prints a Markdown table (and writes it and JSON
 to ``--out``).

@@ -152,3 +152,75 @@ def test_path_input_is_opened_read_only(tmp_path):
     arr, values = write(tmp_path / "a.zarr", partial=False)
     np.testing.assert_array_equal(read(str(tmp_path / "a.zarr"), Ellipsis, device="cpu").data, values)
     assert os.access(tmp_path / "a.zarr", os.W_OK)  # we did not need to change permissions
+
+
+# -- read_many: boxes of several arrays of one chunk format, one engine read ------------------
+_MANY_OPS = {
+    "native": lambda: None,  # the engine's own CPU ops: one native call (chunkwise)
+    "twin": lambda: __import__("gpu_zarr.engine.ops", fromlist=["CpuOps"]).CpuOps(),  # batches: the GPU's twin
+    "small-read": lambda: __import__("gpu_zarr.engine.ops", fromlist=["CpuOps"]).CpuOps(fast=True),
+}
+
+
+@pytest.mark.parametrize("ops", list(_MANY_OPS))
+@pytest.mark.parametrize("name,kw", [LAYOUTS[i] for i in (1, 3, 4, 6, 10, 12, 14, 16)],
+                         ids=[LAYOUTS[i][0] for i in (1, 3, 4, 6, 10, 12, 14, 16)])
+def test_read_many_places_each_box_like_zarr(tmp_path, name, kw, ops):
+    from gpu_zarr.engine import read_many
+    from gpu_zarr.engine.layout import layout_of
+    from gpu_zarr.engine.plan import Part
+
+    arrs = [write(tmp_path / f"{i}.zarr", seed=i, **kw)[0] for i in range(3)]  # partial: some chunks missing
+    boxes = [((0, 0, 0), (37, 50, 23), (0, 0, 0)),  # a whole array
+             ((5, 10, 3), (20, 41, 20), (0, 50, 0)),  # crossing chunk edges
+             ((36, 49, 22), (37, 50, 23), (36, 90, 22))]  # one element
+    parts = [Part(layout_of(a), start, stop, at) for a, (start, stop, at) in zip(arrs, boxes)]
+    res = read_many(parts, (37, 91, 23), device="cpu", ops=_MANY_OPS[ops]())
+    want = np.zeros((37, 91, 23), arrs[0].dtype.newbyteorder("="))
+    got = res.data
+    for a, (start, stop, at) in zip(arrs, boxes):
+        box = tuple(slice(o, o + b - s) for s, b, o in zip(start, stop, at))
+        want[box] = a[tuple(slice(s, b) for s, b in zip(start, stop))]
+        np.testing.assert_array_equal(got[box], want[box])
+    assert res.stats["arrays"] == 3 and res.stats["pieces"] > 3
+    # into a given output: what no part covers keeps its value
+    out = np.full((37, 91, 23), 9, want.dtype)
+    read_many(parts, device="cpu", ops=_MANY_OPS[ops](), out=out)
+    want[:, :, :] = 9
+    for a, (start, stop, at) in zip(arrs, boxes):
+        want[tuple(slice(o, o + b - s) for s, b, o in zip(start, stop, at))] = a[
+            tuple(slice(s, b) for s, b in zip(start, stop))]
+    np.testing.assert_array_equal(out, want)
+
+
+def test_read_many_refuses_other_formats_and_bad_boxes(tmp_path):
+    from gpu_zarr.engine import read_many
+    from gpu_zarr.engine.layout import layout_of
+    from gpu_zarr.engine.plan import Part
+
+    a = layout_of(write(tmp_path / "a.zarr", fmt=3, codec="zstd")[0])
+    b = layout_of(write(tmp_path / "b.zarr", fmt=3, codec="zstd", chunks=(8, 16, 8))[0])
+    c = layout_of(write(tmp_path / "c.zarr", fmt=3, codec="raw")[0])
+    whole = ((0, 0, 0), (37, 50, 23))
+    for other in (b, c):
+        with pytest.raises(UnsupportedArrayError, match="one chunk format"):
+            read_many([Part(a, *whole, (0, 0, 0)), Part(other, *whole, (0, 0, 0))], (37, 50, 23), device="cpu")
+    with pytest.raises(ValueError, match="does not fit"):
+        read_many([Part(a, *whole, (0, 1, 0))], (37, 50, 23), device="cpu")
+    with pytest.raises(ValueError, match="does not fit"):
+        read_many([Part(a, (0, 0, 0), (38, 50, 23), (0, 0, 0))], (40, 50, 23), device="cpu")
+    with pytest.raises(ValueError, match="at least one"):
+        read_many([], (1,), device="cpu")
+
+
+def test_read_many_names_the_array_of_a_corrupt_chunk(tmp_path):
+    from gpu_zarr.engine import read_many
+    from gpu_zarr.engine.layout import layout_of
+    from gpu_zarr.engine.plan import Part
+
+    arrs = [write(tmp_path / f"{i}.zarr", fmt=3, codec="zstd", seed=i)[0] for i in range(2)]
+    f = _chunk_file(tmp_path / "1.zarr", "c/1/1/1")
+    f.write_bytes(f.read_bytes()[:5])
+    parts = [Part(layout_of(a), (0, 0, 0), (37, 50, 23), (0, 50 * i, 0)) for i, a in enumerate(arrs)]
+    with pytest.raises(CorruptChunkError, match=r"c/1/1/1 of .*1\.zarr"):
+        read_many(parts, (37, 100, 23), device="cpu")

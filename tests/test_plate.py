@@ -94,6 +94,101 @@ def test_well_equals_ome_zarr_py(plate_path):
             assert got[..., :48].all() and not got[..., 48:].any()
 
 
+
+def _zarr_plate(path, lv, field_index=0, fill=0):
+    """The plate image of level ``lv`` from zarr-python's own read of each well's field
+    (a missing well or field, or an empty cell: ``fill``)."""
+    import zarr
+
+    plate = open_plate(path)
+    ds = plate.image.levels[lv]
+    *lead, th, tw = ds.shape
+    rows, cols = plate.grid
+    want = np.full((*lead, rows * th, cols * tw), fill, ds.dtype)
+    for w in plate.wells:
+        try:
+            a = zarr.open_array(str(path / w.path / str(field_index) / ds.path), mode="r")[...]
+        except (FileNotFoundError, KeyError, ValueError, zarr.errors.BaseZarrError):
+            continue
+        want[..., w.row * th:w.row * th + a.shape[-2], w.column * tw:w.column * tw + a.shape[-1]] = a
+    return want
+
+
+def _per_tile(monkeypatch, view, key):
+    """``view[key]`` read tile by tile (the path before one engine read served many tiles)."""
+    import gpu_zarr.plate as plate_mod
+
+    with monkeypatch.context() as m:
+        m.setattr(plate_mod, "_batch_groups", lambda tiles: ([], tiles))
+        return view[key]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "auto"])
+def test_plate_region_is_one_engine_read(plate_path, backend, monkeypatch):
+    """A region over several wells is ONE engine read (counted, not timed), pixel for pixel
+    napari-ome-zarr's, zarr-python's and the tile-by-tile read's: every level, partial
+    regions, a missing well (B/3), an empty cell (A/2), a missing field (A/3's second)."""
+    plate = open_plate(plate_path)
+    ref = _reference_plate(plate_path)
+    for lv in range(plate.levels):
+        view = plate.level(lv, backend=backend)
+        th, tw = view.tile_shape[-2:]
+        want = _zarr_plate(plate_path, lv)
+        np.testing.assert_array_equal(want, np.asarray(ref[lv]))
+        for key in [Ellipsis, (0, 0, slice(3, th + 5), slice(tw - 2, 3 * tw - 1)), (1, 0, 1),
+                    (slice(None), 0, slice(th - 1, th + 1), slice(1, 3 * tw))]:
+            before = dict(view.read_counts)
+            got = view[key]
+            assert view.read_counts["batched_reads"] == before["batched_reads"] + 1, key
+            assert view.read_counts["tile_reads"] == before["tile_reads"], key
+            np.testing.assert_array_equal(got, want[key])
+            np.testing.assert_array_equal(got, _per_tile(monkeypatch, view, key))
+        assert view.last_batched["tiles"] == 3  # A1, A3, B2: the missing well and empty cell stay filled
+        assert "one engine read of 3 arrays" in view.last_batched["reason"]
+        assert view.last_batched["stats"]["arrays"] == 3
+    second = plate.level(0, field_index=1, backend=backend, fill_value=7)
+    got = np.asarray(second)
+    assert second.read_counts["batched_reads"] == 1 and second.last_batched["tiles"] == 2  # A3's second field is gone
+    np.testing.assert_array_equal(got, _zarr_plate(plate_path, 0, field_index=1, fill=7))
+    np.testing.assert_array_equal(got, _per_tile(monkeypatch, second, Ellipsis))
+    ch1 = plate.level(1, backend=backend).index_axis(0, 1)
+    np.testing.assert_array_equal(np.asarray(ch1), _zarr_plate(plate_path, 1)[1])
+    assert ch1.read_counts["batched_reads"] == 1
+
+
+def test_plate_tiles_of_other_formats_are_read_one_by_one(tmp_path, monkeypatch):
+    """Tiles one engine read cannot serve together are read tile by tile, with the same
+    pixels: a well whose chunks differ, stepped selections, a single tile."""
+    import shutil
+
+    import zarr
+
+    path = write_plate(tmp_path / "mixed.zarr", version="0.4", drop_well=None, drop_field=None)
+    src = path / "B" / "2" / "0" / open_plate(path).image.levels[0].path
+    data = zarr.open_array(str(src), mode="r")[...]
+    re = zarr.create_array(str(tmp_path / "re.zarr"), shape=data.shape, dtype=data.dtype, chunks=(1, 1, 16, 16),
+                           zarr_format=2)
+    re[...] = data
+    shutil.rmtree(src)
+    shutil.copytree(tmp_path / "re.zarr", src)
+    plate = open_plate(path)
+    view = plate.level(0, backend="cpu")
+    want = _zarr_plate(path, 0)
+    np.testing.assert_array_equal(want, np.asarray(_reference_plate(path)[0]))
+    got = np.asarray(view)
+    np.testing.assert_array_equal(got, want)
+    # A1, A3, B3 share a chunk format; B2 (other chunks) is read alone
+    assert view.read_counts == {"batched_reads": 1, "batched_tiles": 3, "tile_reads": 1}
+    th, tw = view.tile_shape[-2:]
+    # stepped (read tile by tile), reversed (read forwards in one read, then flipped), one tile
+    for key, batched in [((0, 0, slice(None, None, 2), slice(1, None, 3)), 0), ((1, 0, slice(None, None, -1)), 1),
+                         ((0, 0, slice(2, 9), slice(tw + 3, tw + 9)), 0)]:
+        before = dict(view.read_counts)
+        np.testing.assert_array_equal(view[key], want[key])
+        assert view.read_counts["batched_reads"] == before["batched_reads"] + batched, key
+        np.testing.assert_array_equal(view[key], _per_tile(monkeypatch, view, key))
+
+
 def test_not_a_plate_is_a_clear_error(tmp_path, small_plain_array):
     with pytest.raises(NotOmeZarrError, match="plate group"):
         open_plate(small_plain_array)
@@ -117,3 +212,21 @@ def test_plate_on_the_gpu_equals_cpu(plate_path, backend):
     for lv in range(plate.levels):
         np.testing.assert_array_equal(np.asarray(plate.level(lv, backend=backend)),
                                       np.asarray(plate.level(lv, backend="cpu")))
+
+
+@pytest.mark.gpu
+def test_plate_region_decoded_on_the_gpu_in_one_read(plate_path, monkeypatch):
+    """GPU twin of test_plate_region_is_one_engine_read: with no small reads, the wells' chunks
+    go through the GPU pipeline in one engine read."""
+    from gpu_zarr import settings
+
+    plate = open_plate(plate_path)
+    with settings.set(small_read=0):
+        for lv in range(plate.levels):
+            view = plate.level(lv, backend="kvikio")
+            th, tw = view.tile_shape[-2:]
+            for key in [Ellipsis, (0, 0, slice(3, th + 5), slice(tw - 2, 3 * tw - 1))]:
+                got = view[key]
+                assert "decoded on the GPU" in view.last_batched["reason"]
+                np.testing.assert_array_equal(got, _zarr_plate(plate_path, lv)[key])
+                np.testing.assert_array_equal(got, _per_tile(monkeypatch, view, key))

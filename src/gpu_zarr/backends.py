@@ -8,6 +8,9 @@ A backend is an object that owns one read path:
   pipeline (:mod:`gpu_zarr.zarr_gpu`), for any array zarr reads;
 - :class:`CpuBackend` (``"cpu"``): host memory, for machines without a GPU.
 
+The two engine backends also read boxes of several arrays of one chunk format in one engine
+read (``read_parts_into``: a plate's wells, :mod:`gpu_zarr.plate`).
+
 :func:`choose` picks one for an array (``prefer="auto"`` picks the fastest the array and the
 machine allow) and says why. A prepared array (:class:`gpu_zarr.zarr_io.PreparedArray`)
 holds the chosen backend for its life: a read never changes it.
@@ -154,6 +157,26 @@ class EngineBackend:
                              "threads" + (", one copy to the GPU" if on_gpu else ", returned in host memory"))
 
 
+    def read_parts_into(self, parts: Any, out: np.ndarray, *, options: Any = None) -> tuple[dict[str, Any], str]:
+        """Read boxes of several arrays of this one's chunk format into their places in the host
+        array ``out`` with ONE engine read (:func:`gpu_zarr.engine.read_many`): on CPU threads
+        when all of them together are a small read (``settings`` ``small_read``), else on the
+        GPU, then one copy to the host. Returns (stats, what to add to the choice's reason)."""
+        limit = settings.get("small_read")
+        touched = [self.small_read_bytes(p) for p in parts]
+        if limit and all(t is not None for t in touched) and sum(t or 0 for t in touched) <= limit:
+            stats = _read_parts_on_host(self.runtime, parts, out, options)
+            return stats, f"; one engine read of {len(parts)} arrays, decoded on CPU threads (small read)"
+        from gpu_zarr.engine import EngineOptions, read_many
+
+        res = read_many(parts, out.shape, device="gpu", options=options or EngineOptions(), runtime=self.runtime)
+        host = res.data.get()
+        for p in parts:  # the rest of the device output is undefined: only the parts come back
+            box = tuple(slice(a, a + b - s) for a, s, b in zip(p.at, p.start, p.stop))
+            out[box] = host[box]
+        return res.stats, f"; one engine read of {len(parts)} arrays, decoded on the GPU"
+
+
 class _ZarrBackend:
     """zarr-python reads, in chunk-aligned slabs when progress or cancel is asked for."""
 
@@ -246,6 +269,23 @@ class CpuEngineBackend:
         # progress and cancel between chunk-aligned slabs, as for zarr-python reads
         return _in_slabs(arr, region, selection, read, "cpu", progress, cancel), stats, ""
 
+
+    def read_parts_into(self, parts: Any, out: np.ndarray, *, options: Any = None) -> tuple[dict[str, Any], str]:
+        """Read boxes of several arrays of this one's chunk format into their places in ``out``
+        with ONE engine read on native threads (see :meth:`EngineBackend.read_parts_into`)."""
+        return (_read_parts_on_host(self._engine.runtime, parts, out, options),
+                f"; one engine read of {len(parts)} arrays on native threads")
+
+
+def _read_parts_on_host(rt: Any, parts: Any, out: np.ndarray, options: Any) -> dict[str, Any]:
+    """The host half of ``read_parts_into``: one engine read on the small-read path (chunks
+    read, decoded and placed on native threads), straight into ``out``."""
+    from gpu_zarr.engine import EngineOptions, read_many
+    from gpu_zarr.engine.ops import CpuOps
+
+    opts = (options or EngineOptions()).with_(reader="threads")
+    ops = CpuOps(rt.pool("cpu-decode", opts.threads), opts.threads, fast=True)
+    return read_many(parts, device="cpu", options=opts, ops=ops, runtime=rt, out=out).stats
 
 def _name_the_chunk(arr: Any, selection: Any, exc: Exception) -> Exception:
     """zarr-python's own message names no chunk ("Zstd decompression error: invalid input

@@ -261,6 +261,11 @@ class GpuLazyArray:
         """The concrete backend the core uses for this array, and why."""
         return self._src.prepared().choice
 
+    def prepared(self) -> PreparedArray:
+        """The array with its backend chosen and its layout parsed (shared with its views):
+        what a read of several arrays at once (a plate's wells) reads through."""
+        return self._src.prepared()
+
     # -- views ---------------------------------------------------------------------
     def index_axis(self, axis: int, index: int) -> GpuLazyArray:
         """A lazy view with ``axis`` fixed at ``index`` (like ``np.take(a, index, axis)``).

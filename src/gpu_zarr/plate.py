@@ -11,9 +11,13 @@ ome-zarr-py's ``Well`` does. OME-NGFF 0.4 (zarr v2) and 0.5 (zarr v3). Read-only
 
 Reads are lazy: only the metadata of the plate, the first well and the first field is
 read when a plate opens; each tile's well and field metadata are read the first time a
-read touches the tile. A read gathers the tiles it touches and reads them concurrently
-(each through :class:`gpu_zarr.lazy.GpuLazyArray`, so on the GPU when there is one, with
-the chunk cache and the backend choice of a single array).
+read touches the tile. A read gathers the tiles it touches and reads the chunks of all of
+them with ONE engine read (:func:`gpu_zarr.engine.read_many`: native threads for a small
+read, GPU decode for a big one), into their places in the result. Tiles one engine read
+cannot serve together (another codec, dtype or chunk shape than the others, a backend
+other than the engine's, a remote store, a stepped selection, a GPU-resident level) are read
+one by one and concurrently, each through :class:`gpu_zarr.lazy.GpuLazyArray`; missing
+wells and fields are filled. ``TiledArray.read_counts`` says which path served the reads.
 
 Examples
 --------
@@ -37,7 +41,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from .errors import GpuZarrError, InvalidOmeMetadata, NotOmeZarrError
+from .errors import GpuZarrError, InvalidOmeMetadata, NotOmeZarrError, UnsupportedArrayError
 from .omezarr import OmeImage, ome_attrs, open_node, open_ome
 
 __all__ = [
@@ -456,7 +460,8 @@ class TiledArray:
 
     napari and numpy see one array (``shape``, ``dtype``, ``ndim``, ``__getitem__`` returning
     host numpy, ``__array__``): the tiles' shape times the grid along y and x. A read touches
-    only the tiles its selection covers and reads them concurrently; cells without a tile are
+    only the tiles its selection covers and reads them with one engine read where their
+    arrays share a chunk format (else tile by tile, concurrently); cells without a tile are
     ``fill_value``.
 
     Parameters
@@ -472,6 +477,15 @@ class TiledArray:
         How each tile is read (see :class:`gpu_zarr.lazy.GpuLazyArray`).
     fill_value : scalar
         Value of empty cells (and of the part of a cell a smaller tile leaves).
+
+    Attributes
+    ----------
+    read_counts : dict
+        Reads so far: ``batched_reads`` (engine reads of several tiles at once),
+        ``batched_tiles`` (the tiles they read) and ``tile_reads`` (tiles read alone).
+    last_batched : dict or None
+        The last read of several tiles at once: ``tiles``, ``reason`` (how it was read) and
+        the engine's ``stats``.
     """
 
     def __init__(self, tile_shape: Sequence[int], dtype: Any, grid: tuple[int, int],
@@ -494,6 +508,9 @@ class TiledArray:
         full[-1] *= self.grid[1]
         self._free = tuple(i for i in range(nd) if i not in fixed_axes)
         self._shape = tuple(full[i] for i in self._free)
+        self._lock = threading.Lock()
+        self.read_counts = {"batched_reads": 0, "batched_tiles": 0, "tile_reads": 0}
+        self.last_batched: dict[str, Any] | None = None
 
     # -- array protocol ------------------------------------------------------------
     @property
@@ -588,10 +605,8 @@ class TiledArray:
         lead = fwd[:-2]
         ys = _axis_plan(fwd[-2], th, self.grid[0])
         xs = _axis_plan(fwd[-1], tw, self.grid[1])
-        out_lead = tuple(len(range(s.start, s.stop, s.step)) for s in lead if isinstance(s, slice))
-        ny = len(range(fwd[-2].start, fwd[-2].stop, fwd[-2].step)) if isinstance(fwd[-2], slice) else None
-        nx = len(range(fwd[-1].start, fwd[-1].stop, fwd[-1].step)) if isinstance(fwd[-1], slice) else None
-        out_shape = out_lead + tuple(n for n in (ny, nx) if n is not None)
+        box_shape = tuple(1 if isinstance(s, int) else len(range(s.start, s.stop, s.step)) for s in fwd)
+        out_shape = tuple(n for s, n in zip(fwd, box_shape) if isinstance(s, slice))
         out = np.full(out_shape, self.fill_value, dtype=self._dtype)
         jobs = []
         for ty, ky, oy in ys:
@@ -599,29 +614,93 @@ class TiledArray:
                 cell = self._cells.get((ty, tx))
                 if cell is not None:
                     jobs.append((cell, (*lead, ky, kx), tuple(o for o in (oy, ox) if o is not None)))
-        if not jobs:
+        if not jobs or out.size == 0:
             return out
+        from .engine import get_runtime
 
-        def one(job: tuple[_Cell, tuple[Any, ...], tuple[slice, ...]]) -> None:
-            cell, k, o = job
+        pool = get_runtime().pool("plate", min(16, max(2, (os.cpu_count() or 2) * 2)))
+        cells = [j[0] for j in jobs]
+        if sum(not c.resolved for c in cells) > 1:  # each well's metadata on first use, concurrently
+            list(pool.map(lambda c: c.get(self.backend), cells))
+        tiles: list[_Tile] = []
+        for cell, k, o in jobs:
             arr = cell.get(self.backend)
             if arr is None:
-                return
+                continue  # a missing well or field: its cell stays filled
             k, o = _clip(k, o, arr.shape, self._tile_shape)
-            if k is None:
-                return
+            if k is not None:
+                tiles.append((arr, k, o))
+        groups, singles = _batch_groups(tiles)
+
+        def one(tile: _Tile) -> None:
+            arr, k, o = tile
             out[(Ellipsis, *o)] = arr[k]
+            self._count("tile_reads", 1)
 
-        if len(jobs) == 1:
-            one(jobs[0])
-        else:
-            from .engine import get_runtime
-
-            pool = get_runtime().pool("plate", min(16, max(2, (os.cpu_count() or 2) * 2)))
-            for f in [pool.submit(one, j) for j in jobs]:
-                f.result()
+        futures = [pool.submit(one, t) for t in singles]  # beside the batched reads below
+        box = out.reshape(box_shape)
+        for group in groups:
+            try:
+                self._read_batched(group, box)
+            except UnsupportedArrayError:  # the engine declined after all: tile by tile
+                futures += [pool.submit(one, t) for t in group]
+        for f in futures:
+            f.result()
         return out
 
+    def _read_batched(self, group: list[_Tile], box: np.ndarray) -> None:
+        """ONE engine read of the tiles of ``group`` (arrays of one chunk format) into ``box``
+        (the output with every axis kept, integer-indexed ones of length 1)."""
+        from .engine import EngineOptions
+        from .engine.plan import Part
+
+        parts = []
+        for arr, k, o in group:
+            start = tuple(s if isinstance(s, int) else s.start for s in k)
+            stop = tuple(s + 1 if isinstance(s, int) else s.stop for s in k)
+            outs = iter(o)
+            yx = tuple(0 if isinstance(s, int) else next(outs).start for s in k[-2:])
+            parts.append(Part(arr.prepared().layout, start, stop, (0,) * (len(k) - 2) + yx))
+        impl = group[0][0].prepared().backend_impl
+        stats, why = impl.read_parts_into(parts, box, options=EngineOptions(cache=True))
+        self._count("batched_reads", 1, "batched_tiles", len(group))
+        with self._lock:
+            self.last_batched = {"tiles": len(group), "reason": why.removeprefix("; "), "stats": stats}
+
+    def _count(self, *pairs: Any) -> None:
+        with self._lock:
+            for name, n in zip(pairs[::2], pairs[1::2]):
+                self.read_counts[name] += n
+
+
+_Tile = tuple[Any, tuple[Any, ...], Any]  # (lazy array, key in it, output slices of y and x)
+
+
+def _batch_groups(tiles: list[_Tile]) -> tuple[list[list[_Tile]], list[_Tile]]:
+    """Tiles that one engine read can serve together, in groups (the same backend and chunk
+    format: :func:`gpu_zarr.engine.layout.batch_key`), and the rest, read one by one: steps
+    other than 1, GPU-resident levels, backends or arrays the engine does not read (zarr-python
+    backends, remote stores), and groups of one."""
+    from .engine.layout import batch_key
+
+    groups: dict[Any, list[_Tile]] = {}
+    singles: list[_Tile] = []
+    for tile in tiles:
+        arr, k, _ = tile
+        key = None
+        if all(isinstance(s, int) or s.step == 1 for s in k) and not arr.is_resident:
+            prepared = arr.prepared()
+            impl = prepared.backend_impl
+            if prepared.layout is not None and hasattr(impl, "read_parts_into"):
+                fmt = batch_key(prepared.layout)
+                key = None if fmt is None else (type(impl), prepared.backend, fmt)
+        if key is None:
+            singles.append(tile)
+        else:
+            groups.setdefault(key, []).append(tile)
+    batched = [g for g in groups.values() if len(g) > 1]
+    singles += [g[0] for g in groups.values() if len(g) == 1]
+    return batched, singles
 
 def _clip(key: tuple[Any, ...], outs: tuple[slice, ...], shape: tuple[int, ...],
           tile: tuple[int, ...]) -> tuple[Any, Any]:

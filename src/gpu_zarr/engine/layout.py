@@ -17,7 +17,8 @@ import numpy as np
 from gpu_zarr.engine.fit import nbytes_of
 from gpu_zarr.errors import UnsupportedArrayError
 
-__all__ = ["Layout", "chunk_layout", "codec_of_chain", "codec_of_v2_compressor", "describe", "layout_of", "native_dtype"]
+__all__ = ["Layout", "batch_key", "chunk_layout", "codec_of_chain", "codec_of_v2_compressor", "describe", "layout_of",
+           "native_dtype"]
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,19 @@ def codec_of_chain(codecs: Sequence[Any], where: str) -> tuple[str, str | None, 
         return deflate, endian, {}
     names = [type(c).__name__ for c in codecs]
     raise _unsupported(what, f"{where} codecs {names}")
+
+
+def batch_key(lay: Layout) -> tuple[Any, ...] | None:
+    """What chunks must share to be read, decoded and placed by one engine read although they
+    belong to different arrays (:func:`gpu_zarr.engine.pipeline.read_many`): the codec stage and
+    its parameters, the (inner) chunk shape, the dtypes, the element order and the fill value.
+    Layouts with equal keys can be read together; None for a remote array (its fetch stage
+    belongs to its own store)."""
+    if lay.source is not None:
+        return None
+    fill = np.asarray(lay.fill_value, lay.out_dtype).tobytes()  # bytes: NaN equals NaN
+    params = tuple(sorted((str(k), repr(v)) for k, v in lay.codec_params.items()))
+    return (lay.codec, params, lay.inner_shape, lay.disk_dtype.str, lay.out_dtype.str, lay.transpose, fill)
 
 
 def describe(lay: Layout) -> str:

@@ -21,7 +21,7 @@ from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.plan import LazyNames, Pieces
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["Located", "ShardGeometry", "check_sizes", "index_entries", "locate"]
+__all__ = ["Located", "ShardGeometry", "check_sizes", "index_entries", "locate", "merge_located"]
 
 
 class ShardGeometry(Protocol):
@@ -97,6 +97,28 @@ def check_sizes(layout: Layout, loc: Located) -> Located:
                 "It is truncated or corrupt, or was written with other metadata; rewrite or delete it."
             )
     return loc
+
+
+def merge_located(located: Sequence[Located], roots: Sequence[Any]) -> Located:
+    """Several arrays' located pieces as one set, in order (the pieces of
+    :func:`gpu_zarr.engine.plan.merge_pieces`): file lists joined, file ids moved along, and
+    each piece named with its array's ``root`` (an error names the store and the chunk)."""
+    if len(located) == 1:
+        return located[0]
+    files: list[Any] = []
+    ids = []
+    for loc in located:
+        ids.append(loc.file_id + len(files))
+        files.extend(loc.files)
+    starts = np.cumsum([0] + [len(loc.nbytes) for loc in located])
+    n = int(starts[-1])
+
+    def name(k: int) -> str:
+        i = int(np.searchsorted(starts, k, side="right")) - 1
+        return f"{located[i].names[k - int(starts[i])]} of {roots[i]}"
+    return Located(files, np.concatenate(ids).astype(np.int64), np.concatenate([loc.offset for loc in located]),
+                   np.concatenate([loc.nbytes for loc in located]), LazyNames(n, name),
+                   np.concatenate([loc.mtime_ns for loc in located]).astype(np.int64))
 
 
 def _locate_files(layout: Layout, pieces: Pieces) -> Located:

@@ -25,14 +25,23 @@ from gpu_zarr import settings
 from gpu_zarr.engine.align import align_up, packed_offsets
 from gpu_zarr.engine.codecs import CodecStage, stage_for
 from gpu_zarr.engine.fit import check_fits, nbytes_of
-from gpu_zarr.engine.layout import Layout, layout_of
-from gpu_zarr.engine.locate import Located, locate
+from gpu_zarr.engine.layout import Layout, batch_key, layout_of
+from gpu_zarr.engine.locate import Located, locate, merge_located
 from gpu_zarr.engine.ops import Ops, ops_for
-from gpu_zarr.engine.plan import Batch, LazyNames, Pieces, make_batches, normalize_selection, plan_pieces
+from gpu_zarr.engine.plan import (
+    Batch,
+    LazyNames,
+    Part,
+    Pieces,
+    make_batches,
+    merge_pieces,
+    normalize_selection,
+    plan_pieces,
+)
 from gpu_zarr.engine.runtime import Runtime, get_runtime
-from gpu_zarr.errors import CorruptChunkError, ReadCancelled
+from gpu_zarr.errors import CorruptChunkError, ReadCancelled, UnsupportedArrayError
 
-__all__ = ["EngineOptions", "EngineResult", "decode_chunks", "last_read_stats", "read"]
+__all__ = ["EngineOptions", "EngineResult", "decode_chunks", "last_read_stats", "read", "read_many"]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -215,6 +224,109 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
     t = time.perf_counter()
     out = ops.empty(box_shape, lay.out_dtype)
     stats["alloc_s"] = time.perf_counter() - t
+    result = _execute(lay, stage, loc, pieces, out, None if region.is_box else region.post, device, opts, ops, own_ops,
+                      rt, stats, batch)
+    stats["total_s"] = time.perf_counter() - t0
+    _last.stats = stats
+    return EngineResult(result, stats)
+
+
+def read_many(parts: Sequence[Part], out_shape: Sequence[int] | None = None, *, device: str = "gpu",
+              options: EngineOptions | None = None, ops: Ops | None = None, runtime: Runtime | None = None,
+              out: Any = None) -> EngineResult:
+    """Read boxes of several arrays into their places in one output, with ONE engine read.
+
+    Every part is planned and located on its own; then their pieces are fetched, decoded and
+    placed together, as the pieces of one array are by :func:`read`: one native call on the
+    CPU's small-read path, or batches through the GPU pipeline (a plate's wells: one read, not
+    one per well). The arrays must share their chunk format (equal
+    :func:`~gpu_zarr.engine.layout.batch_key`: codec, chunk shape, dtype, order, fill value).
+
+    Parameters
+    ----------
+    parts : sequence of Part
+        Each a box ``[start, stop)`` of one array (its layout) and where it lands (``at``).
+        Boxes must not overlap in the output.
+    out_shape : sequence of int, optional
+        Shape of the output the engine allocates (not with ``out``).
+    device : {"gpu", "cpu"}
+    options, ops, runtime
+        As for :func:`read`.
+    out : array, optional
+        The output to place into (numpy for ``device="cpu"``, C-contiguous, native byte
+        order, the arrays' dtype). Elements no part covers keep their values; in an output
+        the engine allocates they are undefined (``empty``): the caller fills them.
+
+    Returns
+    -------
+    EngineResult
+        ``data`` the output; stats as for :func:`read`, with ``arrays`` (parts read).
+
+    Raises
+    ------
+    UnsupportedArrayError
+        The parts' arrays differ in their chunk format, or one is remote.
+    ValueError
+        A box outside its array or outside the output.
+    CorruptChunkError
+        A chunk is truncated or corrupt (named with its array).
+    """
+    if not parts:
+        raise ValueError("read_many needs at least one part")
+    opts = options or EngineOptions()
+    rt = runtime or get_runtime()
+    stats: dict[str, Any] = {"device": device, "arrays": len(parts)}
+    t0 = time.perf_counter()
+    lay = parts[0].layout
+    key = batch_key(lay)
+    shape = tuple(int(n) for n in (out.shape if out is not None else out_shape or ()))
+    for p in parts:
+        other = batch_key(p.layout)
+        if key is None or other != key:
+            raise UnsupportedArrayError(
+                f"one engine read reads local arrays of one chunk format; {p.layout.root} "
+                f"({'remote' if other is None else other[:3]}) differs from {lay.root} ({key and key[:3]})")
+        nd = p.layout.ndim
+        if not (len(p.start) == len(p.stop) == len(p.at) == nd == len(shape)) or any(
+                not 0 <= a <= b <= n or not 0 <= o <= o + b - a <= m
+                for a, b, n, o, m in zip(p.start, p.stop, p.layout.shape, p.at, shape)):
+            raise ValueError(f"part [{p.start}, {p.stop}) of {p.layout.root} (shape {p.layout.shape}) placed at "
+                             f"{p.at} does not fit its array or the output of shape {shape}")
+    stage = stage_for(lay)
+    out_nbytes = nbytes_of(shape, lay.out_dtype.itemsize)
+    slots = max(1, opts.slots)
+    lanes = max(1, min(slots, opts.lanes)) if device == "gpu" else 1
+    budget = _budget(opts, device, out_nbytes)
+    batch, scratch = _size_batches(lay, stage, opts, slots, lanes, budget)
+    check_fits(out_nbytes if out is None else 0, scratch if device == "gpu" else 0, device=device,
+               what=f"reading {shape} {lay.out_dtype} of {len(parts)} arrays ({lay.root}, ...)")
+    stats.update(budget_bytes=budget, planned_device_bytes=scratch, lanes=lanes)
+    own_ops = ops is None
+    ops = ops or ops_for(device, slots, lanes)
+    planned = [plan_pieces(p.layout, p.start, p.stop) for p in parts]
+    pieces = merge_pieces(planned, [p.at for p in parts])
+    stats["plan_s"] = time.perf_counter() - t0
+    t = time.perf_counter()
+    pool = rt.pool("locate", min(opts.threads, 64))
+    loc = merge_located([locate(p.layout, pp, pool) for p, pp in zip(parts, planned)],
+                        [p.layout.root for p in parts])
+    stats["locate_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    if out is None:
+        out = ops.empty(shape, lay.out_dtype)
+    elif np.dtype(out.dtype) != lay.out_dtype:
+        raise ValueError(f"out has dtype {out.dtype}; the arrays read as {lay.out_dtype}")
+    stats["alloc_s"] = time.perf_counter() - t
+    result = _execute(lay, stage, loc, pieces, out, None, device, opts, ops, own_ops, rt, stats, batch)
+    stats["total_s"] = time.perf_counter() - t0
+    return EngineResult(result, stats)
+
+
+def _execute(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, out: Any, post: tuple | None, device: str,
+             opts: EngineOptions, ops: Ops, own_ops: bool, rt: Runtime, stats: dict[str, Any], batch: int) -> Any:
+    """Fetch, decode and place the located ``pieces`` into ``out`` (fill value where a piece
+    is missing), then apply ``post`` (steps, dropped axes): the stages after locate, shared
+    by :func:`read` and :func:`read_many`."""
     missing = np.flatnonzero(loc.nbytes < 0)
     if len(missing):
         ops.fill(out, pieces.table[missing], lay.fill_value)
@@ -227,7 +339,7 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
         to_read, held = _place_cached(cache, keys, loc, pieces, out, ops, lay, stats)
     batches = make_batches(loc.file_id, loc.offset, to_read, lay.inner_nbytes, batch)
     stats.update(codec=lay.codec, pieces=len(pieces), missing=len(missing), batches=len(batches),
-                 encoded_bytes=int(loc.nbytes[loc.nbytes > 0].sum()), decoded_bytes=out_nbytes)
+                 encoded_bytes=int(loc.nbytes[loc.nbytes > 0].sum()), decoded_bytes=nbytes_of(out.shape, out.dtype.itemsize))
     keep = _Keep(keys, pieces, every=opts.cache == "all") if cache is not None else None
     import gpu_zarr.engine.native_read as native_read
 
@@ -239,15 +351,13 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
         kind = _gpu_reader(opts.reader, lay, opts) if device == "gpu" else _cpu_reader(opts.reader)
         reader = _remote_reader(lay) or rt.reader(kind, opts.threads)
         _run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, keep)
-    result = ops.finish(out, None if region.is_box else region.post)
+    result = ops.finish(out, post)
     ops.sync()
     if keep is not None and cache is not None:  # only now: every stream is done with them
         for key, chunk in keep.chunks:
             cache.put(key, chunk)
     del held
-    stats["total_s"] = time.perf_counter() - t0
-    _last.stats = stats
-    return EngineResult(result, stats)
+    return result
 
 
 def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence[str] | None = None,

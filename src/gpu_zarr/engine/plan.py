@@ -15,7 +15,8 @@ import numpy as np
 
 from gpu_zarr.engine.layout import Layout
 
-__all__ = ["Batch", "LazyNames", "Pieces", "Region", "make_batches", "normalize_key", "normalize_selection", "plan_pieces"]
+__all__ = ["Batch", "LazyNames", "Part", "Pieces", "Region", "make_batches", "merge_pieces", "normalize_key",
+           "normalize_selection", "plan_pieces"]
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,44 @@ def plan_pieces(layout: Layout, start: tuple[int, ...], stop: tuple[int, ...]) -
     table[:, :, 2] = hi - lo
     table[:, :, 3] = lo - np.asarray(start, np.int64)
     return Pieces(coords, table)
+
+
+@dataclass(frozen=True)
+class Part:
+    """A box of one array and where it lands in an output shared with other arrays' boxes
+    (:func:`gpu_zarr.engine.pipeline.read_many`).
+
+    Attributes
+    ----------
+    layout : Layout
+        The array.
+    start, stop : tuple of int
+        The box ``[start, stop)`` read from it (step 1, every axis kept).
+    at : tuple of int
+        Where the box's first element lands in the output.
+    """
+
+    layout: Layout
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+    at: tuple[int, ...]
+
+    @property
+    def box_shape(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in zip(self.start, self.stop))
+
+
+def merge_pieces(pieces: Sequence[Pieces], at: Sequence[Sequence[int]]) -> Pieces:
+    """The pieces of several boxes as one set, in order: each box's placements moved by its
+    ``at`` (where the box lands in the shared output). Coordinates stay each array's own."""
+    if not pieces:
+        return Pieces(np.zeros((0, 0), np.int64), np.zeros((0, 0, 4), np.int64))
+    tables = []
+    for p, a in zip(pieces, at, strict=True):
+        t = p.table.copy()
+        t[:, :, 3] += np.asarray(a, np.int64)
+        tables.append(t)
+    return Pieces(np.concatenate([p.coords for p in pieces]), np.concatenate(tables))
 
 
 class LazyNames(Sequence[str]):

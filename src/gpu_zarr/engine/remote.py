@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from gpu_zarr.location import RemoteError
 
-__all__ = ["FETCHED", "RemoteBlob", "RemoteObject", "RemoteSource", "source_of"]
+__all__ = ["FETCHED", "Got", "RemoteBlob", "RemoteObject", "RemoteSource", "source_of"]
 
 _ATTEMPTS = 4  # our own retries of answers that ended early (obstore retries the rest)
 T = TypeVar("T")
@@ -122,6 +122,37 @@ class RemoteSource:
         self.requests = max(1, int(requests))
         self.stats: dict[str, float] = {"requests": 0, "bytes": 0}
         self._stats_lock = threading.Lock()
+        # shard indexes of this open array: rel -> (index bytes, shard size, mtime ns, etag)
+        self._indexes: OrderedDict[str, tuple[Any, int, int, str]] = OrderedDict()
+        self._indexes_nbytes = 0
+
+    # -- shard indexes of the open array ---------------------------------------------------------
+    def cached_index(self, rel: str) -> tuple[Any, int, int, str] | None:
+        """The shard index fetched before for ``rel`` (bytes, shard size, mtime ns, etag), or None."""
+        with self._stats_lock:
+            got = self._indexes.get(rel)
+            if got is not None:
+                self._indexes.move_to_end(rel)
+            return got
+
+    def keep_index(self, rel: str, raw: Any, size: int, mtime: int, etag: str = "") -> None:
+        """Remember a shard's index (bounded by ``GPU_ZARR_REMOTE_INDEX_MIB``, default 64)."""
+        limit = int(float(os.environ.get("GPU_ZARR_REMOTE_INDEX_MIB", 64)) * (1 << 20))
+        raw = bytes(raw)
+        with self._stats_lock:
+            old = self._indexes.pop(rel, None)
+            self._indexes_nbytes -= len(old[0]) if old is not None else 0
+            self._indexes[rel] = (raw, int(size), int(mtime), etag)
+            self._indexes_nbytes += len(raw)
+            while self._indexes_nbytes > limit and len(self._indexes) > 1:
+                _, gone = self._indexes.popitem(last=False)
+                self._indexes_nbytes -= len(gone[0])
+
+    def forget_index(self, rel: str) -> None:
+        """Drop a shard's index (the shard changed since it was fetched)."""
+        with self._stats_lock:
+            old = self._indexes.pop(rel, None)
+            self._indexes_nbytes -= len(old[0]) if old is not None else 0
 
     def key(self, rel: str) -> str:
         return f"{self.prefix}/{rel}" if self.prefix else rel
@@ -212,25 +243,31 @@ class RemoteSource:
         out: list[Any] = [None] * len(rels)
         todo = []
         for i, r in enumerate(rels):
+            known = self.cached_index(r)
+            if known is not None and len(known[0]) == nbytes:
+                out[i] = known[:3]
+                continue
             try:
                 out[i] = FETCHED.get((self.url, r, "index", nbytes, at_end))
             except KeyError:
                 todo.append(i)
-        if todo:
+        if todo:  # all in one wave: one round trip
             sem = asyncio.Semaphore(self.requests)
 
             async def all_() -> list[Any]:
                 return list(await asyncio.gather(*(self._index(sem, rels[i], nbytes, at_end) for i in todo)))
             for i, g in zip(todo, _LOOP.run(all_())):
-                out[i] = g
-                FETCHED.put((self.url, rels[i], "index", nbytes, at_end), g)
+                out[i] = g[:3] if g is not None else None
+                FETCHED.put((self.url, rels[i], "index", nbytes, at_end), out[i])
+                if g is not None and len(g[0]) == nbytes:
+                    self.keep_index(rels[i], *g)
         return out
 
     async def _index(self, sem: asyncio.Semaphore, rel: str, nbytes: int, at_end: bool) -> Any:
         import obstore
 
         async def once() -> Any:
-            rng: Any = {"suffix": nbytes} if at_end else {"offset": 0, "length": nbytes}
+            rng: Any = {"suffix": nbytes} if at_end else (0, nbytes)
             try:
                 res = await obstore.get_async(self.store, self.key(rel), options={"range": rng})
             except FileNotFoundError:
@@ -241,14 +278,72 @@ class RemoteSource:
             if len(data) != hi - lo:
                 raise _Short(f"expected {hi - lo} bytes, got {len(data)}")
             self._count(len(data))
-            return bytes(data), size, _mtime(res.meta)
+            return bytes(data), size, _mtime(res.meta), _etag(res.meta)
         async with sem:
             try:
                 return await self._retry(rel, "GET (shard index)", once)
             except RemoteError as exc:
                 if "416" in str(exc) or "Range Not Satisfiable" in str(exc):
-                    return b"", 0, 0  # shorter than its index: locate says it is truncated
+                    return b"", 0, 0, ""  # shorter than its index: locate says it is truncated
                 raise
+
+    # -- whole objects and byte ranges, each handed on as it arrives -----------------------------
+    def stream(self, jobs: Sequence[tuple[str, tuple[int, int] | None]],
+               on_done: Callable[[int, Got | None], None]) -> None:
+        """GET every job, up to ``requests`` in flight, and call ``on_done(i, got)`` (on the
+        event loop's thread: it must only hand the work on) as each one arrives.
+
+        A job is ``(rel, None)`` for the whole object (``got`` None: it does not exist) or
+        ``(rel, (start, end))`` for a byte range (a missing object is an error there). An
+        answer shorter than asked for is retried and never handed on. The first error
+        cancels the rest and is raised here.
+        """
+        if jobs:
+            _LOOP.run(self._stream(jobs, on_done))
+
+    async def _stream(self, jobs: Sequence[tuple[str, tuple[int, int] | None]],
+                      on_done: Callable[[int, Got | None], None]) -> None:
+        sem = asyncio.Semaphore(self.requests)
+
+        async def one(i: int, rel: str, rng: tuple[int, int] | None) -> None:
+            async with sem:
+                got = await self._get(rel, rng)
+            on_done(i, got)
+        tasks = [asyncio.ensure_future(one(i, *j)) for i, j in enumerate(jobs)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _get(self, rel: str, rng: tuple[int, int] | None) -> Got | None:
+        import obstore
+        import obstore.exceptions as oe
+
+        async def once() -> Got | None:
+            try:
+                res = await obstore.get_async(self.store, self.key(rel),
+                                              options={"range": rng} if rng is not None else {})
+            except FileNotFoundError:
+                if rng is None:
+                    return None
+                raise
+            except oe.GenericError as exc:
+                if rng is not None and ("416" in str(exc) or "Range Not Satisfiable" in str(exc)):
+                    return Got(b"", -1, 0, "")  # the object is shorter now: the caller sees it changed
+                raise
+            data = await res.bytes_async()
+            size = int(res.meta["size"])
+            if rng is not None and size < rng[1]:
+                return Got(b"", size, _mtime(res.meta), _etag(res.meta))  # shorter now: it changed
+            want = size if rng is None else rng[1] - rng[0]
+            if len(data) != want:
+                raise _Short(f"expected {want} bytes, got {len(data)}")
+            self._count(len(data))
+            return Got(data, size, _mtime(res.meta), _etag(res.meta))
+        what = "GET" if rng is None else f"GET bytes {rng[0]}-{rng[1] - 1} of"
+        return await self._retry(rel, what, once)
 
     # -- byte ranges -------------------------------------------------------------------------------
     def read_ranges(self, ranges: Sequence[tuple[str, int, int, memoryview]]) -> None:
@@ -282,6 +377,20 @@ class RemoteSource:
 
 class _Short(Exception):
     """A ranged answer shorter (or longer) than asked for."""
+
+
+@dataclass(frozen=True)
+class Got:
+    """One answer: its bytes (a buffer), the object's size, modification time (ns) and etag."""
+
+    data: Any
+    size: int
+    mtime: int
+    etag: str
+
+
+def _etag(meta: Any) -> str:
+    return str(meta.get("e_tag") or "")
 
 
 def _mtime(meta: Any) -> int:
@@ -328,4 +437,19 @@ def source_of(arr: Any) -> RemoteSource | None:
     base = loc.url if loc is not None else repr(store.store)
     path = str(getattr(arr, "path", "") or "")
     requests = loc.requests() if loc is not None else int(os.environ.get("GPU_ZARR_REMOTE_REQUESTS") or 64)
-    return RemoteSource(store.store, path, base.rstrip("/") + ("/" + path if path else ""), requests)
+    with _SOURCES_LOCK:  # one source per open store and array: its shard indexes stay known
+        per = getattr(store, "_gpu_zarr_sources", None)
+        if per is None:
+            per = {}
+            try:
+                setattr(store, "_gpu_zarr_sources", per)  # noqa: B010 - zarr's class has no such field
+            except AttributeError:  # a store that takes no attribute: a source per read
+                pass
+        src = per.get(path)
+        if src is None or src.store is not store.store or src.requests != max(1, int(requests)):
+            src = per[path] = RemoteSource(store.store, path, base.rstrip("/") + ("/" + path if path else ""),
+                                           requests)
+    return src
+
+
+_SOURCES_LOCK = threading.Lock()

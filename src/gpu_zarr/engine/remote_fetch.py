@@ -3,6 +3,15 @@
 - :func:`locate_remote` replaces ``stat`` and the shard-index ``pread``: unsharded chunks are
   fetched whole (one GET each, all in flight at once; a 404 is the fill value, as zarr reads
   it), shard indexes by one suffix-range GET each.
+- :func:`stream_remote` is locate and fetch in one, for the CPU's host path: every object a
+  read needs is requested at once and handed on (:class:`Arrived`) as it arrives, so decode
+  overlaps the transfer. Unsharded chunks are GET whole. A shard the read needs at least half
+  of (and no bigger than ``WHOLE_SHARD_BYTES`` decoded) is GET whole, its index taken from its
+  own bytes: one round trip, no index request. Other shards need their index: known from an
+  earlier read of the open array (:meth:`RemoteSource.cached_index`), or fetched for all of
+  them in one wave; then one ranged GET per run of inner chunks closer than ``GAP_BYTES``
+  (cut at ``PART_BYTES``). A ranged answer whose object changed since its index was fetched
+  (another size, modification time or etag) is dropped and the shard is GET whole instead.
 - :class:`RemoteReader` is the fetch stage's :class:`~gpu_zarr.engine.fetch.Reader` for
   remote pieces: coalesced byte ranges (pieces that follow each other in a shard become one
   ranged GET, cut into parts of ``PART_BYTES``), many requests in flight, written into the
@@ -12,7 +21,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,12 +32,242 @@ from gpu_zarr.engine.fetch import read_tasks
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.locate import Located, check_sizes, index_entries
 from gpu_zarr.engine.plan import Batch, LazyNames, Pieces
-from gpu_zarr.engine.remote import RemoteBlob, RemoteObject, RemoteSource
+from gpu_zarr.engine.remote import FETCHED, Got, RemoteBlob, RemoteObject, RemoteSource
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["PART_BYTES", "RemoteReader", "locate_remote"]
+__all__ = ["GAP_BYTES", "PART_BYTES", "WHOLE_SHARD_BYTES", "Arrived", "RemoteReader", "locate_remote",
+           "stream_remote"]
 
 PART_BYTES = 8 << 20
+GAP_BYTES = 64 << 10  # inner chunks of one shard closer than this are one GET (a round trip costs more)
+WHOLE_SHARD_BYTES = 256 << 20  # decoded: a shard up to this size that a read mostly needs is one GET
+
+
+@dataclass
+class Arrived:
+    """Pieces whose encoded bytes arrived in one answer.
+
+    Attributes
+    ----------
+    pieces : ndarray of int
+        Indices of the read's pieces.
+    data : buffer or None
+        The answer's bytes (None when every piece is missing).
+    offset, nbytes : ndarray of int64
+        Per piece, where its bytes are in ``data``; ``nbytes == -1``: never written (fill value).
+    base : int
+        Offset of ``data`` in its object (cache keys name offsets in the object).
+    url : str
+        The object's URL.
+    mtime : int
+        Its modification time in ns (cache keys).
+    names : callable
+        ``names(j)``: the name of piece ``pieces[j]`` for messages.
+    """
+
+    pieces: np.ndarray
+    data: Any
+    offset: np.ndarray
+    nbytes: np.ndarray
+    base: int
+    url: str
+    mtime: int
+    names: Callable[[int], str]
+
+
+def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
+                  on_arrived: Callable[[Arrived], None]) -> dict[str, int]:
+    """Locate and fetch every piece, calling ``on_arrived`` as each answer arrives (from the
+    event loop's thread, or this one for what is already known: it must only hand the work
+    on). See the module docstring. Returns counts: ``requests``, ``index_requests``,
+    ``whole_shards``.
+
+    Raises
+    ------
+    CorruptChunkError
+        An empty chunk, an uncompressed chunk of the wrong size, a truncated or corrupt shard.
+    RemoteError
+        A request failed (after retries).
+    """
+    counts = {"requests": 0, "index_requests": 0, "whole_shards": 0}
+    if not len(pieces):
+        return counts
+    if not layout.sharded:
+        return _stream_chunks(layout, pieces, source, on_arrived, counts)
+    return _stream_shards(layout, pieces, source, on_arrived, counts)
+
+
+def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arrived: Callable[[Arrived], None],
+                   counts: dict[str, int]) -> dict[str, int]:
+    keys = [layout.chunk_key(tuple(c)) for c in pieces.coords.tolist()]
+
+    def hand(i: int, got: Any) -> None:
+        url = source.url_of(keys[i])
+        if got is None:
+            on_arrived(Arrived(np.array([i]), None, np.zeros(1, np.int64), np.full(1, -1, np.int64), 0, url, -1,
+                               lambda j: url))
+            return
+        data, mtime = got
+        n = len(data)
+        if n == 0:
+            raise CorruptChunkError(f"chunk {url} is empty; expected encoded chunk bytes. Rewrite or delete that chunk.")
+        check_sizes(layout, Located([url], np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([n], np.int64),
+                                    [url], np.array([mtime], np.int64)))
+        on_arrived(Arrived(np.array([i]), data, np.zeros(1, np.int64), np.array([n], np.int64), 0, url, mtime,
+                           lambda j: url))
+
+    todo = []
+    for i, k in enumerate(keys):
+        try:
+            hand(i, FETCHED.get((source.url, k)))
+        except KeyError:
+            todo.append(i)
+
+    def done(j: int, got: Got | None) -> None:
+        i = todo[j]
+        value = (got.data, got.mtime) if got is not None else None
+        FETCHED.put((source.url, keys[i]), value)
+        hand(i, value)
+    counts["requests"] += len(todo)
+    source.stream([(keys[i], None) for i in todo], done)
+    return counts
+
+
+def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arrived: Callable[[Arrived], None],
+                   counts: dict[str, int]) -> dict[str, int]:
+    per = np.asarray(layout.inner_per_shard, np.int64)
+    shard_coords, inner_coords = pieces.coords // per, pieces.coords % per
+    inner_lin = np.asarray(np.ravel_multi_index(inner_coords.T, tuple(per)), np.int64)
+    uniq, shard_of = np.unique(shard_coords, axis=0, return_inverse=True)
+    shard_of = shard_of.reshape(-1)
+    keys = [layout.chunk_key(tuple(c)) for c in uniq.tolist()]
+    n_inner = int(np.prod(layout.inner_per_shard))
+    index_size = n_inner * 16 + (4 if layout.index_crc else 0)
+    members = [np.flatnonzero(shard_of == s) for s in range(len(keys))]
+    whole_ok = n_inner * int(layout.inner_nbytes) <= WHOLE_SHARD_BYTES
+
+    def _namer(url: str, sel: np.ndarray) -> Callable[[int], str]:
+        return lambda j: f"{url} inner chunk {tuple(int(v) for v in inner_coords[int(sel[j])])}"
+
+    def name_of(s: int) -> Callable[[int], str]:
+        return _namer(source.url_of(keys[s]), members[s])
+
+    def missing(s: int) -> None:
+        sel = members[s]
+        on_arrived(Arrived(sel, None, np.zeros(len(sel), np.int64), np.full(len(sel), -1, np.int64), 0,
+                           source.url_of(keys[s]), -1, name_of(s)))
+
+    def from_whole(s: int, got: Got) -> None:
+        """A whole shard: its index from its own bytes, then its pieces."""
+        data = got.data
+        url = source.url_of(keys[s])
+        if len(data) < index_size:
+            raise CorruptChunkError(f"shard {url} has {len(data)} bytes, fewer than its index alone ({index_size} "
+                                    f"bytes for {n_inner} inner chunks): the shard is truncated. Rewrite or delete it.")
+        raw = bytes(memoryview(data)[len(data) - index_size:] if layout.index_at_end else memoryview(data)[:index_size])
+        index = index_entries(layout, url, raw, len(data))
+        source.keep_index(keys[s], raw, len(data), got.mtime, got.etag)
+        sel = members[s]
+        entries = index[inner_lin[sel]]
+        ok = entries[:, 0] != np.uint64(2**64 - 1)
+        offset = np.where(ok, entries[:, 0], 0).astype(np.int64)
+        nbytes = np.where(ok, entries[:, 1], 0).astype(np.int64)
+        nbytes[~ok] = -1
+        on_arrived(Arrived(sel, data, offset, nbytes, 0, url, got.mtime, name_of(s)))
+
+    # which shards come whole, which by ranges (their indexes known or fetched in one wave)
+    whole: list[int] = []
+    known: dict[int, tuple[np.ndarray, int, int, str]] = {}
+    need: list[int] = []
+    for s in range(len(keys)):
+        idx = source.cached_index(keys[s])
+        if idx is not None and len(idx[0]) == index_size:
+            known[s] = (index_entries(layout, source.url_of(keys[s]), idx[0], idx[1]), idx[1], idx[2], idx[3])
+        elif whole_ok and 2 * len(members[s]) >= n_inner:
+            whole.append(s)
+        else:
+            need.append(s)
+    if need:
+        counts["index_requests"] += len(need)
+        found = source.get_indexes([keys[s] for s in need], index_size, layout.index_at_end)
+        for s, f in zip(need, found):
+            if f is None:
+                missing(s)
+                continue
+            raw, fsize, mtime = f
+            cached = source.cached_index(keys[s])
+            known[s] = (index_entries(layout, source.url_of(keys[s]), raw, fsize), fsize, mtime,
+                        cached[3] if cached is not None else "")
+
+    jobs: list[tuple[str, tuple[int, int] | None]] = []
+    what: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, int]] = []  # shard, pieces, offsets, sizes, start
+    for s in whole:
+        jobs.append((keys[s], None))
+        what.append((s, members[s], np.zeros(0, np.int64), np.zeros(0, np.int64), -1))
+    for s, (index, _fsize, _mtime, _etag) in known.items():
+        sel = members[s]
+        entries = index[inner_lin[sel]]
+        ok = entries[:, 0] != np.uint64(2**64 - 1)
+        if not ok.all():
+            miss = sel[~ok]
+            on_arrived(Arrived(miss, None, np.zeros(len(miss), np.int64), np.full(len(miss), -1, np.int64), 0,
+                               source.url_of(keys[s]), _mtime, _namer(source.url_of(keys[s]), miss)))
+        sel = sel[ok]
+        offs, sizes = entries[ok, 0].astype(np.int64), entries[ok, 1].astype(np.int64)
+        for a in _runs(offs, sizes):
+            start, end = int(offs[a].min()), int((offs[a] + sizes[a]).max())
+            jobs.append((keys[s], (start, end)))
+            what.append((s, sel[a], offs[a] - start, sizes[a], start))
+
+    def done(j: int, got: Got | None) -> None:
+        s, sel, offs, sizes, start = what[j]
+        if got is None:  # a whole shard that does not exist
+            missing(s)
+            return
+        if start < 0:
+            from_whole(s, got)
+            return
+        _fs, _fsize, mtime, etag = known[s]
+        if got.size != _fsize or got.mtime != mtime or (etag and got.etag and got.etag != etag):
+            raise _Stale(s)
+        on_arrived(Arrived(sel, got.data, offs, sizes, start, source.url_of(keys[s]), mtime,
+                           _namer(source.url_of(keys[s]), sel)))
+
+    counts["requests"] += len(jobs)
+    counts["whole_shards"] += len(whole)
+    try:
+        source.stream(jobs, done)
+    except _Stale:
+        # a shard changed since its index was fetched: nothing of it was handed on. Forget every
+        # index of this read and read again (pieces of unchanged shards are placed twice, alike)
+        for s in known:
+            source.forget_index(keys[s])
+        counts["stale"] = counts.get("stale", 0) + 1
+        if counts["stale"] > 2:
+            raise CorruptChunkError(f"the shards of {source.url} keep changing while read; try again later") from None
+        return _stream_shards(layout, pieces, source, on_arrived, counts)
+    return counts
+
+
+class _Stale(Exception):
+    """A ranged answer from a shard that changed since its index was fetched."""
+
+
+def _runs(offs: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    """Groups of pieces (positions into ``offs``) fetched by one GET: in offset order, a gap
+    of at most ``GAP_BYTES`` between them, at most ``PART_BYTES`` in all (a bigger piece alone)."""
+    order = np.argsort(offs, kind="stable")
+    out: list[list[int]] = []
+    start = end = 0
+    for k in order.tolist():
+        o, n = int(offs[k]), int(sizes[k])
+        if out and o - end <= GAP_BYTES and max(end, o + n) - start <= PART_BYTES:
+            out[-1].append(k)
+            end = max(end, o + n)
+            continue
+        out.append([k])
+        start, end = o, o + n
+    return [np.asarray(g, np.int64) for g in out]
 
 
 def locate_remote(layout: Layout, pieces: Pieces, source: RemoteSource) -> Located:

@@ -1,0 +1,176 @@
+"""Remote reads cost the requests and round trips they should (counted at the loopback server,
+no timing): whole shards in one GET, a plane of an open sharded array in one round trip,
+shard indexes in one concurrent wave, near inner chunks coalesced; pixels equal zarr's."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import zarr
+
+pytest.importorskip("obstore")
+
+from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
+from gpu_zarr.engine import read as engine_read  # noqa: E402
+from gpu_zarr.engine.remote import FETCHED  # noqa: E402
+from gpu_zarr.engine.runtime import get_runtime  # noqa: E402
+from gpu_zarr.store import open_array  # noqa: E402
+
+
+class _Log(RangeServer):
+    """The server, with every request's path and Range header logged, and the requests that
+    overlapped each one (a wave: requests sent together, without waiting for each other)."""
+
+    def __init__(self, *a, **k) -> None:
+        super().__init__(*a, **k)
+        from gpu_zarr.bench import remote_server as rs
+
+        self.log: list[tuple[str, str | None]] = []
+        self.spans: dict[tuple[str, str | None], tuple[float, float]] = {}  # request -> (start, end)
+        owner = self
+        base = rs._Handler._serve
+
+        def serve(handler, head: bool) -> None:
+            t = time.perf_counter()
+            if handler.server.owner is owner:
+                with owner.lock:
+                    owner.log.append((handler.path, handler.headers.get("Range")))
+            base(handler, head)
+            owner.spans[(handler.path, handler.headers.get("Range"))] = (t, time.perf_counter())
+        self._patch = (rs._Handler, base)
+        rs._Handler._serve = serve
+
+    def close(self) -> None:
+        cls, base = self._patch
+        cls._serve = base
+        super().close()
+
+    def take(self) -> list[tuple[str, str | None]]:
+        """The requests since the last take (``self.inflight``: the most at once among them)."""
+        with self.lock:
+            out, self.log = self.log, []
+            self.inflight = self.max_in_flight
+            self.requests = self.max_in_flight = 0
+        return out
+
+
+def _clear() -> None:
+    FETCHED.clear()
+    get_runtime().clear_caches()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("remote-perf")
+    data = np.arange(16 * 64 * 64, dtype="<u2").reshape(16, 64, 64)
+    # 4 shards of 8x32x64 (zarr writes inner chunks in Morton order: a plane's are not adjacent)
+    s = zarr.create_array(root / "sharded.zarr", shape=(16, 64, 64), chunks=(1, 16, 16), shards=(8, 32, 64),
+                          dtype="<u2", compressors=zarr.codecs.ZstdCodec(level=1), fill_value=0)
+    s[...] = data
+    p = zarr.create_array(root / "plain.zarr", shape=(16, 64, 64), chunks=(4, 32, 32), dtype="<u2",
+                          compressors=zarr.codecs.ZstdCodec(level=1), fill_value=5)
+    p[:8] = data[:8]  # chunks of planes 8.. never written: the fill value
+    return root, data
+
+
+@pytest.fixture
+def server(root):
+    with _Log(root[0], latency=0.02) as srv:  # 20 ms: requests sent one after another would overlap less
+        yield srv
+
+
+def _cpu(arr, sel):
+    return np.asarray(engine_read(arr, sel, device="cpu").data)
+
+
+def test_whole_sharded_read_is_one_get_per_shard(server, root):
+    _clear()
+    arr = open_array(f"{server.url}/sharded.zarr")
+    server.take()
+    got = _cpu(arr, Ellipsis)
+    np.testing.assert_array_equal(got, root[1])
+    log = server.take()
+    shards = sorted(p for p, _ in log)
+    assert shards == sorted(f"/sharded.zarr/c/{z}/{y}/0" for z in range(2) for y in range(2))
+    assert all(r is None for _, r in log), "whole shards are one GET each, no index or range requests"
+
+
+def test_plane_of_an_open_sharded_array_is_one_round_trip(server, root):
+    _clear()
+    arr = open_array(f"{server.url}/sharded.zarr")
+    _cpu(arr, Ellipsis)  # the whole read leaves every shard's index known to the open array
+    _clear()  # no chunk or byte cache: only the open array's shard indexes
+    server.take()
+    got = _cpu(arr, (3,))
+    np.testing.assert_array_equal(got, root[1][3])
+    log = server.take()
+    # plane 3: 4 inner chunks in each of two shards, a few KiB apart (Morton order): one
+    # ranged GET per shard, both sent at once, and no shard-index request
+    assert sorted(p for p, _ in log) == ["/sharded.zarr/c/0/0/0", "/sharded.zarr/c/0/1/0"]
+    assert all(r is not None and not r.startswith("bytes=-") for _, r in log), "no shard-index request"
+
+
+def test_shard_indexes_come_in_one_wave(server, root):
+    _clear()
+    arr = open_array(f"{server.url}/sharded.zarr")  # fresh: no index known
+    server.take()
+    got = _cpu(arr, (slice(None), slice(0, 16), slice(0, 16)))  # one inner chunk column: 1/8 of each shard
+    np.testing.assert_array_equal(got, root[1][:, :16, :16])
+    log = server.take()
+    idx = [(p, r) for p, r in log if r is not None and r.startswith("bytes=-")]
+    assert sorted(p for p, _ in idx) == ["/sharded.zarr/c/0/0/0", "/sharded.zarr/c/1/0/0"]
+    assert set(log[:2]) == set(idx), "both indexes first, then the inner chunks"
+    (a0, a1), (b0, b1) = (server.spans[k] for k in idx)
+    assert a0 < b1 and b0 < a1, "the two index requests were in flight together (one round trip)"
+    assert len(log) == 4  # then one ranged GET per shard (its 8 inner chunks are near each other)
+    # a second read of the same open array asks for no index again
+    _clear()
+    server.take()
+    np.testing.assert_array_equal(_cpu(arr, (slice(None), slice(0, 16), slice(0, 16))), root[1][:, :16, :16])
+    assert not [r for _, r in server.take() if r is not None and r.startswith("bytes=-")]
+
+
+def test_near_inner_chunks_are_one_ranged_get(server, root):
+    _clear()
+    arr = open_array(f"{server.url}/sharded.zarr")
+    _cpu(arr, (0,))  # index of shard 0 known
+    _clear()
+    server.take()
+    # planes 0-1, rows 0-15: inner chunks (0,0,*) and (1,0,*) -- in Morton order near each other
+    got = _cpu(arr, (slice(0, 2), slice(0, 16)))
+    np.testing.assert_array_equal(got, root[1][:2, :16])
+    log = server.take()
+    assert len(log) < 8, f"8 inner chunks within GAP_BYTES of each other: fewer GETs than chunks ({log})"
+
+
+def test_unsharded_whole_read_sends_every_chunk_at_once(server, root):
+    _clear()
+    arr = open_array(f"{server.url}/plain.zarr")
+    server.take()
+    got = _cpu(arr, Ellipsis)
+    np.testing.assert_array_equal(got[:8], root[1][:8])
+    assert (got[8:] == 5).all()
+    log = server.take()
+    assert len(log) == 4 * 2 * 2  # every chunk once (the missing ones answer 404: the fill value)
+    assert all(r is None for _, r in log)
+    assert server.inflight >= 12  # one wave (64 in flight by default), not one after another
+
+
+def test_stale_shard_index_is_not_used(server, root, tmp_path):
+    import shutil
+
+    src = root[0] / "sharded.zarr"
+    dst = root[0] / "changing.zarr"
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    _clear()
+    arr = open_array(f"{server.url}/changing.zarr")
+    _cpu(arr, (0,))  # shard 0's index known to the open array
+    new = np.full((16, 64, 64), 9, "<u2")
+    new[0, :4] = np.arange(4 * 64, dtype="<u2").reshape(4, 64)
+    w = zarr.open_array(dst, mode="r+")
+    w[...] = new  # every shard rewritten: other sizes, other offsets
+    _clear()
+    got = _cpu(arr, (0,))
+    np.testing.assert_array_equal(got, new[0])

@@ -282,7 +282,7 @@ def test_missing_obstore_names_the_install(monkeypatch):
     from gpu_zarr.location import RemoteUnavailable
 
     monkeypatch.setitem(_sys.modules, "obstore.store", None)  # as if obstore were not installed
-    with pytest.raises(RemoteUnavailable, match=r"napari-gpu-zarr\[remote\]"):
+    with pytest.raises(RemoteUnavailable, match=r"pip install .*\[remote\]"):
         open_node("http://127.0.0.1:9/none.zarr")
 
 

@@ -43,7 +43,7 @@ import numpy as np
 
 from gpu_zarr.backends import check_backend
 from gpu_zarr.engine.fit import host_available_bytes, nbytes_of
-from gpu_zarr.errors import INSTALL_HINT, GpuZarrError, NotAZarrError, OutOfHostMemory
+from gpu_zarr.errors import INSTALL_HINT, GpuZarrError, NotAZarrError, OutOfHostMemory, install_hint
 
 if TYPE_CHECKING:  # pragma: no cover
     import dask.array
@@ -69,7 +69,6 @@ GPU_BLOCK_BYTES = 1 << 30
 #: default decoded bytes per dask block when blocks are numpy arrays
 CPU_BLOCK_BYTES = 128 << 20
 
-_DASK_HINT = "pip install \"napari-gpu-zarr[dask]\" (dask-cuda for one worker per GPU: [dask-cuda13] or [dask-cuda12])"
 
 
 @dataclass(frozen=True)
@@ -421,7 +420,8 @@ def to_dask(path_or_array: Any, *, level: int | None = None, chunks: Any = None,
     try:
         import dask.array  # noqa: F401
     except ImportError as exc:
-        raise ImportError(f"gpu_zarr.to_dask needs dask: {_DASK_HINT}") from exc
+        raise ImportError(f"gpu_zarr.to_dask needs dask: {install_hint('dask')} (dask-cuda for one worker "
+                          "per GPU: the extra [dask-cuda13] or [dask-cuda12])") from exc
     check_backend(backend)
 
     if isinstance(path_or_array, (str, os.PathLike)):

@@ -27,12 +27,12 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from gpu_zarr.errors import GpuZarrError
+from gpu_zarr.errors import GpuZarrError, install_hint
 
 __all__ = ["REMOTE_HINT", "REMOTE_SCHEMES", "Location", "RemoteError", "RemoteUnavailable", "is_url", "resolve"]
 
 REMOTE_SCHEMES = ("http", "https", "s3", "s3a", "gs", "gcs")
-REMOTE_HINT = 'pip install "napari-gpu-zarr[remote]"'
+REMOTE_HINT = install_hint("remote")
 
 # our own options (not passed to the store): requests in flight, timeouts, retries
 _OWN = ("requests", "timeout", "connect_timeout", "max_retries", "retry_timeout", "headers")

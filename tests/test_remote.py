@@ -312,3 +312,15 @@ def test_bench_remote_runs(tmp_path):
     assert {r["reader"] for r in rows} == {"ours", "zarr"} and len(rows) == 6
     assert all(r["requests"] > 0 and r["moved_mib"] > 0 for r in rows)
     assert "| ours |" in table(rows)
+
+
+@pytest.mark.parametrize("entry", [["-m", "gpu_zarr.bench"], ["-m", "gpu_zarr.cli", "bench"]])
+def test_bench_remote_cli_entries(tmp_path, entry):
+    """``python -m gpu_zarr.bench --remote`` and ``gpu-zarr bench --remote`` run (argv from sys.argv)."""
+    out = subprocess.run([sys.executable, *entry, "--remote", "--size", "tiny", "--latency", "0",
+                          "--readers", "ours", "--repeat", "1", "--planes", "1", "--workdir", str(tmp_path / "w"),
+                          "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "| ours |" in out.stdout
+    rows = json.loads((tmp_path / "o" / "remote.json").read_text())
+    assert len(rows) == 3 and all(r["reader"] == "ours" and r["requests"] > 0 for r in rows)

@@ -83,10 +83,12 @@ def test_location_names_stores():
         resolve("ftp://host/x")
     with pytest.raises(ValueError, match="local path"):
         resolve("/tmp/x", {"anon": True})
-    # options are remembered for the URLs below (an image's levels)
-    resolve("s3://opts-bucket/img.zarr", {"anon": True, "requests": 17})
-    sub = resolve("s3://opts-bucket/img.zarr/0")
+    # options travel explicitly (Location.join keeps them); nothing is remembered between calls
+    loc = resolve("s3://opts-bucket/img.zarr", {"anon": True, "requests": 17, "secret": "s3cr3t"})
+    sub = loc.join("0")
     assert sub.storage_options["anon"] and sub.requests() == 17
+    assert resolve("s3://opts-bucket/img.zarr/0").storage_options == {}
+    assert "s3cr3t" not in repr(loc) and "s3cr3t" not in str(loc)
 
 
 @pytest.mark.parametrize("rel", PLAIN)

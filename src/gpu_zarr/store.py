@@ -225,6 +225,9 @@ def open_array(path_or_array: Any, storage_options: Mapping[str, Any] | None = N
 
     if not isinstance(path_or_array, (str, os.PathLike, Location)):
         if isinstance(path_or_array, zarr.Array):
+            if storage_options:
+                raise ValueError("storage_options apply to a path or URL; this is an opened zarr.Array (its store "
+                                 "has its own options): pass the URL instead, or leave storage_options out")
             return path_or_array
         raise TypeError(f"expected a path, a URL or a zarr.Array, got {type(path_or_array).__name__}")
     loc = resolve(path_or_array, storage_options)

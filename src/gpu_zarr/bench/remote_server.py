@@ -11,6 +11,10 @@ half of its body. ``stall`` seconds: every request waits that long before answer
 that hangs; :meth:`RangeServer.close` ends the wait). Paths under ``forbidden`` answer 403.
 Counters (requests, bytes sent, the most requests in flight at once) are kept for the
 benchmark's report.
+
+:class:`ProxyServer` puts the same latency, failures and log in front of another server (the
+tests' S3 server, moto's, which cannot inject them itself): GET and HEAD are forwarded as they
+came (path, query, headers, so signatures stay valid), anything else is refused and recorded.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-__all__ = ["RangeServer"]
+__all__ = ["ProxyServer", "RangeServer"]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -85,6 +90,9 @@ class _Handler(BaseHTTPRequestHandler):
         if fate in ("503", "429"):
             self._plain(int(fate), b"injected failure", entry)
             return
+        if isinstance(srv, ProxyServer):
+            self._forward(srv, head, fate, entry)
+            return
         rel = self.path.split("?", 1)[0].lstrip("/")
         if any(rel.startswith(f) for f in srv.forbidden):
             self._plain(403, b"forbidden", entry)
@@ -134,6 +142,38 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.connection.close()
 
+    def _forward(self, srv: ProxyServer, head: bool, fate: str, entry: dict[str, Any]) -> None:
+        import http.client
+
+        up = urlsplit(srv.upstream)
+        conn = http.client.HTTPConnection(up.hostname or "127.0.0.1", up.port, timeout=60)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "keep-alive")}
+            conn.request(self.command, self.path, headers=headers)  # Host as sent: signatures hold
+            resp = conn.getresponse()
+            body = resp.read()
+            out = [(k, v) for k, v in resp.getheaders()
+                   if k.lower() not in ("connection", "keep-alive", "transfer-encoding", "content-length")]
+        finally:
+            conn.close()
+        entry["status"] = resp.status
+        self.send_response(resp.status)
+        for k, v in out:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(resp.getheader("Content-Length") if head else len(body)))
+        self.end_headers()
+        if head:
+            return
+        if fate == "truncate":
+            body = body[: len(body) // 2]
+            self.close_connection = True
+        self.wfile.write(body)
+        with srv.lock:
+            srv.bytes_sent += len(body)
+        if fate == "truncate":
+            self.wfile.flush()
+            self.connection.close()
+
     def _plain(self, code: int, body: bytes, entry: dict[str, Any]) -> None:
         entry["status"] = code
         self.send_response(code)
@@ -151,6 +191,13 @@ class _Server(ThreadingHTTPServer):
         with self.owner.lock:
             self.owner.connections.add(request)
         super().process_request(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return  # the client went away (a reset, a timeout, the server closing): not a server fault
+        super().handle_error(request, client_address)
 
     def shutdown_request(self, request: Any) -> None:
         with self.owner.lock:
@@ -247,3 +294,20 @@ class RangeServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class ProxyServer(RangeServer):
+    """A read-only loopback proxy in front of ``upstream`` (e.g. ``http://127.0.0.1:PORT`` of
+    moto's S3 server) with :class:`RangeServer`'s latency, injected failures and request log.
+
+    GET and HEAD are forwarded unchanged (method, path and query, headers including Host, so
+    signed requests stay valid); other methods are answered 405 and recorded, never forwarded.
+    Parameters as :class:`RangeServer` (``root`` aside; ``forbidden`` does not apply).
+    """
+
+    def __init__(self, upstream: str, **kwargs: Any) -> None:
+        self.upstream = upstream.rstrip("/")
+        super().__init__(os.getcwd(), **kwargs)
+
+    def __enter__(self) -> ProxyServer:
+        return self

@@ -365,6 +365,7 @@ def test_gpu_zarr_bench_help_and_module_entry():
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert "--cold" in out.stdout and "--level" in out.stdout and "path" in out.stdout
+        assert "--remote" in out.stdout
 
 
 def test_no_sys_path_hacks_and_light_import():

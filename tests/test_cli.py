@@ -110,3 +110,47 @@ def test_install_hint_matches_the_install():
     # the tests run from a checkout (src/ with pyproject.toml above it, or an editable install)
     assert install_hint().startswith('pip install -e ".[cuda13]"')
     assert "[cuda12]" in install_hint() and "[cuda12]" not in install_hint("dask")
+
+
+def test_every_install_hint_is_the_install_aware_one(monkeypatch):
+    """dask, remote, jupyter and the nvCOMP decoder name their extra through install_hint (a checkout
+    gets ``pip install -e ".[extra]"``, never a package name it cannot install)."""
+    import sys as _sys
+
+    import pytest
+
+    from gpu_zarr.errors import GPUUnavailable, install_hint
+
+    assert install_hint("remote").startswith('pip install -e ".[remote]"')
+    for extra in ("dask", "remote", "jupyter"):
+        assert f'"napari-gpu-zarr[{extra}]"' not in install_hint(extra)
+
+    from gpu_zarr.dask_array import to_dask
+
+    monkeypatch.setitem(_sys.modules, "dask.array", None)
+    with pytest.raises(ImportError) as exc:
+        to_dask("/nowhere.zarr")
+    assert install_hint("dask") in str(exc.value) and "napari-gpu-zarr[dask]" not in str(exc.value)
+
+    from gpu_zarr.location import RemoteUnavailable
+    from gpu_zarr.store import open_node
+
+    monkeypatch.setitem(_sys.modules, "obstore.store", None)
+    with pytest.raises(RemoteUnavailable) as exc2:
+        open_node("http://127.0.0.1:9/none.zarr")
+    assert install_hint("remote") in str(exc2.value) and "napari-gpu-zarr[remote]" not in str(exc2.value)
+
+    import gpu_zarr.jupyter
+
+    monkeypatch.setitem(_sys.modules, "ipywidgets", None)
+    monkeypatch.delitem(gpu_zarr.jupyter.__dict__, "LoaderWidget", raising=False)
+    with pytest.raises(ImportError) as exc3:
+        gpu_zarr.jupyter.LoaderWidget  # noqa: B018 - the lazy attribute's import is the test
+    assert install_hint("jupyter") in str(exc3.value) and "napari-gpu-zarr[jupyter]" not in str(exc3.value)
+
+    from gpu_zarr.engine import nvcomp_batch
+
+    monkeypatch.setitem(_sys.modules, "cupy", None)
+    with pytest.raises(GPUUnavailable) as exc4:
+        nvcomp_batch.BatchedDecoder("zstd")
+    assert install_hint("cuda13") in str(exc4.value) and "napari-gpu-zarr[cuda13]" not in str(exc4.value)

@@ -39,3 +39,9 @@ def test_napari_extra_brings_a_qt_binding():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(re.match(r"(napari\[pyqt5\]|napari\[pyqt6\]|napari\[pyside6\]|pyqt5|pyqt6|pyside6)", d, re.I)
                for d in extras["napari"]), extras["napari"]
+
+
+def test_remote_section_names_schemes_and_options():
+    section = README.split("## Remote stores", 1)[1].split("\n## ", 1)[0]
+    for word in ("s3://", "gs://", "http", "storage_options", "--storage-option", "--anon", "AWS_ENDPOINT_URL"):
+        assert word in section, word

@@ -83,10 +83,12 @@ def test_location_names_stores():
         resolve("ftp://host/x")
     with pytest.raises(ValueError, match="local path"):
         resolve("/tmp/x", {"anon": True})
-    # options are remembered for the URLs below (an image's levels)
-    resolve("s3://opts-bucket/img.zarr", {"anon": True, "requests": 17})
-    sub = resolve("s3://opts-bucket/img.zarr/0")
+    # options travel explicitly (Location.join keeps them); nothing is remembered between calls
+    loc = resolve("s3://opts-bucket/img.zarr", {"anon": True, "requests": 17, "secret": "s3cr3t"})
+    sub = loc.join("0")
     assert sub.storage_options["anon"] and sub.requests() == 17
+    assert resolve("s3://opts-bucket/img.zarr/0").storage_options == {}
+    assert "s3cr3t" not in repr(loc) and "s3cr3t" not in str(loc)
 
 
 @pytest.mark.parametrize("rel", PLAIN)
@@ -282,13 +284,32 @@ def test_missing_obstore_names_the_install(monkeypatch):
     from gpu_zarr.location import RemoteUnavailable
 
     monkeypatch.setitem(_sys.modules, "obstore.store", None)  # as if obstore were not installed
-    with pytest.raises(RemoteUnavailable, match=r"napari-gpu-zarr\[remote\]"):
+    with pytest.raises(RemoteUnavailable, match=r"pip install .*\[remote\]"):
         open_node("http://127.0.0.1:9/none.zarr")
 
 
 def test_nothing_is_written(server, stores):
+    import urllib.error
+    import urllib.request
+
+    from gpu_zarr.dask_array import to_dask
+    from gpu_zarr.lazy import GpuLazyArray
+    from gpu_zarr.omezarr import open_ome
+
+    # the server records every method it receives (a write would be seen, not silently refused)
+    req = urllib.request.Request(f"{server.url}/plain.zarr/zarr.json", data=b"{}", method="PUT")
+    with pytest.raises(urllib.error.HTTPError, match="405"):
+        urllib.request.urlopen(req, timeout=10)
+    assert "PUT" in server.methods()
+    server.reset_counters()
+
     before = {str(f): f.stat().st_mtime_ns for f in stores.rglob("*")}
     engine_read(open_array(f"{server.url}/sharded.zarr"), device="cpu")
+    np.asarray(open_array(f"{server.url}/v2.zarr")[...])
+    img = open_ome(f"{server.url}/v04.ome.zarr")
+    GpuLazyArray(img.open_level(0), backend="cpu")[1]
+    to_dask(f"{server.url}/v05s.ome.zarr", level=1, backend="cpu").compute(scheduler="threads")
+    assert server.log and server.methods() <= {"GET", "HEAD"}, server.methods()
     assert {str(f): f.stat().st_mtime_ns for f in stores.rglob("*")} == before
     assert json.loads((stores / "sharded.zarr" / "zarr.json").read_text())["node_type"] == "array"
 
@@ -312,3 +333,184 @@ def test_bench_remote_runs(tmp_path):
     assert {r["reader"] for r in rows} == {"ours", "zarr"} and len(rows) == 6
     assert all(r["requests"] > 0 and r["moved_mib"] > 0 for r in rows)
     assert "| ours |" in table(rows)
+
+
+@pytest.mark.parametrize("entry", [["-m", "gpu_zarr.bench"], ["-m", "gpu_zarr.cli", "bench"]])
+def test_bench_remote_cli_entries(tmp_path, entry):
+    """``python -m gpu_zarr.bench --remote`` and ``gpu-zarr bench --remote`` run (argv from sys.argv)."""
+    out = subprocess.run([sys.executable, *entry, "--remote", "--size", "tiny", "--latency", "0",
+                          "--readers", "ours", "--repeat", "1", "--planes", "1", "--workdir", str(tmp_path / "w"),
+                          "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "| ours |" in out.stdout
+    rows = json.loads((tmp_path / "o" / "remote.json").read_text())
+    assert len(rows) == 3 and all(r["reader"] == "ours" and r["requests"] > 0 for r in rows)
+
+
+# -- failures: 429, a stalled server, DNS -------------------------------------------------------
+def test_429_is_retried_with_backoff_and_gives_exact_pixels(stores):
+    FETCHED.clear()
+    with RangeServer(stores, fail_429=0.25, seed=5) as srv:
+        for rel in ("plain.zarr", "sharded.zarr"):
+            FETCHED.clear()
+            arr = open_array(f"{srv.url}/{rel}")
+            np.testing.assert_array_equal(engine_read(arr, device="cpu").data, _disk(stores, rel))
+            np.testing.assert_array_equal(np.asarray(arr[...]), _disk(stores, rel))
+        log = list(srv.log)
+    refused = [e for e in log if e["status"] == 429]
+    assert len(refused) >= 5, "the server refused too few requests for the test to mean anything"
+    # each refused request was sent again, and not at once: after a backoff
+    gaps = []
+    for e in refused:
+        again = [x["time"] - e["time"] for x in log if x["path"] == e["path"]
+                 and x["headers"].get("range") == e["headers"].get("range") and x["time"] > e["time"]]
+        assert again, f"{e['path']} was refused (429) and never asked again"
+        gaps.append(min(again))
+    assert min(gaps) >= 0.03, f"retried after {min(gaps) * 1e3:.1f} ms: no backoff"
+
+
+def test_a_stalled_server_times_out_with_the_url(stores):
+    import time
+
+    opts = {"timeout": 1, "connect_timeout": 1, "max_retries": 1, "retry_timeout": 3}
+    FETCHED.clear()
+    with RangeServer(stores, stall=60) as srv:
+        t = time.monotonic()
+        with pytest.raises(RemoteError, match=r"127\.0\.0\.1:\d+/plain\.zarr.*did not answer in time"):
+            open_node(f"{srv.url}/plain.zarr", opts)
+        assert time.monotonic() - t < 30
+    with RangeServer(stores) as srv:
+        arr = open_array(f"{srv.url}/plain.zarr", opts)
+        srv.stall = 60  # the metadata came; the chunks do not
+        t = time.monotonic()
+        with pytest.raises(RemoteError, match=r"127\.0\.0\.1:\d+/plain\.zarr/c/"):
+            engine_read(arr, device="cpu")
+        assert time.monotonic() - t < 30
+
+
+def test_dns_failure_names_the_url():
+    import time
+
+    t = time.monotonic()
+    with pytest.raises(RemoteError, match=r"http://gpu-zarr-test\.invalid/img\.zarr.*could not be resolved"):
+        open_node("http://gpu-zarr-test.invalid/img.zarr", {"max_retries": 1, "retry_timeout": 5,
+                                                            "connect_timeout": 5})
+    assert time.monotonic() - t < 60
+
+
+# -- requests in flight -------------------------------------------------------------------------------
+def test_default_requests_in_flight_is_at_least_64(tmp_path, monkeypatch):
+    from gpu_zarr.engine.remote import RemoteSource, source_of
+
+    monkeypatch.delenv("GPU_ZARR_REMOTE_REQUESTS", raising=False)
+    assert resolve("http://127.0.0.1:9/a.zarr").requests() >= 64
+    assert RemoteSource(None, "", "http://127.0.0.1:9/a.zarr").requests >= 64
+    a = zarr.create_array(tmp_path / "many.zarr", shape=(16, 64, 64), chunks=(1, 16, 16), dtype="<u2",
+                          compressors=None, fill_value=0)  # 256 chunks
+    a[:] = np.arange(16 * 64 * 64, dtype="<u2").reshape(16, 64, 64)
+    FETCHED.clear()
+    with RangeServer(tmp_path, latency=0.4) as srv:
+        arr = open_array(f"{srv.url}/many.zarr")
+        src = source_of(arr)
+        assert src is not None and src.requests >= 64
+        srv.reset_counters()
+        np.testing.assert_array_equal(engine_read(arr, device="cpu").data, a[...])
+        assert srv.max_in_flight >= 64, f"only {srv.max_in_flight} requests were outstanding at once"
+
+
+# -- the CLI's info -------------------------------------------------------------------------------------
+def test_cli_info_of_a_url(server):
+    out = subprocess.run([sys.executable, "-m", "gpu_zarr.cli", "info", f"{server.url}/v05s.ome.zarr"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"{server.url}/v05s.ome.zarr" in out.stdout and "OME-NGFF 0.5" in out.stdout
+    assert "level 2" in out.stdout and "shards" in out.stdout and "backend:" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "gpu_zarr.cli", "info", f"{server.url}/sharded.zarr"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "(40, 70, 50)" in out.stdout, out.stderr
+    out = subprocess.run([sys.executable, "-m", "gpu_zarr.cli", "info", f"{server.url}/none.zarr"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "none.zarr" in out.stderr and "Traceback" not in out.stderr
+
+
+# -- S3 (moto) behind a loopback proxy: latency, failures, anonymous access, no writes --------------------
+@pytest.fixture(scope="module")
+def moto_s3(stores):
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    srv.start()
+    try:
+        host, port = srv.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                          aws_secret_access_key="testing")
+        s3.create_bucket(Bucket="pub")
+        s3.put_bucket_policy(Bucket="pub", Policy=json.dumps({  # a public bucket, as IDR's or the Cell Painting Gallery's
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Principal": "*", "Action": ["s3:GetObject", "s3:ListBucket"],
+                           "Resource": ["arn:aws:s3:::pub", "arn:aws:s3:::pub/*"]}]}))
+        for rel in ("v05s.ome.zarr", "v04.ome.zarr", "plain.zarr"):
+            for f in (stores / rel).rglob("*"):
+                if f.is_file():
+                    s3.upload_file(str(f), "pub", f"data/{f.relative_to(stores)}")
+        yield endpoint
+    finally:
+        srv.stop()
+
+
+def _no_aws_env(monkeypatch):
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL",
+              "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_s3_behind_a_proxy_with_latency_and_failures(moto_s3, stores, monkeypatch):
+    from gpu_zarr.bench.remote_server import ProxyServer
+    from gpu_zarr.omezarr import read_omezarr
+
+    _no_aws_env(monkeypatch)
+    with ProxyServer(moto_s3, latency=0.01, fail_503=0.05, fail_reset=0.03, fail_truncate=0.03, seed=11) as px:
+        opts = {"endpoint_url": px.url, "key": "testing", "secret": "testing"}
+        for rel, level in (("v05s.ome.zarr", 0), ("v04.ome.zarr", 1)):
+            FETCHED.clear()
+            arr, _ = read_omezarr(f"s3://pub/data/{rel}", level=level, storage_options=opts)
+            ref = _disk(stores, f"{rel}/{level}")
+            np.testing.assert_array_equal(engine_read(arr, device="cpu").data, ref)
+            np.testing.assert_array_equal(np.asarray(arr[...]), ref)
+        statuses = [e["status"] for e in px.log]
+        assert statuses.count(503) >= 1 and None in statuses, "no failure was injected"
+        assert px.methods() <= {"GET", "HEAD"}, px.methods()  # no PUT / POST / DELETE reached S3
+        # signed with the storage_options' keys (forwarded unchanged by the proxy)
+        assert all(e["headers"].get("authorization", "").startswith("AWS4-HMAC-SHA256") for e in px.log)
+
+
+def test_s3_anonymous_access(moto_s3, stores, monkeypatch):
+    from gpu_zarr.bench.remote_server import ProxyServer
+    from gpu_zarr.omezarr import read_omezarr
+
+    _no_aws_env(monkeypatch)
+    with ProxyServer(moto_s3) as px:
+        # no credentials anywhere: unsigned requests, the default for public buckets
+        monkeypatch.setenv("AWS_ENDPOINT_URL", px.url)
+        FETCHED.clear()
+        arr, _ = read_omezarr("s3://pub/data/v05s.ome.zarr", level=1)
+        np.testing.assert_array_equal(engine_read(arr, device="cpu").data, _disk(stores, "v05s.ome.zarr/1"))
+        assert px.log and not any("authorization" in e["headers"] for e in px.log)
+        # credentials in the environment, but anon=True: still unsigned (a public bucket, a user's keys)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        px.reset_counters()
+        FETCHED.clear()
+        arr = open_array("s3://pub/data/plain.zarr", {"anon": True})
+        np.testing.assert_array_equal(engine_read(arr, device="cpu").data, _disk(stores, "plain.zarr"))
+        assert px.log and not any("authorization" in e["headers"] for e in px.log)
+        # ... and without anon those credentials sign the requests (the check above can fail)
+        px.reset_counters()
+        FETCHED.clear()
+        np.asarray(open_array("s3://pub/data/plain.zarr")[0])
+        assert px.log and all("authorization" in e["headers"] for e in px.log)
+        # the CLI's --anon
+        out = subprocess.run([sys.executable, "-m", "gpu_zarr.cli", "info", "s3://pub/data/v04.ome.zarr", "--anon"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "OME-NGFF 0.4" in out.stdout, out.stderr

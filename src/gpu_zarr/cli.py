@@ -47,6 +47,41 @@ def _target(path: str) -> str:
     return str(Path(path).expanduser())
 
 
+def _option(text: str) -> tuple[str, Any]:
+    """``--storage-option KEY=VALUE``: the value as JSON when it parses (``true``, ``8``,
+    ``{"X-Token": "..."}``), else the string itself."""
+    import json
+
+    key, eq, value = text.partition("=")
+    if not eq or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. anon=true, endpoint_url=http://host:9000), "
+                                         f"got {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
+def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The remote store's options from ``--storage-option`` and ``--anon`` (None when none given)."""
+    opts = dict(getattr(args, "storage_option", None) or [])
+    if getattr(args, "anon", False):
+        opts["anon"] = True
+    return opts or None
+
+
+def _add_store_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage-option", "-o", action="append", type=_option, metavar="KEY=VALUE",
+                   help="an option of a remote store (repeatable), as fsspec's storage_options: e.g. "
+                        "anon=true, key=..., secret=..., endpoint_url=http://host:9000, region=eu-west-1, "
+                        "requests=128, timeout=30, headers='{\"Authorization\": \"...\"}'; values parse "
+                        "as JSON when they can. Without options: anonymous access, or the standard AWS "
+                        "environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL...)")
+    p.add_argument("--anon", action="store_true",
+                   help="anonymous (unsigned) access to a public s3:// or gs:// bucket, even when AWS "
+                        "credentials are set (the same as --storage-option anon=true)")
+
+
 def _esc(text: str) -> str:
     from rich.markup import escape
 
@@ -57,12 +92,12 @@ class UsageError(Exception):
     """A command line that cannot be served (one line on stderr, exit status 2)."""
 
 
-def _resolve_array(path: str, level: int | None):
+def _resolve_array(path: str, level: int | None, storage_options: dict[str, Any] | None = None):
     """A zarr array from an array path or an OME-Zarr image path (given level, default 0)."""
     from gpu_zarr.omezarr import is_ome_zarr, open_ome
 
-    if is_ome_zarr(path):
-        img = open_ome(path, with_labels=False)
+    if is_ome_zarr(path, storage_options):
+        img = open_ome(path, with_labels=False, storage_options=storage_options)
         n = len(img.levels)
         lv = 0 if level is None else level
         if not -n <= lv < n:
@@ -70,12 +105,13 @@ def _resolve_array(path: str, level: int | None):
         return img.open_level(lv)
     from gpu_zarr.plate import is_plate, is_well
 
-    if is_plate(path) or is_well(path):
-        raise UsageError(f"{path} is an HCS {'plate' if is_plate(path) else 'well'}: read one field's image "
+    plate = is_plate(path, storage_options)
+    if plate or is_well(path, storage_options):
+        raise UsageError(f"{path} is an HCS {'plate' if plate else 'well'}: read one field's image "
                          "(e.g. PATH/A/1/0), or see gpu-zarr info PATH")
     from gpu_zarr.zarr_io import open_array
 
-    arr = open_array(path)
+    arr = open_array(path, storage_options)
     if level is not None:
         raise UsageError(f"--level {level}: {path} is a plain zarr array (shape {tuple(arr.shape)}), not an "
                          "OME-Zarr image with levels; leave --level out")
@@ -145,7 +181,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         print(probe().report())
         return 0
-    print(describe(_target(args.path), backend=args.backend))
+    print(describe(_target(args.path), backend=args.backend, storage_options=_storage_options(args)))
     return 0
 
 
@@ -182,23 +218,24 @@ def _image_lines(img: Any, indent: str = "") -> list[str]:
     return lines
 
 
-def describe(path: str, backend: str = "auto") -> str:
+def describe(path: str, backend: str = "auto", storage_options: dict[str, Any] | None = None) -> str:
     """What a store holds and which backend would read it, as text (``gpu-zarr info PATH``).
 
     Format, groups, arrays or levels (shape, chunks, shards, codecs), OME metadata, HCS plate
     layout, and the backend :func:`gpu_zarr.zarr_io.choose_backend` takes for the first
-    full-resolution array, with its reason.
+    full-resolution array, with its reason. ``storage_options``: a remote store's options.
     """
+    opts = storage_options
     import zarr
 
     from gpu_zarr.omezarr import is_ome_zarr, open_node, open_ome
     from gpu_zarr.plate import is_plate, is_well, open_plate, open_well
 
-    node = open_node(path)
+    node = open_node(path, opts)
     fmt = f"zarr v{node.metadata.zarr_format}"
     lines = [path]
-    if is_plate(path):
-        plate = open_plate(path)
+    if is_plate(path, opts):
+        plate = open_plate(path, storage_options=opts)
         assert plate.image is not None and plate.first_well is not None
         lines.append(f"format: {fmt}, OME-NGFF {plate.version} HCS plate {plate.name!r}")
         lines.append(f"plate: {len(plate.rows)} rows ({' '.join(plate.rows)}) x {len(plate.columns)} columns "
@@ -211,14 +248,14 @@ def describe(path: str, backend: str = "auto") -> str:
         lines.append(f"first field ({plate.first_well.field_path(0)}):")
         lines += _image_lines(plate.image, "  ")
         lines.append(_backend_line(plate.image.open_level(0), backend))
-    elif is_well(path):
-        well = open_well(path)
+    elif is_well(path, opts):
+        well = open_well(path, storage_options=opts)
         lines.append(f"format: {fmt}, OME-NGFF {well.version} HCS well, {len(well.fields)} fields "
                      f"({' '.join(well.fields)}), shown as a {well.grid[0]} x {well.grid[1]} grid")
         lines += _image_lines(well.image, "  ")
         lines.append(_backend_line(well.image.open_level(0), backend))
-    elif is_ome_zarr(path):
-        img = open_ome(path)
+    elif is_ome_zarr(path, opts):
+        img = open_ome(path, storage_options=opts)
         lines.append(f"format: {fmt}")
         lines += _image_lines(img)
         lines.append(_backend_line(img.open_level(0), backend))
@@ -247,7 +284,7 @@ def cmd_read(args: argparse.Namespace) -> int:
 
     con = _console()
     path = _target(args.path)
-    arr = _resolve_array(path, args.level)
+    arr = _resolve_array(path, args.level, _storage_options(args))
     choice = choose_backend(arr, args.backend)
     con.print(_esc(f"{args.path}: shape {arr.shape}, {arr.dtype}, chunks {arr.chunks}; backend {choice}"))
     results = [_read_with_progress(con, arr, args.backend) for _ in range(max(1, args.repeat))]
@@ -280,12 +317,14 @@ def main(argv: list[str] | None = None) -> int:
                        "layout) and which backend would read it and why")
     p.add_argument("path", nargs="?", default=None)
     p.add_argument("--backend", default="auto", choices=backends, help="the backend to explain (default auto)")
+    _add_store_options(p)
     p.set_defaults(func=cmd_info)
     p = sub.add_parser("read", help="read a zarr array (or an OME-Zarr level) and report the speed")
     p.add_argument("path")
     p.add_argument("--backend", default="auto", choices=backends)
     p.add_argument("--level", type=int, default=None, help="OME-Zarr resolution level (default 0; OME-Zarr only)")
     p.add_argument("--repeat", type=int, default=3, help="reads; the median one is reported (default 3)")
+    _add_store_options(p)
     p.set_defaults(func=cmd_read)
     sub.add_parser("bench", help="ours against zarr, kvikio, TensorStore, czarr: on your store (PATH) or on "
                    "synthetic volumes (gpu-zarr bench --help)")
@@ -294,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (GpuZarrError, UsageError, IndexError, FileNotFoundError) as exc:
+    except (GpuZarrError, UsageError, IndexError, FileNotFoundError, ValueError) as exc:
         print(f"gpu-zarr: {_flags(str(exc))}", file=sys.stderr)
         return 2
 

@@ -7,7 +7,8 @@ by the direct engine (kvikio + nvCOMP) on a GPU worker, numpy blocks read by
 zarr-python on a worker without a GPU.
 
 The task graph holds only picklable descriptions (:class:`ArraySource`: the array's
-path, OME level, shape, dtype; and each block's region as ``(start, stop)`` pairs),
+path or URL, the remote store's ``storage_options``, OME level, shape, dtype; and each
+block's region as ``(start, stop)`` pairs),
 never an opened array, a CUDA stream, a codec or a device buffer. A worker process
 opens each array once and keeps it in a small per-process cache keyed by path and
 level (and the metadata file's modification time), so thousands of blocks cost one open
@@ -31,19 +32,21 @@ with the storage unit as ``previous_chunks``.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import threading
 from collections import Counter, OrderedDict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gpu_zarr.backends import check_backend
 from gpu_zarr.engine.fit import host_available_bytes, nbytes_of
-from gpu_zarr.errors import INSTALL_HINT, GpuZarrError, NotAZarrError, OutOfHostMemory
+from gpu_zarr.errors import INSTALL_HINT, GpuZarrError, NotAZarrError, OutOfHostMemory, install_hint
 
 if TYPE_CHECKING:  # pragma: no cover
     import dask.array
@@ -69,7 +72,6 @@ GPU_BLOCK_BYTES = 1 << 30
 #: default decoded bytes per dask block when blocks are numpy arrays
 CPU_BLOCK_BYTES = 128 << 20
 
-_DASK_HINT = "pip install \"napari-gpu-zarr[dask]\" (dask-cuda for one worker per GPU: [dask-cuda13] or [dask-cuda12])"
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,10 @@ class ArraySource:
     stamp : int
         Modification time (ns) of the array's metadata file when the graph was built,
         0 when unknown; part of the cache key, so a rewritten store is reopened.
+    storage_options : dict
+        Options of a remote store (credentials, endpoint, ``anon``...; see
+        :mod:`gpu_zarr.location`): they travel in the graph to the workers, which open the
+        URL with them. Never shown in the repr.
     """
 
     path: str
@@ -95,10 +101,12 @@ class ArraySource:
     shape: tuple[int, ...]
     dtype: str
     stamp: int = 0
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
-    def key(self) -> tuple[str, int | None, int]:
-        return (self.path, self.level, self.stamp)
+    def key(self) -> tuple[str, int | None, int, str]:
+        opts = json.dumps(self.storage_options, sort_keys=True, default=str) if self.storage_options else ""
+        return (self.path, self.level, self.stamp, opts)
 
 
 # ------------------------------------------------------------------ per-process cache
@@ -144,7 +152,8 @@ def _prepared(source: ArraySource, backend: str) -> Any:
         if prep is not None:
             st.prepared.move_to_end(key)
             return prep
-        prep = PreparedArray(source.path, backend)  # type: ignore[arg-type]
+        prep = PreparedArray(source.path, backend,  # type: ignore[arg-type]
+                             storage_options=source.storage_options or None)
         arr = prep.array
         if tuple(arr.shape) != tuple(source.shape) or np.dtype(arr.dtype).newbyteorder("=") != np.dtype(source.dtype):
             raise GpuZarrError(
@@ -262,17 +271,21 @@ def _stamp(path: str) -> int:
     return 0
 
 
-def _array_path(arr: Any) -> str:
-    """A path a worker can reopen ``arr`` from (local stores only)."""
+def _array_path(arr: Any) -> tuple[str, dict[str, Any]]:
+    """A path (or URL, with its storage options) a worker can reopen ``arr`` from: local
+    stores, and remote stores opened by gpu_zarr (which know their URL)."""
     store = getattr(arr, "store", None)
+    sub = str(getattr(arr, "path", "") or "")
+    loc = getattr(store, "_gpu_zarr_location", None)
+    if loc is not None:
+        return loc.url.rstrip("/") + ("/" + sub if sub else ""), dict(loc.storage_options)
     root = getattr(store, "root", None)
     if root is None:
         raise NotAZarrError(
             f"to_dask needs an array that each worker can reopen by path; this one lives in a "
             f"{type(store).__name__}, which cannot travel to other processes. Pass the array's "
             "folder or URL (a string) instead.")
-    sub = str(getattr(arr, "path", "") or "")
-    return os.path.join(os.fspath(root), sub) if sub else os.fspath(root)
+    return (os.path.join(os.fspath(root), sub) if sub else os.fspath(root)), {}
 
 
 def _client_uses_gpu(backend: str) -> bool:
@@ -333,14 +346,15 @@ def _chunks_for(arr: Any, shape: tuple[int, ...], dtype: np.dtype, chunks: Any, 
     return normalize_chunks(chunks, tuple(shape), dtype=dtype, previous_chunks=unit)
 
 
-def _one(arr: Any, path: str, level: int | None, chunks: Any, backend: str, gpu: bool) -> dask.array.Array:
+def _one(arr: Any, path: str, level: int | None, chunks: Any, backend: str, gpu: bool,
+         opts: Mapping[str, Any]) -> dask.array.Array:
     import dask.array as da
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
 
     dtype = np.dtype(arr.dtype).newbyteorder("=")
     shape = tuple(int(s) for s in arr.shape)
-    source = ArraySource(path, level, shape, dtype.str, _stamp(path))
+    source = ArraySource(path, level, shape, dtype.str, _stamp(path), dict(opts))
     norm = _chunks_for(arr, shape, dtype, chunks, gpu, path)
     name = "gpu-zarr-" + tokenize(source, norm, backend)
     starts = [np.concatenate([[0], np.cumsum(c)]).astype(int).tolist() for c in norm]
@@ -359,7 +373,8 @@ def _one(arr: Any, path: str, level: int | None, chunks: Any, backend: str, gpu:
 
 
 def to_dask(path_or_array: Any, *, level: int | None = None, chunks: Any = None,
-            backend: str = "auto") -> dask.array.Array | list[dask.array.Array]:
+            backend: str = "auto", storage_options: Mapping[str, Any] | None = None,
+            ) -> dask.array.Array | list[dask.array.Array]:
     """A dask array (or one per OME-Zarr level) whose blocks gpu_zarr reads on the workers.
 
     Parameters
@@ -382,6 +397,11 @@ def to_dask(path_or_array: Any, *, level: int | None = None, chunks: Any = None,
         Backend each block is read with on its worker (``read_selection``'s ``prefer``).
         ``"auto"``: the direct engine where the worker has a GPU and the array allows it,
         zarr-python on the CPU where the worker has no GPU.
+    storage_options : mapping, optional
+        Options of a remote store when ``path_or_array`` is a URL (credentials, endpoint,
+        ``anon``...; see :mod:`gpu_zarr.location`). They travel in the graph to the workers
+        (other processes open the URL with them): putting credentials there is your choice;
+        they are never shown in reprs or messages.
 
     Returns
     -------
@@ -421,24 +441,27 @@ def to_dask(path_or_array: Any, *, level: int | None = None, chunks: Any = None,
     try:
         import dask.array  # noqa: F401
     except ImportError as exc:
-        raise ImportError(f"gpu_zarr.to_dask needs dask: {_DASK_HINT}") from exc
+        raise ImportError(f"gpu_zarr.to_dask needs dask: {install_hint('dask')} (dask-cuda for one worker "
+                          "per GPU: the extra [dask-cuda13] or [dask-cuda12])") from exc
     check_backend(backend)
 
-    if isinstance(path_or_array, (str, os.PathLike)):
+    from gpu_zarr.location import Location, path_and_options
+
+    if isinstance(path_or_array, (str, os.PathLike, Location)):
         import zarr
 
         from gpu_zarr.omezarr import open_ome
         from gpu_zarr.store import open_node
 
-        path = os.fspath(path_or_array)
-        node = open_node(path)
+        path, opts = path_and_options(path_or_array, storage_options)
+        node = open_node(path, opts)
         if isinstance(node, zarr.Group):
-            image = open_ome(path, with_labels=False)
+            image = open_ome(path, with_labels=False, storage_options=opts)
             n = len(image.levels)
             if level is not None:
                 image.level_path(level)  # IndexError / TypeError for a level that does not exist
             gpu = _client_uses_gpu(backend)
-            out = [_one(image.open_level(i), image.level_path(i), i, chunks, backend, gpu)
+            out = [_one(image.open_level(i), image.level_path(i), i, chunks, backend, gpu, opts)
                    for i in (range(n) if level is None else [level % n])]
             return out if level is None else out[0]
         arr = node
@@ -447,8 +470,11 @@ def to_dask(path_or_array: Any, *, level: int | None = None, chunks: Any = None,
         if not hasattr(arr, "shape") or not hasattr(arr, "chunks"):
             raise NotAZarrError(f"to_dask expects a zarr array or a path to one (or to an OME-Zarr "
                                 f"image), got {type(arr).__name__}")
-        path = _array_path(arr)
+        if storage_options:
+            raise ValueError("storage_options apply to a path or URL; this is an opened zarr array (its store "
+                             "has its own options): pass the URL instead, or leave storage_options out")
+        path, opts = _array_path(arr)
     if level not in (None, 0):
         raise ValueError(f"level={level} was given, but {path} is a plain zarr array, not an OME-Zarr "
                          "image with levels; pass level=None (or 0).")
-    return _one(arr, path, None, chunks, backend, _client_uses_gpu(backend))
+    return _one(arr, path, None, chunks, backend, _client_uses_gpu(backend), opts)

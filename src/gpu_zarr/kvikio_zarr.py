@@ -11,6 +11,7 @@ to fall back to zarr-gpu.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from gpu_zarr.engine import EngineOptions, EngineResult, read
@@ -21,22 +22,25 @@ from gpu_zarr.store import open_array
 __all__ = ["describe", "read_with_stats", "read_zarr_via_kvikio", "supports"]
 
 
-def supports(array_or_path: Any) -> tuple[bool, str]:
+def supports(array_or_path: Any, *, storage_options: Mapping[str, Any] | None = None) -> tuple[bool, str]:
     """Whether the kvikio reader can serve this array, and why (not).
+
+    ``storage_options``: options of a remote store when ``array_or_path`` is a URL.
 
     Returns
     -------
     (bool, str)
     """
     try:
-        lay = layout_of(open_array(array_or_path))
+        lay = layout_of(open_array(array_or_path, storage_options))
     except UnsupportedArrayError as exc:
         return False, str(exc)
     return True, describe(lay)
 
 
 def read_with_stats(array: Any, selection: Any = Ellipsis, *, layout: Layout | None = None,
-                    options: EngineOptions | None = None) -> EngineResult:
+                    options: EngineOptions | None = None,
+                    storage_options: Mapping[str, Any] | None = None) -> EngineResult:
     """Read ``array[selection]`` onto the GPU with the engine; the data and the read's stats.
 
     Parameters
@@ -46,17 +50,20 @@ def read_with_stats(array: Any, selection: Any = Ellipsis, *, layout: Layout | N
     layout : Layout, optional
         Already computed by :func:`gpu_zarr.engine.layout.layout_of` (saves re-parsing).
     options : EngineOptions, optional
+    storage_options : mapping, optional
+        Options of a remote store when ``array`` is a URL (see :mod:`gpu_zarr.location`).
 
     Returns
     -------
     gpu_zarr.engine.EngineResult
     """
-    return read(None if layout is not None else open_array(array), selection, device="gpu",
+    return read(None if layout is not None else open_array(array, storage_options), selection, device="gpu",
                 options=options, layout=layout)
 
 
 def read_zarr_via_kvikio(array_path: Any, selection: Any = Ellipsis, *, threads: int | None = None,
-                         options: EngineOptions | None = None) -> Any:
+                         options: EngineOptions | None = None,
+                         storage_options: Mapping[str, Any] | None = None) -> Any:
     """Read a zarr array (or a selection of it) onto the GPU with kvikio.
 
     Parameters
@@ -66,6 +73,8 @@ def read_zarr_via_kvikio(array_path: Any, selection: Any = Ellipsis, *, threads:
     threads : int, optional
         kvikio thread-pool size (kvikio's default is 1; the engine uses at least 8).
     options : EngineOptions, optional
+    storage_options : mapping, optional
+        Options of a remote store when ``array_path`` is a URL (see :mod:`gpu_zarr.location`).
 
     Returns
     -------
@@ -81,4 +90,4 @@ def read_zarr_via_kvikio(array_path: Any, selection: Any = Ellipsis, *, threads:
     except ImportError as exc:
         raise BackendUnavailable(f"kvikio is not installed: {INSTALL_HINT}") from exc
     opts = (options or EngineOptions()).with_(reader="kvikio", **({"threads": threads} if threads else {}))
-    return read_with_stats(array_path, selection, options=opts).data
+    return read_with_stats(array_path, selection, options=opts, storage_options=storage_options).data

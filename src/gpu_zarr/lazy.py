@@ -10,9 +10,10 @@ slice plus one device-to-host copy.
 from __future__ import annotations
 
 import operator
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -172,10 +173,13 @@ class GpuLazyArray:
 
     Parameters
     ----------
-    zarr_array : zarr.Array
-        The array (open it read-only, e.g. with :func:`gpu_zarr.omezarr.read_omezarr`).
+    zarr_array : zarr.Array, str, os.PathLike or gpu_zarr.location.Location
+        The array (open it read-only, e.g. with :func:`gpu_zarr.omezarr.read_omezarr`), or
+        its path or URL (opened read-only here).
     backend : {"auto", "kvikio", "zarr-gpu", "cpu"}
         How regions are read (see :func:`gpu_zarr.zarr_io.read_region`).
+    storage_options : mapping, optional
+        Options of a remote store when ``zarr_array`` is a URL (see :mod:`gpu_zarr.location`).
 
     Attributes
     ----------
@@ -193,13 +197,19 @@ class GpuLazyArray:
     loading one channel layer's level makes all channels of that level resident.
     """
 
-    def __init__(self, zarr_array: zarr.Array | _Source, backend: str = "auto", *,
+    def __init__(self, zarr_array: zarr.Array | _Source | str | os.PathLike[str], backend: str = "auto", *,
+                 storage_options: Mapping[str, Any] | None = None,
                  _fixed: tuple[tuple[int, int], ...] = ()) -> None:
         if isinstance(zarr_array, _Source):
             self._src = zarr_array
         else:
+            from .location import Location
+            from .store import open_array
+
+            if isinstance(zarr_array, (str, os.PathLike, Location)) or storage_options:
+                zarr_array = open_array(zarr_array, storage_options)
             if not isinstance(zarr_array, zarr.Array):
-                raise TypeError(f"expected a zarr.Array, got {type(zarr_array).__name__}")
+                raise TypeError(f"expected a zarr.Array (or its path or URL), got {type(zarr_array).__name__}")
             self._src = _Source(zarr_array, check_backend(backend))
         self._fixed = tuple(sorted(_fixed))  # (axis in the base array, index)
         fixed_axes = {a for a, _ in self._fixed}

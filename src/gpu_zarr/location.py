@@ -12,9 +12,16 @@ S3 configuration comes from the standard AWS environment (``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``,
 ``AWS_ENDPOINT_URL``) and from ``storage_options`` (s3fs's names: ``anon``, ``key``,
 ``secret``, ``token``, ``endpoint_url``, ``region``, ``client_kwargs``; or obstore's own
-``S3Config`` keys). Without credentials requests are anonymous (unsigned). Options given once
-for a URL are remembered for the URLs below it (an OME-Zarr image's levels and labels).
-Nothing here writes: every store is opened read-only.
+``S3Config`` keys). Without credentials requests are anonymous (unsigned). GCS takes obstore's
+``GCSConfig`` keys (and ``anon`` / ``token="anon"`` for public buckets). HTTP(S) takes
+``headers``. Our own keys, for every scheme: ``requests`` (in flight, default 64),
+``timeout`` and ``connect_timeout`` (seconds), ``max_retries``, ``retry_timeout``.
+
+Options travel explicitly: every public function that names a store takes
+``storage_options``, and what it opens below the store (an image's levels and labels, a plate's
+wells) gets the same options; nothing is remembered between calls. Options are never shown in
+reprs or messages (they may hold credentials). Nothing here writes: every store is opened
+read-only.
 """
 
 from __future__ import annotations
@@ -27,12 +34,13 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from gpu_zarr.errors import GpuZarrError
+from gpu_zarr.errors import GpuZarrError, install_hint
 
-__all__ = ["REMOTE_HINT", "REMOTE_SCHEMES", "Location", "RemoteError", "RemoteUnavailable", "is_url", "resolve"]
+__all__ = ["REMOTE_HINT", "REMOTE_SCHEMES", "Location", "RemoteError", "RemoteUnavailable", "is_url",
+           "path_and_options", "resolve"]
 
 REMOTE_SCHEMES = ("http", "https", "s3", "s3a", "gs", "gcs")
-REMOTE_HINT = 'pip install "napari-gpu-zarr[remote]"'
+REMOTE_HINT = install_hint("remote")
 
 # our own options (not passed to the store): requests in flight, timeouts, retries
 _OWN = ("requests", "timeout", "connect_timeout", "max_retries", "retry_timeout", "headers")
@@ -65,12 +73,13 @@ class Location:
     scheme : str
         "file", "http", "https", "s3" or "gs".
     storage_options : mapping
-        Options of the remote store (see the module docstring); empty for local paths.
+        Options of the remote store (see the module docstring); empty for local paths. Not
+        part of the repr (it may hold credentials).
     """
 
     url: str
     scheme: str
-    storage_options: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    storage_options: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def is_remote(self) -> bool:
@@ -159,7 +168,6 @@ def _retrying_store_class() -> Any:
 
 _lock = threading.Lock()
 _stores: dict[Any, Any] = {}
-_remembered: dict[str, Mapping[str, Any]] = {}
 
 
 def _freeze(v: Any) -> Any:
@@ -186,8 +194,8 @@ def resolve(path: Any, storage_options: Mapping[str, Any] | None = None) -> Loca
     path : str, os.PathLike or Location
         A local path, ``file://``, ``http(s)://``, ``s3://`` or ``gs://`` URL.
     storage_options : mapping, optional
-        Options of a remote store (see the module docstring); remembered for the URLs
-        below this one.
+        Options of a remote store (see the module docstring); for a :class:`Location` they
+        are added to its own.
 
     Raises
     ------
@@ -196,8 +204,9 @@ def resolve(path: Any, storage_options: Mapping[str, Any] | None = None) -> Loca
     """
     if isinstance(path, Location):
         if storage_options:
+            if not path.is_remote:
+                raise ValueError(f"storage_options are for remote stores; {path.url} is a local path")
             path = Location(path.url, path.scheme, {**path.storage_options, **storage_options})
-            _remember(path)
         return path
     p = os.fspath(path)
     if "://" not in p:
@@ -215,22 +224,25 @@ def resolve(path: Any, storage_options: Mapping[str, Any] | None = None) -> Loca
                          f"got {p!r}")
     scheme = {"s3a": "s3", "gcs": "gs"}.get(scheme, scheme)
     url = scheme + p[len(parts.scheme):].rstrip("/")
-    if storage_options:
-        loc = Location(url, scheme, dict(storage_options))
-        _remember(loc)
-        return loc
-    return Location(url, scheme, _remembered_for(url))
+    return Location(url, scheme, dict(storage_options or {}))
 
 
-def _remember(loc: Location) -> None:
-    with _lock:
-        _remembered[loc.url.rstrip("/") + "/"] = dict(loc.storage_options)
+def path_and_options(path: Any, storage_options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """``(path as a string, storage options)`` of what a user passed: a :class:`Location`
+    gives its URL and its options (``storage_options`` added); anything else ``os.fspath``.
 
-
-def _remembered_for(url: str) -> dict[str, Any]:
-    with _lock:
-        best = max((k for k in _remembered if (url + "/").startswith(k)), key=len, default=None)
-        return dict(_remembered[best]) if best is not None else {}
+    Raises
+    ------
+    ValueError
+        storage_options for a local path.
+    """
+    if isinstance(path, Location):
+        loc = resolve(path, storage_options)
+        return loc.url, dict(loc.storage_options)
+    p = os.fspath(path)
+    if storage_options and "://" not in p:
+        raise ValueError(f"storage_options are for remote stores; {p} is a local path")
+    return p, dict(storage_options or {})
 
 
 def _obstore() -> Any:

@@ -26,6 +26,7 @@ import zarr
 
 from .engine.fit import nbytes_of
 from .errors import GpuZarrError, InvalidOmeMetadata, NotOmeZarrError
+from .location import path_and_options
 from .reprs import codec_names
 from .store import METADATA_FILES, check_safe, is_zarr_node, open_array, open_node
 
@@ -160,6 +161,9 @@ class OmeImage:
         For a label image: ``image-label.colors`` as label value -> RGBA in 0..1.
     is_label : bool
         True when this image carries ``image-label`` metadata.
+    storage_options : dict
+        The remote store's options the image was opened with; its levels and labels open with
+        them too (not shown in the repr: they may hold credentials).
     """
 
     path: str
@@ -171,6 +175,7 @@ class OmeImage:
     labels: dict[str, OmeImage] = field(default_factory=dict)
     label_colors: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)
     is_label: bool = False
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def ndim(self) -> int:
@@ -212,7 +217,7 @@ class OmeImage:
         zarr.Array
             Opened with ``mode="r"``; slicing it inside ``gpu_zarr_context()`` yields cupy.
         """
-        return open_array(self.level_path(level))
+        return open_array(self.level_path(level), self.storage_options)
 
     def level_path(self, level: int = 0) -> str:
         """Location (folder or URL) of one level's array.
@@ -294,18 +299,21 @@ def ome_attrs(attrs: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     return attrs, version
 
 
-def is_ome_zarr(path: str | os.PathLike[str]) -> bool:
+def is_ome_zarr(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> bool:
     """True when ``path`` is a zarr group with OME-NGFF ``multiscales`` (or a
-    bioformats2raw layout whose series 0 has them). Never raises."""
+    bioformats2raw layout whose series 0 has them). Never raises.
+
+    ``storage_options``: options of a remote store (see :mod:`gpu_zarr.location`)."""
     try:
-        node = open_node(path)
+        p, opts = path_and_options(path, storage_options)
+        node = open_node(p, opts)
         if not isinstance(node, zarr.Group):
             return False
         ome, _ = ome_attrs(node.attrs)
         if "multiscales" in ome:
             return True
         if "bioformats2raw.layout" in ome:
-            return is_ome_zarr(_join(os.fspath(path), "0"))
+            return is_ome_zarr(_join(p, "0"), opts)
         return False
     except Exception:  # noqa: BLE001 - sniffing never raises
         return False
@@ -424,7 +432,8 @@ def _as_tuple(x: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(v) for v in x)
 
 
-def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True) -> OmeImage:
+def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True,
+             storage_options: Mapping[str, Any] | None = None) -> OmeImage:
     """Read the OME-NGFF metadata of an image group.
 
     Parameters
@@ -434,6 +443,9 @@ def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True) -> OmeIm
         ``multiscales``), or a bioformats2raw root (its series ``0`` is opened).
     with_labels : bool
         Also read label images under ``labels/``.
+    storage_options : mapping, optional
+        Options of a remote store (credentials, endpoint, ``anon``, requests in flight...; see
+        :mod:`gpu_zarr.location`). The image's levels and labels open with the same options.
 
     Returns
     -------
@@ -448,8 +460,8 @@ def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True) -> OmeIm
     InvalidOmeMetadata
         Metadata present but malformed, or inconsistent with the arrays.
     """
-    p = os.fspath(path)
-    node = open_node(p)
+    p, opts = path_and_options(path, storage_options)
+    node = open_node(p, opts)
     if not isinstance(node, zarr.Group):
         raise NotOmeZarrError(
             f"expected an OME-Zarr image group at {p}, found a zarr array "
@@ -457,7 +469,7 @@ def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True) -> OmeIm
         )
     ome, version = ome_attrs(node.attrs)
     if "multiscales" not in ome and "bioformats2raw.layout" in ome:
-        return open_ome(_join(p, "0"), with_labels=with_labels)
+        return open_ome(_join(p, "0"), with_labels=with_labels, storage_options=opts)
     if "multiscales" not in ome:
         found = sorted(ome) or "no attributes"
         extra = " (an HCS plate/well: open it with gpu_zarr.plate.open_plate / open_well)" if {"plate", "well"} & set(ome) else ""
@@ -530,13 +542,14 @@ def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True) -> OmeIm
         channels=_parse_channels(ome.get("omero")),
         label_colors=_parse_label_colors(ome.get("image-label")),
         is_label="image-label" in ome,
+        storage_options=opts,
     )
     if with_labels:
-        image.labels = _read_labels(node, p)
+        image.labels = _read_labels(node, p, opts)
     return image
 
 
-def _read_labels(node: zarr.Group, path: str) -> dict[str, OmeImage]:
+def _read_labels(node: zarr.Group, path: str, opts: Mapping[str, Any]) -> dict[str, OmeImage]:
     """Label images listed in ``labels/``; malformed ones are skipped, not fatal."""
     try:
         lab = node["labels"]
@@ -544,10 +557,11 @@ def _read_labels(node: zarr.Group, path: str) -> dict[str, OmeImage]:
         return {}
     if not isinstance(lab, zarr.Group):
         return {}
-    return label_images(lab, _join(path, "labels"))
+    return label_images(lab, _join(path, "labels"), storage_options=opts)
 
 
-def label_images(labels_group: zarr.Group, path: str) -> dict[str, OmeImage]:
+def label_images(labels_group: zarr.Group, path: str, *,
+                 storage_options: Mapping[str, Any] | None = None) -> dict[str, OmeImage]:
     """The label images of an OME ``labels/`` group, by name.
 
     The names are the group's ``labels`` list (every sub-group when the list is absent);
@@ -559,6 +573,8 @@ def label_images(labels_group: zarr.Group, path: str) -> dict[str, OmeImage]:
         The ``labels/`` group, opened read-only.
     path : str
         Its path (or URL).
+    storage_options : mapping, optional
+        Options of a remote store (see :mod:`gpu_zarr.location`).
     """
     ome, _ = ome_attrs(labels_group.attrs)
     names = ome.get("labels")
@@ -567,13 +583,14 @@ def label_images(labels_group: zarr.Group, path: str) -> dict[str, OmeImage]:
     out: dict[str, OmeImage] = {}
     for name in names:
         try:
-            out[str(name)] = open_ome(_join(path, str(name)), with_labels=False)
+            out[str(name)] = open_ome(_join(path, str(name)), with_labels=False, storage_options=storage_options)
         except GpuZarrError:
             continue
     return out
 
 
-def read_omezarr(path: str | os.PathLike[str], level: int = 0) -> tuple[zarr.Array, list[float]]:
+def read_omezarr(path: str | os.PathLike[str], level: int = 0, *,
+                 storage_options: Mapping[str, Any] | None = None) -> tuple[zarr.Array, list[float]]:
     """Open one resolution level of an OME-Zarr image, read-only.
 
     Parameters
@@ -582,6 +599,9 @@ def read_omezarr(path: str | os.PathLike[str], level: int = 0) -> tuple[zarr.Arr
         OME-Zarr image group (OME-NGFF 0.4 on zarr v2 or 0.5 on zarr v3).
     level : int
         Resolution level, 0 being the full resolution.
+    storage_options : mapping, optional
+        Options of a remote store (see :mod:`gpu_zarr.location`), e.g. ``{"anon": True}`` for a
+        public S3 bucket, or credentials, ``endpoint_url`` and ``region``.
 
     Returns
     -------
@@ -605,6 +625,6 @@ def read_omezarr(path: str | os.PathLike[str], level: int = 0) -> tuple[zarr.Arr
     >>> res                                                    # doctest: +SKIP
     [1.0, 2.0, 1.0, 1.0]
     """
-    image = open_ome(path, with_labels=False)
+    image = open_ome(path, with_labels=False, storage_options=storage_options)
     idx = _check_level(level, len(image.levels), image.path)
     return image.open_level(idx), list(image.levels[idx].scale)

@@ -42,6 +42,7 @@ import numpy as np
 import zarr
 
 from .errors import GpuZarrError, InvalidOmeMetadata, NotOmeZarrError, UnsupportedArrayError
+from .location import path_and_options
 from .omezarr import OmeImage, ome_attrs, open_node, open_ome
 
 __all__ = [
@@ -92,6 +93,8 @@ class Well:
         The acquisition id of each field (None when not given).
     image : OmeImage
         Metadata of the first field (levels, axes, channels).
+    storage_options : dict
+        The remote store's options; every field opens with them (not in the repr).
     """
 
     path: str
@@ -99,6 +102,7 @@ class Well:
     fields: list[str]
     acquisitions: list[int | None]
     image: OmeImage
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -131,7 +135,8 @@ class Well:
         rows, cols = self.grid
         cells: dict[tuple[int, int], _Cell] = {}
         for i, f in enumerate(self.fields):
-            cells[(i // cols, i % cols)] = _Cell(_join(_join(self.path, f), ds.path))
+            cells[(i // cols, i % cols)] = _Cell(_join(_join(self.path, f), ds.path),
+                                                 storage_options=self.storage_options)
         return TiledArray(ds.shape, ds.dtype, (rows, cols), cells, backend=backend,
                           fill_value=fill_value, name=f"{self.path} level {lv}")
 
@@ -164,6 +169,8 @@ class Plate:
         The first well (in sorted path order, as napari-ome-zarr takes it).
     image : OmeImage
         Metadata of the first well's first field: levels, axes, channels.
+    storage_options : dict
+        The remote store's options; every well and field opens with them (not in the repr).
     """
 
     path: str
@@ -176,6 +183,7 @@ class Plate:
     field_count: int | None = None
     first_well: Well | None = None
     image: OmeImage | None = None
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def levels(self) -> int:
@@ -192,7 +200,7 @@ class Plate:
         """Open one well by name (``"A1"``) or path (``"A/1"``)."""
         for w in self.wells:
             if name_or_path in (w.name, w.path):
-                return open_well(_join(self.path, w.path))
+                return open_well(_join(self.path, w.path), storage_options=self.storage_options)
         raise KeyError(f"no well {name_or_path!r} in {self.path}: wells are {[w.name for w in self.wells]}")
 
     def level(self, level: int = 0, *, field_index: int = 0, acquisition: int | None = None,
@@ -219,7 +227,8 @@ class Plate:
         lv = _check_level(level, len(self.image.levels), self.path)
         ds = self.image.levels[lv]
         cells = {(w.row, w.column): _Cell(_join(self.path, w.path), well=True, level_path=ds.path,
-                                          field_index=field_index, acquisition=acquisition)
+                                          field_index=field_index, acquisition=acquisition,
+                                          storage_options=self.storage_options)
                  for w in self.wells}
         return TiledArray(ds.shape, ds.dtype, self.grid, cells, backend=backend,
                           fill_value=fill_value, name=f"{self.path} level {lv}")
@@ -267,8 +276,8 @@ def _names(raw: Any, key: str, where: str) -> list[str]:
     return out
 
 
-def _group_ome(path: str, key: str) -> tuple[zarr.Group, dict[str, Any], str]:
-    node = open_node(path)
+def _group_ome(path: str, key: str, opts: Mapping[str, Any] | None = None) -> tuple[zarr.Group, dict[str, Any], str]:
+    node = open_node(path, opts)
     if not isinstance(node, zarr.Group):
         raise NotOmeZarrError(f"expected an OME-Zarr {key} group at {path}, found a zarr array "
                               f"(shape {node.shape}); open its parent group instead")
@@ -278,22 +287,27 @@ def _group_ome(path: str, key: str) -> tuple[zarr.Group, dict[str, Any], str]:
     return node, ome, version
 
 
-def _has(path: str | os.PathLike[str], key: str) -> bool:
+def _has(path: str | os.PathLike[str], key: str, storage_options: Mapping[str, Any] | None) -> bool:
     try:
-        _group_ome(os.fspath(path), key)
+        p, opts = path_and_options(path, storage_options)
+        _group_ome(p, key, opts)
         return True
     except Exception:  # noqa: BLE001 - sniffing never raises
         return False
 
 
-def is_plate(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` is a zarr group with OME-NGFF ``plate`` metadata. Never raises."""
-    return _has(path, "plate")
+def is_plate(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> bool:
+    """True when ``path`` is a zarr group with OME-NGFF ``plate`` metadata. Never raises.
+
+    ``storage_options``: options of a remote store (see :mod:`gpu_zarr.location`)."""
+    return _has(path, "plate", storage_options)
 
 
-def is_well(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` is a zarr group with OME-NGFF ``well`` metadata. Never raises."""
-    return _has(path, "well")
+def is_well(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> bool:
+    """True when ``path`` is a zarr group with OME-NGFF ``well`` metadata. Never raises.
+
+    ``storage_options``: options of a remote store (see :mod:`gpu_zarr.location`)."""
+    return _has(path, "well", storage_options)
 
 
 def _well_fields(ome: Mapping[str, Any], where: str) -> tuple[list[str], list[int | None]]:
@@ -311,13 +325,15 @@ def _well_fields(ome: Mapping[str, Any], where: str) -> tuple[list[str], list[in
     return paths, acqs
 
 
-def open_well(path: str | os.PathLike[str]) -> Well:
+def open_well(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> Well:
     """Read an HCS well's metadata and its first field's image metadata.
 
     Parameters
     ----------
     path : str or os.PathLike
         The well group (``well`` metadata).
+    storage_options : mapping, optional
+        Options of a remote store (see :mod:`gpu_zarr.location`); every field opens with them.
 
     Raises
     ------
@@ -326,22 +342,25 @@ def open_well(path: str | os.PathLike[str]) -> Well:
     InvalidOmeMetadata
         Malformed well metadata, or a well without fields.
     """
-    p = os.fspath(path)
-    _, ome, version = _group_ome(p, "well")
+    p, opts = path_and_options(path, storage_options)
+    _, ome, version = _group_ome(p, "well", opts)
     fields, acqs = _well_fields(ome, p)
     if not fields:
         raise InvalidOmeMetadata(f"{p}: the well lists no fields (well 'images' is empty)")
-    image = open_ome(_join(p, fields[0]), with_labels=False)
-    return Well(path=p, version=version or image.version, fields=fields, acquisitions=acqs, image=image)
+    image = open_ome(_join(p, fields[0]), with_labels=False, storage_options=opts)
+    return Well(path=p, version=version or image.version, fields=fields, acquisitions=acqs, image=image,
+                storage_options=opts)
 
 
-def open_plate(path: str | os.PathLike[str]) -> Plate:
+def open_plate(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> Plate:
     """Read an HCS plate's metadata (rows, columns, wells, acquisitions) and its first field's.
 
     Parameters
     ----------
     path : str or os.PathLike
         The plate group (``plate`` metadata), OME-NGFF 0.4 (zarr v2) or 0.5 (zarr v3).
+    storage_options : mapping, optional
+        Options of a remote store (see :mod:`gpu_zarr.location`); every well opens with them.
 
     Returns
     -------
@@ -355,8 +374,8 @@ def open_plate(path: str | os.PathLike[str]) -> Plate:
     InvalidOmeMetadata
         Malformed plate metadata, no wells, or no readable first well.
     """
-    p = os.fspath(path)
-    _, ome, version = _group_ome(p, "plate")
+    p, opts = path_and_options(path, storage_options)
+    _, ome, version = _group_ome(p, "plate", opts)
     meta = ome["plate"]
     rows = _names(meta.get("rows"), "rows", p)
     cols = _names(meta.get("columns"), "columns", p)
@@ -377,7 +396,7 @@ def open_plate(path: str | os.PathLike[str]) -> Plate:
     problems = []
     for w in wells:  # the first well that opens gives the shapes, as in napari-ome-zarr
         try:
-            first = open_well(_join(p, w.path))
+            first = open_well(_join(p, w.path), storage_options=opts)
             break
         except GpuZarrError as exc:
             problems.append(f"{w.path}: {exc}")
@@ -388,15 +407,17 @@ def open_plate(path: str | os.PathLike[str]) -> Plate:
     return Plate(path=p, version=version or first.version,
                  name=str(meta.get("name") or os.path.basename(p.rstrip("/")).removesuffix(".zarr")),
                  rows=rows, columns=cols, wells=wells, acquisitions=acqs,
-                 field_count=int(fc) if isinstance(fc, int) else None, first_well=first, image=first.image)
+                 field_count=int(fc) if isinstance(fc, int) else None, first_well=first, image=first.image,
+                 storage_options=opts)
 
 
 class _Cell:
     """One tile of a grid: an array path, or a well whose field is found on first use."""
 
     def __init__(self, path: str, *, well: bool = False, level_path: str = "", field_index: int = 0,
-                 acquisition: int | None = None) -> None:
+                 acquisition: int | None = None, storage_options: Mapping[str, Any] | None = None) -> None:
         self.path = path
+        self.storage_options = dict(storage_options or {})
         self.well = well
         self.level_path = level_path
         self.field_index = field_index
@@ -408,7 +429,7 @@ class _Cell:
     def array_path(self) -> str | None:
         if not self.well:
             return self.path
-        _, ome, _ = _group_ome(self.path, "well")
+        _, ome, _ = _group_ome(self.path, "well", self.storage_options)
         fields, acqs = _well_fields(ome, self.path)
         if self.acquisition is not None:
             fields = [f for f, a in zip(fields, acqs, strict=True) if a == self.acquisition]
@@ -425,7 +446,7 @@ class _Cell:
 
                 try:
                     ap = self.array_path()
-                    self.array = None if ap is None else GpuLazyArray(open_array(ap), backend)
+                    self.array = None if ap is None else GpuLazyArray(open_array(ap, self.storage_options), backend)
                 except (GpuZarrError, KeyError, FileNotFoundError):
                     self.array = None  # missing wells and fields are filled, not fatal
                 self.resolved = True

@@ -66,10 +66,27 @@ def _open_remote(loc: Any) -> Any:
                               "private bucket the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
                               f"or storage_options). {_first_line(exc)}") from exc
         if name in ("GenericError", "TimeoutError", "ConnectionError") or isinstance(exc, OSError):
-            raise RemoteError(f"{loc.url} could not be reached: {_first_line(exc)}. Check the URL, that the "
-                              "server is up and reachable (network, DNS, proxy), then retry.") from exc
+            raise RemoteError(f"{loc.url} could not be reached: {_network_cause(loc, exc)}{_first_line(exc)}. "
+                              "Check the URL, that the server is up and reachable (network, DNS, proxy), then "
+                              "retry.") from exc
         raise NotAZarrError(f"expected a zarr group or array at {loc.url}, but it could not be opened as one: "
                             f"{name}: {_first_line(exc)}") from exc
+
+
+def _network_cause(loc: Any, exc: BaseException) -> str:
+    """What a network failure was, in words, from obstore's detailed message ("" when unknown)."""
+    from urllib.parse import urlsplit
+
+    text = str(exc)
+    if "dns error" in text or "failed to lookup address" in text:
+        return f"the host name {urlsplit(loc.url).hostname!r} could not be resolved (DNS). "
+    if "kind: Timeout" in text or "TimedOut" in text or "timed out" in text.lower():
+        t = loc.storage_options.get("timeout", 60)
+        return (f"the server did not answer in time (timeout {t} s per request, storage_options "
+                "'timeout'; retries: 'max_retries', 'retry_timeout'). ")
+    if "Connection refused" in text or "ConnectionRefused" in text:
+        return "the connection was refused (nothing listens at that address). "
+    return ""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -225,6 +242,9 @@ def open_array(path_or_array: Any, storage_options: Mapping[str, Any] | None = N
 
     if not isinstance(path_or_array, (str, os.PathLike, Location)):
         if isinstance(path_or_array, zarr.Array):
+            if storage_options:
+                raise ValueError("storage_options apply to a path or URL; this is an opened zarr.Array (its store "
+                                 "has its own options): pass the URL instead, or leave storage_options out")
             return path_or_array
         raise TypeError(f"expected a path, a URL or a zarr.Array, got {type(path_or_array).__name__}")
     loc = resolve(path_or_array, storage_options)

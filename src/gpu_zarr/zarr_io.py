@@ -21,6 +21,10 @@ Backends (``prefer``):
 - ``"cpu"`` — numpy via zarr-python (beyond the seed; for machines with no GPU).
 - ``"auto"`` — the direct engine when the array and machine allow, zarr-gpu otherwise, cpu
   when there is no GPU; the choice and its reason are recorded.
+
+Every function that takes a path also takes a URL (``http(s)://``, ``s3://``, ``gs://``) and
+the keyword ``storage_options``: the remote store's options (credentials, endpoint, ``anon``,
+requests in flight; see :mod:`gpu_zarr.location`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -128,13 +132,16 @@ def last_choice() -> BackendChoice | None:
     return getattr(_last, "choice", None)
 
 
-def choose_backend(array_or_path: Any, prefer: Backend = "auto") -> BackendChoice:
+def choose_backend(array_or_path: Any, prefer: Backend = "auto", *,
+                   storage_options: Mapping[str, Any] | None = None) -> BackendChoice:
     """Decide which backend serves this array on this machine, and say why.
 
     Parameters
     ----------
     array_or_path : zarr.Array or path
     prefer : {"auto", "kvikio", "zarr-gpu", "cpu"}
+    storage_options : mapping, optional
+        Options of a remote store (see :mod:`gpu_zarr.location`).
 
     Returns
     -------
@@ -148,7 +155,7 @@ def choose_backend(array_or_path: Any, prefer: Backend = "auto") -> BackendChoic
         A forced backend cannot serve (no GPU, kvikio engine cannot read the codec...).
     """
     check_backend(prefer)
-    arr = None if prefer == "zarr-gpu" else open_array(array_or_path)
+    arr = None if prefer == "zarr-gpu" else open_array(array_or_path, storage_options)
     return choose(arr, prefer, capabilities.probe())[1]
 
 
@@ -168,10 +175,14 @@ class PreparedArray:
     backend_impl : ReadBackend
         The backend object that serves the reads.
     layout : Layout or None
+
+    ``storage_options`` are the remote store's options when ``array`` is a URL (see
+    :mod:`gpu_zarr.location`).
     """
 
-    def __init__(self, array: Any, prefer: Backend = "auto", *, runtime: Any = None) -> None:
-        self.array = open_array(array)
+    def __init__(self, array: Any, prefer: Backend = "auto", *, runtime: Any = None,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        self.array = open_array(array, storage_options)
         self.prefer = check_backend(prefer)
         self.backend_impl, self.choice = choose(self.array, self.prefer, capabilities.probe(), runtime)
         # what serves a read the engine finds it cannot serve after all ("auto" only)
@@ -231,9 +242,12 @@ class PreparedArray:
                           nbytes / GiB / seconds if seconds > 0 else float("inf"), gpu_bytes, stats)
 
 
-def prepare(array_or_path: Any, prefer: Backend = "auto") -> PreparedArray:
-    """Open an array read-only and choose its backend once (see :class:`PreparedArray`)."""
-    return PreparedArray(array_or_path, prefer)
+def prepare(array_or_path: Any, prefer: Backend = "auto", *,
+            storage_options: Mapping[str, Any] | None = None) -> PreparedArray:
+    """Open an array read-only and choose its backend once (see :class:`PreparedArray`).
+
+    ``storage_options``: options of a remote store (see :mod:`gpu_zarr.location`)."""
+    return PreparedArray(array_or_path, prefer, storage_options=storage_options)
 
 
 @contextlib.contextmanager
@@ -271,7 +285,7 @@ def gpu_zarr_context() -> Iterator[None]:
         yield
 
 
-def read_zarr_via_zarr_gpu(array_path: Any) -> Any:
+def read_zarr_via_zarr_gpu(array_path: Any, *, storage_options: Mapping[str, Any] | None = None) -> Any:
     """Load a zarr array onto the GPU using ``zarr.config.enable_gpu()``.
 
     Works for any array zarr can read; zstd is decoded by nvCOMP when installed.
@@ -279,7 +293,9 @@ def read_zarr_via_zarr_gpu(array_path: Any) -> Any:
     Parameters
     ----------
     array_path : str or pathlib.Path
-        Path to the zarr array directory.
+        Path to the zarr array directory (or its URL).
+    storage_options : mapping, optional
+        Options of a remote store (see :mod:`gpu_zarr.location`).
 
     Returns
     -------
@@ -287,13 +303,13 @@ def read_zarr_via_zarr_gpu(array_path: Any) -> Any:
     """
     from gpu_zarr.zarr_gpu import read_on_gpu
 
-    return read_on_gpu(open_array(array_path), Ellipsis)
+    return read_on_gpu(open_array(array_path, storage_options), Ellipsis)
 
 
 # -- progress and interrupts (gpu_zarr.progress): begin --------------------------------------
 def read_selection(array_or_path: Any, selection: Any = Ellipsis, *, prefer: Backend = "auto",
                    options: EngineOptions | None = None, progress: ProgressArg = "auto",
-                   cancel: Any = None) -> ReadResult:
+                   cancel: Any = None, storage_options: Mapping[str, Any] | None = None) -> ReadResult:
     """Read ``array[selection]`` with the chosen backend and measure it.
 
     Parameters
@@ -307,6 +323,8 @@ def read_selection(array_or_path: Any, selection: Any = Ellipsis, *, prefer: Bac
         or terminal) for reads longer than about a second, ``True`` always, ``False`` /
         ``None`` never; ``GPU_ZARR_PROGRESS=0`` turns "auto" off (see :mod:`gpu_zarr.progress`).
     cancel : object with ``is_set()``, optional
+    storage_options : mapping, optional
+        Options of a remote store when ``array_or_path`` is a URL (see :mod:`gpu_zarr.location`).
 
     Returns
     -------
@@ -327,8 +345,8 @@ def read_selection(array_or_path: Any, selection: Any = Ellipsis, *, prefer: Bac
 
     try:
         with progress_callback(progress) as callback:
-            return PreparedArray(array_or_path, prefer).read(selection, options=options, progress=callback,
-                                                             cancel=cancel)
+            prep = PreparedArray(array_or_path, prefer, storage_options=storage_options)
+            return prep.read(selection, options=options, progress=callback, cancel=cancel)
     except (KeyboardInterrupt, ReadCancelled) as exc:
         release_after_interrupt(exc)
         raise
@@ -336,7 +354,7 @@ def read_selection(array_or_path: Any, selection: Any = Ellipsis, *, prefer: Bac
 
 
 def read_region(array: Any, selection: Any = Ellipsis, *, backend: Backend = "auto",
-                options: EngineOptions | None = None) -> Any:
+                options: EngineOptions | None = None, storage_options: Mapping[str, Any] | None = None) -> Any:
     """Read ``array[selection]`` through a backend.
 
     Parameters
@@ -349,23 +367,30 @@ def read_region(array: Any, selection: Any = Ellipsis, *, backend: Backend = "au
         "kvikio" is the direct engine; "auto" picks as :func:`choose_backend`.
     options : EngineOptions, optional
         Engine knobs (direct engine only).
+    storage_options : mapping, optional
+        Options of a remote store when ``array`` is a URL (see :mod:`gpu_zarr.location`).
 
     Returns
     -------
     cupy.ndarray or numpy.ndarray
         cupy for GPU backends, numpy for "cpu"; equal to ``array[selection]``.
     """
-    return read_selection(array, selection, prefer=backend, options=options, progress=None).data
+    return read_selection(array, selection, prefer=backend, options=options, progress=None,
+                          storage_options=storage_options).data
 
 
 def read_zarr(array_or_path: Any, *, prefer: Backend = "auto", options: EngineOptions | None = None,
-              progress: ProgressArg = "auto", cancel: Any = None) -> ReadResult:
-    """Read a whole array with the chosen backend and measure it (see :func:`read_selection`)."""
+              progress: ProgressArg = "auto", cancel: Any = None,
+              storage_options: Mapping[str, Any] | None = None) -> ReadResult:
+    """Read a whole array with the chosen backend and measure it (see :func:`read_selection`).
+
+    ``storage_options``: options of a remote store when ``array_or_path`` is a URL."""
     return read_selection(array_or_path, Ellipsis, prefer=prefer, options=options, progress=progress,
-                          cancel=cancel)
+                          cancel=cancel, storage_options=storage_options)
 
 
-def read_zarr_to_gpu(array_path: Any, *, prefer: Backend = "auto") -> Any:
+def read_zarr_to_gpu(array_path: Any, *, prefer: Backend = "auto",
+                     storage_options: Mapping[str, Any] | None = None) -> Any:
     """Load a zarr array onto the GPU using the fastest available path.
 
     Parameters
@@ -375,6 +400,8 @@ def read_zarr_to_gpu(array_path: Any, *, prefer: Backend = "auto") -> Any:
     prefer : {"auto", "kvikio", "zarr-gpu"}
         ``"auto"`` (default) picks the direct engine when the array and machine allow and
         zarr-gpu otherwise; forcing a path raises if it cannot serve this array.
+    storage_options : mapping, optional
+        Options of a remote store when ``array_path`` is a URL (see :mod:`gpu_zarr.location`).
 
     Returns
     -------
@@ -408,4 +435,4 @@ def read_zarr_to_gpu(array_path: Any, *, prefer: Backend = "auto") -> Any:
             + (caps.notes[0] if caps.notes else "no device") + f"). Install the GPU libraries with {INSTALL_HINT}, "
             "or read into host memory with gpu_zarr.zarr_io.read_zarr(path, prefer='cpu')."
         )
-    return read_selection(array_path, Ellipsis, prefer=prefer).data
+    return read_selection(array_path, Ellipsis, prefer=prefer, storage_options=storage_options).data

@@ -17,6 +17,9 @@ browse
     planes (forward then back).
 
 Writes ``<stem>.json``, ``.md`` and ``.png`` to ``--out``.
+
+``--remote`` runs :mod:`gpu_zarr.bench.remote` instead (remote reads over loopback HTTP, its
+own options: ``gpu-zarr bench --remote --help``).
 """
 
 from __future__ import annotations
@@ -77,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write-threads", type=int, default=None, help="threads writing volumes")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
     p.add_argument("--list", action="store_true", help="list layouts and readers, then exit")
+    p.add_argument("--remote", action="store_true",
+                   help="instead: remote reads over a loopback HTTP server at 0/20/50 ms per request, ours "
+                        "against zarr's FsspecStore (napari-ome-zarr's path) and TensorStore; its options: "
+                        "gpu-zarr bench --remote --help")
     return p
 
 
@@ -105,7 +112,8 @@ def _list(size: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; returns 0, or 1 when one of our readers failed or was wrong."""
-    if argv is not None and "--remote" in argv:  # remote reads over loopback HTTP: gpu_zarr.bench.remote
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--remote" in argv:  # remote reads over loopback HTTP: gpu_zarr.bench.remote, its own options
         from gpu_zarr.bench.remote import main as remote_main
 
         return remote_main([a for a in argv if a != "--remote"])
@@ -133,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             write_threads=args.write_threads,
             progress="lines" if args.no_progress else "bar",
-            argv=list(argv) if argv is not None else sys.argv[1:],
+            argv=argv,
         )
     except (ValueError, GpuZarrError) as exc:
         print(f"gpu-zarr bench: {exc}", file=sys.stderr)

@@ -33,12 +33,12 @@ MiB = 1 << 20
 
 
 def _volumes(size: str) -> dict[str, dict[str, Any]]:
-    z, y = (64, 1024) if size == "full" else (16, 512)
+    z, y, c = {"full": (64, 1024, 512), "small": (16, 512, 512), "tiny": (4, 128, 64)}[size]
     return {
-        "zstd v3, 512 KiB chunks": dict(fmt=3, shape=(z, y, y), chunks=(1, 512, 512), shards=None, codec="zstd"),
-        "zstd v3, sharded 8x1024^2": dict(fmt=3, shape=(z, y, y), chunks=(1, 512, 512),
-                                          shards=(8, y, y), codec="zstd"),
-        "blosc lz4 v2, 512 KiB chunks": dict(fmt=2, shape=(z, y, y), chunks=(1, 512, 512), shards=None,
+        "zstd v3, 512 KiB chunks": dict(fmt=3, shape=(z, y, y), chunks=(1, c, c), shards=None, codec="zstd"),
+        "zstd v3, sharded 8x1024^2": dict(fmt=3, shape=(z, y, y), chunks=(1, c, c),
+                                          shards=(min(8, z), y, y), codec="zstd"),
+        "blosc lz4 v2, 512 KiB chunks": dict(fmt=2, shape=(z, y, y), chunks=(1, c, c), shards=None,
                                              codec="blosc"),
     }
 
@@ -195,8 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gpu_zarr.bench.api import DEFAULT_WORKDIR
 
     p = argparse.ArgumentParser(prog="gpu-zarr bench --remote", description=__doc__.splitlines()[0])
-    p.add_argument("--size", choices=("full", "small"), default="full",
-                   help="full: 64x1024x1024 uint16 (128 MiB); small: 16x512x512")
+    p.add_argument("--size", choices=("full", "small", "tiny"), default="full",
+                   help="full: 64x1024x1024 uint16 (128 MiB); small: 16x512x512; tiny: 4x128x128 (tests)")
     p.add_argument("--latency", default="0,20,50", help="ms added per request, comma-separated")
     p.add_argument("--readers", default="ours,zarr,zarr+dask,tensorstore")
     p.add_argument("--repeat", type=int, default=2, help="whole-array reads per reader (best reported)")

@@ -1,11 +1,20 @@
 """A loopback HTTP server over a local folder, with Range support, added latency and injected
 failures: what the remote tests and ``gpu-zarr bench --remote`` read from.
 
-Read-only (GET and HEAD only). Each request sleeps ``latency`` seconds first (a round trip);
-a seeded fraction of requests fails: ``fail_503`` answers 503, ``fail_reset`` closes the
+Read-only: GET and HEAD are served; any other method (PUT, POST, DELETE, PATCH...) is
+answered 405 and recorded, like every request, in :attr:`RangeServer.log` (method, path, the
+request's headers, status, time), so tests can assert that nothing tried to write. Each request
+sleeps ``latency`` seconds first (a round trip); a seeded fraction of requests fails:
+``fail_503`` answers 503, ``fail_429`` answers 429 Too Many Requests, ``fail_reset`` closes the
 connection without an answer, ``fail_truncate`` sends the headers of the whole answer and only
-half of its body. Paths under ``forbidden`` answer 403. Counters (requests, bytes sent,
-the most requests in flight at once) are kept for the benchmark's report.
+half of its body. ``stall`` seconds: every request waits that long before answering (a server
+that hangs; :meth:`RangeServer.close` ends the wait). Paths under ``forbidden`` answer 403.
+Counters (requests, bytes sent, the most requests in flight at once) are kept for the
+benchmark's report.
+
+:class:`ProxyServer` puts the same latency, failures and log in front of another server (the
+tests' S3 server, moto's, which cannot inject them itself): GET and HEAD are forwarded as they
+came (path, query, headers, so signatures stay valid), anything else is refused and recorded.
 """
 
 from __future__ import annotations
@@ -18,8 +27,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-__all__ = ["RangeServer"]
+__all__ = ["ProxyServer", "RangeServer"]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -41,8 +51,28 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         self._serve(head=False)
 
+    def _refuse(self) -> None:
+        """Any method but GET and HEAD: recorded, answered 405, nothing written."""
+        srv = self.server.owner
+        entry = self._record(srv)
+        n = int(self.headers.get("Content-Length") or 0)
+        if n:
+            self.rfile.read(n)
+        self._plain(405, b"read-only server", entry)
+
+    do_PUT = do_POST = do_DELETE = do_PATCH = do_OPTIONS = _refuse  # noqa: N815 - http.server's names
+
+    def _record(self, srv: RangeServer) -> dict[str, Any]:
+        entry = {"method": self.command, "path": self.path,
+                 "headers": {k.lower(): v for k, v in self.headers.items()},
+                 "status": None, "time": time.monotonic()}
+        with srv.lock:
+            srv.log.append(entry)
+        return entry
+
     def _serve(self, head: bool) -> None:
         srv = self.server.owner
+        entry = self._record(srv)
         with srv.lock:
             srv.requests += 1
             srv.in_flight += 1
@@ -51,26 +81,31 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if srv.latency:
                 time.sleep(srv.latency)
-            self._answer(srv, head, fate)
+            if srv.stall:
+                srv.closing.wait(srv.stall)
+            self._answer(srv, head, fate, entry)
         finally:
             with srv.lock:
                 srv.in_flight -= 1
 
-    def _answer(self, srv: RangeServer, head: bool, fate: str) -> None:
+    def _answer(self, srv: RangeServer, head: bool, fate: str, entry: dict[str, Any]) -> None:
         if fate == "reset":
             self.close_connection = True
             self.connection.close()
             return
-        if fate == "503":
-            self._plain(503, b"injected failure")
+        if fate in ("503", "429"):
+            self._plain(int(fate), b"injected failure", entry)
+            return
+        if isinstance(srv, ProxyServer):
+            self._forward(srv, head, fate, entry)
             return
         rel = self.path.split("?", 1)[0].lstrip("/")
         if any(rel.startswith(f) for f in srv.forbidden):
-            self._plain(403, b"forbidden")
+            self._plain(403, b"forbidden", entry)
             return
         path = (srv.root / rel).resolve()
         if srv.root not in path.parents and path != srv.root or not path.is_file():
-            self._plain(404, b"not found")
+            self._plain(404, b"not found", entry)
             return
         size = path.stat().st_size
         start, end, status = 0, size, 200
@@ -83,12 +118,14 @@ class _Handler(BaseHTTPRequestHandler):
                 start = int(a)
                 end = min(size, int(b) + 1) if b else size
             if start >= size or start >= end:
+                entry["status"] = 416
                 self.send_response(416)
                 self.send_header("Content-Range", f"bytes */{size}")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
             status = 206
+        entry["status"] = status
         self.send_response(status)
         self.send_header("Content-Length", str(end - start))
         self.send_header("Accept-Ranges", "bytes")
@@ -111,7 +148,40 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.connection.close()
 
-    def _plain(self, code: int, body: bytes) -> None:
+    def _forward(self, srv: ProxyServer, head: bool, fate: str, entry: dict[str, Any]) -> None:
+        import http.client
+
+        up = urlsplit(srv.upstream)
+        conn = http.client.HTTPConnection(up.hostname or "127.0.0.1", up.port, timeout=60)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "keep-alive")}
+            conn.request(self.command, self.path, headers=headers)  # Host as sent: signatures hold
+            resp = conn.getresponse()
+            body = resp.read()
+            out = [(k, v) for k, v in resp.getheaders()
+                   if k.lower() not in ("connection", "keep-alive", "transfer-encoding", "content-length")]
+        finally:
+            conn.close()
+        entry["status"] = resp.status
+        self.send_response(resp.status)
+        for k, v in out:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(resp.getheader("Content-Length") if head else len(body)))
+        self.end_headers()
+        if head:
+            return
+        if fate == "truncate":
+            body = body[: len(body) // 2]
+            self.close_connection = True
+        self.wfile.write(body)
+        with srv.lock:
+            srv.bytes_sent += len(body)
+        if fate == "truncate":
+            self.wfile.flush()
+            self.connection.close()
+
+    def _plain(self, code: int, body: bytes, entry: dict[str, Any]) -> None:
+        entry["status"] = code
         self.send_response(code)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -128,6 +198,13 @@ class _Server(ThreadingHTTPServer):
             self.owner.connections.add(request)
         super().process_request(request, client_address)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return  # the client went away (a reset, a timeout, the server closing): not a server fault
+        super().handle_error(request, client_address)
+
     def shutdown_request(self, request: Any) -> None:
         with self.owner.lock:
             self.owner.connections.discard(request)
@@ -143,19 +220,32 @@ class RangeServer:
         The folder served (``http://127.0.0.1:PORT/<relative path>``).
     latency : float
         Seconds added to every request.
-    fail_503, fail_reset, fail_truncate : float
+    fail_503, fail_429, fail_reset, fail_truncate : float
         Fractions of requests that fail that way (seeded by ``seed``).
+    stall : float
+        Seconds every request waits before its answer (0: none); settable while serving.
     forbidden : tuple of str
         Relative path prefixes answered with 403.
+
+    Attributes
+    ----------
+    log : list of dict
+        Every request received: ``method``, ``path``, ``headers`` (names in lower case),
+        ``status`` (None when the connection was reset) and ``time`` (``time.monotonic()``
+        on arrival).
     """
 
     def __init__(self, root: str | os.PathLike[str], *, latency: float = 0.0, fail_503: float = 0.0,
-                 fail_reset: float = 0.0, fail_truncate: float = 0.0, forbidden: tuple[str, ...] = (),
-                 seed: int = 0) -> None:
+                 fail_429: float = 0.0, fail_reset: float = 0.0, fail_truncate: float = 0.0, stall: float = 0.0,
+                 forbidden: tuple[str, ...] = (), seed: int = 0) -> None:
         self.root = Path(root).resolve()
         self.latency = latency
         self.fail_503, self.fail_reset, self.fail_truncate = fail_503, fail_reset, fail_truncate
+        self.fail_429 = fail_429
+        self.stall = stall
+        self.closing = threading.Event()
         self.forbidden = forbidden
+        self.log: list[dict[str, Any]] = []
         self._rng = random.Random(seed)
         self.lock = threading.Lock()
         self.connections: set[Any] = set()
@@ -174,7 +264,8 @@ class RangeServer:
     def fate(self) -> str:
         """This request's injected failure ("" for none); called under the lock."""
         x = self._rng.random()
-        for name, p in (("503", self.fail_503), ("reset", self.fail_reset), ("truncate", self.fail_truncate)):
+        for name, p in (("503", self.fail_503), ("429", self.fail_429), ("reset", self.fail_reset),
+                        ("truncate", self.fail_truncate)):
             if x < p:
                 return name
             x -= p
@@ -183,8 +274,15 @@ class RangeServer:
     def reset_counters(self) -> None:
         with self.lock:
             self.requests = self.bytes_sent = self.max_in_flight = 0
+            self.log = []
+
+    def methods(self) -> set[str]:
+        """The HTTP methods received so far."""
+        with self.lock:
+            return {e["method"] for e in self.log}
 
     def close(self) -> None:
+        self.closing.set()
         self._httpd.shutdown()
         self._httpd.server_close()
         with self.lock:  # kept-alive connections too: a closed server answers nothing
@@ -202,3 +300,20 @@ class RangeServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class ProxyServer(RangeServer):
+    """A read-only loopback proxy in front of ``upstream`` (e.g. ``http://127.0.0.1:PORT`` of
+    moto's S3 server) with :class:`RangeServer`'s latency, injected failures and request log.
+
+    GET and HEAD are forwarded unchanged (method, path and query, headers including Host, so
+    signed requests stay valid); other methods are answered 405 and recorded, never forwarded.
+    Parameters as :class:`RangeServer` (``root`` aside; ``forbidden`` does not apply).
+    """
+
+    def __init__(self, upstream: str, **kwargs: Any) -> None:
+        self.upstream = upstream.rstrip("/")
+        super().__init__(os.getcwd(), **kwargs)
+
+    def __enter__(self) -> ProxyServer:
+        return self

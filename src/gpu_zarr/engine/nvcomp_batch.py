@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_zarr.errors import CorruptChunkError, GPUUnavailable
+from gpu_zarr.errors import INSTALL_HINT, CorruptChunkError, GPUUnavailable
 
 __all__ = [
     "ALGORITHMS",
@@ -565,8 +565,7 @@ class BatchedDecoder:
         try:
             import cupy
         except ImportError as exc:
-            raise GPUUnavailable("nvCOMP decoding needs cupy, which is not installed: "
-                                 'pip install "napari-gpu-zarr[cuda13]"') from exc
+            raise GPUUnavailable(f"nvCOMP decoding needs cupy, which is not installed: {INSTALL_HINT}") from exc
         self._cupy = cupy
         self.algo = algo
         self.nv = load_library()

@@ -25,9 +25,10 @@ def __getattr__(name: str) -> Any:
     try:
         import ipywidgets  # noqa: F401
     except ImportError as exc:
+        from gpu_zarr.errors import install_hint
+
         raise ImportError(
-            f"gpu_zarr.jupyter.{name} needs ipywidgets, which is not installed: "
-            'pip install "napari-gpu-zarr[jupyter]"'
+            f"gpu_zarr.jupyter.{name} needs ipywidgets, which is not installed: {install_hint('jupyter')}"
         ) from exc
     from gpu_zarr.jupyter import widget
 

@@ -4,8 +4,6 @@ shard indexes in one concurrent wave, near inner chunks coalesced; pixels equal 
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import zarr
@@ -20,32 +18,10 @@ from gpu_zarr.store import open_array  # noqa: E402
 
 
 class _Log(RangeServer):
-    """The server, with every request's path and Range header logged, and the requests that
-    overlapped each one (a wave: requests sent together, without waiting for each other)."""
+    """The server, whose log gives every request's path and Range header, and when each was
+    served (requests that overlapped were sent together: one wave, one round trip)."""
 
-    def __init__(self, *a, **k) -> None:
-        super().__init__(*a, **k)
-        from gpu_zarr.bench import remote_server as rs
-
-        self.log: list[tuple[str, str | None]] = []
-        self.spans: dict[tuple[str, str | None], tuple[float, float]] = {}  # request -> (start, end)
-        owner = self
-        base = rs._Handler._serve
-
-        def serve(handler, head: bool) -> None:
-            t = time.perf_counter()
-            if handler.server.owner is owner:
-                with owner.lock:
-                    owner.log.append((handler.path, handler.headers.get("Range")))
-            base(handler, head)
-            owner.spans[(handler.path, handler.headers.get("Range"))] = (t, time.perf_counter())
-        self._patch = (rs._Handler, base)
-        rs._Handler._serve = serve
-
-    def close(self) -> None:
-        cls, base = self._patch
-        cls._serve = base
-        super().close()
+    spans: dict[tuple[str, str | None], tuple[float, float]] = {}  # request -> (start, end)
 
     def take(self) -> list[tuple[str, str | None]]:
         """The requests since the last take (``self.inflight``: the most at once among them)."""
@@ -53,7 +29,9 @@ class _Log(RangeServer):
             out, self.log = self.log, []
             self.inflight = self.max_in_flight
             self.requests = self.max_in_flight = 0
-        return out
+        reqs = [(e["path"], e["headers"].get("range")) for e in out]
+        self.spans = {r: (e["time"], e.get("end", e["time"])) for r, e in zip(reqs, out)}
+        return reqs
 
 
 def _clear() -> None:

@@ -87,6 +87,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             with srv.lock:
                 srv.in_flight -= 1
+                entry["end"] = time.monotonic()
 
     def _answer(self, srv: RangeServer, head: bool, fate: str, entry: dict[str, Any]) -> None:
         if fate == "reset":

@@ -383,7 +383,7 @@ def test_a_stalled_server_times_out_with_the_url(stores):
         arr = open_array(f"{srv.url}/plain.zarr", opts)
         srv.stall = 60  # the metadata came; the chunks do not
         t = time.monotonic()
-        with pytest.raises(RemoteError, match=r"127\.0\.0\.1:\d+/plain\.zarr/c/"):
+        with pytest.raises(RemoteError, match=r"127\.0\.0\.1:\d+/plain\.zarr/c/.*did not answer in time"):
             engine_read(arr, device="cpu")
         assert time.monotonic() - t < 30
 

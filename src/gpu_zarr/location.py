@@ -36,7 +36,7 @@ from urllib.parse import unquote, urlsplit
 
 from gpu_zarr.errors import GpuZarrError, install_hint
 
-__all__ = ["REMOTE_HINT", "REMOTE_SCHEMES", "Location", "RemoteError", "RemoteUnavailable", "is_url",
+__all__ = ["REMOTE_HINT", "REMOTE_SCHEMES", "Location", "RemoteError", "RemoteUnavailable", "is_url", "network_cause",
            "path_and_options", "resolve"]
 
 REMOTE_SCHEMES = ("http", "https", "s3", "s3a", "gs", "gcs")
@@ -53,6 +53,23 @@ class RemoteUnavailable(GpuZarrError, ImportError):
 class RemoteError(GpuZarrError, OSError):
     """A remote store could not be read (refused, not found, forbidden, timed out, or a short
     answer); the message names the URL and what to do. Nothing partial is ever returned."""
+
+
+def network_cause(url: str, exc: BaseException, timeout: Any = None) -> str:
+    """What a network failure was, in words, from the client's detailed message ("" when
+    unknown): DNS, a timeout (``timeout``: the request timeout in force) or a refused connection."""
+    from urllib.parse import urlsplit
+
+    text = str(exc)
+    if "dns error" in text or "failed to lookup address" in text:
+        return f"the host name {urlsplit(url).hostname!r} could not be resolved (DNS). "
+    if "kind: Timeout" in text or "TimedOut" in text or "timed out" in text.lower():
+        limit = f"{timeout} s per request" if timeout is not None else "the request timeout"
+        return (f"the server did not answer in time ({limit}: storage_options 'timeout'; retries: "
+                "'max_retries', 'retry_timeout'). ")
+    if "Connection refused" in text or "ConnectionRefused" in text:
+        return "the connection was refused (nothing listens at that address). "
+    return ""
 
 
 def is_url(path: Any) -> bool:

@@ -45,7 +45,7 @@ def _open_remote(loc: Any) -> Any:
     """zarr.open of a remote location, read-only, with errors that name the URL."""
     import zarr
 
-    from gpu_zarr.location import RemoteError, RemoteUnavailable
+    from gpu_zarr.location import RemoteError, RemoteUnavailable, network_cause
 
     try:
         store = loc.zarr_store()
@@ -66,27 +66,12 @@ def _open_remote(loc: Any) -> Any:
                               "private bucket the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
                               f"or storage_options). {_first_line(exc)}") from exc
         if name in ("GenericError", "TimeoutError", "ConnectionError") or isinstance(exc, OSError):
-            raise RemoteError(f"{loc.url} could not be reached: {_network_cause(loc, exc)}{_first_line(exc)}. "
+            cause = network_cause(loc.url, exc, loc.storage_options.get("timeout", 60))
+            raise RemoteError(f"{loc.url} could not be reached: {cause}{_first_line(exc)}. "
                               "Check the URL, that the server is up and reachable (network, DNS, proxy), then "
                               "retry.") from exc
         raise NotAZarrError(f"expected a zarr group or array at {loc.url}, but it could not be opened as one: "
                             f"{name}: {_first_line(exc)}") from exc
-
-
-def _network_cause(loc: Any, exc: BaseException) -> str:
-    """What a network failure was, in words, from obstore's detailed message ("" when unknown)."""
-    from urllib.parse import urlsplit
-
-    text = str(exc)
-    if "dns error" in text or "failed to lookup address" in text:
-        return f"the host name {urlsplit(loc.url).hostname!r} could not be resolved (DNS). "
-    if "kind: Timeout" in text or "TimedOut" in text or "timed out" in text.lower():
-        t = loc.storage_options.get("timeout", 60)
-        return (f"the server did not answer in time (timeout {t} s per request, storage_options "
-                "'timeout'; retries: 'max_retries', 'retry_timeout'). ")
-    if "Connection refused" in text or "ConnectionRefused" in text:
-        return "the connection was refused (nothing listens at that address). "
-    return ""
 
 
 def _first_line(exc: BaseException) -> str:

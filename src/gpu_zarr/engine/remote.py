@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from gpu_zarr.location import RemoteError
+from gpu_zarr.location import RemoteError, network_cause
 
 __all__ = ["FETCHED", "Got", "RemoteBlob", "RemoteObject", "RemoteSource", "source_of"]
 
@@ -175,8 +175,8 @@ class RemoteSource:
         elif isinstance(exc, FileNotFoundError):
             hint = "it was not found (404) although the store's index points to it: the store changed while read"
         else:
-            hint = ("check that the server is up and reachable (network, DNS, proxy) and retry; requests "
-                    "in flight can be lowered with GPU_ZARR_REMOTE_REQUESTS")
+            hint = (f"{network_cause(url, exc)}check that the server is up and reachable (network, DNS, proxy) "
+                    "and retry; requests in flight can be lowered with GPU_ZARR_REMOTE_REQUESTS")
         return RemoteError(f"{what} {url} failed: {_first_line(exc)}. {hint}.")
 
     async def _retry(self, rel: str, what: str, fn: Callable[[], Awaitable[T]]) -> T:

@@ -51,7 +51,7 @@ def test_bench_dask_tiny_cpu(bench_dask, tmp_path):
     res = json.loads((out / "dask-0.05GiB-cpu.json").read_text())
     assert "error" not in res
     assert res["shape"] == [6, 2048, 2048] and res["device"] == "cpu"
-    assert set(res["layouts"]) == {"zstd-1MiB", "blosc-lz4"}
+    assert set(res["layouts"]) == {"zstd-1MiB", "blosc-lz4", "zstd-256KiB"}
     for name, rec in res["layouts"].items():
         assert rec["plain"]["backend"] == "cpu" and rec["plain"]["gib_s"] > 0, name
         assert set(rec["dask"]) == {"8 MiB", "auto"}
@@ -64,7 +64,8 @@ def test_bench_dask_tiny_cpu(bench_dask, tmp_path):
         assert res["volumes"][name]["ratio"] > 1
     assert len(res["clusters"]["2"]["workers"]) == 2
     md = (out / "dask-0.05GiB-cpu.md").read_text()
-    assert "| zstd-1MiB" in md and "| blosc-lz4" in md and "all equal" in md
+    assert "| zstd-1MiB" in md and "| blosc-lz4" in md and "| zstd-256KiB" in md and "all equal" in md
+    assert ">= 1.9x" in md
     # the volumes are reused on a second run (complete and matching)
     # ... and past --deadline-s only the first block size is measured, once
     rc = bench_dask.main(["--size-gib", "0.05", "--cpu", "--workers", "2", "--repeat", "2", "--layouts", "zstd-1MiB",

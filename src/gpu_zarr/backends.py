@@ -143,7 +143,7 @@ class EngineBackend:
         # decoded chunkwise on CPU threads; with ``cache`` (viewers) the decoded chunks are kept
         # in the runtime's host chunk cache, so the next planes of thick chunks are copies
         opts = opts.with_(reader="threads", progress=progress, cancel=cancel)
-        ops = CpuOps(self.runtime.pool("cpu-decode", opts.threads), opts.threads, fast=True)
+        ops = CpuOps(self.runtime.pool("cpu-decode", opts.threads), opts.threads, fast=True, runtime=self.runtime)
         res = engine_read(None, selection, device="cpu", options=opts, layout=self.layout, ops=ops,
                           runtime=self.runtime)
         data, stats = res.data, res.stats
@@ -259,7 +259,7 @@ class CpuEngineBackend:
 
         rt = self._engine.runtime
         opts = options or EngineOptions()
-        ops = CpuOps(rt.pool("cpu-decode", opts.threads), opts.threads, fast=True)
+        ops = CpuOps(rt.pool("cpu-decode", opts.threads), opts.threads, fast=True, runtime=rt)
         stats: dict[str, Any] = {}
 
         def read(sel: Any) -> Any:
@@ -284,7 +284,7 @@ def _read_parts_on_host(rt: Any, parts: Any, out: np.ndarray, options: Any) -> d
     from gpu_zarr.engine.ops import CpuOps
 
     opts = (options or EngineOptions()).with_(reader="threads")
-    ops = CpuOps(rt.pool("cpu-decode", opts.threads), opts.threads, fast=True)
+    ops = CpuOps(rt.pool("cpu-decode", opts.threads), opts.threads, fast=True, runtime=rt)
     return read_many(parts, device="cpu", options=opts, ops=ops, runtime=rt, out=out).stats
 
 def _name_the_chunk(arr: Any, selection: Any, exc: Exception) -> Exception:

@@ -26,12 +26,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from gpu_zarr.engine.align import align_up
 from gpu_zarr.errors import CorruptChunkError
+
+if TYPE_CHECKING:
+    from gpu_zarr.engine.ops import Ops
 
 __all__ = [
     "KIND_COPY",
@@ -422,7 +425,7 @@ class _StreamNames:
         return self._names[c] if self._names is not None else f"#{c}"
 
 
-def decode_plan(ops: Any, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.ndarray,
+def decode_plan(ops: Ops, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.ndarray,
                 names: Sequence[str] | None = None, slot: int = 0, wait: Any = None) -> None:
     """Decode a parsed batch through ``ops`` (GPU or its CPU twin): streams, then one unshuffle.
 
@@ -434,24 +437,12 @@ def decode_plan(ops: Any, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.n
     the CPU twin, after the queued work has finished). Memcpyed and host-decoded chunks are copied
     with ``ops.copy_spans``. Every call waits for ``wait`` (the upload of ``src``).
     """
-    from gpu_zarr.engine.shuffle import unshuffle_cpu, unshuffle_gpu
-
     dst_offsets = np.asarray(dst_offsets, np.int64)
-    gpu = ops.name == "gpu"
     nb = plan.nbytes
 
-    # the slot's work stream (its lane): decode_batch and copy_spans run there, so do our
-    # allocations (cupy's pool reuses memory in the order of the stream it was allocated on)
-    stream: Any = ops.work_streams[slot % ops.lanes] if gpu else None
-
-    def alloc(n: int) -> Any:
-        if not gpu:
-            return np.empty(max(n, 1), np.uint8)
-        with stream:
-            return ops.xp.empty(max(n, 1), np.uint8)
-
     if len(plan.s_src):
-        dec = alloc(plan.shuffled_bytes)
+        # on the slot's lane: decode_batch and copy_spans run there, so do the scratch allocations
+        dec = ops.scratch(plan.shuffled_bytes, slot)
         for kind, algo in _ALGO.items():
             sel = np.flatnonzero(plan.s_kind == kind)
             if len(sel) == 0:
@@ -461,42 +452,26 @@ def decode_plan(ops: Any, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.n
                 # nvCOMP Deflate wants aligned inputs; zlib payloads start anywhere: one copy kernel
                 pad = align_up(s_size)
                 offs = np.cumsum(pad) - pad
-                buf = alloc(int(pad.sum()))
+                buf = ops.scratch(int(pad.sum()), slot)
                 ops.copy_spans(src, s_src, buf, offs, s_size, slot=slot, wait=wait)
                 s_src = offs
             ops.decode_batch(algo, buf, s_src, s_size, dec, plan.s_dst[sel], plan.s_dsize[sel],
-                             _StreamNames(names, plan.s_chunk[sel]), slot=slot, wait=wait,
+                             cast(Sequence[str], _StreamNames(names, plan.s_chunk[sel])), slot=slot, wait=wait,
                              **({"adler32": plan.s_adler[sel]} if kind == KIND_DEFLATE else {}))
-        raw = plan.s_kind == KIND_COPY
-        b_dst = dst_offsets[plan.b_chunk] + plan.b_off
-        if gpu:
-            s_addr = np.where(raw, np.uint64(src.data.ptr) + plan.s_src.astype(np.uint64),
-                              np.uint64(dec.data.ptr) + np.maximum(plan.s_dst, 0).astype(np.uint64))
-            if wait is not None:
-                stream.wait_event(wait)
-            unshuffle_gpu(s_addr, plan.b_first, plan.b_nsplit, plan.b_size, plan.b_ts, plan.b_mode, dst, b_dst,
-                          stream)
-        else:
-            ops.wait(wait)
-            ops.wait(ops.record(slot))  # the decodes above have finished (the twin may run them on a thread)
-            space = np.concatenate([np.asarray(src).reshape(-1), dec])
-            s_addr = np.where(raw, plan.s_src, len(space) - len(dec) + plan.s_dst)
-            unshuffle_cpu(space, s_addr, plan.b_first, plan.b_nsplit, plan.b_size, plan.b_ts, plan.b_mode, dst,
-                          b_dst)
+        ops.unshuffle(src, dec, plan.s_kind == KIND_COPY, plan.s_src, plan.s_dst, plan.b_first, plan.b_nsplit,
+                      plan.b_size, plan.b_ts, plan.b_mode, dst, dst_offsets[plan.b_chunk] + plan.b_off,
+                      slot=slot, wait=wait)
     if len(plan.m_chunk):
         ops.copy_spans(src, plan.m_src, dst, dst_offsets[plan.m_chunk], np.full(len(plan.m_chunk), nb, np.int64),
                        slot=slot, wait=wait)
     if len(plan.h_chunk):
-        if gpu:
-            with stream:
-                host = ops.xp.asarray(plan.h_data)
-        else:
-            host = plan.h_data
+        assert plan.h_data is not None  # host-decoded chunks come with their bytes
+        host = ops.to_device(plan.h_data, slot)
         ops.copy_spans(host, np.arange(len(plan.h_chunk), dtype=np.int64) * nb, dst, dst_offsets[plan.h_chunk],
                        np.full(len(plan.h_chunk), nb, np.int64), slot=slot, wait=wait)
 
 
-def _decode_native(ops: Any, src: np.ndarray, batch: Any, dst: np.ndarray, dst_offsets: np.ndarray, nbytes: int,
+def _decode_native(ops: Ops, src: np.ndarray, batch: Any, dst: np.ndarray, dst_offsets: np.ndarray, nbytes: int,
                    names: Sequence[str]) -> None:
     """Whole chunks on the CPU: ONE call into our native library (every chunk on its threads;
     it checks headers, tables and sizes itself), numcodecs' c-blosc for the chunks it leaves
@@ -509,7 +484,7 @@ def _decode_native(ops: Any, src: np.ndarray, batch: Any, dst: np.ndarray, dst_o
     so, ss, do = batch.src_offsets.tolist(), batch.src_sizes.tolist(), np.asarray(dst_offsets).tolist()
     todo = list(range(len(so)))
     if native.codec_available("blosc") and isinstance(dst, np.ndarray) and dst.flags.c_contiguous:
-        st, det = native.decode("blosc", src, so, ss, dst, do, nbytes, getattr(ops, "native_threads", 1))
+        st, det = native.decode("blosc", src, so, ss, dst, do, nbytes, ops.native_threads)
         bad = np.flatnonzero((st != native.OK) & ~np.isin(st, list(native.UNSUPPORTED)))
         if len(bad):
             k = int(bad[0])
@@ -541,9 +516,9 @@ class BloscStage:
     def prepare(self, staging: np.ndarray, batch: Any, lay: Any, names: Sequence[str]) -> BloscPlan:
         return parse_batch(staging, batch.src_offsets, batch.src_sizes, lay.inner_nbytes, names)
 
-    def decode(self, ops: Any, src: Any, batch: Any, prep: BloscPlan, dst: Any, dst_offsets: np.ndarray, lay: Any,
+    def decode(self, ops: Ops, src: Any, batch: Any, prep: BloscPlan, dst: Any, dst_offsets: np.ndarray, lay: Any,
                names: Sequence[str], slot: int, wait: Any) -> None:
-        if getattr(ops, "whole_chunks", False):  # the CPU's fast paths: whole-chunk decoders
+        if ops.whole_chunks:  # the CPU's fast paths: whole-chunk decoders
             _decode_native(ops, src, batch, dst, dst_offsets, lay.inner_nbytes, names)
             return
         decode_plan(ops, src, prep, dst, dst_offsets, names, slot, wait)

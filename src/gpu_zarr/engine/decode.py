@@ -49,7 +49,8 @@ def _as_sizes(v: Any, n: int) -> np.ndarray:
 def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
                      dst_offsets: np.ndarray, dst_sizes: np.ndarray | int, stream: Any,
                      names: Sequence[str] | None = None, slot: int = 0, check: bool = True,
-                     crc32: np.ndarray | None = None, adler32: np.ndarray | None = None) -> Any:
+                     crc32: np.ndarray | None = None, adler32: np.ndarray | None = None,
+                     runtime: Any = None) -> Any:
     """Decode a batch of streams from one device buffer into another, in ONE nvCOMP call.
 
     Parameters
@@ -78,6 +79,8 @@ def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np
     adler32 : ndarray of uint32, optional
         Expected Adler-32 of each stream's decoded bytes (zlib trailers): computed by a
         kernel on the GPU after the decode and checked with the statuses.
+    runtime : Runtime, optional
+        The runtime that keeps the decoder and its scratch (default: the process's).
 
     Raises
     ------
@@ -99,7 +102,7 @@ def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np
     n = len(src_offsets)
     if n == 0:
         return None
-    dec = batched_decoder(algo, stream, slot)
+    dec = batched_decoder(algo, stream, slot, runtime=runtime)
     return dec.decode(src, np.asarray(src_offsets, np.int64), np.asarray(src_sizes, np.int64), dst,
                       np.asarray(dst_offsets, np.int64), _as_sizes(dst_sizes, n), stream, names, check=check,
                       crc32=crc32, adler32=adler32)
@@ -275,7 +278,7 @@ def copy_spans_cpu(src: np.ndarray, src_offsets: np.ndarray, dst: np.ndarray, ds
 
 
 def copy_spans_gpu(src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
-                   stream: Any, keep: list | None = None) -> None:
+                   stream: Any, keep: list | None = None, runtime: Any = None) -> None:
     """Copy many byte spans between device buffers in one kernel on ``stream``.
 
     See :func:`gpu_zarr.engine.nvcomp_batch.copy_spans` (the kernel lives with the other
@@ -283,7 +286,7 @@ def copy_spans_gpu(src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.
     """
     from gpu_zarr.engine.nvcomp_batch import copy_spans
 
-    copy_spans(src, src_offsets, dst, dst_offsets, sizes, stream, keep)
+    copy_spans(src, src_offsets, dst, dst_offsets, sizes, stream, keep, runtime)
 
 
 def decode_zstd_gpu(src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any, dst_offsets: np.ndarray,

@@ -392,21 +392,20 @@ extern "C" __global__ void copy_spans(const unsigned char* __restrict__ src, uns
 
 
 def copy_spans(src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
-               stream: Any, keep: list | None = None) -> None:
+               stream: Any, keep: list | None = None, runtime: Any = None) -> None:
     """Copy many byte spans between device buffers with one kernel launch per 65535 spans.
 
     With ``keep`` (a list), the offsets go up through pinned memory without waiting for the
     stream, and the buffers that must outlive the queued copy are appended to ``keep``.
+    ``runtime`` keeps the compiled kernel (default: the process's).
     """
     import cupy
 
     n = len(sizes)
     if n == 0:
         return
-    from gpu_zarr.engine.runtime import get_runtime
-
-    kern = get_runtime().resource(("kernel", "copy_spans", cupy.cuda.Device().id),
-                                  lambda: cupy.RawKernel(_COPY_KERNEL, "copy_spans"))
+    kern = _resource(("kernel", "copy_spans", cupy.cuda.Device().id),
+                     lambda: cupy.RawKernel(_COPY_KERNEL, "copy_spans"), None, runtime=runtime)
     longest = int(np.max(sizes))
     gx = max(1, min(64, -(-longest // (256 * 4))))
     table = np.concatenate([np.asarray(src_offsets, np.int64), np.asarray(dst_offsets, np.int64),
@@ -594,6 +593,7 @@ class BatchedDecoder:
         self._scratch: Any = None  # cupy uint8, grown on demand
         self._meta: Any = None  # device int64: [in_ptr | in_bytes | out_bytes | out_actual | out_ptr | status]
         self._last_stream = None
+        self.runtime: Any = None  # the runtime that keeps this decoder (None: the process's)
         self._lock = threading.Lock()  # one batch is queued at a time: the scratch and tables are shared
         self.calls = 0
         self.scratch_allocations = 0
@@ -721,7 +721,7 @@ class BatchedDecoder:
             staged_so = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
             with stream:
                 staged_in = cp.empty(max(int(padded.sum()), 1), np.uint8)
-            copy_spans(src, so, staged_in, staged_so, ss, stream, keep)
+            copy_spans(src, so, staged_in, staged_so, ss, stream, keep, self.runtime)
             keep.append(staged_in)
             src_base, so = int(staged_in.data.ptr), staged_so
         out_do, staged_out = do, None
@@ -789,7 +789,7 @@ class BatchedDecoder:
         keep += [host, res, status]
         event = stream.record()
         if staged_out is not None:
-            copy_spans(staged_out, out_do, dst, do, ds, stream, keep)
+            copy_spans(staged_out, out_do, dst, do, ds, stream, keep, self.runtime)
             event = stream.record()
         return PendingBatch(self.algo, event, result, ds, names, n, keep, checksum)
 
@@ -838,29 +838,36 @@ def _pinned(count: int) -> np.ndarray:
     return np.frombuffer(mem, np.int64, max(count, 1))
 
 
-def _factory(algo: str, backend: str, device: int) -> Any:
+def _factory(algo: str, backend: str, device: int, runtime: Any) -> Any:
     def make() -> BatchedDecoder:
         import cupy
 
         with cupy.cuda.Device(device):
-            return BatchedDecoder(algo, backend=backend, device=device)
+            dec = BatchedDecoder(algo, backend=backend, device=device)
+        dec.runtime = runtime  # the runtime that keeps it keeps its kernels too
+        return dec
     return make
 
 
-def batched_decoder(algo: str, stream: Any, slot: int = 0, backend: str = "cuda") -> BatchedDecoder:
+def batched_decoder(algo: str, stream: Any, slot: int = 0, backend: str = "cuda",
+                    runtime: Any = None) -> BatchedDecoder:
     """The runtime's decoder for (device, algo, slot, stream), created once and reused.
 
-    Its scratch lives as long as the runtime (released by ``Runtime.close()``).
+    Its scratch lives as long as the runtime (``runtime``, default the process's; released by
+    ``Runtime.close()``).
     """
     import cupy
 
     device = int(cupy.cuda.Device().id)
     key = ("nvcomp-decoder", device, algo, backend, int(slot), int(stream.ptr))
-    return _resource(key, _factory(algo, backend, device), BatchedDecoder.close, lambda d: d.nbytes)
+    return _resource(key, _factory(algo, backend, device, runtime), BatchedDecoder.close, lambda d: d.nbytes,
+                     runtime=runtime)
 
 
-def _resource(key: Any, factory: Any, close: Any, nbytes: Any = None) -> Any:
-    """``get_runtime().resource(...)`` (the runtime owns what lives across reads)."""
+def _resource(key: Any, factory: Any, close: Any, nbytes: Any = None, runtime: Any = None) -> Any:
+    """``runtime.resource(...)`` (the runtime owns what lives across reads; default the process's)."""
+    if runtime is not None:
+        return runtime.resource(key, factory, close=close, nbytes=nbytes)
     try:
         from gpu_zarr.engine.runtime import get_runtime
     except ImportError:  # before the engine runtime exists: a per-process table on this function

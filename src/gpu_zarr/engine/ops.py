@@ -28,13 +28,39 @@ __all__ = ["AsyncCpuOps", "CpuOps", "GpuOps", "Ops", "ops_for"]
 
 
 class Ops(Protocol):
-    """What the pipeline and the codec stages call; ``name`` is "gpu" or "cpu"."""
+    """What the pipeline and the codec stages call; ``name`` ("gpu" or "cpu") is for reports only.
+
+    Stages ask ops what they can do (the attributes below) and let ops do what differs between
+    the GPU and its CPU twins (the methods): no stage branches on ``name``. The runtime that
+    owns long-lived state (pools, streams, kernels, staging) travels with the ops.
+    """
 
     name: str
     overlap: bool
     lanes: int  # independent work streams: slot s decodes and places on lane s % lanes
     xp: Any
+    runtime: Any  # the Runtime whose pools, streams, staging and kernels these ops use
+    on_device: bool  # buffers live in device memory: a reader may fill them directly (kvikio)
+    host_is_device: bool  # fetched host bytes are what decode reads (no staging copy: the CPU's fast path)
+    native_decoders: bool  # a codec's own C decoder may decode whole streams (it checks its input)
+    whole_chunks: bool  # whole chunks may go through a whole-chunk decoder (Blosc)
+    native_threads: int  # threads of one native call
 
+    def needs_host_check(self, device_checks: bool, native_checks: bool) -> bool:
+        """Whether a codec's host check must run before these ops decode (not where the decoder
+        checks its input itself: the GPU's frame walk, ``device_checks``; a C decoder on the
+        CPU's fast path, ``native_checks``)."""
+        ...
+    def map_chunks(self, fn: Any, n: int) -> None: ...
+    def scratch(self, nbytes: int, slot: int = 0) -> Any: ...
+    def to_device(self, host: np.ndarray, slot: int = 0) -> Any: ...
+    def unshuffle(self, src: Any, dec: Any, stream_raw: np.ndarray, stream_src: np.ndarray, stream_dst: np.ndarray,
+                  b_first: np.ndarray, b_nsplit: np.ndarray, b_size: np.ndarray, b_ts: np.ndarray,
+                  b_mode: np.ndarray, dst: Any, b_dst: np.ndarray, slot: int = 0, wait: Any = None) -> None:
+        """Blosc: ONE unshuffle of every block of a batch into ``dst``, each block's streams read
+        where they are (``src`` at ``stream_src`` where ``stream_raw``, else ``dec`` at
+        ``stream_dst``), after ``wait`` and the slot's queued decodes."""
+        ...
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any: ...
     def host_buffers(self, nbytes: int, count: int) -> Any: ...
     def device_buffer(self, nbytes: int, slot: int = 0) -> Any: ...
@@ -89,13 +115,16 @@ class CpuOps:
     name = "cpu"
     overlap = False
     lanes = 1
+    on_device = False
 
     def __init__(self, pool: ThreadPoolExecutor | None = None, threads: int = 1, *, fast: bool = False,
-                 native_threads: int | None = None) -> None:
+                 native_threads: int | None = None, runtime: Any = None) -> None:
         import gpu_zarr.engine.native as native
         from gpu_zarr import settings
+        from gpu_zarr.engine.runtime import get_runtime
 
         self.xp: Any = np
+        self.runtime: Any = runtime or get_runtime()
         self._pool, self._threads = pool, max(1, threads)
         self.native = native.available()
         self.native_threads = max(1, native_threads or max(threads, int(settings.get("threads"))))
@@ -106,6 +135,26 @@ class CpuOps:
         self.native_decoders = fast
         # whole chunks through a whole-chunk decoder (Blosc) after the usual host check
         self.whole_chunks = fast
+
+    def needs_host_check(self, device_checks: bool, native_checks: bool) -> bool:
+        return not native_checks if self.native_decoders else True
+
+    def scratch(self, nbytes: int, slot: int = 0) -> np.ndarray:
+        return np.empty(max(nbytes, 1), np.uint8)
+
+    def to_device(self, host: np.ndarray, slot: int = 0) -> np.ndarray:
+        return host
+
+    def unshuffle(self, src: Any, dec: Any, stream_raw: np.ndarray, stream_src: np.ndarray, stream_dst: np.ndarray,
+                  b_first: np.ndarray, b_nsplit: np.ndarray, b_size: np.ndarray, b_ts: np.ndarray,
+                  b_mode: np.ndarray, dst: Any, b_dst: np.ndarray, slot: int = 0, wait: Any = None) -> None:
+        from gpu_zarr.engine.shuffle import unshuffle_cpu
+
+        self.wait(wait)
+        self.wait(self.record(slot))  # the decodes queued so far have finished (the twin may run them on a thread)
+        space = np.concatenate([np.asarray(src).reshape(-1), dec])
+        s_addr = np.where(stream_raw, stream_src, len(space) - len(dec) + stream_dst)
+        unshuffle_cpu(space, s_addr, b_first, b_nsplit, b_size, b_ts, b_mode, dst, b_dst)
 
     def map_chunks(self, fn: Any, n: int) -> None:
         """``fn(k)`` for every k < n, on the pool's threads when there is one."""
@@ -284,6 +333,11 @@ class GpuOps:
 
     name = "gpu"
     overlap = True
+    on_device = True
+    host_is_device = False
+    native_decoders = False
+    whole_chunks = False
+    native_threads = 1
 
     def __init__(self, slots: int = 3, runtime: Any = None, lanes: int = 1) -> None:
         try:
@@ -300,7 +354,7 @@ class GpuOps:
 
         self.xp: Any = cupy
         self._cupy = cupy
-        self._rt = runtime or get_runtime()
+        self._rt = self.runtime = runtime or get_runtime()
         self.lanes = max(1, min(slots, lanes))
         self.copy_streams: list[Any]
         self.work_streams: list[Any]
@@ -317,6 +371,34 @@ class GpuOps:
     def _after(self, event: Any, slot: int = 0) -> None:
         if event is not None:
             self._work(slot).wait_event(event)
+
+    def needs_host_check(self, device_checks: bool, native_checks: bool) -> bool:
+        return not device_checks
+
+    def map_chunks(self, fn: Any, n: int) -> None:
+        for k in range(n):
+            fn(k)
+
+    def scratch(self, nbytes: int, slot: int = 0) -> Any:
+        """A device byte buffer allocated on the slot's work stream (cupy's pool reuses memory
+        in the order of the stream it was allocated on: decode and copy_spans run there)."""
+        with self._work(slot):
+            return self._cupy.empty(max(nbytes, 1), np.uint8)
+
+    def to_device(self, host: np.ndarray, slot: int = 0) -> Any:
+        with self._work(slot):
+            return self._cupy.asarray(host)
+
+    def unshuffle(self, src: Any, dec: Any, stream_raw: np.ndarray, stream_src: np.ndarray, stream_dst: np.ndarray,
+                  b_first: np.ndarray, b_nsplit: np.ndarray, b_size: np.ndarray, b_ts: np.ndarray,
+                  b_mode: np.ndarray, dst: Any, b_dst: np.ndarray, slot: int = 0, wait: Any = None) -> None:
+        """One kernel launch on the slot's work stream (after the decodes queued there)."""
+        from gpu_zarr.engine.shuffle import unshuffle_gpu
+
+        s_addr = np.where(stream_raw, np.uint64(src.data.ptr) + stream_src.astype(np.uint64),
+                          np.uint64(dec.data.ptr) + np.maximum(stream_dst, 0).astype(np.uint64))
+        self._after(wait, slot)
+        unshuffle_gpu(s_addr, b_first, b_nsplit, b_size, b_ts, b_mode, dst, b_dst, self._work(slot), self._rt)
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         with self.stream:
@@ -366,14 +448,14 @@ class GpuOps:
         while len(queue) >= 2:
             queue.pop(0).check()
         pending = decode_batch_gpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, self._work(slot),
-                                   names, lane, check=False, crc32=crc32, adler32=adler32)
+                                   names, lane, check=False, crc32=crc32, adler32=adler32, runtime=self._rt)
         if pending is not None:
             queue.append(pending)
 
     def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
                    slot: int = 0, wait: Any = None) -> None:
         self._after(wait, slot)
-        copy_spans_gpu(src, src_offsets, dst, dst_offsets, sizes, self._work(slot))
+        copy_spans_gpu(src, src_offsets, dst, dst_offsets, sizes, self._work(slot), runtime=self._rt)
 
     def place(self, src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
               slot: int = 0, wait: Any = None, perm: tuple[int, ...] | None = None) -> None:
@@ -418,16 +500,16 @@ class GpuOps:
         return res
 
 
-def ops_for(device: str, slots: int = 3, lanes: int = 1) -> Ops:
+def ops_for(device: str, slots: int = 3, lanes: int = 1, runtime: Any = None) -> Ops:
     """``"gpu"`` or ``"cpu"``; ``lanes`` work streams on the GPU.
 
     The CPU's ops use the native library's whole-chunk decoders where it is loaded (the
     GPU path's exact twin, stream by stream, runs with ``GPU_ZARR_NATIVE=0`` and with
     ``CpuOps()`` made directly)."""
     if device == "gpu":
-        return GpuOps(slots, lanes=lanes)
+        return GpuOps(slots, runtime, lanes=lanes)
     if device == "cpu":
-        ops = CpuOps()
+        ops = CpuOps(runtime=runtime)
         # with the native library, whole Blosc chunks decode natively (one call per batch) rather
         # than stream by stream as on the GPU; GPU_ZARR_NATIVE=0 runs the GPU's exact twin
         ops.whole_chunks = ops.native

@@ -209,11 +209,11 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
                what=f"reading {box_shape} {lay.out_dtype} of {lay.root}")
     stats.update(budget_bytes=budget, planned_device_bytes=scratch, lanes=lanes)
     own_ops = ops is None
-    ops = ops or ops_for(device, slots, lanes)
+    ops = ops or ops_for(device, slots, lanes, rt)
     pieces = plan_pieces(lay, region.start, region.stop)
     stats["plan_s"] = time.perf_counter() - t0
 
-    if lay.source is not None and (getattr(ops, "host_is_device", False) or (own_ops and device == "cpu")):
+    if lay.source is not None and (ops.host_is_device or (own_ops and device == "cpu")):
         # a remote store on the CPU's host path: locate and fetch in one, each answer decoded
         # and placed as it arrives (the transfer overlaps the decode)
         t = time.perf_counter()
@@ -318,7 +318,7 @@ def read_many(parts: Sequence[Part], out_shape: Sequence[int] | None = None, *, 
                what=f"reading {shape} {lay.out_dtype} of {len(parts)} arrays ({lay.root}, ...)")
     stats.update(budget_bytes=budget, planned_device_bytes=scratch, lanes=lanes)
     own_ops = ops is None
-    ops = ops or ops_for(device, slots, lanes)
+    ops = ops or ops_for(device, slots, lanes, rt)
     planned = [plan_pieces(p.layout, p.start, p.stop) for p in parts]
     pieces = merge_pieces(planned, [p.at for p in parts])
     stats["plan_s"] = time.perf_counter() - t0
@@ -359,7 +359,7 @@ def _execute(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, out: 
     keep = _Keep(keys, pieces, every=opts.cache == "all") if cache is not None else None
     import gpu_zarr.engine.native_read as native_read
 
-    if getattr(ops, "host_is_device", False) or (own_ops and device == "cpu" and native_read.serves(lay.codec, out)):
+    if ops.host_is_device or (own_ops and device == "cpu" and native_read.serves(lay.codec, out)):
         # the CPU path with the native library: per chunk read, decode, place on C threads (no
         # staging, no batch buffers); small reads take this path on every CPU ops
         _run_chunkwise(lay, stage, loc, pieces, to_read, out, rt, opts.threads, stats, keep, opts)
@@ -459,7 +459,7 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
     if n == 0:
         stats["chunkwise_s"] = time.perf_counter() - t
         return
-    ops = CpuOps(rt.pool("chunkwise", threads), threads, fast=True)
+    ops = CpuOps(rt.pool("chunkwise", threads), threads, fast=True, runtime=rt)
     sizes = loc.nbytes[todo].astype(np.int64)
     src_offsets, encoded = packed_offsets(sizes)
     batch = Batch(todo, loc.file_id[todo], loc.offset[todo], src_offsets, sizes,
@@ -491,7 +491,7 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
                 keep(pieces_[i], src[int(src_off[i]):int(src_off[i]) + inner].copy())
 
         if stage.decodes and not check:
-            one_ops = CpuOps(fast=True)  # no pool: each task decodes its own chunk
+            one_ops = CpuOps(fast=True, runtime=rt)  # no pool: each task decodes its own chunk
 
             def whole(i: int) -> None:
                 read(i)
@@ -523,7 +523,7 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
     assert lay.source is not None
     drains = max(2, min(4, opts.threads))
     pool = rt.pool("remote-decode", drains)
-    one_ops = CpuOps(fast=True)
+    one_ops = CpuOps(fast=True, runtime=rt)
     check = _needs_host_check(stage, one_ops)
     stride = _stride(lay)
     keys: list[Any] = [None] * len(pieces)
@@ -658,13 +658,7 @@ def _needs_host_check(stage: CodecStage, ops: Ops) -> bool:
     """Whether the stage's host half (``prepare``) must run before ``ops`` decode: not where
     the decoder checks its input itself (the batched GPU decoder's frame walk:
     ``device_checks``; the codec's own C decoder on the CPU's fast path: ``native_checks``)."""
-    if not stage.decodes:
-        return False
-    if ops.name == "gpu":
-        return not stage.device_checks
-    if getattr(ops, "native_decoders", False):
-        return not stage.native_checks
-    return True
+    return stage.decodes and ops.needs_host_check(stage.device_checks, stage.native_checks)
 
 
 def _budget(opts: EngineOptions, device: str, out_nbytes: int) -> int:
@@ -762,7 +756,7 @@ def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, b
     nslots = min(max(1, opts.slots), len(batches))
     cap = max(b.staging_bytes for b in batches)
     # raw chunks read by kvikio land in device memory directly: nothing to check on the host
-    direct = (not stage.decodes) and ops.name == "gpu" and reader.name == "kvikio" and opts.direct_raw
+    direct = (not stage.decodes) and ops.on_device and reader.name == "kvikio" and opts.direct_raw
     with reader.session(), ops.host_buffers(0 if direct else cap, 0 if direct else nslots) as host:
         _run(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, nslots, cap, direct, host, keep)
     stats["reader"] = reader.name + (" (into device memory)" if direct else " (staging)")
@@ -777,7 +771,7 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
     t_setup = time.perf_counter()
     per = max(len(b.pieces) for b in batches)
     dstride = _stride(lay)
-    if getattr(ops, "host_is_device", False) and not direct:
+    if ops.host_is_device and not direct:
         dev_in = host  # the CPU's fast path decodes the fetched bytes where they are
     else:
         dev_in = [ops.device_buffer(cap, s) for s in range(nslots)]
@@ -813,7 +807,7 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
         return prep
 
     # one coordinator per slot keeps `nslots` batches being read while the GPU works
-    coord = get_runtime().pool("fetch", nslots)
+    coord = ops.runtime.pool("fetch", nslots)
     futures: dict[int, Any] = {}
     ahead = nslots if ops.overlap else 1
 

@@ -392,7 +392,10 @@ def test_dns_failure_names_the_url():
     import time
 
     t = time.monotonic()
-    with pytest.raises(RemoteError, match=r"http://gpu-zarr-test\.invalid/img\.zarr.*could not be resolved"):
+    # the resolver says "no such host" (could not be resolved), or, where it cannot be asked in
+    # time, the request times out: either way the URL is named and what to check is said
+    with pytest.raises(RemoteError, match=r"http://gpu-zarr-test\.invalid/img\.zarr could not be reached: "
+                                          r"(the host name .* could not be resolved|the server did not answer)"):
         open_node("http://gpu-zarr-test.invalid/img.zarr", {"max_retries": 1, "retry_timeout": 5,
                                                             "connect_timeout": 5})
     assert time.monotonic() - t < 60

@@ -36,8 +36,8 @@ from urllib.parse import unquote, urlsplit
 
 from gpu_zarr.errors import GpuZarrError, install_hint
 
-__all__ = ["REMOTE_HINT", "REMOTE_SCHEMES", "Location", "RemoteError", "RemoteUnavailable", "is_url", "network_cause",
-           "path_and_options", "resolve"]
+__all__ = ["METADATA_NAMES", "REMOTE_HINT", "REMOTE_SCHEMES", "Location", "RemoteError", "RemoteUnavailable",
+           "clear_metadata_cache", "is_url", "network_cause", "path_and_options", "resolve"]
 
 REMOTE_SCHEMES = ("http", "https", "s3", "s3a", "gs", "gcs")
 REMOTE_HINT = install_hint("remote")
@@ -171,6 +171,13 @@ def _retrying_store_class() -> Any:
             return type(self)(self.store, location=self._gpu_zarr_location)
 
         async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+            node, _, name = key.rpartition("/")
+            if byte_range is None and name in METADATA_NAMES and self._gpu_zarr_location is not None:
+                raw = await _metadata.get(self, self._gpu_zarr_location, node, name)
+                return None if raw is None else prototype.buffer.from_bytes(raw)
+            return await self.get_retried(key, prototype, byte_range)
+
+        async def get_retried(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
             for attempt in range(4):
                 try:
                     return await super().get(key, prototype, byte_range)
@@ -185,6 +192,131 @@ def _retrying_store_class() -> Any:
 
 _lock = threading.Lock()
 _stores: dict[Any, Any] = {}
+
+#: the documents zarr-python looks for when it opens a node (v3, then v2 and consolidated)
+METADATA_NAMES = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
+
+
+class _MetadataCache:
+    """A remote node's metadata documents, fetched together and reused for ``metadata_ttl`` s.
+
+    zarr-python opens a node by asking for zarr.json, .zarray, .zattrs and then .zgroup and
+    .zmetadata, in two round trips, and a viewer opening an OME-Zarr opens the root, each
+    level and the labels several times over: ~28 round trips before the first plane. Here
+    the first request for any of a node's documents fetches all five at once (one round
+    trip; absent ones are remembered as absent), and later opens of that node within the
+    TTL cost none. Keyed by the node's URL and the store's options; bounded."""
+
+    MAX_NODES = 4096
+    PREFETCH = 256  # nodes asked for ahead of the reader, from one node it asked for (cascading)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._docs: dict[tuple[Any, str], tuple[float, dict[str, bytes | None]]] = {}
+        self._pending: dict[tuple[Any, str, int], Any] = {}  # (key, loop): the fetch under way
+
+    def clear(self) -> None:
+        with self._lock:
+            self._docs.clear()
+
+    async def get(self, store: Any, loc: Location, node: str, name: str) -> bytes | None:
+        import asyncio
+
+        got = self._start(store, loc, (loc.scheme, _freeze(loc.storage_options), _env_key(loc.scheme)), node,
+                          [self.PREFETCH])
+        docs = got if isinstance(got, dict) else await asyncio.shield(got)
+        return docs[name]
+
+    async def _fetch(self, store: Any, loc: Location, key: tuple[Any, str], node: str,
+                     budget: list[int]) -> dict[str, bytes | None]:
+        import asyncio
+
+        from zarr.core.buffer import default_buffer_prototype
+
+        proto = default_buffer_prototype()
+        keys = [f"{node}/{n}" if node else n for n in METADATA_NAMES]
+        got = await asyncio.gather(*(store.get_retried(k, proto) for k in keys), return_exceptions=True)
+        docs: dict[str, bytes | None] = {}
+        for n, g in zip(METADATA_NAMES, got):
+            if isinstance(g, BaseException):
+                raise g
+            docs[n] = None if g is None else g.to_bytes()
+        # the nodes an OME-Zarr reader opens next (levels, labels, wells, fields): asked for now,
+        # together, so that they are one more round trip rather than one each
+        for child in _ome_children(docs):
+            if budget[0] <= 0:  # a big plate: the rest when the reader asks
+                break
+            budget[0] -= 1
+            self._start(store, loc, key[0], f"{node}/{child}" if node else child, budget)
+        return docs
+
+    def _start(self, store: Any, loc: Location, opts_key: Any, node: str, budget: list[int]) -> Any:
+        """The fetch of ``node``'s documents under way on this loop (started if need be)."""
+        import asyncio
+        import time
+
+        from gpu_zarr import settings
+
+        key = (opts_key, loc.url.rstrip("/") + ("/" + node if node else ""))
+        loop = asyncio.get_running_loop()
+        ttl = float(settings.get("metadata_ttl"))
+        with self._lock:
+            hit = self._docs.get(key)
+            if ttl > 0 and hit is not None and time.monotonic() - hit[0] <= ttl:
+                return hit[1]
+            task = self._pending.get((*key, id(loop)))
+            if task is None:
+                task = loop.create_task(self._fetch(store, loc, key, node, budget))
+                self._pending[(*key, id(loop))] = task
+                task.add_done_callback(lambda t: self._done(key, id(loop), t))
+            return task
+
+    def _done(self, key: tuple[Any, str], loop_id: int, task: Any) -> None:
+        import time
+
+        with self._lock:
+            if self._pending.get((*key, loop_id)) is task:
+                del self._pending[(*key, loop_id)]
+            if not task.cancelled() and task.exception() is None:  # kept; used while younger than the TTL
+                self._docs[key] = (time.monotonic(), task.result())
+                while len(self._docs) > self.MAX_NODES:
+                    self._docs.pop(next(iter(self._docs)))
+
+
+_metadata = _MetadataCache()
+
+
+def clear_metadata_cache() -> None:
+    """Forget the remote metadata documents kept for ``metadata_ttl`` (a store was rewritten)."""
+    _metadata.clear()
+
+
+def _ome_children(docs: Mapping[str, bytes | None]) -> list[str]:
+    """Child nodes an OME-NGFF reader opens next, from a node's attributes (0.4 ``.zattrs`` or
+    0.5 ``zarr.json``): multiscale levels (and the image's ``labels`` group), label images,
+    a plate's wells, a well's fields. Anything unreadable gives none."""
+    import json
+
+    attrs: Any = {}
+    try:
+        if docs.get("zarr.json"):
+            attrs = json.loads(docs["zarr.json"] or b"{}").get("attributes", {})
+        elif docs.get(".zattrs"):
+            attrs = json.loads(docs[".zattrs"] or b"{}")
+        ome = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
+        out: list[str] = []
+        for ms in ome.get("multiscales", []) or []:
+            out += [str(d["path"]) for d in ms.get("datasets", []) if isinstance(d, dict) and "path" in d]
+        if out:
+            out.append("labels")
+        out += [str(p) for p in ome.get("labels", []) or [] if isinstance(p, str)]
+        out += [str(w["path"]) for w in (ome.get("plate") or {}).get("wells", []) or [] if isinstance(w, dict)
+                and "path" in w]
+        out += [str(i["path"]) for i in (ome.get("well") or {}).get("images", []) or [] if isinstance(i, dict)
+                and "path" in i]
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return []
+    return [c.strip("/") for c in dict.fromkeys(out) if c and ".." not in c.split("/") and "://" not in c]
 
 
 def _freeze(v: Any) -> Any:

@@ -41,6 +41,11 @@ small_read     ``GPU_ZARR_SMALL_READ_MIB`` compressed reads touching at most thi
                                            costs 5-16 ms a call whatever its size);
                                            default 6 MiB per core, at most 128 MiB;
                                            0 turns it off
+metadata_ttl   ``GPU_ZARR_METADATA_TTL_S`` seconds a remote store's metadata documents
+                                           (zarr.json, .zarray, .zattrs, .zgroup,
+                                           .zmetadata) are reused by later opens of
+                                           the same node: opening an OME-Zarr reads
+                                           the root many times (default 10; 0: off)
 ============== =========================== ==========================================
 """
 
@@ -82,6 +87,7 @@ def _defaults() -> dict[str, Any]:
         "headroom_bytes": _env_int("GPU_ZARR_HEADROOM_MIB", 0, MiB),  # 0: automatic
         "cache_bytes": _env_int("GPU_ZARR_CACHE_MIB", 1024 * MiB, MiB),
         "small_read": _env_int("GPU_ZARR_SMALL_READ_MIB", min(128, 6 * (os.cpu_count() or 1)) * MiB, MiB),
+        "metadata_ttl": _env_int("GPU_ZARR_METADATA_TTL_S", 10),
     }
 
 
@@ -97,6 +103,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "headroom_bytes": lambda v: isinstance(v, int) and v >= 0,
     "small_read": lambda v: isinstance(v, int) and v >= 0,
     "cache_bytes": lambda v: isinstance(v, int) and v >= 0,
+    "metadata_ttl": lambda v: isinstance(v, (int, float)) and v >= 0,
 }
 _lock = threading.Lock()
 _values: dict[str, Any] = _defaults()

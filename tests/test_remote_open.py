@@ -1,0 +1,126 @@
+"""Opening a remote OME-Zarr costs few round trips (counted at the loopback server, no timing).
+
+zarr-python opens a node in two round trips (zarr.json, .zarray, .zattrs, then .zgroup,
+.zmetadata), and a viewer opens the root, each level and the labels several times: ~29 round
+trips before napari showed the first plane. The remote store fetches a node's documents
+together, reuses them for ``metadata_ttl`` seconds and asks for the OME children (levels,
+labels, wells, fields) as soon as their parent's attributes name them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+
+pytest.importorskip("obstore")
+
+from gpu_zarr import settings  # noqa: E402
+from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
+from gpu_zarr.engine.remote import FETCHED  # noqa: E402
+from gpu_zarr.location import METADATA_NAMES, clear_metadata_cache  # noqa: E402
+from gpu_zarr.store import open_node  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    from gpu_zarr.sample import write_sample_omezarr
+
+    root = tmp_path_factory.mktemp("remote-open")
+    write_sample_omezarr(root / "plain.ome.zarr", version="0.4", shape=(2, 4, 64, 64), levels=3, labels=False,
+                         compressor="blosc", chunks=(1, 4, 32, 32))
+    write_sample_omezarr(root / "labels.ome.zarr", version="0.5", shape=(2, 4, 64, 64), levels=3, labels=True,
+                         compressor="zstd", chunks=(1, 4, 32, 32))
+    return root
+
+
+@pytest.fixture
+def server(root):
+    FETCHED.clear()
+    clear_metadata_cache()
+    with RangeServer(root, latency=0.03) as srv:
+        yield srv
+    FETCHED.clear()
+    clear_metadata_cache()
+
+
+def waves(log: list[dict]) -> int:
+    """Round trips on the critical path: a request that starts after every earlier one has
+    been answered opens a new wave (requests in flight together are one)."""
+    n, end = 0, float("-inf")
+    for e in sorted(log, key=lambda e: e["time"]):
+        if e["time"] >= end:
+            n += 1
+            end = e["end"]
+        else:
+            end = max(end, e["end"])
+    return n
+
+
+def settled(server: RangeServer) -> int:
+    """The server's request count once the prefetches under way have been answered."""
+    import time
+
+    n, t = -1, time.monotonic()
+    while n != len(server.log) and time.monotonic() - t < 10:
+        n = len(server.log)
+        time.sleep(0.2)
+    return n
+
+
+def _first_plane(url: str) -> np.ndarray:
+    from gpu_zarr.napari_plugin._reader import napari_get_reader
+
+    layers = napari_get_reader(url)(url)
+    data = layers[0][0]
+    coarsest = data[-1] if isinstance(data, list) else data
+    return np.asarray(coarsest[(0,) * (coarsest.ndim - 2)])
+
+
+@pytest.mark.parametrize(("name", "most"), [("plain.ome.zarr", 3), ("labels.ome.zarr", 5)])
+def test_napari_first_plane_in_few_round_trips(server, root, name, most):
+    pytest.importorskip("napari")
+    url = f"{server.url}/{name}"
+    got = _first_plane(url)
+    level = zarr.open_group(root / name, mode="r")
+    ms = dict(level.attrs).get("ome", dict(level.attrs))["multiscales"][0]["datasets"]
+    want = zarr.open_array(root / name / ms[-1]["path"], mode="r")
+    np.testing.assert_array_equal(got, want[(0,) * (want.ndim - 2)])
+    log = list(server.log)
+    # root, levels (+ the labels group asked for with them), [labels/<name>, its levels], the plane
+    assert waves(log) <= most, [(e["path"], round(e["time"] - log[0]["time"], 3)) for e in log]
+    assert {e["method"] for e in log} <= {"GET", "HEAD"}
+
+
+def test_a_node_is_fetched_once_within_the_ttl(server):
+    url = f"{server.url}/plain.ome.zarr"
+    open_node(url)
+    n = settled(server)
+    assert {e["path"].rsplit("/", 1)[-1] for e in server.log} >= set(METADATA_NAMES)  # all five at once
+    for _ in range(3):
+        open_node(url)
+        open_node(url + "/0")
+    assert settled(server) == n, "a later open of the same node (or a prefetched level) asked again"
+
+
+def test_ttl_zero_asks_every_time_and_changes_are_seen(server, root, tmp_path):
+    url = f"{server.url}/plain.ome.zarr"
+    with settings.set(metadata_ttl=0):
+        open_node(url)
+        n = settled(server)
+        open_node(url)
+        assert settled(server) > n
+    # within the TTL a change of the metadata is seen once the cache is cleared (or the TTL ran out)
+    open_node(url + "/0")
+    attrs = root / "plain.ome.zarr" / "0" / ".zattrs"
+    old = attrs.read_bytes() if attrs.exists() else None
+    try:
+        attrs.write_text('{"changed": 1}')
+        assert "changed" not in dict(open_node(url + "/0").attrs)
+        clear_metadata_cache()
+        assert dict(open_node(url + "/0").attrs)["changed"] == 1
+    finally:
+        if old is None:
+            attrs.unlink()
+        else:
+            attrs.write_bytes(old)

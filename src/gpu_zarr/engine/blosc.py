@@ -24,7 +24,7 @@ naming the chunk and what was wrong.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -534,9 +534,28 @@ class BloscStage:
     """
 
     name = "blosc"
+    v2_names = ("blosc",)
+    v3_chains = ("[bytes, blosc]",)
+    native = "blosc"
+    nvcomp = True
     decodes = True
     native_checks = False  # c-blosc trusts its block table: parse_batch checks it first, on every path
     device_checks = False
+
+    def recognise_v2(self, compressor: Any, dtype: np.dtype) -> dict[str, Any] | None:
+        """numcodecs' Blosc: its parameters, with the array's item size as the typesize."""
+        params = blosc_params(compressor)
+        return None if params is None else {**params, "typesize": np.dtype(dtype).itemsize}
+
+    def recognise_v3(self, chain: Sequence[Any]) -> dict[str, Any] | None:
+        return blosc_params(chain[0]) if len(chain) == 1 else None
+
+    def label(self, params: Mapping[str, Any]) -> str:
+        """``Blosc <cname>``, saying so when no GPU decoder exists for the inner codec."""
+        cname = str(params.get("cname", "?"))
+        if cname in ("blosclz", "snappy"):
+            return f"Blosc {cname} (decoded on the host: no GPU decoder for {cname})"
+        return f"Blosc {cname}"
 
     def prepare(self, staging: np.ndarray, batch: Any, lay: Any, names: Sequence[str]) -> BloscPlan:
         return parse_batch(staging, batch.src_offsets, batch.src_sizes, lay.inner_nbytes, names)

@@ -24,7 +24,7 @@ What guards the data
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,6 +239,7 @@ class DeflateStage:
     scratch, counted in :meth:`scratch_bytes`.
     """
 
+    nvcomp = True
     decodes = True
     native_checks = False  # the wrappers' parse finds the deflate stream and its checksum: needed on every path
     device_checks = False
@@ -247,7 +248,28 @@ class DeflateStage:
         if wrapper not in ("gzip", "zlib"):
             raise ValueError(f"wrapper must be 'gzip' or 'zlib', not {wrapper!r}")
         self.name = wrapper
+        self.native = wrapper
+        self.v2_names = (wrapper,)
+        # zarr's v3 ``gzip`` codec; numcodecs' zarr3 wrappers (``numcodecs.zarr3``, in
+        # zarr.codecs.numcodecs since zarr 3.2) for both
+        self.v3_chains = (("[bytes, gzip]",) if wrapper == "gzip" else ()) + (f"[bytes, numcodecs.{wrapper}]",)
 
+    def recognise_v2(self, compressor: Any, dtype: np.dtype) -> dict[str, Any] | None:
+        return {} if getattr(compressor, "codec_id", None) == self.name else None
+
+    def recognise_v3(self, chain: Sequence[Any]) -> dict[str, Any] | None:
+        """zarr's v3 ``gzip`` codec (gzip), numcodecs' zarr3 ``GZip`` / ``Zlib``."""
+        if len(chain) != 1:
+            return None
+        if self.name == "gzip":
+            from zarr.codecs import GzipCodec
+
+            if isinstance(chain[0], GzipCodec):
+                return {}
+        return {} if str(getattr(chain[0], "codec_name", "")) == f"numcodecs.{self.name}" else None
+
+    def label(self, params: Mapping[str, Any]) -> str:
+        return self.name
 
     def prepare(self, staging: np.ndarray, batch: Any, lay: Any, names: Sequence[str]) -> DeflateStreams:
         """Parse every chunk's wrapper; raise CorruptChunkError naming a bad chunk."""

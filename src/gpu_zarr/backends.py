@@ -381,6 +381,7 @@ def choose(arr: Any, prefer: str, caps: Any, runtime: Any = None) -> tuple[ReadB
                              f"{caps.backend_status(prefer)[1]}. Use prefer='cpu', or {INSTALL_HINT}.")
     if prefer == "zarr-gpu":
         return ZarrGpuBackend(), BackendChoice("zarr-gpu", "forced: " + caps.backend_status("zarr-gpu")[1])
+    from gpu_zarr.engine.codecs import stage_for
     from gpu_zarr.engine.layout import describe, layout_of
 
     try:
@@ -388,7 +389,7 @@ def choose(arr: Any, prefer: str, caps: Any, runtime: Any = None) -> tuple[ReadB
             raise UnsupportedArrayError("the direct (kvikio) engine reads arrays with at least one "
                                         "dimension; this one is 0-dimensional. Use prefer='zarr-gpu'.")
         lay = layout_of(arr)
-        if lay.codec != "raw" and not caps.nvcomp:
+        if stage_for(lay).nvcomp and not caps.nvcomp:  # the stage's GPU decode calls nvCOMP
             raise UnsupportedArrayError(
                 f"this array is {lay.codec}-compressed and nvCOMP is not installed, so the direct engine "
                 f"cannot decode it on the GPU: {INSTALL_HINT}")

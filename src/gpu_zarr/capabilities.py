@@ -99,14 +99,18 @@ class Capabilities:
                 " and nvCOMP zstd" if self.nvcomp else " (zstd decoded on the CPU: nvCOMP missing)"
             )
         # kvikio: our direct engine. It reads with kvikio when present, otherwise with a
-        # pool of threads into pinned memory; zstd needs nvCOMP.
+        # pool of threads into pinned memory; codecs whose stage decodes with nvCOMP need it.
         if self.kvikio:
             mode = "GDS native" if self.gds_native else "POSIX compat mode"
             how = f"direct engine, kvikio reads ({mode})"
         else:
             how = "direct engine, threaded reads into pinned memory (kvikio not installed)"
         if not self.nvcomp:
-            how += "; raw arrays only: nvCOMP missing for zstd"
+            from gpu_zarr.engine.codecs import stages
+
+            free = [s.name for s in stages() if not s.nvcomp]
+            need = [s.name for s in stages() if s.nvcomp]
+            how += f"; {', '.join(free)} arrays only: nvCOMP missing for {', '.join(need)}"
         return True, how
 
     # notebook display (gpu_zarr.reprs)

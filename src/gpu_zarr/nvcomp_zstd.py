@@ -88,7 +88,7 @@ class NvcompZstdCodec(BytesBytesCodec):
     def _decode_batch(self, items: Any) -> Any:
         import cupy
 
-        from gpu_zarr.engine.align import packed_offsets
+        from gpu_zarr.engine.binary import packed_offsets
         from gpu_zarr.engine.decode import decode_batch_gpu
         from gpu_zarr.engine.zstd_frames import check_frames
 

@@ -24,13 +24,13 @@ naming the chunk and what was wrong.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from gpu_zarr.engine.align import align_up
+from gpu_zarr.engine.binary import align_up, le_ints
 from gpu_zarr.errors import CorruptChunkError
 
 if TYPE_CHECKING:
@@ -160,12 +160,6 @@ def _check(bad: np.ndarray, names: Sequence[str] | None, chunk_of: np.ndarray, w
         raise _fail(names, chunk_of[i], what(i))
 
 
-def _i32(buf: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """Little-endian int32 at byte positions ``pos`` (all in bounds)."""
-    b = buf[pos[:, None] + np.arange(4)]
-    return np.ascontiguousarray(b).view("<i4").reshape(-1).astype(np.int64)
-
-
 def _host_decode(staging: np.ndarray, offs: np.ndarray, sizes: np.ndarray, idx: np.ndarray, nbytes: int,
                  names: Sequence[str] | None, versions: np.ndarray) -> np.ndarray:
     """numcodecs' c-blosc decodes the chunks ``idx`` (a Python loop: the slow path)."""
@@ -233,7 +227,7 @@ def parse_batch(staging: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndar
     version = hdr[:, 0].astype(np.int64)
     flags = hdr[:, 2].astype(np.int64)
     ts = hdr[:, 3].astype(np.int64)
-    ints = np.ascontiguousarray(hdr[:, 4:16]).view("<i4").astype(np.int64)
+    ints = le_ints(staging, offs[:, None] + np.array([4, 8, 12]), 4)  # nbytes, blocksize, cbytes
     c_nbytes, c_block, c_cbytes = ints[:, 0], ints[:, 1], ints[:, 2]
     comp = flags >> 5
 
@@ -290,7 +284,7 @@ def _parse_streams(plan: BloscPlan, staging: np.ndarray, offs: np.ndarray, cbyte
     first = np.cumsum(nblocks) - nblocks
     j = np.arange(nb_total, dtype=np.int64) - np.repeat(first, nblocks)
     base = offs[bc]
-    bstart = _i32(staging, base + _HEADER + 4 * j)
+    bstart = le_ints(staging, base + _HEADER + 4 * j, 4)
     chunk_of_block = chunk_ids[bc]
     _check((bstart < _HEADER + 4 * nblocks[bc]) | (bstart + 4 > cbytes[bc]), names, chunk_of_block,
            lambda i: f"block {j[i]} starts at byte {bstart[i]}, outside the chunk's streams "
@@ -361,7 +355,7 @@ def _stream_sizes(staging: np.ndarray, base: np.ndarray, pos: np.ndarray, cb: np
     """Read and check the size prefix of split ``s`` of some blocks (positions relative to the chunk)."""
     _check(pos + 4 > cb, names, chunk_of,
            lambda i: f"stream {s} of block {blk[i]} starts at byte {pos[i]}, past the chunk's end ({cb[i]} bytes)")
-    csize = _i32(staging, base + pos)
+    csize = le_ints(staging, base + pos, 4)
     _check((csize <= 0) | (csize > ne), names, chunk_of,
            lambda i: f"stream {s} of block {blk[i]} says {csize[i]} compressed bytes for {ne[i]} decoded bytes")
     _check(pos + 4 + csize > cb, names, chunk_of,
@@ -509,9 +503,28 @@ class BloscStage:
     """
 
     name = "blosc"
+    v2_names = ("blosc",)
+    v3_chains = ("[bytes, blosc]",)
+    native = "blosc"
+    nvcomp = True
     decodes = True
     native_checks = False  # c-blosc trusts its block table: parse_batch checks it first, on every path
     device_checks = False
+
+    def recognise_v2(self, compressor: Any, dtype: np.dtype) -> dict[str, Any] | None:
+        """numcodecs' Blosc: its parameters, with the array's item size as the typesize."""
+        params = blosc_params(compressor)
+        return None if params is None else {**params, "typesize": np.dtype(dtype).itemsize}
+
+    def recognise_v3(self, chain: Sequence[Any]) -> dict[str, Any] | None:
+        return blosc_params(chain[0]) if len(chain) == 1 else None
+
+    def label(self, params: Mapping[str, Any]) -> str:
+        """``Blosc <cname>``, saying so when no GPU decoder exists for the inner codec."""
+        cname = str(params.get("cname", "?"))
+        if cname in ("blosclz", "snappy"):
+            return f"Blosc {cname} (decoded on the host: no GPU decoder for {cname})"
+        return f"Blosc {cname}"
 
     def prepare(self, staging: np.ndarray, batch: Any, lay: Any, names: Sequence[str]) -> BloscPlan:
         return parse_batch(staging, batch.src_offsets, batch.src_sizes, lay.inner_nbytes, names)

@@ -24,12 +24,13 @@ What guards the data
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from gpu_zarr.engine.binary import le_uint, le_uints
 from gpu_zarr.errors import CorruptChunkError
 
 __all__ = ["DeflateStage", "DeflateStreams", "parse_gzip", "parse_zlib"]
@@ -66,13 +67,6 @@ def _fail(names: Sequence[str], k: int, wrapper: str, what: str) -> CorruptChunk
 def _first(mask: np.ndarray) -> int | None:
     idx = np.flatnonzero(mask)
     return int(idx[0]) if len(idx) else None
-
-
-def _le(buf: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
-    out = np.zeros(len(pos), np.int64)
-    for k in range(n):
-        out |= buf[pos + k].astype(np.int64) << (8 * k)
-    return out
 
 
 def _skip_zero_terminated(buf: np.ndarray, pos: np.ndarray, end: np.ndarray, names: Sequence[str],
@@ -152,7 +146,7 @@ def parse_gzip(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expected
         k = _first(pos[m] + 2 > end[m] - 8)
         if k is not None:
             raise _fail(names, int(m[k]), "gzip", "the header's extra field runs past the end of the chunk")
-        pos[m] += 2 + _le(buf, pos[m], 2)
+        pos[m] += 2 + le_uints(buf, pos[m], 2)
     for flag, what in ((_FNAME, "file name"), (_FCOMMENT, "comment")):
         m = np.flatnonzero(flg & flag)
         if len(m):
@@ -167,15 +161,15 @@ def parse_gzip(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expected
             raise _fail(names, int(m[k]), "gzip", "the header CRC runs past the end of the chunk")
         for j in m:  # rare (zarr writers never set FHCRC): one small crc per such chunk
             o, p = int(offsets[j]), int(pos[j])
-            if (zlib.crc32(buf[o:p]) & 0xFFFF) != int(_le(buf, np.array([p]), 2)[0]):
+            if (zlib.crc32(buf[o:p]) & 0xFFFF) != le_uint(buf, p, 2):
                 raise _fail(names, int(j), "gzip", "the header CRC does not match the header")
         pos[m] += 2
     raw_sizes = end - 8 - pos
     k = _first(raw_sizes < 2)
     if k is not None:
         raise _fail(names, k, "gzip", "no room for a deflate stream between header and trailer")
-    crc = _le(buf, end - 8, 4).astype(np.uint32)
-    isize = _le(buf, end - 4, 4)
+    crc = le_uints(buf, end - 8, 4).astype(np.uint32)
+    isize = le_uints(buf, end - 4, 4)
     k = _first(isize != (expected & 0xFFFFFFFF))
     if k is not None:
         raise _fail(names, k, "gzip", f"the trailer says {int(isize[k])} decoded bytes (mod 2**32); the array "
@@ -239,6 +233,7 @@ class DeflateStage:
     scratch, counted in :meth:`scratch_bytes`.
     """
 
+    nvcomp = True
     decodes = True
     native_checks = False  # the wrappers' parse finds the deflate stream and its checksum: needed on every path
     device_checks = False
@@ -247,7 +242,28 @@ class DeflateStage:
         if wrapper not in ("gzip", "zlib"):
             raise ValueError(f"wrapper must be 'gzip' or 'zlib', not {wrapper!r}")
         self.name = wrapper
+        self.native = wrapper
+        self.v2_names = (wrapper,)
+        # zarr's v3 ``gzip`` codec; numcodecs' zarr3 wrappers (``numcodecs.zarr3``, in
+        # zarr.codecs.numcodecs since zarr 3.2) for both
+        self.v3_chains = (("[bytes, gzip]",) if wrapper == "gzip" else ()) + (f"[bytes, numcodecs.{wrapper}]",)
 
+    def recognise_v2(self, compressor: Any, dtype: np.dtype) -> dict[str, Any] | None:
+        return {} if getattr(compressor, "codec_id", None) == self.name else None
+
+    def recognise_v3(self, chain: Sequence[Any]) -> dict[str, Any] | None:
+        """zarr's v3 ``gzip`` codec (gzip), numcodecs' zarr3 ``GZip`` / ``Zlib``."""
+        if len(chain) != 1:
+            return None
+        if self.name == "gzip":
+            from zarr.codecs import GzipCodec
+
+            if isinstance(chain[0], GzipCodec):
+                return {}
+        return {} if str(getattr(chain[0], "codec_name", "")) == f"numcodecs.{self.name}" else None
+
+    def label(self, params: Mapping[str, Any]) -> str:
+        return self.name
 
     def prepare(self, staging: np.ndarray, batch: Any, lay: Any, names: Sequence[str]) -> DeflateStreams:
         """Parse every chunk's wrapper; raise CorruptChunkError naming a bad chunk."""

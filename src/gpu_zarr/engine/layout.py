@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_zarr.engine.codecs import stage_named, stages
 from gpu_zarr.engine.fit import nbytes_of
 from gpu_zarr.errors import UnsupportedArrayError
 
@@ -39,8 +40,8 @@ class Layout:
     inner_shape : tuple of int
         Shape of one decodable chunk (equal to ``chunk_shape`` unless sharded).
     codec : str
-        Codec stage of each (inner) chunk's bytes ("raw", "zstd", ...; see
-        :func:`gpu_zarr.engine.codecs.stage_for`).
+        Codec stage of each (inner) chunk's bytes ("raw", "zstd", ...: the name of a
+        registered stage, see :func:`gpu_zarr.engine.codecs.stages`).
     sharded : bool
     index_at_end : bool
         Shard index position (``index_location``).
@@ -151,31 +152,27 @@ def _fill(arr: Any, dtype: np.dtype) -> Any:
     return np.array(fv, dtype=dtype)[()]
 
 
-def _blosc_params(codec: Any) -> dict[str, Any] | None:
-    from gpu_zarr.engine.blosc import blosc_params
-
-    return blosc_params(codec)
+def _or(names: Sequence[str]) -> str:
+    """``a, b or c``."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def codec_of_chain(codecs: Sequence[Any], where: str) -> tuple[str, str | None, dict[str, Any]]:
-    """(codec, endian, codec_params) for a v3 chain [bytes, (zstd | blosc)]; anything else is unsupported."""
-    from zarr.codecs import BytesCodec, ZstdCodec
+    """(codec, endian, codec_params) for a v3 chain ``[bytes, *rest]`` that a registered codec stage
+    recognises (:func:`gpu_zarr.engine.codecs.stages`); anything else is unsupported."""
+    from zarr.codecs import BytesCodec
 
-    what = "chains [bytes] or [bytes, zstd | blosc | gzip]"
+    registered = stages()
+    what = "chains " + _or([c for s in registered for c in s.v3_chains])
     if not codecs or not isinstance(codecs[0], BytesCodec):
         names = [type(c).__name__ for c in codecs]
         raise _unsupported(what, f"{where} codecs {names}")
     endian = codecs[0].endian
     endian = getattr(endian, "value", endian)
-    rest = list(codecs[1:])
-    if not rest:
-        return "raw", endian, {}
-    if len(rest) == 1 and (isinstance(rest[0], ZstdCodec) or type(rest[0]).__name__ == "NvcompZstdCodec"):
-        return "zstd", endian, {}
-    if len(rest) == 1 and (params := _blosc_params(rest[0])) is not None:
-        return "blosc", endian, params
-    if len(rest) == 1 and (deflate := _v3_deflate(rest[0])) is not None:
-        return deflate, endian, {}
+    rest = tuple(codecs[1:])
+    for stage in registered:
+        if (params := stage.recognise_v3(rest)) is not None:
+            return stage.name, endian, params
     names = [type(c).__name__ for c in codecs]
     raise _unsupported(what, f"{where} codecs {names}")
 
@@ -195,41 +192,26 @@ def batch_key(lay: Layout) -> tuple[Any, ...] | None:
 
 def describe(lay: Layout) -> str:
     """A short description of what the engine reads, e.g. ``"zstd zarr v3, sharded"``."""
-    codec = "uncompressed" if lay.codec == "raw" else lay.codec
-    if lay.codec == "blosc":
-        cname = str(lay.codec_params.get("cname", "?"))
-        codec = f"Blosc {cname}"
-        if cname in ("blosclz", "snappy"):
-            codec += f" (decoded on the host: no GPU decoder for {cname})"
+    stage = stage_named(lay.codec)
+    codec = stage.label(lay.codec_params) if stage is not None else lay.codec
     return f"{codec} zarr v{lay.zarr_format}" + (", sharded" if lay.sharded else "")
 
 
-def _v3_deflate(codec: Any) -> str | None:
-    """"gzip" / "zlib" for zarr's v3 ``gzip`` codec and numcodecs' zarr3 GZip / Zlib; else None."""
-    from zarr.codecs import GzipCodec
-
-    if isinstance(codec, GzipCodec):
-        return "gzip"
-    # numcodecs' zarr3 wrappers (``numcodecs.zarr3``, in zarr.codecs.numcodecs since zarr 3.2)
-    return {"numcodecs.gzip": "gzip", "numcodecs.zlib": "zlib"}.get(str(getattr(codec, "codec_name", "")))
-
-
 def codec_of_v2_compressor(comp: Any, dtype: np.dtype) -> tuple[str, dict[str, Any]]:
-    """(codec stage, its parameters) for a zarr v2 ``compressor`` (a numcodecs codec or None).
+    """(codec stage, its parameters) for a zarr v2 ``compressor`` (a numcodecs codec or None):
+    the first registered stage that recognises it (:func:`gpu_zarr.engine.codecs.stages`).
 
     Raises
     ------
     UnsupportedArrayError
         A compressor the engine has no stage for.
     """
-    if comp is None:
-        return "raw", {}
-    if getattr(comp, "codec_id", None) in ("zstd", "gzip", "zlib"):
-        return str(comp.codec_id), {}
-    if (blosc := _blosc_params(comp)) is not None:
-        return "blosc", {**blosc, "typesize": np.dtype(dtype).itemsize}
+    registered = stages()
+    for stage in registered:
+        if (params := stage.recognise_v2(comp, dtype)) is not None:
+            return stage.name, params
     found = comp.get_config() if hasattr(comp, "get_config") else repr(comp)
-    raise _unsupported("raw, zstd, blosc, gzip or zlib chunks", f"compressor {found}")
+    raise _unsupported(_or([n for s in registered for n in s.v2_names]) + " chunks", f"compressor {found}")
 
 
 def chunk_layout(shape: tuple[int, ...], dtype: np.dtype, codec: str, params: Mapping[str, Any] | None = None,

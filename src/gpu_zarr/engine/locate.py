@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gpu_zarr.engine.binary import le_uint
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.plan import LazyNames, Pieces
 from gpu_zarr.errors import CorruptChunkError
@@ -181,7 +182,7 @@ def index_entries(layout: ShardGeometry, path: Any, raw: bytes, fsize: int) -> n
     if layout.index_crc:
         import google_crc32c
 
-        want = int.from_bytes(raw[n * 16:], "little")
+        want = le_uint(raw, n * 16)
         got = google_crc32c.value(body)
         if want != got:
             raise CorruptChunkError(

@@ -16,19 +16,25 @@ from typing import Any
 
 import numpy as np
 
+from gpu_zarr.engine.codecs import stage_for, stage_named
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["NATIVE_CODECS", "read_chunkwise", "serves"]
+__all__ = ["native_codec", "read_chunkwise", "serves"]
 
-# Layout.codec -> the native codec
-NATIVE_CODECS = {"raw": "raw", "zstd": "zstd", "blosc": "blosc", "gzip": "gzip", "zlib": "zlib"}
+
+def native_codec(codec: str) -> str | None:
+    """The native library's codec for chunks of ``codec`` (:attr:`Layout.codec`), as its
+    registered stage declares it (:mod:`gpu_zarr.engine.codecs`); None when it has none."""
+    stage = stage_named(codec)
+    return None if stage is None else stage.native
 
 
 def serves(codec: str, out: Any) -> bool:
     """Whether :func:`read_chunkwise` can read chunks of ``codec`` into ``out`` here."""
     import gpu_zarr.engine.native as native
 
-    return (codec in NATIVE_CODECS and native.available() and native.codec_available(NATIVE_CODECS[codec])
+    nat = native_codec(codec)
+    return (nat is not None and native.available() and native.codec_available(nat)
             and isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable)
 
 
@@ -71,7 +77,9 @@ def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.nd
     import gpu_zarr.engine.native as native
     from gpu_zarr.engine.fetch import raise_read_errors
 
-    codec = NATIVE_CODECS[lay.codec]
+    codec = native_codec(lay.codec)
+    if codec is None:
+        raise ValueError(f"the native library has no decoder for {lay.codec!r} chunks (check serves() first)")
     n = len(todo)
     if n == 0:
         return todo
@@ -114,7 +122,6 @@ def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.nd
 def _explain(lay: Any, loc: Any, k: int) -> None:
     """Run the codec's Python host check on the one chunk that failed (the slow path, only
     on an error): it raises CorruptChunkError saying exactly what is wrong, when it can see it."""
-    from gpu_zarr.engine.codecs import stage_for
     from gpu_zarr.engine.fetch import read_range
     from gpu_zarr.engine.plan import Batch
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from gpu_zarr import settings
-from gpu_zarr.engine.align import align_up, packed_offsets
+from gpu_zarr.engine.binary import align_up, packed_offsets
 from gpu_zarr.engine.codecs import CodecStage, stage_for
 from gpu_zarr.engine.fit import check_fits, nbytes_of
 from gpu_zarr.engine.layout import Layout, batch_key, layout_of

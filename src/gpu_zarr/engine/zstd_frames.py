@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_zarr.engine.binary import le_uint, le_uints
 from gpu_zarr.errors import CorruptChunkError
 
 __all__ = ["FrameInfo", "check_frames", "content_size"]
@@ -39,14 +40,6 @@ class FrameInfo:
     """
 
     content_size: np.ndarray
-
-
-def _u(buf: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
-    """Little-endian unsigned integers of n bytes at byte positions pos."""
-    out = np.zeros(len(pos), np.uint64)
-    for k in range(n):
-        out |= buf[pos + k].astype(np.uint64) << np.uint64(8 * k)
-    return out
 
 
 def _header_layout(fhd: Any) -> tuple[Any, Any]:
@@ -100,7 +93,7 @@ def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expect
     short = np.flatnonzero(sizes < 6)
     if len(short):
         raise _fail(names, int(short[0]), f"{int(sizes[short[0]])} bytes is too short for a zstd frame")
-    magic = _u(buf, offsets, 4)
+    magic = le_uints(buf, offsets, 4)
     bad = np.flatnonzero(magic != _MAGIC)
     if len(bad):
         k = int(bad[0])
@@ -123,7 +116,7 @@ def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expect
     for nb in (1, 2, 4, 8):
         m = fcs_size == nb
         if m.any():
-            fcs[m] = _fcs_value(_u(buf, pos[m], nb).astype(np.int64), nb)
+            fcs[m] = _fcs_value(le_uints(buf, pos[m], nb), nb)
     pos = pos + fcs_size
     bad = np.flatnonzero((fcs >= 0) & (expected >= 0) & (fcs != expected))
     if len(bad):
@@ -139,7 +132,7 @@ def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expect
         over = idx[p + 3 > end[idx]]
         if len(over):
             raise _fail(names, int(over[0]), "frame ends inside a block header (truncated)")
-        h = _u(buf, p, 3).astype(np.int64)
+        h = le_uints(buf, p, 3)
         last, btype, bsize = h & 1, (h >> 1) & 3, h >> 3
         bad = idx[(btype == 3) | (bsize > _MAX_BLOCK)]
         if len(bad):
@@ -165,9 +158,9 @@ def content_size(frame: np.ndarray) -> int:
     One frame, read in plain Python (a few microseconds): the CPU decoders use it to decode
     straight into their destination only when the header promises exactly its size.
     """
-    if frame.nbytes < 6 or int.from_bytes(bytes(frame[:4]), "little") != _MAGIC:
+    if frame.nbytes < 6 or le_uint(frame, 0, 4) != _MAGIC:
         return -1
     nb, pos = _header_layout(int(frame[4]))
     if nb == 0 or pos + nb > frame.nbytes:
         return -1
-    return _fcs_value(int.from_bytes(bytes(frame[pos:pos + nb]), "little"), nb)
+    return _fcs_value(le_uint(frame, pos, nb), nb)

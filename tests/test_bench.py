@@ -559,3 +559,30 @@ def test_browse_tile_pattern_end_to_end(workdir, tmp_path):
             assert "skipped" in r or _ok(r), (lay["name"], name, r)
     md = (out / "browse-tiny-cpu.md").read_text()
     assert "`tile` over 3 random 128x128 tiles" in md and "| blosc-lz4-1x256x256-v2 | tile |" in md
+
+
+def test_stage_summary_names_the_bound_and_what_the_engine_does_not_time():
+    from gpu_zarr.bench.browse import stage_summary
+    from gpu_zarr.bench.report import stages_markdown
+
+    # the CPU path: sequential stages; the rest of the total is `untimed` (e.g. cached chunks placed)
+    cached = [{"plan_s": 0.001, "locate_s": 0.004, "alloc_s": 0.0, "chunkwise_s": 0.001, "total_s": t,
+               "cache_hits": 1024} for t in (0.017, 0.018, 0.030)]
+    st = stage_summary(cached)
+    assert st["engine_reads"] == 3 and st["engine_total_ms"] == pytest.approx(18.0)
+    assert st["stages_ms"]["untimed"] == pytest.approx(12.0) and st["bound_by"] == "untimed"
+    assert st["cache_hits_median"] == 1024
+    # chunkwise split into read and decode: the part names the bound, and is not counted twice
+    split = stage_summary([{"plan_s": 0.0, "chunkwise_s": 0.010, "chunkwise_read_s": 0.007,
+                            "chunkwise_decode_s": 0.003, "total_s": 0.011}])
+    assert split["bound_by"] == "chunkwise_read" and split["stages_ms"]["untimed"] == pytest.approx(1.0)
+    # the pipelined (GPU) path: stages overlap, no `untimed`
+    piped = stage_summary([{"setup_s": 0.001, "read_s": 0.040, "wait_read_s": 0.002, "decode_s": 0.005,
+                            "total_s": 0.030}])
+    assert "untimed" not in piped["stages_ms"] and piped["bound_by"] == "read"
+    assert stage_summary([]) == {}
+    md = stages_markdown({"mode": "browse", "layouts": [{"name": "L", "readers": {
+        "ours-lazy-cpu": {"kind": "ours", "patterns": {"random": {"p50_ms": 19.0, **st}}},
+        "zarr-cpu": {"kind": "peer", "patterns": {"random": {"p50_ms": 9.0}}}}}]})
+    assert "| L | random | ours-lazy-cpu | 19.00 | 18.00 | untimed | untimed 12.00, locate 4.00" in md
+    assert "zarr-cpu" not in md

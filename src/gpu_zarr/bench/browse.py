@@ -136,12 +136,19 @@ def stage_summary(stats: list[dict[str, Any]]) -> dict[str, Any]:
     stage with the largest median; on the pipelined GPU path stages overlap, so it names
     the longest, not a share of the total), ``engine_reads`` and the median
     ``cache_hits`` when the chunk cache served chunks.
+
+    On the sequential (chunkwise, CPU) path the engine's total less its named stages is
+    reported as the stage ``untimed``: the work the engine does not time by name (placing
+    chunks from the chunk cache, finishing the output, putting chunks into the cache).
     """
     if not stats:
         return {}
     keys = sorted({k for st in stats for k, v in st.items()
                    if k.endswith("_s") and k not in _NOT_STAGES and isinstance(v, (int, float))})
     stages = {k[:-2]: float(np.median([float(st.get(k) or 0.0) for st in stats])) * 1e3 for k in keys}
+    rest = [_untimed(st) for st in stats]
+    if rest and all(r is not None for r in rest):
+        stages["untimed"] = float(np.median([r for r in rest if r is not None])) * 1e3
     out: dict[str, Any] = {"engine_reads": len(stats), "stages_ms": {k: round(v, 4) for k, v in stages.items()}}
     totals = [float(st["total_s"]) for st in stats if isinstance(st.get("total_s"), (int, float))]
     if totals:
@@ -155,6 +162,21 @@ def stage_summary(stats: list[dict[str, Any]]) -> dict[str, Any]:
     if any(hits):
         out["cache_hits_median"] = float(np.median(hits))
     return out
+
+
+#: the parts of ``chunkwise_s`` (not added again)
+_PARTS = ("chunkwise_read_s", "chunkwise_decode_s")
+
+
+def _untimed(st: dict[str, Any]) -> float | None:
+    """Seconds of a sequential engine read outside its named stages; None for a pipelined
+    read (its stages overlap: ``setup_s``, ``wait_read_s``...) or without ``total_s``."""
+    total = st.get("total_s")
+    if not isinstance(total, (int, float)) or "setup_s" in st or "wait_read_s" in st:
+        return None
+    named = sum(float(v) for k, v in st.items() if k.endswith("_s") and k not in (*_NOT_STAGES, *_PARTS)
+                and isinstance(v, (int, float)))
+    return max(0.0, float(total) - named)
 
 
 def _engine_stats() -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ import zarr
 from gpu_zarr.bench import BenchResult, run
 from gpu_zarr.bench import cli as bench_cli
 from gpu_zarr.bench import volumes as bv
-from gpu_zarr.bench.browse import plane_patterns
+from gpu_zarr.bench.browse import index_of, plane_patterns, time_planes
 from gpu_zarr.bench.readers import fingerprint
 
 THROUGHPUT_LAYOUTS = {
@@ -30,7 +30,11 @@ THROUGHPUT_LAYOUTS = {
     "blosc-zstd-bitshuffle-v2",
     "sharded-blosc-zstd-v3",
     "gzip-v2",
+    "gzip-u8-64x64x64-v2",
+    "blosc-zstd-u8-64x64x64-v3",
+    "blosc-lz4-1x256x256-v2",
 }
+SMALL_CHUNK_LAYOUTS = ("gzip-u8-64x64x64-v2", "blosc-zstd-u8-64x64x64-v3", "blosc-lz4-1x256x256-v2")
 BROWSE_LAYOUTS = {
     "zstd-32x256x256",
     "zstd-1x512x1024",
@@ -39,8 +43,10 @@ BROWSE_LAYOUTS = {
     "blosc-zstd-bitshuffle-v2",
     "sharded-blosc-zstd-v3",
     "gzip-v2",
+    *SMALL_CHUNK_LAYOUTS,
 }
 HAVE_TS = bool(__import__("importlib").util.find_spec("tensorstore"))
+HAVE_ZARRS = bool(__import__("importlib").util.find_spec("zarrs"))
 
 
 def _ok(rec: dict) -> bool:
@@ -75,7 +81,7 @@ def test_throughput_tiny_cpu(workdir, tmp_path):
         assert {"zarr-cpu", "ours-cpu", "ours-engine-cpu", "tensorstore", "czarr"} <= set(readers)
         for name, rec in readers.items():
             if "skipped" in rec:
-                assert name in ("czarr", "tensorstore"), (name, rec)
+                assert name in ("czarr", "tensorstore", "zarrs"), (name, rec)
                 continue
             assert _ok(rec), (lay["name"], name, rec)
             if "declined" in rec:
@@ -83,16 +89,20 @@ def test_throughput_tiny_cpu(workdir, tmp_path):
                 continue
             assert rec["gib_per_s"] > 0 and rec["median_s"] > 0
             assert len(rec["warm_s"]) == 1
-            assert rec["output_bytes"] == 16 * 128 * 128 * 2
+            assert rec["output_bytes"] == lay["nbytes"] == 16 * 128 * 128 * np.dtype(lay["dtype"]).itemsize
         assert readers["ours-cpu"]["correct"] is True  # every layout, read equal to zarr's CPU read
         assert lay["ratios"]["ours-cpu"]["zarr-cpu"] > 0
         assert readers["ours-cpu"]["backend"] == "cpu"
         if lay["codec"] != "raw":
             assert 1.1 < lay["compression_ratio"] < 2.0, lay
         if "stages" in readers["ours-engine-cpu"]:
-            assert readers["ours-engine-cpu"]["stages"][0]["decoded_bytes"] == 16 * 128 * 128 * 2
+            eng = readers["ours-engine-cpu"]
+            assert eng["stages"][0]["decoded_bytes"] == lay["nbytes"]
+            assert eng["bound_by"] in eng["stages_ms"] and eng["engine_total_ms"] > 0
         if HAVE_TS:
             assert readers["tensorstore"]["correct"] is True
+        if HAVE_ZARRS:
+            assert readers["zarrs"]["correct"] is True
     md = (out / "throughput-tiny-cpu.md").read_text()
     assert "ours-cpu / zarr-cpu" in md and "Cold page cache" in md
     png = (out / "throughput-tiny-cpu.png").read_bytes()
@@ -127,12 +137,13 @@ def test_volumes_reused_and_equal_to_the_generator(workdir, tmp_path):
     assert [lay["reused"] for lay in data["layouts"]] == [True, True]
     assert data["cold"]["requested"] is False
     shape = (16, 128, 128)
-    want = bv.make_slab(shape, 0, 16)
+    want = {dt: bv.make_slab(shape, 0, 16, dtype=dt) for dt in ("uint16", "uint8")}
     for lay in bv.scaled_layouts(bv.THROUGHPUT_LAYOUTS, bv.THROUGHPUT_SHAPES["full"], shape):
         path = workdir / "throughput" / "16x128x128" / f"{lay.name}.zarr"
         arr = zarr.open_array(str(path), mode="r")
         assert arr.metadata.zarr_format == lay.zarr_format
-        assert np.array_equal(arr[...], want), lay.name  # every layout written and read equal
+        assert arr.dtype == np.dtype(lay.dtype)
+        assert np.array_equal(arr[...], want[lay.dtype]), lay.name  # every layout written and read equal
 
 
 def test_layout_metadata_is_what_the_writers_write(workdir):
@@ -165,10 +176,10 @@ def test_browse_tiny_cpu_both_patterns(workdir, tmp_path):
         assert all(b - a == 1 for a, b in zip(scroll[:3], scroll[1:4], strict=True))
         readers = lay["readers"]
         assert {"zarr-cpu", "ours-lazy-cpu", "ours-engine-cpu", "ours-resident-cpu", "tensorstore",
-                "dask-zarr", "czarr"} <= set(readers)
+                "zarrs", "dask-zarr", "czarr"} <= set(readers)
         for name, rec in readers.items():
             if "skipped" in rec:
-                assert name in ("dask-zarr", "czarr", "tensorstore")
+                assert name in ("dask-zarr", "czarr", "tensorstore", "zarrs")
                 continue
             assert _ok(rec), (lay["name"], name, rec)
             if "declined" in rec:
@@ -179,8 +190,14 @@ def test_browse_tiny_cpu_both_patterns(workdir, tmp_path):
             assert len(rec["patterns"]["scroll"]["ms"]) == 6 and rec["patterns"]["scroll"]["first_ms"] > 0
         assert readers["ours-lazy-cpu"]["correct"] is True
         assert readers["ours-resident-cpu"]["load_s"] > 0
+        for pat in ("random", "scroll"):  # which engine stage bounds each of our figures
+            pr = readers["ours-lazy-cpu"]["patterns"][pat]
+            assert pr["bound_by"] in pr["stages_ms"] and pr["engine_reads"] >= 1, pr
+        assert "stages_ms" not in readers["ours-resident-cpu"]["patterns"]["random"]
     md = (out / "browse-tiny-cpu.md").read_text()
     assert "| zstd-1x512x1024 | scroll |" in md and "| gzip-v2 | random |" in md
+    assert "| blosc-lz4-1x256x256-v2 | scroll |" in md and "| gzip-u8-64x64x64-v2 | random |" in md
+    assert "Where our time goes" in md and "| zstd-1x512x1024 | random | ours-lazy-cpu |" in md
     assert (out / "browse-tiny-cpu.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -301,9 +318,10 @@ def test_tensorstore_reads_every_layout_equal(workdir):
 
     (ts_reader,) = [r for r in throughput_readers("cpu") if r.name == "tensorstore"]
     base = workdir / "throughput" / "16x128x128"
-    want = bv.make_slab((16, 128, 128), 0, 16)
+    want = {dt: bv.make_slab((16, 128, 128), 0, 16, dtype=dt) for dt in ("uint16", "uint8")}
     for path in sorted(base.iterdir()):
-        assert np.array_equal(ts_reader.read(str(path)), want), path.name
+        dtype = zarr.open_array(str(path), mode="r").dtype.name
+        assert np.array_equal(ts_reader.read(str(path)), want[dtype]), path.name
 
 
 def test_fingerprint_sees_moves_and_changes():
@@ -327,6 +345,18 @@ def test_plane_patterns():
     assert len(pats["scroll"]) == 11 and {len(i) for i in pats["scroll"]} == {2}
     with pytest.raises(ValueError, match="unknown browse pattern"):
         plane_patterns((4, 8, 8), 2, 0, ("zigzag",))
+    # tiles: random positions of random planes, clipped to the plane when it is smaller
+    _, pats = plane_patterns((20, 100, 90), 50, seed=2, patterns=("tile",), tile=32)
+    assert len(pats["tile"]) == 50 and len({k[0] for k in pats["tile"]}) > 5
+    for z, (y0, y1), (x0, x1) in pats["tile"]:
+        assert 0 <= z < 20 and y1 - y0 == 32 and x1 - x0 == 32 and y1 <= 100 and x1 <= 90
+    assert len({(k[1][0], k[2][0]) for k in pats["tile"]}) > 40
+    _, pats = plane_patterns((3, 40, 2000), 4, seed=0, patterns=("tile",))
+    assert {(k[1], k[2][1] - k[2][0]) for k in pats["tile"]} == {((0, 40), 1024)}
+    assert index_of((2, (0, 40), (5, 1029))) == (2, slice(0, 40), slice(5, 1029))
+    # the other patterns draw the same keys whether or not tiles come after them
+    assert plane_patterns((20, 8, 8), 5, 1)[1]["random"] == plane_patterns(
+        (20, 8, 8), 5, 1, ("random", "scroll", "tile"))[1]["random"]
 
 
 def test_volume_data_is_deterministic_and_scaled():
@@ -336,8 +366,21 @@ def test_volume_data_is_deterministic_and_scaled():
     assert np.array_equal(whole, parts)
     full = bv.THROUGHPUT_SHAPES["full"]
     assert [lay.chunk_bytes for lay in bv.THROUGHPUT_LAYOUTS] == [
-        32 << 20, 8 << 20, 32 << 20, 4 << 20, 1 << 20, 1 << 20, 2 << 20, 2 << 20, 1 << 20, 2 << 20
+        32 << 20, 8 << 20, 32 << 20, 4 << 20, 1 << 20, 1 << 20, 2 << 20, 2 << 20, 1 << 20, 2 << 20,
+        256 << 10, 256 << 10, 128 << 10,
     ]
+    # small chunks are kept at every size, only clipped to the array
+    small = {lay.name: lay for lay in bv.scaled_layouts(bv.BROWSE_LAYOUTS, bv.BROWSE_SHAPES["full"], shape)}
+    assert small["gzip-u8-64x64x64-v2"].chunks == (16, 64, 64)
+    assert small["blosc-lz4-1x256x256-v2"].chunks == (1, 128, 128)
+    small = {lay.name: lay for lay in bv.scaled_layouts(bv.BROWSE_LAYOUTS, bv.BROWSE_SHAPES["full"], (64, 1024, 512))}
+    assert small["blosc-zstd-u8-64x64x64-v3"].chunks == (64, 64, 64)
+    assert small["blosc-lz4-1x256x256-v2"].chunks == (1, 256, 256)
+    assert small["zstd-32x256x256"].chunks == (8, 256, 64)  # the others scale as before
+    u8 = bv.make_slab(shape, 3, 5, dtype="uint8")
+    assert u8.dtype == np.uint8 and np.array_equal(u8, bv.make_slab(shape, 3, 5) >> 4)
+    with pytest.raises(ValueError, match="dtype"):
+        bv.Layout("x", "x", 3, (1, 1, 1), "raw", dtype="float32")
     assert bv.THROUGHPUT_LAYOUTS[5].shard_bytes == 64 << 20
     for lay in bv.scaled_layouts(bv.THROUGHPUT_LAYOUTS, full, shape):
         if lay.shards is not None:
@@ -425,3 +468,122 @@ def test_cold_drop_falls_back_to_the_arrays_files(user_store, monkeypatch):
     monkeypatch.setattr(env, "_drop_files", lambda path: (False, "posix_fadvise(DONTNEED) failed: EPERM"))
     done, why = env.ColdCache().drop(user_store)
     assert not done and "not permitted" in why and "EPERM" in why
+
+
+def test_small_chunk_layouts_written_and_read_equal(tmp_path):
+    """The 64^3 uint8 (gzip v2, Blosc zstd v3) and 256x256 uint16 (Blosc lz4 v2) volumes: what
+    the writers write, equal to the generator, and read equal by ours and zarr."""
+    from gpu_zarr.zarr_io import read_zarr
+
+    shape = (8, 96, 160)  # several chunks per axis; 64^3 clipped to 8x64x64, edge chunks partial
+    lays = bv.scaled_layouts(bv.SMALL_CHUNK_LAYOUTS, bv.BROWSE_SHAPES["full"], shape)
+    vols = bv.ensure_volumes(tmp_path, "browse", lays, shape, log=lambda _m: None)
+    assert [v.name for v in vols] == list(SMALL_CHUNK_LAYOUTS)
+    for v in vols:
+        lay = v.layout
+        assert lay is not None and v.dtype == lay.dtype and not v.reused
+        arr = zarr.open_array(str(v.path), mode="r")
+        assert arr.dtype == np.dtype(lay.dtype) and arr.chunks == lay.chunks
+        want = bv.make_slab(shape, 0, shape[0], dtype=lay.dtype)
+        assert np.array_equal(arr[...], want), v.name
+        assert np.array_equal(read_zarr(v.path, prefer="cpu").data, want), v.name
+        assert 1.1 < v.ratio < 2.0, (v.name, v.ratio)
+    assert vols[0].to_json()["chunks"] == [8, 64, 64] and vols[0].to_json()["chunk_bytes"] == 8 * 64 * 64
+    meta = json.loads((vols[0].path / ".zarray").read_text())
+    assert meta["compressor"]["id"] == "gzip" and meta["dtype"] == "|u1"
+    meta = json.loads((vols[1].path / "zarr.json").read_text())
+    blosc = [c for c in meta["codecs"] if c["name"] == "blosc"]
+    assert meta["data_type"] == "uint8" and blosc[0]["configuration"]["cname"] == "zstd"
+    meta = json.loads((vols[2].path / ".zarray").read_text())
+    assert meta["chunks"] == [1, 96, 160]  # 1x256x256 clipped to the plane
+    assert meta["compressor"]["cname"] == "lz4" and meta["dtype"] == "<u2"
+    again = bv.ensure_volumes(tmp_path, "browse", lays, shape, log=lambda _m: None)
+    assert all(v.reused for v in again)
+
+
+def test_tile_pattern_with_every_cpu_plane_reader(tmp_path):
+    """Tiles smaller than the plane, through every CPU plane reader (zarrs and TensorStore
+    when installed, skipped with the reason when not), equal to zarr's read."""
+    from gpu_zarr.bench.readers import browse_readers
+
+    shape = (8, 96, 160)
+    lays = bv.scaled_layouts(bv.SMALL_CHUNK_LAYOUTS, bv.BROWSE_SHAPES["full"], shape)
+    vols = bv.ensure_volumes(tmp_path, "browse", lays, shape, log=lambda _m: None)
+    for v in vols:
+        rec = time_planes(v, browse_readers("cpu"), planes=3, seed=1, log=lambda _m: None, advance=lambda: None,
+                          patterns=("tile", "random"), tile=48)
+        assert rec["tile_shape"] == [48, 48]
+        assert all(k[1][1] - k[1][0] == 48 and k[2][1] - k[2][0] == 48 for k in rec["patterns"]["tile"])
+        readers = rec["readers"]
+        for name, r in readers.items():
+            if "skipped" in r:
+                assert name in ("czarr", "dask-zarr", "tensorstore", "zarrs"), (name, r)
+                assert "not installed" in r["skipped"]
+                continue
+            assert _ok(r), (v.name, name, r)
+            pr = r["patterns"]["tile"]
+            assert 0 < pr["p50_ms"] <= pr["p95_ms"] and len(pr["ms"]) == 3
+            assert pr["gib_per_s_p50"] == pytest.approx(48 * 48 * np.dtype(v.dtype).itemsize / pr["p50_ms"] * 1e3
+                                                        / 2**30)
+        assert readers["ours-lazy-cpu"]["correct"] is True
+        assert readers["ours-lazy-cpu"]["patterns"]["tile"]["bound_by"]
+        assert ("skipped" in readers["zarrs"]) != HAVE_ZARRS
+        assert ("skipped" in readers["tensorstore"]) != HAVE_TS
+        if HAVE_ZARRS:
+            assert readers["zarrs"]["correct"] is True
+            assert readers["zarrs"]["codec_pipeline"] == "zarrs.ZarrsCodecPipeline"
+        if HAVE_TS:
+            assert readers["tensorstore"]["correct"] is True
+
+
+def test_zarrs_missing_is_skipped_with_reason(user_store, monkeypatch):
+    import importlib.util as iu
+
+    real = iu.find_spec
+    monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "zarrs" else real(name, *a))
+    res = run(user_store, mode="browse", device="cpu", planes=2, readers=["zarr-cpu", "zarrs"])
+    rec = res.data["layouts"][0]["readers"]["zarrs"]
+    assert "zarrs is not installed" in rec["skipped"] and "pip install zarrs" in rec["skipped"]
+    assert not res.failed
+
+
+def test_browse_tile_pattern_end_to_end(workdir, tmp_path):
+    out = tmp_path / "out"
+    rc = _run(workdir, out, "--mode", "browse", "--planes", "3", "--patterns", "tile,random",
+              "--layouts", ",".join(SMALL_CHUNK_LAYOUTS), "--readers", "zarr-cpu,ours-lazy-cpu,tensorstore,zarrs")
+    data = json.loads((out / "browse-tiny-cpu.json").read_text())
+    assert rc == 0, data
+    assert data["browse_patterns"] == ["tile", "random"] and data["dtype"] == "uint8+uint16"
+    for lay in data["layouts"]:
+        assert lay["tile_shape"] == [128, 128]  # clipped to the tiny plane
+        for name, r in lay["readers"].items():
+            assert "skipped" in r or _ok(r), (lay["name"], name, r)
+    md = (out / "browse-tiny-cpu.md").read_text()
+    assert "`tile` over 3 random 128x128 tiles" in md and "| blosc-lz4-1x256x256-v2 | tile |" in md
+
+
+def test_stage_summary_names_the_bound_and_what_the_engine_does_not_time():
+    from gpu_zarr.bench.browse import stage_summary
+    from gpu_zarr.bench.report import stages_markdown
+
+    # the CPU path: sequential stages; the rest of the total is `untimed` (e.g. cached chunks placed)
+    cached = [{"plan_s": 0.001, "locate_s": 0.004, "alloc_s": 0.0, "chunkwise_s": 0.001, "total_s": t,
+               "cache_hits": 1024} for t in (0.017, 0.018, 0.030)]
+    st = stage_summary(cached)
+    assert st["engine_reads"] == 3 and st["engine_total_ms"] == pytest.approx(18.0)
+    assert st["stages_ms"]["untimed"] == pytest.approx(12.0) and st["bound_by"] == "untimed"
+    assert st["cache_hits_median"] == 1024
+    # chunkwise split into read and decode: the part names the bound, and is not counted twice
+    split = stage_summary([{"plan_s": 0.0, "chunkwise_s": 0.010, "chunkwise_read_s": 0.007,
+                            "chunkwise_decode_s": 0.003, "total_s": 0.011}])
+    assert split["bound_by"] == "chunkwise_read" and split["stages_ms"]["untimed"] == pytest.approx(1.0)
+    # the pipelined (GPU) path: stages overlap, no `untimed`
+    piped = stage_summary([{"setup_s": 0.001, "read_s": 0.040, "wait_read_s": 0.002, "decode_s": 0.005,
+                            "total_s": 0.030}])
+    assert "untimed" not in piped["stages_ms"] and piped["bound_by"] == "read"
+    assert stage_summary([]) == {}
+    md = stages_markdown({"mode": "browse", "layouts": [{"name": "L", "readers": {
+        "ours-lazy-cpu": {"kind": "ours", "patterns": {"random": {"p50_ms": 19.0, **st}}},
+        "zarr-cpu": {"kind": "peer", "patterns": {"random": {"p50_ms": 9.0}}}}}]})
+    assert "| L | random | ours-lazy-cpu | 19.00 | 18.00 | untimed | untimed 12.00, locate 4.00" in md
+    assert "zarr-cpu" not in md

@@ -173,6 +173,13 @@ def layouts_for(mode: str, shape: tuple[int, int, int], only: Sequence[str] = ()
     return lays
 
 
+def _dtypes(lays: Sequence[Any]) -> str:
+    """The synthetic volumes' dtypes: ``uint16``, or e.g. ``uint16+uint8`` when the
+    small-chunk uint8 layouts are among them (``nbytes`` is then the uint16 volume's)."""
+    names = list(dict.fromkeys(getattr(lay, "dtype", "uint16") for lay in lays)) or ["uint16"]
+    return "+".join(names)
+
+
 def _size_tag(size: str, shape: tuple[int, ...]) -> str:
     return size if size in ("full", "small", "tiny") else "x".join(map(str, shape))
 
@@ -224,7 +231,8 @@ def run(
     planes : int
         Browse: random planes, and the length of the scroll.
     patterns : sequence of str
-        Browse: ``random`` and/or ``scroll``.
+        Browse: any of ``random``, ``scroll`` and ``tile`` (random 1024x1024 tiles of
+        random planes, clipped to the plane).
     cold : bool
         Also one read of our primary reader per volume after dropping the page cache,
         and the disk's own rate measured once; reported against disk rate x ratio.
@@ -291,7 +299,7 @@ def run(
         "stem": stem,
         "size": size if user is None else None,
         "shape": list(shape),
-        "dtype": user.dtype if user is not None else "uint16",
+        "dtype": user.dtype if user is not None else _dtypes(lays),
         "nbytes": user.nbytes if user is not None else int(2 * shape[0] * shape[1] * shape[2]),
         "repeat": repeat,
         "peer_repeat": peer_repeat if peer_repeat is not None else repeat,

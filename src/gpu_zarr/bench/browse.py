@@ -1,18 +1,27 @@
-"""Plane browsing: ms per 2-D plane of a volume, p50 / p95, per access pattern.
+"""Plane browsing: ms per 2-D plane (or tile) of a volume, p50 / p95, per access pattern.
 
-Two patterns, the same index lists for every reader (seeded):
+Three patterns, the same index lists for every reader (seeded):
 
 ``random``
     planes at random positions (what jumping around a stack does);
 ``scroll``
     consecutive planes forward from a random start, then back again (what dragging
     napari's slider does). The first scroll plane is timed apart (``first_ms``): the
-    p50/p95 are those of the planes after it, shown while scrolling.
+    p50/p95 are those of the planes after it, shown while scrolling;
+``tile``
+    a 1024 x 1024 tile (clipped to the plane when the plane is smaller) at a random
+    position of a random plane (what a zoomed-in viewer asks for).
 
-For each volume and reader: one untimed warm-up plane, then the random planes, then
-the scroll, each timed from the call to host numpy in hand. Every plane is compared
-with zarr's CPU read of it. A "plane" is the last two axes; the leading axes are
-indexed (flattened in C order for arrays of more than three dimensions).
+For each volume and reader: one untimed warm-up plane, then each pattern's reads, each
+timed from the call to host numpy in hand. Every read is compared with zarr's CPU read
+of it. A "plane" is the last two axes; the leading axes are indexed (flattened in C
+order for arrays of more than three dimensions).
+
+A read is named by a key: the leading indices, and for a tile ``(start, stop)`` of each
+of the last two axes (JSON: ``[z, [y0, y1], [x0, x1]]``); :func:`index_of` makes the
+index a reader takes. For our readers the engine's per-stage timings are summarised per
+pattern (``stages_ms``: the median of each stage over the reads, and ``bound_by``: the
+longest stage), so a reader of the figures sees which stage bounds each one.
 """
 
 from __future__ import annotations
@@ -35,18 +44,36 @@ from gpu_zarr.bench.readers import (
 )
 from gpu_zarr.bench.volumes import VolumeInfo
 
-__all__ = ["PATTERNS", "plane_patterns", "time_planes", "default_plane_readers"]
+__all__ = ["PATTERNS", "TILE", "Key", "index_of", "tile_shape", "plane_patterns", "time_planes",
+           "stage_summary", "default_plane_readers"]
 
-PATTERNS = ("random", "scroll")
+PATTERNS = ("random", "scroll", "tile")
+#: edge of a ``tile`` read (clipped to the plane)
+TILE = 1024
+
+#: a read: leading indices, then for a tile ``(start, stop)`` of each of the last two axes
+Key = tuple[Any, ...]
+
+
+def index_of(key: Key) -> tuple[int | slice, ...]:
+    """The index a reader takes for ``key`` (ints, and slices for a tile's last two axes)."""
+    return tuple(slice(int(k[0]), int(k[1])) if isinstance(k, (tuple, list)) else int(k) for k in key)
+
+
+def tile_shape(shape: tuple[int, ...], tile: int = TILE) -> tuple[int, int]:
+    """The (height, width) of a ``tile`` read of an array of ``shape``."""
+    return min(tile, int(shape[-2])), min(tile, int(shape[-1]))
 
 
 def plane_patterns(
-    shape: tuple[int, ...], n: int, seed: int, patterns: tuple[str, ...] = PATTERNS
-) -> tuple[tuple[int, ...], dict[str, list[tuple[int, ...]]]]:
-    """(warm-up plane, {pattern: plane indices}), seeded.
+    shape: tuple[int, ...], n: int, seed: int, patterns: tuple[str, ...] = ("random", "scroll"),
+    tile: int = TILE,
+) -> tuple[tuple[int, ...], dict[str, list[Key]]]:
+    """(warm-up plane, {pattern: read keys}), seeded.
 
     ``random`` has ``n`` planes; ``scroll`` goes forward over ``min(n, planes)``
-    consecutive planes from a random start, then back to the start.
+    consecutive planes from a random start, then back to the start; ``tile`` has ``n``
+    tiles of :func:`tile_shape` at random positions of random planes.
     """
     lead = tuple(shape[:-2]) or (1,)
     total = math.prod(lead)
@@ -56,7 +83,7 @@ def plane_patterns(
         return tuple(int(i) for i in np.unravel_index(int(k), lead)) if shape[:-2] else ()
 
     warm = idx(int(rng.integers(0, total)))
-    out: dict[str, list[tuple[int, ...]]] = {}
+    out: dict[str, list[Key]] = {}
     for pattern in patterns:
         if pattern == "random":
             out["random"] = [idx(k) for k in rng.integers(0, total, size=n)]
@@ -65,12 +92,19 @@ def plane_patterns(
             start = int(rng.integers(0, total - m + 1))
             fwd = list(range(start, start + m))
             out["scroll"] = [idx(k) for k in fwd + fwd[-2::-1]]
+        elif pattern == "tile":
+            h, w = tile_shape(shape, tile)
+            ys = rng.integers(0, int(shape[-2]) - h + 1, size=n)
+            xs = rng.integers(0, int(shape[-1]) - w + 1, size=n)
+            out["tile"] = [(*idx(k), (int(y), int(y) + h), (int(x), int(x) + w))
+                           for k, y, x in zip(rng.integers(0, total, size=n), ys, xs, strict=True)]
         else:
             raise ValueError(f"unknown browse pattern {pattern!r}; choose from {PATTERNS}")
     return warm, out
 
 
-def _summary(times: list[float], plane_bytes: int, pattern: str) -> dict[str, Any]:
+def _summary(times: list[float], plane_bytes: int, pattern: str,
+             stages: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     first = None
     if pattern == "scroll" and len(times) > 1:
         first, times = times[0], times[1:]
@@ -85,11 +119,83 @@ def _summary(times: list[float], plane_bytes: int, pattern: str) -> dict[str, An
         rec["first_ms"] = round(first, 4)
     rec["planes_per_s"] = 1e3 / rec["mean_ms"] if rec["mean_ms"] > 0 else None
     rec["gib_per_s_p50"] = plane_bytes / (rec["p50_ms"] / 1e3) / 2**30 if rec["p50_ms"] > 0 else None
+    if stages:
+        rec.update(stage_summary(stages[1:] if first is not None and len(stages) > 1 else stages))
     return rec
 
 
-def _key(idx: tuple[int, ...]) -> str:
-    return ",".join(map(str, idx))
+#: engine stats that are not stage times (``total_s`` is the whole read)
+_NOT_STAGES = ("total_s",)
+
+
+def stage_summary(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-stage timings of the engine reads ``stats`` (their ``*_s`` entries), summarised.
+
+    Returns ``stages_ms`` (the median ms of each stage over the reads; a stage a read did
+    not run counts 0), ``engine_total_ms`` (median of ``total_s``), ``bound_by`` (the
+    stage with the largest median; on the pipelined GPU path stages overlap, so it names
+    the longest, not a share of the total), ``engine_reads`` and the median
+    ``cache_hits`` when the chunk cache served chunks.
+
+    On the sequential (chunkwise, CPU) path the engine's total less its named stages is
+    reported as the stage ``untimed``: the work the engine does not time by name (placing
+    chunks from the chunk cache, finishing the output, putting chunks into the cache).
+    """
+    if not stats:
+        return {}
+    keys = sorted({k for st in stats for k, v in st.items()
+                   if k.endswith("_s") and k not in _NOT_STAGES and isinstance(v, (int, float))})
+    stages = {k[:-2]: float(np.median([float(st.get(k) or 0.0) for st in stats])) * 1e3 for k in keys}
+    rest = [_untimed(st) for st in stats]
+    if rest and all(r is not None for r in rest):
+        stages["untimed"] = float(np.median([r for r in rest if r is not None])) * 1e3
+    out: dict[str, Any] = {"engine_reads": len(stats), "stages_ms": {k: round(v, 4) for k, v in stages.items()}}
+    totals = [float(st["total_s"]) for st in stats if isinstance(st.get("total_s"), (int, float))]
+    if totals:
+        out["engine_total_ms"] = round(float(np.median(totals)) * 1e3, 4)
+    # the coarse chunkwise stage holds its read and decode parts: name the part when known
+    leaf = {k: v for k, v in stages.items()
+            if not (k == "chunkwise" and ("chunkwise_read" in stages or "chunkwise_decode" in stages))}
+    if leaf:
+        out["bound_by"] = max(leaf, key=lambda k: leaf[k])
+    hits = [st["cache_hits"] for st in stats if isinstance(st.get("cache_hits"), int)]
+    if any(hits):
+        out["cache_hits_median"] = float(np.median(hits))
+    return out
+
+
+#: the parts of ``chunkwise_s`` (not added again)
+_PARTS = ("chunkwise_read_s", "chunkwise_decode_s")
+
+
+def _untimed(st: dict[str, Any]) -> float | None:
+    """Seconds of a sequential engine read outside its named stages; None for a pipelined
+    read (its stages overlap: ``setup_s``, ``wait_read_s``...) or without ``total_s``."""
+    total = st.get("total_s")
+    if not isinstance(total, (int, float)) or "setup_s" in st or "wait_read_s" in st:
+        return None
+    named = sum(float(v) for k, v in st.items() if k.endswith("_s") and k not in (*_NOT_STAGES, *_PARTS)
+                and isinstance(v, (int, float)))
+    return max(0.0, float(total) - named)
+
+
+def _engine_stats() -> dict[str, Any] | None:
+    """This thread's most recent engine read's stats (the deprecated accessor: the lazy
+    array, like napari, keeps only the data), or None."""
+    try:
+        import warnings
+
+        from gpu_zarr.engine import last_read_stats
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return last_read_stats()
+    except Exception:
+        return None
+
+
+def _key(idx: Key) -> str:
+    return ",".join(f"{k[0]}:{k[1]}" if isinstance(k, (tuple, list)) else str(k) for k in idx)
 
 
 def time_planes(
@@ -100,25 +206,33 @@ def time_planes(
     seed: int,
     log: Callable[[str], None],
     advance: Callable[[], None],
-    patterns: tuple[str, ...] = PATTERNS,
+    patterns: tuple[str, ...] = ("random", "scroll"),
+    tile: int = TILE,
 ) -> dict[str, Any]:
-    """Time every plane reader on one volume; returns the JSON record of the volume."""
+    """Time every plane reader on one volume; returns the JSON record of the volume.
+
+    ``tile`` is the edge of a ``tile`` read (clipped to the plane).
+    """
     if len(vol.shape) < 2:
         raise ValueError(f"{vol.path}: browsing needs an array of at least 2 dimensions, got {vol.shape}")
     path = str(vol.path)
     env.warm_files(vol.path)
-    warm, pats = plane_patterns(vol.shape, planes, seed, patterns)
+    warm, pats = plane_patterns(vol.shape, planes, seed, patterns, tile)
     record: dict[str, Any] = {
         **vol.to_json(),
-        "patterns": {p: [list(i) for i in idxs] for p, idxs in pats.items()},
+        "patterns": {p: [_jsonable(i) for i in idxs] for p, idxs in pats.items()},
         "warmup_plane": list(warm),
         "readers": {},
     }
-    ref: dict[tuple[int, ...], np.ndarray] | None = None
-    plane_bytes = math.prod(vol.shape[-2:]) * np.dtype(vol.dtype).itemsize
-    every = sorted({i for idxs in pats.values() for i in idxs})
+    if "tile" in pats:
+        record["tile_shape"] = list(tile_shape(vol.shape, tile))
+    ref: dict[Key, np.ndarray] | None = None
+    itemsize = np.dtype(vol.dtype).itemsize
+    read_bytes = {p: (math.prod(tile_shape(vol.shape, tile)) if p == "tile" else math.prod(vol.shape[-2:])) * itemsize
+                  for p in pats}
+    every = sorted({i for idxs in pats.values() for i in idxs}, key=_key)
 
-    def reference() -> dict[tuple[int, ...], np.ndarray]:
+    def reference() -> dict[Key, np.ndarray]:
         nonlocal ref
         if ref is None:
             ref = _reference(path, every)
@@ -144,7 +258,7 @@ def time_planes(
                 bad = []
                 for pattern, idxs in pats.items():
                     child = res["patterns"][pattern]
-                    rec["patterns"][pattern] = _summary(child["ms"], plane_bytes, pattern)
+                    rec["patterns"][pattern] = _summary(child["ms"], read_bytes[pattern], pattern)
                     bad += [i for i, fp in zip(idxs, child["fingerprints"], strict=True)
                             if [int(x) for x in fp] != fingerprint(reference()[i])]
                 _verdict(rec, bad, len(every), "fingerprint")
@@ -152,15 +266,23 @@ def time_planes(
                 reader.open(path)
                 rec.update(reader.info)
                 reader.plane(warm)  # untimed: first-call set-up
-                got: dict[tuple[int, ...], np.ndarray] = {}
+                got: dict[Key, np.ndarray] = {}
+                ours = reader.kind == "ours"
                 for pattern, idxs in pats.items():
                     times: list[float] = []
+                    stages: list[dict[str, Any]] = []
                     for i in idxs:
+                        before = _engine_stats() if ours else None
+                        index = index_of(i)
                         t0 = time.perf_counter()
-                        p = reader.plane(i)
+                        p = reader.plane(index)
                         times.append((time.perf_counter() - t0) * 1e3)
+                        if ours:
+                            st = _engine_stats()
+                            if st is not None and st != before:  # else this read did not use the engine
+                                stages.append(st)
                         got.setdefault(i, np.asarray(p))
-                    rec["patterns"][pattern] = _summary(times, plane_bytes, pattern)
+                    rec["patterns"][pattern] = _summary(times, read_bytes[pattern], pattern, stages)
                 if ref is None and reader.name == "zarr-cpu":
                     ref = got
                     rec["correct"] = True
@@ -199,12 +321,16 @@ def _verdict(rec: dict[str, Any], bad: list[tuple[int, ...]], n: int, how: str) 
     )
 
 
-def _reference(path: str, idxs: list[tuple[int, ...]]) -> dict[tuple[int, ...], np.ndarray]:
+def _reference(path: str, idxs: list[Key]) -> dict[Key, np.ndarray]:
     import zarr
 
     with zarr.config.set({"codecs.zstd": "zarr.codecs.zstd.ZstdCodec"}):
         arr = zarr.open_array(path, mode="r")
-        return {i: np.asarray(arr[i]) for i in set(idxs)}
+        return {i: np.asarray(arr[index_of(i)]) for i in set(idxs)}
+
+
+def _jsonable(key: Key) -> list[Any]:
+    return [list(k) if isinstance(k, tuple) else k for k in key]
 
 
 def _free_gpu() -> None:

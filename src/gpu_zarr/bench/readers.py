@@ -3,7 +3,8 @@
 A whole-array reader is a :class:`Reader`: ``read(path)`` returns the full array
 (cupy on the GPU device, numpy on the CPU device). A browsing reader is a
 :class:`PlaneReader`: ``open(path)`` prepares it, ``plane(idx)`` returns the 2-D plane
-at the leading index ``idx`` as host numpy, ``close()`` releases what it holds.
+at the leading index ``idx`` (or the tile, when ``idx`` ends with two slices) as host
+numpy, ``close()`` releases what it holds.
 
 Every reader opens the store read-only. GPU imports (cupy, kvikio), TensorStore and
 czarr are imported inside functions only. czarr runs in a child process (its set-up
@@ -408,14 +409,16 @@ try:
             def host(a):
                 get = getattr(a, "get", None)
                 return get() if callable(get) else a
+            def index(key):  # a tile's last two axes come as [start, stop]
+                return tuple(slice(*k) if isinstance(k, list) else k for k in key)
             stage = "first plane"
-            host(arr[tuple(planes["warm"])])
+            host(arr[index(planes["warm"])])
             res = {}
             for pattern, idxs in planes["patterns"].items():
                 ms, fps = [], []
                 for idx in idxs:
                     stage = f"{pattern} plane {idx}"
-                    t0 = time.perf_counter(); p = host(arr[tuple(idx)])
+                    t0 = time.perf_counter(); p = host(arr[index(idx)])
                     ms.append((time.perf_counter() - t0) * 1e3)
                     from gpu_zarr.bench.readers import fingerprint
                     fps.append(fingerprint(p))
@@ -567,9 +570,10 @@ def select_readers(readers: list[Any], device: str, only: list[str] | None) -> l
 
 
 class PlaneReader:
-    """Reads single 2-D planes of one array; ``plane(idx)`` returns host numpy.
+    """Reads single 2-D planes (or tiles) of one array; ``plane(idx)`` returns host numpy.
 
-    ``idx`` is a tuple of ints over the leading axes (all but the last two).
+    ``idx`` is a tuple of ints over the leading axes (all but the last two), optionally
+    followed by two slices (a tile of the plane: ``gpu_zarr.bench.browse.index_of``).
     """
 
     name = "?"
@@ -584,7 +588,7 @@ class PlaneReader:
     def open(self, path: str) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def plane(self, idx: tuple[int, ...]) -> np.ndarray:  # pragma: no cover - overridden
+    def plane(self, idx: tuple[int | slice, ...]) -> np.ndarray:  # pragma: no cover - overridden
         raise NotImplementedError
 
     def close(self) -> None:
@@ -601,7 +605,7 @@ class _ZarrCpuPlanes(PlaneReader):
         self._stack.enter_context(_zarr_default_codecs())
         self.arr = zarr.open_array(path, mode="r")
 
-    def plane(self, idx: tuple[int, ...]) -> np.ndarray:
+    def plane(self, idx: tuple[int | slice, ...]) -> np.ndarray:
         return np.asarray(self.arr[idx])
 
 
@@ -616,7 +620,7 @@ class _ZarrGpuPlanes(PlaneReader):
         self._stack.enter_context(zarr.config.enable_gpu())
         self.arr = zarr.open_array(path, mode="r")
 
-    def plane(self, idx: tuple[int, ...]) -> np.ndarray:
+    def plane(self, idx: tuple[int | slice, ...]) -> np.ndarray:
         return to_host(self.arr[idx])
 
 
@@ -631,8 +635,33 @@ class _TensorStorePlanes(PlaneReader):
     def open(self, path: str) -> None:
         self.arr = _ts_open(path)
 
-    def plane(self, idx: tuple[int, ...]) -> np.ndarray:
+    def plane(self, idx: tuple[int | slice, ...]) -> np.ndarray:
         return np.asarray(self.arr[idx].read().result())
+
+
+class _ZarrsPlanes(PlaneReader):
+    name = "zarrs"
+    description = 'zarr-python with zarrs (codec_pipeline.path "zarrs.ZarrsCodecPipeline"): arr[z]'
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skip_reason = _not_installed("zarrs", "pip install zarrs")
+
+    def open(self, path: str) -> None:
+        import zarr
+
+        self._stack.enter_context(_zarr_default_codecs())
+        self._stack.enter_context(zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}))
+        self.arr = zarr.open_array(path, mode="r")
+        pipeline = type(getattr(getattr(self.arr, "_async_array", None), "codec_pipeline", None))
+        self.info["codec_pipeline"] = f"{pipeline.__module__}.{pipeline.__qualname__}"
+        try:
+            self.info["zarrs_version"] = importlib.import_module("zarrs").__version__
+        except Exception:
+            pass
+
+    def plane(self, idx: tuple[int | slice, ...]) -> np.ndarray:
+        return np.asarray(self.arr[idx])
 
 
 class _DaskPlanes(PlaneReader):
@@ -650,7 +679,7 @@ class _DaskPlanes(PlaneReader):
         self._stack.enter_context(_zarr_default_codecs())
         self.arr = da.from_zarr(zarr.open_array(path, mode="r"))
 
-    def plane(self, idx: tuple[int, ...]) -> np.ndarray:
+    def plane(self, idx: tuple[int | slice, ...]) -> np.ndarray:
         return np.asarray(self.arr[idx].compute())
 
 
@@ -665,8 +694,11 @@ class _CzarrPlanes(PlaneReader):
         super().__init__()
         self.skip_reason = _not_installed("czarr", _CZARR_HINT)
 
-    def run_all(self, path: str, warm: tuple[int, ...], patterns: dict[str, list[tuple[int, ...]]]) -> dict[str, Any]:
-        plan = {"warm": list(warm), "patterns": {k: [list(i) for i in v] for k, v in patterns.items()}}
+    def run_all(self, path: str, warm: tuple[int, ...], patterns: dict[str, list[tuple[Any, ...]]]) -> dict[str, Any]:
+        def key(i: tuple[Any, ...]) -> list[Any]:
+            return [list(k) if isinstance(k, tuple) else k for k in i]
+
+        plan = {"warm": list(warm), "patterns": {k: [key(i) for i in v] for k, v in patterns.items()}}
         return _czarr_child(path, 0, plan, timeout_s=300)
 
 
@@ -688,7 +720,7 @@ class _OursLazyPlanes(PlaneReader):
 
         self.arr = GpuLazyArray(zarr.open_array(path, mode="r"), backend=self.backend)
 
-    def plane(self, idx: tuple[int, ...]) -> np.ndarray:
+    def plane(self, idx: tuple[int | slice, ...]) -> np.ndarray:
         return np.asarray(self.arr[idx])
 
 
@@ -702,10 +734,11 @@ class _OursEngineCpuPlanes(PlaneReader):
 
         self.arr = zarr.open_array(path, mode="r")
 
-    def plane(self, idx: tuple[int, ...]) -> np.ndarray:
+    def plane(self, idx: tuple[int | slice, ...]) -> np.ndarray:
         from gpu_zarr.engine import read
 
-        return np.asarray(_data(read(self.arr, (*idx, slice(None), slice(None)), device="cpu")))
+        sel = (*idx, *(slice(None),) * (self.arr.ndim - len(idx)))
+        return np.asarray(_data(read(self.arr, sel, device="cpu")))
 
 
 class _OursResidentPlanes(PlaneReader):
@@ -739,7 +772,7 @@ class _OursResidentPlanes(PlaneReader):
         self.info["load_s"] = dt
         self.info["load_gib_per_s"] = nbytes / dt / 2**30 if dt > 0 else None
 
-    def plane(self, idx: tuple[int, ...]) -> np.ndarray:
+    def plane(self, idx: tuple[int | slice, ...]) -> np.ndarray:
         if self.device == "gpu":
             return to_host(self.vol[idx])
         return np.array(self.vol[idx])
@@ -758,6 +791,7 @@ def browse_readers(device: str) -> list[PlaneReader]:
             _OursEngineCpuPlanes(),
             _OursResidentPlanes("cpu"),
             _TensorStorePlanes(),
+            _ZarrsPlanes(),
             _DaskPlanes(),
             _CzarrPlanes(),
         ]
@@ -768,6 +802,7 @@ def browse_readers(device: str) -> list[PlaneReader]:
         _OursResidentPlanes("gpu"),
         _ZarrGpuPlanes(),
         _TensorStorePlanes(),
+        _ZarrsPlanes(),
         _DaskPlanes(),
         _CzarrPlanes(),
     ]

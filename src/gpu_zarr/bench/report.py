@@ -16,6 +16,7 @@ __all__ = [
     "html",
     "throughput_markdown",
     "browse_markdown",
+    "stages_markdown",
     "print_tables",
     "throughput_png",
     "browse_png",
@@ -147,6 +148,9 @@ def throughput_markdown(result: dict[str, Any]) -> str:
         _md(*_throughput_rows(result, "gib_per_s")),
     ]
     parts += ["", _cold_markdown(result)]
+    stages = stages_markdown(result)
+    if stages:
+        parts += ["", stages]
     bad = [
         f"{lay['name']}/{n}"
         for lay in result.get("layouts", [])
@@ -216,6 +220,48 @@ def _ms(v: float) -> str:
     return f"{v:.2f}" if v >= 1 else f"{v:.3g}"
 
 
+def _stage_text(stages: dict[str, float], top: int = 5) -> str:
+    """``chunkwise 12.1, plan 0.42, ...``: the longest stages first, those under 0.01 ms left out."""
+    items = sorted(((k, v) for k, v in stages.items() if v >= 0.01), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} {_ms(v)}" for k, v in items[:top])
+
+
+def stages_markdown(result: dict[str, Any]) -> str:
+    """Our readers' engine stages per layout (and pattern): which stage bounds each figure.
+
+    Empty when no reader of ours recorded engine stats (e.g. the resident reader only).
+    """
+    browse = result.get("mode") == "browse"
+    rows = []
+    for lay in result.get("layouts", []):
+        for name, r in lay.get("readers", {}).items():
+            if r.get("kind") != "ours":
+                continue
+            recs = list((r.get("patterns") or {}).items()) if browse else [("", r)]
+            for pat, pr in recs:
+                if not pr.get("stages_ms"):
+                    continue
+                timed = _ms(pr["p50_ms"]) if browse else _ms(1e3 * pr["median_s"]) if "median_s" in pr else "-"
+                total = pr.get("engine_total_ms")
+                hits = pr.get("cache_hits_median")
+                row = [lay["name"]] + ([pat] if browse else []) + [
+                    name, timed, _ms(total) if total is not None else "-", str(pr.get("bound_by", "")),
+                    _stage_text(pr["stages_ms"]) + (f"; cache hits {hits:g}" if hits else "")]
+                rows.append(row)
+    if not rows:
+        return ""
+    what = "p50 ms" if browse else "median ms"
+    header = ["layout"] + (["pattern"] if browse else []) + ["reader", what, "engine ms", "bound by",
+                                                             "stages (median ms per read)"]
+    head = ("Where our time goes: the engine's own per-stage timings, median over the timed reads "
+            "(`chunkwise`: the CPU path's read + decode + place per chunk on native threads; `plan` "
+            "includes parsing the selection; `untimed`: the engine's total less its named stages on "
+            "the CPU path, i.e. placing chunks from the chunk cache, finishing the output, filling "
+            "the cache; on the GPU path the stages overlap, so `bound by` names the longest stage, "
+            "not a share of the total).")
+    return head + "\n\n" + _md(header, rows)
+
+
 def browse_markdown(result: dict[str, Any]) -> str:
     """One row per (layout, pattern): ms per plane p50 / p95 of each reader."""
     names = _reader_names(result)
@@ -250,11 +296,13 @@ def browse_markdown(result: dict[str, Any]) -> str:
             rows.append(row)
     n_scroll = next((len(lay["patterns"]["scroll"]) for lay in result.get("layouts", [])
                      if "scroll" in (lay.get("patterns") or {})), None)
+    tile = next((lay["tile_shape"] for lay in result.get("layouts", []) if lay.get("tile_shape")), None)
     head = (
         f"Browsing, {result['shape']} {result['dtype']} ({result['nbytes'] / 2**30:.2f} GiB), "
         f"device {result['device']}; ms per plane p50 / p95: `random` over {result['planes']} random planes"
         + (f", `scroll` over {n_scroll - 1} consecutive planes forward then back (after the first)"
            if n_scroll else "")
+        + (f", `tile` over {result['planes']} random {tile[0]}x{tile[1]} tiles of random planes" if tile else "")
         + "."
     )
     loads = [
@@ -271,6 +319,9 @@ def browse_markdown(result: dict[str, Any]) -> str:
     declined = _declined(result)
     if declined:
         tail += "\n\nn/a = our backend declines the array (not a failure):\n" + declined
+    stages = stages_markdown(result)
+    if stages:
+        tail += "\n\n" + stages
     return head + "\n\n" + _md(header, rows) + tail + "\n"
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gpu_zarr.bench.env as env
+from gpu_zarr.bench.browse import stage_summary
 from gpu_zarr.bench.readers import (
     Reader,
     error_text,
@@ -251,6 +252,7 @@ def time_volume(
                     rec["peak_within_target"] = rec["extra_gpu_bytes"] <= EXTRA_GPU_TARGET
                 if stages:
                     rec["stages"] = stages
+                    rec.update(stage_summary(stages))  # stages_ms, bound_by, engine_total_ms
                 # correctness against zarr's CPU read (the first reader, or computed here)
                 if ref is None and reader.kind == "peer" and reader.name.startswith("zarr-cpu"):
                     ref, ref_name = out, reader.name

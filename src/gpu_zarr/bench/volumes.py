@@ -3,8 +3,9 @@
 Every volume is written through zarr-python 3 / numcodecs, so its metadata is standard
 and every peer reads it. The data are smooth structure plus 8 bits of noise per voxel,
 which gives a zstd level-1 compression ratio of about 1.35 on uint16 (as in
-``figures.md``). A volume is reused when its stored benchmark attributes match the
-requested layout and say that writing finished.
+``figures.md``). The uint8 volumes of the small-chunk layouts are the same data shifted
+right by 4 bits (4 bits of noise). A volume is reused when its stored benchmark
+attributes match the requested layout and say that writing finished.
 
 The user's own store (``gpu-zarr bench PATH``) is described by :func:`user_volume`
 as the same :class:`VolumeInfo`, opened read-only.
@@ -19,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "BROWSE_SHAPES",
     "THROUGHPUT_LAYOUTS",
     "BROWSE_LAYOUTS",
+    "SMALL_CHUNK_LAYOUTS",
     "CODECS",
     "parse_shape",
     "scaled_layouts",
@@ -45,7 +47,7 @@ __all__ = [
 #: bump when the data generator changes, so stale volumes are rewritten
 GENERATOR_VERSION = 2
 
-DTYPE = np.dtype("uint16")
+DTYPE = np.dtype("uint16")  # the default; a layout may say uint8 (see Layout.dtype)
 _AMPLITUDE = 1900.0  # range of the smooth part (tuned for zstd-1 ratio ~1.35 at full size)
 _OFFSET = 500.0
 _NOISE_MASK = np.uint16(0xFF)  # 8 random low bits
@@ -78,7 +80,10 @@ class Layout:
     """How one test volume is stored.
 
     ``chunks`` and ``shards`` are given for the full-size volume and scaled with
-    :func:`scaled_layouts` for the other sizes. ``codec`` is a key of :data:`CODECS`.
+    :func:`scaled_layouts` for the other sizes, except with ``keep_chunks``: then the
+    chunks are only clipped to the array (small chunks are the point of those layouts;
+    scaling 64^3 in proportion would give 4^3 chunks of 64 bytes at ``--size tiny``).
+    ``codec`` is a key of :data:`CODECS`; ``dtype`` is ``uint16`` or ``uint8``.
     """
 
     name: str
@@ -88,18 +93,26 @@ class Layout:
     codec: str
     shards: tuple[int, ...] | None = None
     level: int = 1
+    dtype: str = "uint16"
+    keep_chunks: bool = False
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
             raise ValueError(f"layout {self.name}: codec {self.codec!r} is not one of {sorted(CODECS)}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"layout {self.name}: dtype {self.dtype!r} is not one of {list(_DTYPES)}")
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
 
     @property
     def chunk_bytes(self) -> int:
-        return math.prod(self.chunks) * DTYPE.itemsize
+        return math.prod(self.chunks) * self.np_dtype.itemsize
 
     @property
     def shard_bytes(self) -> int | None:
-        return None if self.shards is None else math.prod(self.shards) * DTYPE.itemsize
+        return None if self.shards is None else math.prod(self.shards) * self.np_dtype.itemsize
 
     @property
     def codec_label(self) -> str:
@@ -112,7 +125,7 @@ class Layout:
             "generator": GENERATOR_VERSION,
             "seed": int(seed),
             "shape": list(shape),
-            "dtype": DTYPE.str,
+            "dtype": self.np_dtype.str,
             "zarr_format": self.zarr_format,
             "chunks": list(self.chunks),
             "shards": None if self.shards is None else list(self.shards),
@@ -120,6 +133,8 @@ class Layout:
             "level": self.level if self.codec in ("zstd", "gzip") else None,
         }
 
+
+_DTYPES = ("uint16", "uint8")
 
 _BLOSC_CHUNKS = (1, 1024, 1024)  # 2-D planes of 2 MiB, as bioformats2raw writes them
 _SHARDS = (16, 1024, 2048)  # 64 MiB shards
@@ -137,7 +152,21 @@ _REAL_WORLD: tuple[Layout, ...] = (
     Layout("gzip-v2", "gzip level 1, v2, 1x1024x1024 chunks", 2, _BLOSC_CHUNKS, "gzip"),
 )
 
-# Full-size (512, 2048, 2048) layouts of figures.md, sharded zstd, then the real-world ones.
+#: small chunks (issue 16, both modes): 3-D chunks of 64^3 uint8 (256 KiB; gzip as
+#: zarr-python 2 writes it, Blosc zstd in v3) and 2-D chunks of 256x256 uint16 (128 KiB,
+#: Blosc lz4 as bioformats2raw writes it with 256-pixel tiles). Their chunks are kept at
+#: every size (only clipped to the array): a plane of the 64^3 layouts touches
+#: (Y/64)x(X/64) chunks of which it uses 1/64, a 1024^2 tile of the 256^2 layout 16 chunks.
+SMALL_CHUNK_LAYOUTS: tuple[Layout, ...] = (
+    Layout("gzip-u8-64x64x64-v2", "gzip level 1, v2, uint8, 64x64x64 chunks (256 KiB)", 2,
+           (64, 64, 64), "gzip", dtype="uint8", keep_chunks=True),
+    Layout("blosc-zstd-u8-64x64x64-v3", "Blosc zstd + shuffle, v3, uint8, 64x64x64 chunks (256 KiB)", 3,
+           (64, 64, 64), "blosc-zstd-shuffle", dtype="uint8", keep_chunks=True),
+    Layout("blosc-lz4-1x256x256-v2", "Blosc lz4 + shuffle, v2, uint16, 1x256x256 chunks (128 KiB)", 2,
+           (1, 256, 256), "blosc-lz4-shuffle", keep_chunks=True),
+)
+
+# Full-size (512, 2048, 2048) layouts of figures.md, sharded zstd, the real-world ones, small chunks.
 THROUGHPUT_LAYOUTS: tuple[Layout, ...] = (
     Layout("raw-v3-32MiB", "raw v3, 32 MiB chunks", 3, (4, 2048, 2048), "raw"),
     Layout("raw-v2-8MiB", "raw v2, 8 MiB chunks", 2, (1, 2048, 2048), "raw"),
@@ -153,9 +182,10 @@ THROUGHPUT_LAYOUTS: tuple[Layout, ...] = (
         shards=_SHARDS,
     ),
     *_REAL_WORLD,
+    *SMALL_CHUNK_LAYOUTS,
 )
 
-# Full-size (256, 2048, 2048) layouts of figures.md's browsing table, then the real-world ones.
+# Full-size (256, 2048, 2048) layouts of figures.md's browsing table, the real-world ones, small chunks.
 BROWSE_LAYOUTS: tuple[Layout, ...] = (
     Layout("zstd-32x256x256", "zstd chunks 32x256x256 (4 MiB)", 3, (32, 256, 256), "zstd"),
     Layout("zstd-1x512x1024", "zstd chunks 1x512x1024 (1 MiB)", 3, _INNER, "zstd"),
@@ -168,6 +198,7 @@ BROWSE_LAYOUTS: tuple[Layout, ...] = (
         shards=_SHARDS,
     ),
     *_REAL_WORLD,
+    *SMALL_CHUNK_LAYOUTS,
 )
 
 
@@ -252,21 +283,23 @@ def scaled_layouts(
     """Scale each layout's chunks (and shards) in proportion to ``shape / full_shape``.
 
     Shards are rounded up to a whole number of inner chunks (capped at the array
-    extent rounded up), so the sharding codec accepts them.
+    extent rounded up), so the sharding codec accepts them. A layout with
+    ``keep_chunks`` keeps its chunks, clipped to ``shape``.
     """
     out = []
     for lay in layouts:
         if tuple(shape) == tuple(full_shape):
             out.append(lay)
             continue
-        chunks = _scale(lay.chunks, full_shape, shape)
+        if lay.keep_chunks:
+            chunks = tuple(min(c, s) for c, s in zip(lay.chunks, shape, strict=True))
+        else:
+            chunks = _scale(lay.chunks, full_shape, shape)
         shards = None
         if lay.shards is not None:
             raw = _scale(lay.shards, full_shape, shape)
             shards = tuple(max(c, -(-r // c) * c) for r, c in zip(raw, chunks, strict=True))
-        out.append(
-            Layout(lay.name, lay.label, lay.zarr_format, chunks, lay.codec, shards, lay.level)
-        )
+        out.append(replace(lay, chunks=chunks, shards=shards))
     return out
 
 
@@ -308,11 +341,13 @@ _PATTERNS: dict[tuple[int, int, int], _Pattern] = {}
 _PATTERN_LOCK = threading.Lock()
 
 
-def make_slab(shape: tuple[int, int, int], z0: int, z1: int, seed: int = 0) -> np.ndarray:
-    """Planes ``z0:z1`` of the deterministic test volume of ``shape`` (uint16).
+def make_slab(
+    shape: tuple[int, int, int], z0: int, z1: int, seed: int = 0, dtype: str = "uint16"
+) -> np.ndarray:
+    """Planes ``z0:z1`` of the deterministic test volume of ``shape`` (uint16, or uint8).
 
     Each plane depends only on ``(shape[1:], seed, z)``, so the volume is the same
-    whatever the slab size.
+    whatever the slab size. The uint8 volume is the uint16 one shifted right by 4 bits.
     """
     key = (shape[1], shape[2], seed)
     with _PATTERN_LOCK:
@@ -322,7 +357,16 @@ def make_slab(shape: tuple[int, int, int], z0: int, z1: int, seed: int = 0) -> n
     slab = np.empty((z1 - z0, shape[1], shape[2]), DTYPE)
     for i, z in enumerate(range(z0, z1)):
         pat.plane(z, seed, slab[i])
-    return slab
+    return _as_dtype(slab, dtype)
+
+
+def _as_dtype(slab: np.ndarray, dtype: str) -> np.ndarray:
+    """The uint16 slab in ``dtype`` (uint8: the top 8 of its 12 significant bits)."""
+    if np.dtype(dtype) == slab.dtype:
+        return slab
+    if np.dtype(dtype) == np.uint8:
+        return (slab >> 4).astype(np.uint8)
+    raise ValueError(f"no test data for dtype {dtype!r}; choose from {list(_DTYPES)}")
 
 
 # ---------------------------------------------------------------- writing
@@ -369,7 +413,7 @@ def _codec_kwargs(lay: Layout) -> dict[str, Any]:
             mode = numcodecs.Blosc.BITSHUFFLE if shuffle == "bitshuffle" else numcodecs.Blosc.SHUFFLE
             comp = numcodecs.Blosc(cname=cname, clevel=5, shuffle=mode, blocksize=0)
         else:
-            comp = BloscCodec(cname=cname, clevel=5, shuffle=shuffle, typesize=DTYPE.itemsize)  # type: ignore[arg-type]
+            comp = BloscCodec(cname=cname, clevel=5, shuffle=shuffle, typesize=lay.np_dtype.itemsize)  # type: ignore[arg-type]
     kwargs["compressors"] = comp
     if v2:
         kwargs["filters"] = None
@@ -387,7 +431,7 @@ def _create(path: Path, lay: Layout, shape: tuple[int, ...], spec: dict[str, Any
         store=str(path),
         shape=shape,
         chunks=lay.chunks,
-        dtype=DTYPE,
+        dtype=lay.np_dtype,
         fill_value=0,
         zarr_format=2 if lay.zarr_format == 2 else 3,
         attributes={"gpu_zarr_bench": {**spec, "complete": False}},
@@ -439,13 +483,14 @@ def ensure_volumes(
         path = base / f"{lay.name}.zarr"
         spec = lay.spec(shape, seed)
         if not rewrite and _is_complete(path, spec):
-            infos[lay.name] = VolumeInfo(lay.name, path, tuple(shape), DTYPE.name, True, 0.0, stored_bytes(path), lay)
+            infos[lay.name] = VolumeInfo(lay.name, path, tuple(shape), lay.dtype, True, 0.0, stored_bytes(path), lay)
         else:
             todo.append((lay, path, spec))
 
     if todo:
         nbytes = math.prod(shape) * DTYPE.itemsize
-        need = sum(nbytes * (1.0 if lay.codec == "raw" else 0.8) for lay, _, _ in todo)
+        need = sum(nbytes * lay.np_dtype.itemsize / DTYPE.itemsize * (1.0 if lay.codec == "raw" else 0.8)
+                   for lay, _, _ in todo)
         free = shutil.disk_usage(base).free
         if need > free * 0.95:
             raise RuntimeError(
@@ -453,9 +498,9 @@ def ensure_volumes(
                 f"{free / 2**30:.1f} GiB free; choose another --workdir or a smaller --size"
             )
         log(
-            f"writing {len(todo)} volume(s) of shape {tuple(shape)} uint16 "
-            f"({nbytes / 2**30:.2f} GiB each) under {base}: "
-            + ", ".join(lay.name for lay, _, _ in todo)
+            f"writing {len(todo)} volume(s) of shape {tuple(shape)} "
+            f"({nbytes / 2**30:.2f} GiB each as uint16) under {base}: "
+            + ", ".join(lay.name + ("" if lay.dtype == DTYPE.name else f" ({lay.dtype})") for lay, _, _ in todo)
         )
         t0 = time.perf_counter()
         arrays = [(lay, path, spec, _create(path, lay, shape, spec)) for lay, path, spec in todo]
@@ -463,15 +508,21 @@ def ensure_volumes(
         slabs = [(z, min(z + planes, shape[0])) for z in range(0, shape[0], planes)]
         ncpu = os.cpu_count() or 4
         workers = threads or max(2, min(8, ncpu // 2))
-        total = nbytes * len(arrays)
+        total = sum(nbytes * lay.np_dtype.itemsize // DTYPE.itemsize for lay, *_ in arrays)
         done = 0
         lock = threading.Lock()
 
         def write_slab(z0: int, z1: int) -> int:
             slab = make_slab(shape, z0, z1, seed)
-            for _lay, _path, _spec, arr in arrays:
-                arr[z0:z1] = slab
-            return slab.nbytes * len(arrays)
+            as_dtype: dict[str, np.ndarray] = {DTYPE.name: slab}
+            written = 0
+            for lay, _path, _spec, arr in arrays:
+                data = as_dtype.get(lay.dtype)
+                if data is None:
+                    data = as_dtype[lay.dtype] = _as_dtype(slab, lay.dtype)
+                arr[z0:z1] = data
+                written += data.nbytes
+            return written
 
         with zarr.config.set(
             {"async.concurrency": max(64, 4 * ncpu), "threading.max_workers": max(8, ncpu)}
@@ -487,7 +538,7 @@ def ensure_volumes(
         dt = time.perf_counter() - t0
         log(f"wrote {total / 2**30:.2f} GiB in {dt:.1f} s ({total / 2**30 / dt:.2f} GiB/s)")
         for lay, path, _spec, _arr in arrays:
-            infos[lay.name] = VolumeInfo(lay.name, path, tuple(shape), DTYPE.name, False, dt, stored_bytes(path), lay)
+            infos[lay.name] = VolumeInfo(lay.name, path, tuple(shape), lay.dtype, False, dt, stored_bytes(path), lay)
 
     return [infos[lay.name] for lay in layouts]
 

@@ -12,6 +12,11 @@ Case kinds:
   array's chunk that decodes bigger or smaller, shard-index lies);
 - ``meta``: hostile metadata written by hand (overflowing, zero and negative shapes, absurd
   but honest shapes, unknown codecs, non-JSON, object dtypes, pickle, paths outside the store).
+
+HCS plates (:class:`PlateCase`, :func:`build_plates`; written by ome-zarr-py through
+tests/plates.py): a well with a truncated or garbage chunk, and well metadata that is hostile
+(field paths leading out of the store, relative or absolute; ``images`` not a list; a field
+whose array is pickled objects).
 """
 
 from __future__ import annotations

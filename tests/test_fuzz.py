@@ -19,7 +19,14 @@ and never
   in a subprocess bounded in wall-clock time and address space);
 - **changed store**: any file of the store different afterwards (every file is hashed).
 
-The CPU entry points run in CI; the GPU ones are marked ``gpu``.
+The entry points: read_zarr, read_region, the engine, the lazy array, read_omezarr / open_ome,
+to_dask, the napari reader, gpu_zarr_context and read_zarr_to_gpu, each with the backends that
+apply (``ENTRIES``); HCS plates through open_plate / open_well / the napari reader on plates
+whose well has a damaged chunk or hostile metadata (``PLATE_ENTRIES``); the CLI with
+``--backend cpu`` and, on a subset, ``auto``. The CPU entry points (and ``auto``) run in CI; the
+GPU ones are marked ``gpu``, including the napari reader with each GPU backend forced and
+``auto`` again (so ``pytest -m gpu`` fuzzes them on the GPU). Without a GPU, read_zarr_to_gpu must
+say at once that it needs one. ``GPU_ZARR_FUZZ_FULL=1`` damages every Blosc variant.
 """
 
 from __future__ import annotations
@@ -452,14 +459,22 @@ def _cli_params() -> list[Any]:
     return out
 
 
+def _has_gpu() -> bool:
+    from gpu_zarr import capabilities
+
+    return capabilities.probe().gpu
+
+
 @pytest.mark.parametrize(("name", "ome", "backend"), _cli_params())
 def test_fuzz_cli(name: str, ome: bool, backend: str, corpus: tuple[Path, dict[str, dict[str, str]]]) -> None:
     base, digests = corpus
     case = BY_NAME[name]
     path = case.image(base) if ome else case.array(base)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")])}
-    limit = f"resource.setrlimit(resource.RLIMIT_AS, ({CHILD_MEMORY}, {CHILD_MEMORY})); " if backend == "cpu" else ""
-    code = (f"import resource, sys; {limit}"  # (not with a GPU possible: CUDA reserves more address space)
+    # an address-space bound, except where auto may take the GPU (CUDA reserves far more than it uses)
+    bound = backend == "cpu" or not _has_gpu()
+    limit = f"resource.setrlimit(resource.RLIMIT_AS, ({CHILD_MEMORY}, {CHILD_MEMORY})); " if bound else ""
+    code = (f"import resource, sys; {limit}"
             "from gpu_zarr.cli import main; sys.exit(main(sys.argv[1:]))")
     try:
         proc = subprocess.run([sys.executable, "-c", code, "read", str(path), "--backend", backend, "--repeat", "1"],
@@ -486,9 +501,7 @@ TO_GPU_CPU_CASES = [n for n in CLI_AUTO_CASES if not n.startswith(("ome-", "grou
 def test_fuzz_read_zarr_to_gpu_without_gpu(name: str, corpus: tuple[Path, dict[str, dict[str, str]]]) -> None:
     """On a machine without a GPU, read_zarr_to_gpu on any store (damaged, hostile) says at once
     that it needs a GPU and how to read on the CPU instead; the GPU entries read (``-m gpu``)."""
-    from gpu_zarr import capabilities
-
-    if capabilities.probe().gpu:
+    if _has_gpu():
         pytest.skip("a GPU is here: the read_zarr_to_gpu-* entries of test_fuzz_gpu cover it")
     base, digests = corpus
     case = BY_NAME[name]

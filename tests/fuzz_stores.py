@@ -12,6 +12,11 @@ Case kinds:
   array's chunk that decodes bigger or smaller, shard-index lies);
 - ``meta``: hostile metadata written by hand (overflowing, zero and negative shapes, absurd
   but honest shapes, unknown codecs, non-JSON, object dtypes, pickle, paths outside the store).
+
+HCS plates (:class:`PlateCase`, :func:`build_plates`; written by ome-zarr-py through
+tests/plates.py): a well with a truncated or garbage chunk, and well metadata that is hostile
+(field paths leading out of the store, relative or absolute; ``images`` not a list; a field
+whose array is pickled objects).
 """
 
 from __future__ import annotations
@@ -412,3 +417,99 @@ def digest(folder: Path) -> dict[str, str]:
 
 def iter_names() -> Iterator[str]:
     yield from (c.name for c in cases())
+
+
+# -- HCS plates ------------------------------------------------------------------------------
+#: every plate: one row "A", two wells A/1 and A/2 of one field each, one level ``s0`` of
+#: PLATE_SHAPE (czyx) in PLATE_CHUNKS, written by ome-zarr-py (tests/plates.py); well A/2 is
+#: the damaged or hostile one
+PLATE_SHAPE = (1, 1, 16, 24)
+PLATE_CHUNKS = (1, 1, 8, 8)
+PLATE_WELLS = ("A/1", "A/2")
+PLATE_BAD_WELL = "A/2"
+PLATE_LEVEL = "s0"
+#: the region the plate entry points read: both wells, the damaged chunk (0, 0, 1, 1) of A/2 whole
+PLATE_REGION = (0, 0, slice(2, 15), slice(3, 45))
+#: damages of a plate: a chunk of well A/2 (chunk-*), or A/2's well metadata (well-*)
+PLATE_DAMAGES = ("chunk-trunc", "chunk-garbage", "well-path-outside", "well-path-absolute", "well-images-notlist",
+                 "well-pickle-field")
+
+
+@dataclass(frozen=True)
+class PlateCase:
+    """One HCS plate of the corpus (its folder ``<base>/<name>`` is the plate group)."""
+
+    name: str
+    version: str  # "0.4" (zarr v2) or "0.5" (zarr v3)
+    damage: str
+
+    @property
+    def fmt(self) -> int:
+        return 2 if self.version == "0.4" else 3
+
+    @property
+    def chunk_key(self) -> str:
+        """Key of the damaged chunk in its array (``A/2/0/s0``), "" for metadata damages."""
+        if not self.damage.startswith("chunk-"):
+            return ""
+        return ("" if self.fmt == 2 else "c/") + "0/0/1/1"
+
+    def root(self, base: Path) -> Path:
+        return base / self.name
+
+    def well(self, base: Path) -> Path:
+        return base / self.name / PLATE_BAD_WELL
+
+    def field_array(self, base: Path, well: str) -> Path:
+        return base / self.name / well / "0" / PLATE_LEVEL
+
+
+def plate_cases() -> list[PlateCase]:
+    """The plate cases: each damage once, on 0.4 or 0.5 (chunk truncation on both)."""
+    out = [PlateCase("plate-v04-chunk-trunc", "0.4", "chunk-trunc")]
+    for i, d in enumerate(PLATE_DAMAGES):
+        v = "0.5" if i % 2 == 0 else "0.4"
+        out.append(PlateCase(f"plate-v{v.replace('.', '')}-{d}", v, d))
+    return out
+
+
+def _well_meta(well: Path, version: str, edit: Callable[[dict], None]) -> None:
+    """Edit a well group's ``well`` metadata in place."""
+    f = well / (".zattrs" if version == "0.4" else "zarr.json")
+    doc = json.loads(f.read_text())
+    attrs = doc if version == "0.4" else doc["attributes"]["ome"]
+    edit(attrs["well"])
+    f.write_text(json.dumps(doc))
+
+
+def build_plates(base: Path) -> list[PlateCase]:
+    """Write every plate case under ``base`` (two plates written, then copied and damaged)."""
+    from plates import write_plate
+
+    kw = {"rows": "A", "columns": ("1", "2"), "wells": PLATE_WELLS, "fields": 1, "shape": PLATE_SHAPE,
+          "chunks": PLATE_CHUNKS, "levels": 1, "drop_well": None, "drop_field": None}
+    good = {v: write_plate(base / "_plates" / f"good-{v}.zarr", version=v, seed=3, **kw) for v in ("0.4", "0.5")}
+    # an image outside every plate, with other values: a well pointing to it must not show them
+    other = write_plate(base / "_plates" / "other.zarr", version="0.4", seed=11, **kw)
+    shutil.copytree(other / "A" / "1" / "0", base / "_outside_img")
+    cases = plate_cases()
+    for case in cases:
+        root = case.root(base)
+        shutil.copytree(good[case.version], root)
+        bad = case.well(base)
+        if case.damage.startswith("chunk-"):
+            chunk = case.field_array(base, PLATE_BAD_WELL) / case.chunk_key
+            raw = chunk.read_bytes()
+            chunk.write_bytes(raw[: len(raw) // 2] if case.damage == "chunk-trunc" else _garbage(len(raw), 9))
+        elif case.damage == "well-path-outside":  # relative, from <root>/A/2 to <base>/_outside_img
+            _well_meta(bad, case.version, lambda w: w.update(images=[{"path": "../../../_outside_img"}]))
+        elif case.damage == "well-path-absolute":
+            _well_meta(bad, case.version, lambda w: w.update(images=[{"path": str(base / "_outside_img")}]))
+        elif case.damage == "well-images-notlist":
+            _well_meta(bad, case.version, lambda w: w.update(images="yes"))
+        elif case.damage == "well-pickle-field":
+            arr = case.field_array(base, PLATE_BAD_WELL)
+            assert case.fmt == 2, "pickle is a zarr v2 filter"
+            _write_meta(arr, 2, _zarray(list(PLATE_SHAPE), list(PLATE_CHUNKS), dtype="|O",
+                                        filters=[{"id": "pickle", "protocol": 5}]))
+    return cases

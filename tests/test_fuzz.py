@@ -19,7 +19,14 @@ and never
   in a subprocess bounded in wall-clock time and address space);
 - **changed store**: any file of the store different afterwards (every file is hashed).
 
-The CPU entry points run in CI; the GPU ones are marked ``gpu``.
+The entry points: read_zarr, read_region, the engine, the lazy array, read_omezarr / open_ome,
+to_dask, the napari reader, gpu_zarr_context and read_zarr_to_gpu, each with the backends that
+apply (``ENTRIES``); HCS plates through open_plate / open_well / the napari reader on plates
+whose well has a damaged chunk or hostile metadata (``PLATE_ENTRIES``); the CLI with
+``--backend cpu`` and, on a subset, ``auto``. The CPU entry points (and ``auto``) run in CI; the
+GPU ones are marked ``gpu``, including the napari reader with each GPU backend forced and
+``auto`` again (so ``pytest -m gpu`` fuzzes them on the GPU). Without a GPU, read_zarr_to_gpu must
+say at once that it needs one. ``GPU_ZARR_FUZZ_FULL=1`` damages every Blosc variant.
 """
 
 from __future__ import annotations
@@ -126,7 +133,9 @@ def _dask(backend: str, ome: bool = False) -> Callable[[fs.Case, Path], Any]:
     return run
 
 
-def _napari(ome: bool) -> Callable[[fs.Case, Path], Any]:
+def _napari(ome: bool, backend: str | None = None) -> Callable[[fs.Case, Path], Any]:
+    """The napari reader's first layer, read as napari does; ``backend`` forces the layer's
+    backend (the reader itself leaves it at "auto")."""
     def run(case: fs.Case, base: Path) -> Any:
         from gpu_zarr.napari_plugin._reader import napari_get_reader
 
@@ -138,7 +147,17 @@ def _napari(ome: bool) -> Callable[[fs.Case, Path], Any]:
         data = layers[0][0]
         if isinstance(data, list):
             data = data[0]
+        if backend is not None:
+            data.backend = backend
         return np.asarray(data[fs.REGION])
+    return run
+
+
+def _to_gpu(backend: str) -> Callable[[fs.Case, Path], Any]:
+    def run(case: fs.Case, base: Path) -> Any:
+        from gpu_zarr.zarr_io import read_zarr_to_gpu
+
+        return read_zarr_to_gpu(str(case.array(base)), prefer=backend)
     return run
 
 
@@ -156,9 +175,11 @@ ENTRIES: dict[str, tuple[Callable[[fs.Case, Path], Any], bool, bool, bool]] = {
     "read_zarr-cpu": (_read_zarr("cpu"), False, False, False),
     "read_zarr-auto": (_read_zarr("auto"), False, False, False),
     "read_region-cpu": (_read_region("cpu"), True, False, False),
+    "read_region-auto": (_read_region("auto"), True, False, False),
     "engine-cpu": (_engine("cpu"), True, False, False),
     "engine-cpu-fast": (_engine("cpu", fast=True), True, False, False),
     "lazy-cpu": (_lazy("cpu"), True, False, False),
+    "lazy-auto": (_lazy("auto"), True, False, False),
     "read_omezarr-cpu": (_omezarr("cpu"), True, True, False),
     "open_ome-lazy-cpu": (_open_ome("cpu"), True, True, False),
     "dask-cpu": (_dask("cpu"), True, False, False),
@@ -176,6 +197,25 @@ ENTRIES: dict[str, tuple[Callable[[fs.Case, Path], Any], bool, bool, bool]] = {
     "read_omezarr-kvikio": (_omezarr("kvikio"), True, True, True),
     "dask-kvikio": (_dask("kvikio"), True, False, True),
     "gpu_zarr_context": (_context, True, False, True),
+    "read_zarr_to_gpu-auto": (_to_gpu("auto"), False, False, True),
+    "read_zarr_to_gpu-kvikio": (_to_gpu("kvikio"), False, False, True),
+    "read_zarr_to_gpu-zarr-gpu": (_to_gpu("zarr-gpu"), False, False, True),
+    "read_omezarr-zarr-gpu": (_omezarr("zarr-gpu"), True, True, True),
+    "open_ome-lazy-kvikio": (_open_ome("kvikio"), True, True, True),
+    "open_ome-lazy-zarr-gpu": (_open_ome("zarr-gpu"), True, True, True),
+    "dask-zarr-gpu": (_dask("zarr-gpu"), True, False, True),
+    "dask-ome-kvikio": (_dask("kvikio", ome=True), True, True, True),
+    "dask-ome-zarr-gpu": (_dask("zarr-gpu", ome=True), True, True, True),
+    # the napari reader on the GPU: its own choice ("auto"; unmarked above, so `-m gpu` would
+    # skip it) and each GPU backend forced
+    "napari-array-auto-gpu": (_napari(False), True, False, True),
+    "napari-ome-auto-gpu": (_napari(True), True, True, True),
+    "napari-array-kvikio": (_napari(False, "kvikio"), True, False, True),
+    "napari-array-zarr-gpu": (_napari(False, "zarr-gpu"), True, False, True),
+    "napari-ome-kvikio": (_napari(True, "kvikio"), True, True, True),
+    "napari-ome-zarr-gpu": (_napari(True, "zarr-gpu"), True, True, True),
+    "read_region-auto-gpu": (_read_region("auto"), True, False, True),
+    "lazy-auto-gpu": (_lazy("auto"), True, False, True),
 }
 
 
@@ -208,16 +248,13 @@ def outcome(fn: Callable[[fs.Case, Path], Any], case: fs.Case, base: Path) -> di
         return _error(exc)
 
 
-def outcome_bounded(entry: str, case: fs.Case, base: Path) -> dict[str, Any]:
+def outcome_bounded(entry: str, case: Any, base: Path, fn: Callable[[Any, Path], Any] | None = None) -> dict[str, Any]:
     """``outcome`` in this process, failing the test when it takes longer than TIMEOUT_S."""
     box: list[dict[str, Any]] = []
-    fn = ENTRIES[entry][0] if entry != "zarr" else None
+    fn = fn or ENTRIES[entry][0]
 
     def work() -> None:
-        if fn is None:
-            box.append(outcome(lambda c, b: _zarr_ref(c, b, True), case, base))
-        else:
-            box.append(outcome(fn, case, base))
+        box.append(outcome(fn, case, base))
     t = threading.Thread(target=work, daemon=True)
     t.start()
     t.join(TIMEOUT_S)
@@ -399,29 +436,48 @@ CLI_CASES = [c.name for c in CASES if c.kind == "meta"] + ["v2-zstd", "v3-sharde
                                     (3, "sharded-zstd", "inner-flip"), (3, "sharded-raw", "index-size-huge")]]
 
 
+#: the CLI with ``--backend auto`` (the GPU where there is one, else the CPU path): a subset
+CLI_AUTO_CASES = CLI_CASES[-12:] + ["shape-wrap0-v3", "shape-6tib-v2", "object-pickle-v2", "nonjson-v2",
+                                    "codec-unknown-v3", "ome-path-parent", "group-pickle-member"]
+
+
 def _cli_params() -> list[Any]:
     out = []
-    for name in CLI_CASES:
-        for ome in (False, True):
-            if ome and not name.startswith(("ome-", "group-", "v2-zstd", "object-pickle-v2")):
-                continue  # the OME route of the CLI: the OME cases and a few others
-            marks = []
-            if not ome and ("read_zarr-cpu", name) in KNOWN:
-                marks.append(pytest.mark.xfail(strict=True, reason=KNOWN[("read_zarr-cpu", name)]))
-            out.append(pytest.param(name, ome, marks=marks, id=f"{'ome' if ome else 'array'}-{name}"))
+    for backend in ("cpu", "auto"):
+        for name in CLI_CASES if backend == "cpu" else CLI_AUTO_CASES:
+            for ome in (False, True):
+                if ome and not name.startswith(("ome-", "group-", "v2-zstd", "object-pickle-v2")):
+                    continue  # the OME route of the CLI: the OME cases and a few others
+                if backend == "auto" and not ome and name.startswith(("ome-", "group-")):
+                    continue  # their arrays are good ones: the OME route is the point
+                marks = []
+                if not ome and (f"read_zarr-{backend}", name) in KNOWN:
+                    marks.append(pytest.mark.xfail(strict=True, reason=KNOWN[(f"read_zarr-{backend}", name)]))
+                tag = "" if backend == "cpu" else "auto-"
+                out.append(pytest.param(name, ome, backend, marks=marks,
+                                        id=f"{tag}{'ome' if ome else 'array'}-{name}"))
     return out
 
 
-@pytest.mark.parametrize(("name", "ome"), _cli_params())
-def test_fuzz_cli(name: str, ome: bool, corpus: tuple[Path, dict[str, dict[str, str]]]) -> None:
+def _has_gpu() -> bool:
+    from gpu_zarr import capabilities
+
+    return capabilities.probe().gpu
+
+
+@pytest.mark.parametrize(("name", "ome", "backend"), _cli_params())
+def test_fuzz_cli(name: str, ome: bool, backend: str, corpus: tuple[Path, dict[str, dict[str, str]]]) -> None:
     base, digests = corpus
     case = BY_NAME[name]
     path = case.image(base) if ome else case.array(base)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")])}
-    code = (f"import resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({CHILD_MEMORY}, {CHILD_MEMORY})); "
+    # an address-space bound, except where auto may take the GPU (CUDA reserves far more than it uses)
+    bound = backend == "cpu" or not _has_gpu()
+    limit = f"resource.setrlimit(resource.RLIMIT_AS, ({CHILD_MEMORY}, {CHILD_MEMORY})); " if bound else ""
+    code = (f"import resource, sys; {limit}"
             "from gpu_zarr.cli import main; sys.exit(main(sys.argv[1:]))")
     try:
-        proc = subprocess.run([sys.executable, "-c", code, "read", str(path), "--backend", "cpu", "--repeat", "1"],
+        proc = subprocess.run([sys.executable, "-c", code, "read", str(path), "--backend", backend, "--repeat", "1"],
                               capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
         pytest.fail(f"HANG: gpu-zarr read {name} ran past {CLI_TIMEOUT_S:.0f} s")
@@ -431,6 +487,145 @@ def test_fuzz_cli(name: str, ome: bool, corpus: tuple[Path, dict[str, dict[str, 
     assert proc.returncode in (0, 2), f"gpu-zarr read {name} exited {proc.returncode}: {err[-1500:]}"
     if proc.returncode == 2:
         assert name in err, f"unclear: gpu-zarr read {name}'s message does not name the store: {err[-800:]}"
+    if proc.returncode == 0:
+        ref = reference(case, base, region=False)
+        assert ref["kind"] == "data" and not must_fail(case) and name not in OBJECT_CASES and not (
+            ome and name in OME_MUST_FAIL), f"garbage: gpu-zarr read {name} succeeded where it must fail ({ref})"
+
+
+# -- read_zarr_to_gpu (the seed API) without a GPU: a clear "no GPU" error, nothing read ----------
+TO_GPU_CPU_CASES = [n for n in CLI_AUTO_CASES if not n.startswith(("ome-", "group-"))] + ["v3-zstd", "shape-zero-v2"]
+
+
+@pytest.mark.parametrize("name", TO_GPU_CPU_CASES)
+def test_fuzz_read_zarr_to_gpu_without_gpu(name: str, corpus: tuple[Path, dict[str, dict[str, str]]]) -> None:
+    """On a machine without a GPU, read_zarr_to_gpu on any store (damaged, hostile) says at once
+    that it needs a GPU and how to read on the CPU instead; the GPU entries read (``-m gpu``)."""
+    if _has_gpu():
+        pytest.skip("a GPU is here: the read_zarr_to_gpu-* entries of test_fuzz_gpu cover it")
+    base, digests = corpus
+    case = BY_NAME[name]
+    got = outcome_bounded("read_zarr_to_gpu", case, base, _to_gpu("auto"))
+    assert fs.digest(case.root(base)) == digests[name], f"CHANGED STORE: read_zarr_to_gpu altered {name}"
+    assert got["kind"] == "error" and "gpu_zarr.errors.GPUUnavailable" in got["mro"], got
+    assert "prefer='cpu'" in got["msg"] and "pip install" in got["msg"], got["msg"]
+
+
+# -- HCS plates: a damaged chunk in a well, hostile well metadata --------------------------------
+PLATE_CASES = fs.plate_cases()
+PLATE_BY_NAME = {c.name: c for c in PLATE_CASES}
+
+
+def _plate(backend: str) -> Callable[[fs.PlateCase, Path], Any]:
+    def run(case: fs.PlateCase, base: Path) -> Any:
+        from gpu_zarr.plate import open_plate
+
+        return open_plate(str(case.root(base))).level(0, backend=backend)[fs.PLATE_REGION]
+    return run
+
+
+def _well(backend: str) -> Callable[[fs.PlateCase, Path], Any]:
+    def run(case: fs.PlateCase, base: Path) -> Any:
+        from gpu_zarr.plate import open_well
+
+        return open_well(str(case.well(base))).level(0, backend=backend)[...]
+    return run
+
+
+def _napari_plate(case: fs.PlateCase, base: Path) -> Any:
+    from gpu_zarr.napari_plugin._reader import napari_get_reader
+
+    path = str(case.root(base))
+    fn = napari_get_reader(path)
+    if fn is None:
+        return None
+    data = fn(path)[0][0]  # the first channel's layer: (z, y, x)
+    data = data[0] if isinstance(data, list) else data
+    return np.asarray(data[fs.PLATE_REGION[1:]])
+
+
+#: name -> (function, reads the damaged well alone (else the plate's region), needs a GPU)
+PLATE_ENTRIES: dict[str, tuple[Callable[[fs.PlateCase, Path], Any], bool, bool]] = {
+    "plate-cpu": (_plate("cpu"), False, False),
+    "plate-auto": (_plate("auto"), False, False),
+    "well-cpu": (_well("cpu"), True, False),
+    "napari-plate": (_napari_plate, False, False),
+    "plate-kvikio": (_plate("kvikio"), False, True),
+    "plate-zarr-gpu": (_plate("zarr-gpu"), False, True),
+    "well-kvikio": (_well("kvikio"), True, True),
+    "well-zarr-gpu": (_well("zarr-gpu"), True, True),
+    "napari-plate-auto-gpu": (_napari_plate, False, True),
+}
+
+
+def plate_reference(case: fs.PlateCase, base: Path, well: bool) -> dict[str, Any]:
+    """zarr-python's read of the wells' arrays: the damaged well alone, or the plate image's
+    region (a well with hostile metadata filled with 0, as a missing well is)."""
+    import zarr
+
+    def run(c: fs.PlateCase, b: Path) -> Any:
+        if well:
+            return zarr.open_array(str(c.field_array(b, fs.PLATE_BAD_WELL)), mode="r")[...]
+        *lead, th, tw = fs.PLATE_SHAPE
+        img = np.zeros((*lead, th, tw * len(fs.PLATE_WELLS)), np.uint16)
+        for i, w in enumerate(fs.PLATE_WELLS):
+            if w == fs.PLATE_BAD_WELL and c.damage.startswith("well-"):
+                continue
+            img[..., i * tw:(i + 1) * tw] = zarr.open_array(str(c.field_array(b, w)), mode="r")[...]
+        return img[fs.PLATE_REGION]
+    return outcome(run, case, base)
+
+
+def plate_verdict(case: fs.PlateCase, well: bool, got: dict[str, Any], ref: dict[str, Any]) -> str:
+    if got["kind"] == "declined":
+        return "declined"
+    if got["kind"] == "data":
+        if case.damage == "chunk-trunc" or (well and case.damage.startswith("well-")):
+            return f"garbage: data returned from a plate with {case.damage}"
+        if ref["kind"] != "data":
+            return f"garbage: data returned where zarr raises {ref['type']}: {ref['msg'][:200]}"
+        same = all(got[k] == ref[k] for k in ("shape", "dtype", "sha"))
+        return "equal" if same else f"garbage: data unlike zarr's ({got['shape']} {got['dtype']} vs {ref['shape']})"
+    mro, msg = got["mro"], got["msg"]
+    if any(d in mro for d in DECLINED):
+        return "declined"
+    if "gpu_zarr.errors.GpuZarrError" not in mro:
+        return f"unclear: {got['type']} is not a gpu_zarr error: {msg[:300]}"
+    if case.name not in msg:
+        return f"unclear: {got['type']} does not name the store: {msg[:300]}"
+    if "gpu_zarr.errors.CorruptChunkError" in mro and case.chunk_key and case.chunk_key not in msg:
+        return f"unclear: CorruptChunkError does not name the chunk {case.chunk_key}: {msg[:300]}"
+    return "clear"
+
+
+@pytest.fixture(scope="session")
+def plate_corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, str]]]:
+    pytest.importorskip("ome_zarr")
+    base = tmp_path_factory.mktemp("fuzz-plates")
+    fs.build_plates(base)
+    return base, {c.name: fs.digest(c.root(base)) for c in PLATE_CASES}
+
+
+def _plate_params() -> list[Any]:
+    out = []
+    for entry, (_, _, gpu) in PLATE_ENTRIES.items():
+        for case in PLATE_CASES:
+            marks = [pytest.mark.gpu] if gpu else []
+            if (entry, case.name) in KNOWN:
+                marks.append(pytest.mark.xfail(strict=True, reason=KNOWN[(entry, case.name)]))
+            out.append(pytest.param(entry, case.name, marks=marks, id=f"{entry}::{case.name}"))
+    return out
+
+
+@pytest.mark.parametrize(("entry", "name"), _plate_params())
+def test_fuzz_plate(entry: str, name: str, plate_corpus: tuple[Path, dict[str, dict[str, str]]]) -> None:
+    base, digests = plate_corpus
+    case = PLATE_BY_NAME[name]
+    fn, well, _ = PLATE_ENTRIES[entry]
+    got = outcome_bounded(entry, case, base, fn)
+    assert fs.digest(case.root(base)) == digests[name], f"CHANGED STORE: {entry} altered {name}"
+    v = plate_verdict(case, well, got, plate_reference(case, base, well))
+    assert not v.startswith(("garbage", "unclear")), f"{entry} on {name}: {v}"
 
 
 # -- the verdict itself must be able to fail --------------------------------------------------

@@ -158,3 +158,65 @@ def test_no_module_imports_another_modules_private_names():
                 bad += [f"{path.name}: {a.name}" for a in node.names
                         if a.name.startswith("_") and not a.name.startswith("__")]
     assert bad == []
+
+
+# --- every exception class lives in errors.py ---------------------------------------------
+
+import builtins  # noqa: E402
+
+ROOT = SRC.parents[1]
+_BUILTIN_EXCEPTIONS = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
+
+
+def _exception_classes(tree: ast.AST, known: set[str]) -> list[ast.ClassDef]:
+    """The classes of a module that derive from an exception: a builtin one, one of ``known``
+    (gpu_zarr.errors' classes), one of this module's own, or any ``...Error`` / ``...Exception``
+    name (zarr's, numcodecs', obstore's)."""
+    classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+    names = set(known) | _BUILTIN_EXCEPTIONS
+    found: dict[str, ast.ClassDef] = {}
+    changed = True
+    while changed:
+        changed = False
+        for c in classes:
+            if c.name in found:
+                continue
+            for b in c.bases:
+                base = b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")
+                if base in names or base.endswith(("Error", "Exception", "Warning")):
+                    found[c.name] = c
+                    names.add(c.name)
+                    changed = True
+                    break
+    return list(found.values())
+
+
+def test_every_exception_class_is_in_errors():
+    """Public exception classes live in gpu_zarr/errors.py (other modules re-export them); src
+    defines no other exception class at all, private or not. Tests and benchmarks may define
+    private (``_``-prefixed) test doubles."""
+    errors_py = SRC / "errors.py"
+    known = {c.name for c in _exception_classes(ast.parse(errors_py.read_text()), set())}
+    assert {"GpuZarrError", "RemoteError", "RemoteUnavailable", "GuiUnavailable"} <= known
+    bad = []
+    for folder in ("src", "tests", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == errors_py:
+                continue
+            for c in _exception_classes(ast.parse(path.read_text()), known):
+                if folder == "src" or not c.name.startswith("_"):
+                    bad.append(f"{path.relative_to(ROOT)}:{c.lineno} {c.name}")
+    assert bad == [], "exception classes outside gpu_zarr/errors.py: " + ", ".join(bad)
+
+
+def test_moved_exceptions_importable_from_their_old_modules():
+    from gpu_zarr import cli, errors, location
+    from gpu_zarr.napari_plugin import notebook
+
+    assert location.RemoteError is errors.RemoteError and location.RemoteUnavailable is errors.RemoteUnavailable
+    assert notebook.GuiUnavailable is errors.GuiUnavailable and cli.UsageError is errors.UsageError
+    for cls in (errors.RemoteError, errors.RemoteUnavailable, errors.GuiUnavailable, errors.UsageError,
+                errors.ShortAnswer, errors.ShardChanged):
+        assert issubclass(cls, errors.GpuZarrError), cls
+    assert issubclass(errors.RemoteError, OSError) and issubclass(errors.RemoteUnavailable, ImportError)
+    assert issubclass(errors.GuiUnavailable, RuntimeError)

@@ -230,3 +230,24 @@ def test_plate_region_decoded_on_the_gpu_in_one_read(plate_path, monkeypatch):
                 assert "decoded on the GPU" in view.last_batched["reason"]
                 np.testing.assert_array_equal(got, _zarr_plate(plate_path, lv)[key])
                 np.testing.assert_array_equal(got, _per_tile(monkeypatch, view, key))
+
+
+def test_plate_and_well_paths_stay_inside(tmp_path):
+    """Rows named '..' or well image paths leading out of the well are refused, never followed."""
+    import json
+
+    import zarr
+
+    from gpu_zarr.errors import InvalidOmeMetadata
+
+    plate = zarr.open_group(str(tmp_path / "p.zarr"), mode="w", zarr_format=2)
+    plate.attrs["plate"] = {"rows": [{"name": ".."}], "columns": [{"name": "x"}], "wells": [{"path": "../x"}],
+                            "version": "0.4"}
+    with pytest.raises(InvalidOmeMetadata, match=r"p\.zarr: plate well path '\.\./x' points outside"):
+        open_plate(tmp_path / "p.zarr")
+    well = zarr.open_group(str(tmp_path / "w.zarr"), mode="w", zarr_format=2)
+    for bad in ("../other", "/abs/img", "s3://bucket/img"):
+        well.attrs["well"] = {"images": [{"path": bad}], "version": "0.4"}
+        with pytest.raises(InvalidOmeMetadata, match=r"w\.zarr: well image path .* points outside"):
+            open_well(tmp_path / "w.zarr")
+    assert json.loads((tmp_path / "w.zarr" / ".zattrs").read_text())["well"]["images"][0]["path"] == "s3://bucket/img"

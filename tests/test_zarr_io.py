@@ -327,3 +327,55 @@ def test_back_to_back_small_reads_do_not_prefetch(tmp_path, fake_gpu):
         assert lazy._src.prefetch_key is not None and lazy._src.prefetch_key[0] == 7
         lazy._src.prefetching.result(timeout=10)
         np.testing.assert_array_equal(lazy[7], arr[7])
+
+
+# -- the documented read_region warns about nothing (it once raised a DeprecationWarning) --------
+@pytest.mark.parametrize("fmt", [3, 2])
+def test_read_region_emits_no_warning_in_a_fresh_process(tmp_path, fmt):
+    """``gpu_zarr.read_region`` and ``gpu_zarr.zarr_io.read_region``, first touched in a fresh
+    interpreter with every warning an error: importing them and a plain read warn about nothing."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    write(tmp_path / f"v{fmt}.zarr", fmt=fmt, codec="zstd")
+    code = f"""if True:
+        import warnings
+        import numpy, zarr, numcodecs  # third-party imports before the filter: only gpu_zarr is judged
+        warnings.simplefilter("error")
+        import gpu_zarr
+        from gpu_zarr import zarr_io
+        for name in ("v{fmt}.zarr",):
+            path = {str(tmp_path)!r} + "/" + name
+            ref = zarr.open_array(path, mode="r")[1:5, 2:9]
+            for fn in (gpu_zarr.read_region, zarr_io.read_region):
+                for backend in ("auto", "cpu"):
+                    got = fn(path, (slice(1, 5), slice(2, 9)), backend=backend)
+                    got = got.get() if hasattr(got, "get") else got
+                    assert numpy.array_equal(got, ref), (name, fn, backend)
+                got = fn(zarr.open_array(path, mode="r"), (slice(1, 5), slice(2, 9)))
+        print("OK")
+    """
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": src})
+    if fmt == 2 and "ArrayV2Metadata.chunk_grid is deprecated" in proc.stderr and "layout.py" in proc.stderr:
+        # KNOWN (reserved file): engine/layout.py _regular_chunks reads ArrayV2Metadata.chunk_grid,
+        # which newer zarr deprecates; v2 metadata has .chunks. Passes once that is fixed.
+        pytest.xfail("engine/layout.py reads the deprecated ArrayV2Metadata.chunk_grid")
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("backend", ["auto", "cpu"])
+def test_read_region_emits_no_warning(tmp_path, backend):
+    import warnings
+
+    import gpu_zarr
+
+    _, vals = write(tmp_path / "a.zarr", codec="zstd")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for fn in (gpu_zarr.read_region, zarr_io.read_region):
+            got = fn(str(tmp_path / "a.zarr"), (slice(0, 3), Ellipsis), backend=backend)
+            got = got.get() if hasattr(got, "get") else got
+            np.testing.assert_array_equal(got, vals[0:3])

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_zarr.backends import BACKENDS
+from gpu_zarr.errors import UsageError
 
 __all__ = ["main"]
 
@@ -86,10 +87,6 @@ def _esc(text: str) -> str:
     from rich.markup import escape
 
     return escape(str(text))
-
-
-class UsageError(Exception):
-    """A command line that cannot be served (one line on stderr, exit status 2)."""
 
 
 def _resolve_array(path: str, level: int | None, storage_options: dict[str, Any] | None = None):

@@ -11,6 +11,7 @@ __all__ = [
     "CorruptChunkError",
     "GPUUnavailable",
     "GpuZarrError",
+    "GuiUnavailable",
     "InvalidOmeMetadata",
     "NotAZarrError",
     "NotOmeZarrError",
@@ -18,11 +19,15 @@ __all__ = [
     "OutOfHostMemory",
     "OutOfMemory",
     "ReadCancelled",
+    "RemoteError",
+    "RemoteUnavailable",
+    "ShardChanged",
+    "ShortAnswer",
     "UnsafeArrayError",
     "UnsupportedArrayError",
+    "UsageError",
     "install_hint",
 ]
-
 
 
 def _installed_from_checkout() -> str | None:
@@ -118,3 +123,30 @@ class ReadCancelled(GpuZarrError):
 
 class BenchReaderFailed(GpuZarrError):
     """A benchmark reader failed; its error is already written into the reader's record."""
+
+
+class RemoteUnavailable(GpuZarrError, ImportError):
+    """A remote store was asked for and the package that reads it is not installed."""
+
+
+class RemoteError(GpuZarrError, OSError):
+    """A remote store could not be read (refused, not found, forbidden, timed out, or a short
+    answer); the message names the URL and what to do. Nothing partial is ever returned."""
+
+
+class ShortAnswer(RemoteError):
+    """A remote answer shorter (or longer) than asked for. Retried; when it persists the read
+    raises a :class:`RemoteError` naming the URL."""
+
+
+class ShardChanged(RemoteError):
+    """A ranged answer from a remote shard that changed since its index was fetched. The read
+    fetches the indexes again; when the shards keep changing it raises :class:`CorruptChunkError`."""
+
+
+class GuiUnavailable(GpuZarrError, RuntimeError):
+    """napari (Qt and OpenGL) cannot start here: no display, or no usable Qt platform."""
+
+
+class UsageError(GpuZarrError, ValueError):
+    """A command line that cannot be served (the CLI prints one line on stderr, exit status 2)."""

@@ -34,7 +34,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from gpu_zarr.errors import GpuZarrError, install_hint
+from gpu_zarr.errors import RemoteError, RemoteUnavailable, install_hint
 
 __all__ = ["METADATA_NAMES", "REMOTE_HINT", "REMOTE_SCHEMES", "Location", "RemoteError", "RemoteUnavailable",
            "clear_metadata_cache", "is_url", "network_cause", "path_and_options", "resolve"]
@@ -44,15 +44,6 @@ REMOTE_HINT = install_hint("remote")
 
 # our own options (not passed to the store): requests in flight, timeouts, retries
 _OWN = ("requests", "timeout", "connect_timeout", "max_retries", "retry_timeout", "headers")
-
-
-class RemoteUnavailable(GpuZarrError, ImportError):
-    """A remote store was asked for and the package that reads it is not installed."""
-
-
-class RemoteError(GpuZarrError, OSError):
-    """A remote store could not be read (refused, not found, forbidden, timed out, or a short
-    answer); the message names the URL and what to do. Nothing partial is ever returned."""
 
 
 def network_cause(url: str, exc: BaseException, timeout: Any = None) -> str:

@@ -37,6 +37,7 @@ __all__ = [
     "Level",
     "NotOmeZarrError",
     "OmeImage",
+    "check_inside",
     "find_zarr_node",
     "is_ome_zarr",
     "is_zarr_node",
@@ -236,12 +237,21 @@ def _join(base: str, sub: str) -> str:
     return os.path.join(base, sub)
 
 
+def check_inside(where: str, what: str, sub: str, example: str = "0") -> None:
+    """Raise InvalidOmeMetadata unless ``sub`` (a path from OME metadata) is a relative path
+    that stays inside the group ``where``: no absolute path, no ``..``, no URL.
+
+    ``what`` names the metadata field in the message (e.g. ``"datasets[0] path"``).
+    """
+    parts = sub.replace("\\", "/").split("/")
+    if not sub or sub.startswith("/") or os.path.isabs(sub) or ".." in parts or "://" in sub:
+        raise InvalidOmeMetadata(f"{where}: {what} {sub!r} points outside the group; "
+                                 f"expected a relative path inside it (e.g. {example!r}).")
+
+
 def _check_inside(p: str, i: int, sub: str) -> None:
     """A level's path must stay inside the image group, and its array must be safe to open."""
-    parts = sub.replace("\\", "/").split("/")
-    if sub.startswith("/") or os.path.isabs(sub) or ".." in parts or "://" in sub:
-        raise InvalidOmeMetadata(f"{p}: datasets[{i}] path {sub!r} points outside the image group; "
-                                 "expected a relative path inside it (e.g. '0').")
+    check_inside(p, f"datasets[{i}] path", sub)
     if "://" not in p:
         check_safe(os.path.join(p, sub))
 

@@ -43,7 +43,7 @@ import zarr
 
 from .errors import GpuZarrError, InvalidOmeMetadata, NotOmeZarrError, UnsupportedArrayError
 from .location import path_and_options
-from .omezarr import OmeImage, ome_attrs, open_node, open_ome
+from .omezarr import OmeImage, check_inside, ome_attrs, open_node, open_ome
 
 __all__ = [
     "Plate",
@@ -319,6 +319,7 @@ def _well_fields(ome: Mapping[str, Any], where: str) -> tuple[list[str], list[in
     for im in images:
         if not isinstance(im, Mapping) or "path" not in im:
             raise InvalidOmeMetadata(f"{where}: each well image needs a 'path', found {im!r}")
+        check_inside(where, "well image path", str(im["path"]))  # never a field outside the well
         paths.append(str(im["path"]))
         a = im.get("acquisition")
         acqs.append(int(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else None)
@@ -387,6 +388,7 @@ def open_plate(path: str | os.PathLike[str], *, storage_options: Mapping[str, An
         if not isinstance(w, Mapping) or "path" not in w:
             raise InvalidOmeMetadata(f"{p}: each plate well needs a 'path', found {w!r}")
         wp = str(w["path"])
+        check_inside(p, "plate well path", wp, "A/1")  # rows or columns named '..' must not lead out
         parts = wp.split("/")
         if len(parts) != 2 or parts[0] not in rows or parts[1] not in cols:
             raise InvalidOmeMetadata(f"{p}: well path {wp!r} is not '<row>/<column>' of rows {rows} and columns {cols}")

@@ -45,7 +45,8 @@ def _open_remote(loc: Any) -> Any:
     """zarr.open of a remote location, read-only, with errors that name the URL."""
     import zarr
 
-    from gpu_zarr.location import RemoteError, RemoteUnavailable, network_cause
+    from gpu_zarr.errors import RemoteError, RemoteUnavailable
+    from gpu_zarr.location import network_cause
 
     try:
         store = loc.zarr_store()
@@ -176,9 +177,9 @@ def open_node(path: Any, storage_options: Mapping[str, Any] | None = None) -> An
     NotAZarrError
         Nothing exists at ``path``, or it cannot be opened as zarr (the message lists
         what the folder holds).
-    gpu_zarr.location.RemoteError
+    gpu_zarr.errors.RemoteError
         A remote store refused access or could not be reached (the message names the URL).
-    gpu_zarr.location.RemoteUnavailable
+    gpu_zarr.errors.RemoteUnavailable
         A URL was given and the package that reads it is missing (the message names the install).
     """
     import zarr

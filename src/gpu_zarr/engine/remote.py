@@ -10,7 +10,7 @@ flight at once; a 404 is None: the fill value), shard indexes by one suffix-rang
 Retries: obstore retries 429/5xx, connection errors and timeouts with exponential backoff
 (:mod:`gpu_zarr.location` configures it); answers that end early (a truncated body) are
 retried here. A ranged answer whose length is not the length asked for is never decoded:
-it is retried and, if it persists, raises :class:`~gpu_zarr.location.RemoteError`.
+it is retried and, if it persists, raises :class:`~gpu_zarr.errors.RemoteError`.
 Fetched whole chunks and shard indexes are kept in a bounded LRU of encoded bytes
 (``GPU_ZARR_REMOTE_CACHE_MIB``, default 256), so a viewer's next look at a plane sends no
 request; decoded chunks go to the runtime's chunk cache as for local files.
@@ -26,7 +26,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from gpu_zarr.location import RemoteError, network_cause
+from gpu_zarr.errors import RemoteError, ShortAnswer
+from gpu_zarr.location import network_cause
 
 __all__ = ["FETCHED", "Got", "RemoteBlob", "RemoteObject", "RemoteSource", "source_of"]
 
@@ -187,7 +188,7 @@ class RemoteSource:
                 return await fn()
             except (FileNotFoundError, oe.PermissionDeniedError, oe.UnauthenticatedError) as exc:
                 raise self._error(rel, exc, what) from exc
-            except (oe.GenericError, _Short, ConnectionError, TimeoutError) as exc:
+            except (oe.GenericError, ShortAnswer, ConnectionError, TimeoutError) as exc:
                 # obstore already retried 5xx, resets and timeouts; an answer that ended early is ours
                 if attempt == _ATTEMPTS - 1:
                     raise self._error(rel, exc, what) from exc
@@ -228,7 +229,7 @@ class RemoteSource:
             data = await res.bytes_async()
             size = int(res.meta["size"])
             if len(data) != size:
-                raise _Short(f"expected {size} bytes, got {len(data)}")
+                raise ShortAnswer(f"expected {size} bytes, got {len(data)}")
             self._count(size)
             return bytes(data), _mtime(res.meta)
         async with sem:
@@ -276,7 +277,7 @@ class RemoteSource:
             size = int(res.meta["size"])
             lo, hi = res.range
             if len(data) != hi - lo:
-                raise _Short(f"expected {hi - lo} bytes, got {len(data)}")
+                raise ShortAnswer(f"expected {hi - lo} bytes, got {len(data)}")
             self._count(len(data))
             return bytes(data), size, _mtime(res.meta), _etag(res.meta)
         async with sem:
@@ -339,7 +340,7 @@ class RemoteSource:
                 return Got(b"", size, _mtime(res.meta), _etag(res.meta))  # shorter now: it changed
             want = size if rng is None else rng[1] - rng[0]
             if len(data) != want:
-                raise _Short(f"expected {want} bytes, got {len(data)}")
+                raise ShortAnswer(f"expected {want} bytes, got {len(data)}")
             self._count(len(data))
             return Got(data, size, _mtime(res.meta), _etag(res.meta))
         what = "GET" if rng is None else f"GET bytes {rng[0]}-{rng[1] - 1} of"
@@ -361,7 +362,7 @@ class RemoteSource:
             async def once() -> None:
                 data = await obstore.get_range_async(self.store, self.key(rel), start=start, length=length)
                 if len(data) != length:
-                    raise _Short(f"expected {length} bytes at offset {start}, got {len(data)}")
+                    raise ShortAnswer(f"expected {length} bytes at offset {start}, got {len(data)}")
                 dest[:length] = memoryview(data)
                 self._count(length)
             async with sem:
@@ -373,10 +374,6 @@ class RemoteSource:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-class _Short(Exception):
-    """A ranged answer shorter (or longer) than asked for."""
 
 
 @dataclass(frozen=True)

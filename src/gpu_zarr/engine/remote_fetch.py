@@ -33,7 +33,7 @@ from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.locate import Located, check_sizes, index_entries
 from gpu_zarr.engine.plan import Batch, LazyNames, Pieces
 from gpu_zarr.engine.remote import FETCHED, Got, RemoteBlob, RemoteObject, RemoteSource
-from gpu_zarr.errors import CorruptChunkError
+from gpu_zarr.errors import CorruptChunkError, ShardChanged
 
 __all__ = ["GAP_BYTES", "PART_BYTES", "WHOLE_SHARD_BYTES", "Arrived", "RemoteReader", "locate_remote",
            "stream_remote"]
@@ -229,7 +229,7 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
             return
         _fs, _fsize, mtime, etag = known[s]
         if got.size != _fsize or got.mtime != mtime or (etag and got.etag and got.etag != etag):
-            raise _Stale(s)
+            raise ShardChanged(f"{source.url_of(keys[s])} changed since its index was fetched")
         on_arrived(Arrived(sel, got.data, offs, sizes, start, source.url_of(keys[s]), mtime,
                            _namer(source.url_of(keys[s]), sel)))
 
@@ -237,7 +237,7 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
     counts["whole_shards"] += len(whole)
     try:
         source.stream(jobs, done)
-    except _Stale:
+    except ShardChanged:
         # a shard changed since its index was fetched: nothing of it was handed on. Forget every
         # index of this read and read again (pieces of unchanged shards are placed twice, alike)
         for s in known:
@@ -247,10 +247,6 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
             raise CorruptChunkError(f"the shards of {source.url} keep changing while read; try again later") from None
         return _stream_shards(layout, pieces, source, on_arrived, counts)
     return counts
-
-
-class _Stale(Exception):
-    """A ranged answer from a shard that changed since its index was fetched."""
 
 
 def _runs(offs: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from typing import Any
 
-from gpu_zarr.errors import GpuZarrError
+from gpu_zarr.errors import GuiUnavailable
 
 __all__ = ["GuiUnavailable", "display_problem", "png", "screenshot", "viewer"]
 
@@ -28,10 +28,6 @@ _PROBE = (
     "import napari, numpy; v = napari.Viewer(show=False); v.add_image(numpy.ones((8, 8))); "
     "v.window._qt_window.show(); v.screenshot(canvas_only=True, flash=False); v.close(); print('ok')"
 )
-
-
-class GuiUnavailable(GpuZarrError, RuntimeError):
-    """napari (Qt and OpenGL) cannot start here: no display, or no usable Qt platform."""
 
 
 def _probe(env: dict[str, str]) -> str | None:

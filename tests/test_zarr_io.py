@@ -359,10 +359,6 @@ def test_read_region_emits_no_warning_in_a_fresh_process(tmp_path, fmt):
     src = str(Path(__file__).resolve().parents[1] / "src")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**__import__("os").environ, "PYTHONPATH": src})
-    if fmt == 2 and "ArrayV2Metadata.chunk_grid is deprecated" in proc.stderr and "layout.py" in proc.stderr:
-        # KNOWN (reserved file): engine/layout.py _regular_chunks reads ArrayV2Metadata.chunk_grid,
-        # which newer zarr deprecates; v2 metadata has .chunks. Passes once that is fixed.
-        pytest.xfail("engine/layout.py reads the deprecated ArrayV2Metadata.chunk_grid")
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 

@@ -138,6 +138,8 @@ def native_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def _regular_chunks(meta: Any) -> tuple[int, ...]:
+    if getattr(meta, "zarr_format", 3) == 2:  # v2 chunks are always regular (newer zarr deprecates its chunk_grid)
+        return tuple(int(c) for c in meta.chunks)
     grid = getattr(meta, "chunk_grid", None)
     shape = getattr(grid, "chunk_shape", None)
     if shape is None:

@@ -139,6 +139,10 @@ class _Handler(BaseHTTPRequestHandler):
         with open(path, "rb") as f:
             f.seek(start)
             body = f.read(end - start)
+        self._send_body(srv, body, fate)
+
+    def _send_body(self, srv: RangeServer, body: bytes, fate: str) -> None:
+        """The body, or its first half and a closed connection when ``fate`` is "truncate"."""
         if fate == "truncate":
             body = body[: len(body) // 2]
             self.close_connection = True
@@ -171,15 +175,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if head:
             return
-        if fate == "truncate":
-            body = body[: len(body) // 2]
-            self.close_connection = True
-        self.wfile.write(body)
-        with srv.lock:
-            srv.bytes_sent += len(body)
-        if fate == "truncate":
-            self.wfile.flush()
-            self.connection.close()
+        self._send_body(srv, body, fate)
 
     def _plain(self, code: int, body: bytes, entry: dict[str, Any]) -> None:
         entry["status"] = code

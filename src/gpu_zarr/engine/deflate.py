@@ -93,6 +93,12 @@ def _skip_zero_terminated(buf: np.ndarray, pos: np.ndarray, end: np.ndarray, nam
     return pos
 
 
+def _batch(buf: np.ndarray, offsets: Any, sizes: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """A batch's staging as bytes, its offsets and sizes as int64, and its length."""
+    offsets, sizes = np.asarray(offsets, np.int64), np.asarray(sizes, np.int64)
+    return buf.view(np.uint8).reshape(-1), offsets, sizes, len(offsets)
+
+
 def parse_gzip(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expected: int | np.ndarray,
                names: Sequence[str]) -> DeflateStreams:
     """Find the raw deflate stream of every gzip member ``buf[offsets[k] : + sizes[k]]``.
@@ -117,10 +123,7 @@ def parse_gzip(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expected
         Naming the first chunk whose wrapper is wrong: magic, method, reserved flags,
         header fields past the end, header CRC, or an ISIZE that is not the chunk's size.
     """
-    buf = buf.view(np.uint8).reshape(-1)
-    offsets = np.asarray(offsets, np.int64)
-    sizes = np.asarray(sizes, np.int64)
-    n = len(offsets)
+    buf, offsets, sizes, n = _batch(buf, offsets, sizes)
     if n == 0:
         return DeflateStreams(offsets, sizes, np.zeros(0, np.uint32), "gzip")
     expected = np.broadcast_to(np.asarray(expected, np.int64), (n,))
@@ -188,10 +191,7 @@ def parse_zlib(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, names: S
     CorruptChunkError
         Naming the first chunk whose wrapper is wrong or too short.
     """
-    buf = buf.view(np.uint8).reshape(-1)
-    offsets = np.asarray(offsets, np.int64)
-    sizes = np.asarray(sizes, np.int64)
-    n = len(offsets)
+    buf, offsets, sizes, n = _batch(buf, offsets, sizes)
     if n == 0:
         return DeflateStreams(offsets, sizes, np.zeros(0, np.uint32), "zlib")
     k = _first(sizes < 8)  # 2 header + at least 2 deflate + 4 trailer

@@ -101,6 +101,18 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+async def _all(coros: Sequence[Awaitable[Any]]) -> None:
+    """Run ``coros`` together; on the first failure cancel the rest and wait for them (nothing
+    is left writing into buffers after an error is raised)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class RemoteSource:
     """One remote zarr array's objects: its obstore store, the key prefix of the array in it,
     a URL for messages, and how many requests may be in flight.
@@ -310,13 +322,7 @@ class RemoteSource:
             async with sem:
                 got = await self._get(rel, rng)
             on_done(i, got)
-        tasks = [asyncio.ensure_future(one(i, *j)) for i, j in enumerate(jobs)]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await _all([one(i, *j) for i, j in enumerate(jobs)])
 
     async def _get(self, rel: str, rng: tuple[int, int] | None) -> Got | None:
         import obstore
@@ -367,13 +373,7 @@ class RemoteSource:
                 self._count(length)
             async with sem:
                 await self._retry(rel, f"GET bytes {start}-{start + length - 1} of", once)
-        tasks = [asyncio.ensure_future(one(*r)) for r in ranges]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await _all([one(*r) for r in ranges])
 
 
 @dataclass(frozen=True)

@@ -266,8 +266,13 @@ class CpuOps:
         return None
 
     def finish(self, out: np.ndarray, post: tuple | None) -> np.ndarray:
+        if post is None:
+            return out
+        res = out[post]
+        if res.ndim and res.flags.c_contiguous and res.nbytes == out.nbytes:
+            return res  # only axes dropped (a plane of a box): the box itself, no copy into fresh memory
         # np.array, not ascontiguousarray, which turns a 0-d result (all-integer index) into shape (1,)
-        return np.array(out[post], order="C") if post is not None else out
+        return np.array(res, order="C")
 
 
 class AsyncCpuOps(CpuOps):

@@ -162,7 +162,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from gpu_zarr.errors import INSTALL_HINT
 
         shown = INSTALL_HINT in caps.report()
-        con.print("[yellow]No usable NVIDIA GPU here: using the CPU path (numpy via zarr-python).[/yellow] "
+        con.print("[yellow]No usable NVIDIA GPU here: reading into host memory (the cpu backend; the "
+                  "line 'why' below says which path).[/yellow] "
                   + _esc("On a GPU machine install the CUDA extra" + (" (see the note above)." if shown
                                                                        else f": {INSTALL_HINT}.")))
     _read_with_progress(con, arr, backend)  # warm-up: page cache, kernels, codecs

@@ -136,7 +136,8 @@ class Location:
         ``zarr.storage.ObjectStore`` when remote."""
         if not self.is_remote:
             return self.url
-        return _retrying_store_class()(self.object_store(), location=self)
+        store = self.object_store()  # first: a missing obstore is RemoteUnavailable, with the install
+        return _retrying_store_class()(store, location=self)
 
 
 _store_class: Any = None

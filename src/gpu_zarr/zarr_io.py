@@ -18,7 +18,8 @@ Backends (``prefer``):
 - ``"zarr-gpu"`` — zarr-python with ``zarr.config.enable_gpu()`` and our codec pipeline
   (:mod:`gpu_zarr.zarr_gpu`: the engine's batched GPU decoders, every chunk's size checked);
   reads any array zarr can read.
-- ``"cpu"`` — numpy via zarr-python (beyond the seed; for machines with no GPU).
+- ``"cpu"`` — numpy: the engine's native host path where it serves the array, else zarr-python
+  (beyond the seed; for machines with no GPU).
 - ``"auto"`` — the direct engine when the array and machine allow, zarr-gpu otherwise, cpu
   when there is no GPU; the choice and its reason are recorded.
 

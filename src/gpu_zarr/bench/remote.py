@@ -1,6 +1,7 @@
 """``gpu-zarr bench --remote``: remote reads over loopback HTTP at 0/20/50 ms per request.
 
-A :class:`~gpu_zarr.bench.remote_server.RangeServer` serves synthetic volumes (written once to
+A :class:`~gpu_zarr.bench.remote_server.ServerProcess` (a loopback server in its own process, as a
+real server is) serves synthetic volumes (written once to
 ``--workdir``) with the latency added to every request. For each volume and latency, each
 reader reads the whole array and single planes; reported: ms (best of ``--repeat`` for the
 whole array, median over planes), time to the first plane (open + metadata + one plane, from
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_zarr.bench.remote_server import RangeServer
+from gpu_zarr.bench.remote_server import ServerProcess
 
 __all__ = ["main", "run"]
 
@@ -138,7 +139,7 @@ def run(workdir: Path, *, size: str = "full", latencies: Sequence[float] = (0, 2
         check = np.asarray(ref[spec["shape"][0] // 2])
         nbytes = int(np.prod(spec["shape"])) * 2
         for lat in latencies:
-            with RangeServer(workdir, latency=lat / 1000) as srv:
+            with ServerProcess(workdir, latency=lat / 1000) as srv:
                 url = f"{srv.url}/{rel}"
                 for name in readers:
                     _clear()

@@ -19,9 +19,12 @@ came (path, query, headers, so signatures stay valid), anything else is refused 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,7 +32,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["ProxyServer", "RangeServer"]
+__all__ = ["ProxyServer", "RangeServer", "ServerProcess", "main"]
+
+
+#: control paths of a server run as its own process (:class:`ServerProcess`)
+_STATS, _RESET = "/__gpu_zarr_stats__", "/__gpu_zarr_reset__"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -49,6 +56,18 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve(head=True)
 
     def do_GET(self) -> None:  # noqa: N802
+        srv = self.server.owner
+        if srv.control and self.path in (_STATS, _RESET):  # ServerProcess's counters: not logged
+            if self.path == _RESET:
+                srv.reset_counters()
+            with srv.lock:
+                body = json.dumps({"requests": srv.requests, "bytes_sent": srv.bytes_sent,
+                                   "max_in_flight": srv.max_in_flight}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         self._serve(head=False)
 
     def _refuse(self) -> None:
@@ -234,8 +253,9 @@ class RangeServer:
 
     def __init__(self, root: str | os.PathLike[str], *, latency: float = 0.0, fail_503: float = 0.0,
                  fail_429: float = 0.0, fail_reset: float = 0.0, fail_truncate: float = 0.0, stall: float = 0.0,
-                 forbidden: tuple[str, ...] = (), seed: int = 0) -> None:
+                 forbidden: tuple[str, ...] = (), seed: int = 0, control: bool = False) -> None:
         self.root = Path(root).resolve()
+        self.control = control  # answer ServerProcess's counter requests
         self.latency = latency
         self.fail_503, self.fail_reset, self.fail_truncate = fail_503, fail_reset, fail_truncate
         self.fail_429 = fail_429
@@ -314,3 +334,80 @@ class ProxyServer(RangeServer):
 
     def __enter__(self) -> ProxyServer:
         return self
+
+
+class ServerProcess:
+    """A :class:`RangeServer` in a process of its own, as a real server is: its Python threads
+    do not compete with the client's for one interpreter (TensorStore's C++ client never
+    needed the interpreter; ours and zarr-python's do). Counters as :class:`RangeServer`'s
+    (``requests``, ``bytes_sent``, ``max_in_flight``, :meth:`reset_counters`), read over HTTP."""
+
+    def __init__(self, root: str | os.PathLike[str], *, latency: float = 0.0) -> None:
+        self._proc = subprocess.Popen([sys.executable, "-m", "gpu_zarr.bench.remote_server", str(root),
+                                       "--latency", repr(float(latency))],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline().split()
+        if len(line) != 2 or line[0] != "PORT":
+            self.close()
+            raise RuntimeError(f"the test server process did not start (it said {line!r})")
+        self.port = int(line[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _get(self, path: str) -> dict[str, int]:
+        from urllib.request import urlopen
+
+        with urlopen(self.url + path, timeout=30) as r:
+            return dict(json.loads(r.read()))
+
+    @property
+    def requests(self) -> int:
+        return self._get(_STATS)["requests"]
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._get(_STATS)["bytes_sent"]
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._get(_STATS)["max_in_flight"]
+
+    def reset_counters(self) -> None:
+        self._get(_RESET)
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()  # the server stops when its stdin closes
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(5)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gpu_zarr.bench.remote_server ROOT [--latency S]``: serve ROOT on a free
+    loopback port, print ``PORT <n>``, stop when standard input closes."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m gpu_zarr.bench.remote_server", description=main.__doc__)
+    p.add_argument("root")
+    p.add_argument("--latency", type=float, default=0.0, help="seconds added to every request")
+    a = p.parse_args(argv)
+    with RangeServer(a.root, latency=a.latency, control=True) as srv:
+        print(f"PORT {srv.port}", flush=True)
+        sys.stdin.read()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -242,6 +242,34 @@ def test_corrupt_shard_index_is_named(stores, tmp_path):
             engine_read(open_array(f"{srv.url}/bad.zarr"), device="cpu")
 
 
+@pytest.mark.parametrize("cname", ["lz4", "blosclz"])  # blosclz: left to c-blosc, parsed first
+@pytest.mark.parametrize("damage", ["flip-table", "truncate", "garbage"])
+def test_corrupt_blosc_chunk_over_http_is_named_never_data(tmp_path, cname, damage):
+    """The remote host path decodes answers as they arrive: a damaged Blosc chunk (a block-table
+    entry, a cut, same-length garbage) is a CorruptChunkError naming its URL, never pixels."""
+    import numcodecs
+
+    a = zarr.create_array(tmp_path / "b.zarr", shape=(4, 64, 64), chunks=(1, 64, 64), dtype="<u2", zarr_format=2,
+                          compressors=numcodecs.Blosc(cname=cname, clevel=5, shuffle=1, blocksize=2048))
+    a[...] = np.arange(4 * 64 * 64, dtype="<u2").reshape(4, 64, 64) % 251
+    chunk = tmp_path / "b.zarr" / "2.0.0"
+    raw = bytearray(chunk.read_bytes())
+    if damage == "flip-table":
+        raw[16 + 2] ^= 0x40  # the second byte of the first block's start offset
+    elif damage == "truncate":
+        raw = raw[: len(raw) * 2 // 3]
+    else:
+        raw[16:] = np.random.default_rng(3).integers(0, 256, len(raw) - 16, dtype=np.uint8).tobytes()
+    chunk.write_bytes(bytes(raw))
+    FETCHED.clear()
+    with RangeServer(tmp_path) as srv:
+        arr = open_array(f"{srv.url}/b.zarr")
+        for sel in ((2,), Ellipsis):
+            with pytest.raises(CorruptChunkError, match=r"b\.zarr/2\.0\.0"):
+                engine_read(arr, sel, device="cpu")
+            FETCHED.clear()
+
+
 def test_s3_through_moto(stores, monkeypatch):
     moto_server = pytest.importorskip("moto.server")
     boto3 = pytest.importorskip("boto3")

@@ -466,11 +466,12 @@ def decode_plan(ops: Ops, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.n
 
 
 def _decode_native(ops: Ops, src: np.ndarray, batch: Any, dst: np.ndarray, dst_offsets: np.ndarray, nbytes: int,
-                   names: Sequence[str]) -> None:
+                   names: Sequence[str], *, checked: bool = True) -> None:
     """Whole chunks on the CPU: ONE call into our native library (every chunk on its threads;
     it checks headers, tables and sizes itself), numcodecs' c-blosc for the chunks it leaves
-    (blosclz, snappy, Blosc2) or for all of them without it. The chunks were parsed and
-    checked by :func:`parse_batch` already."""
+    (blosclz, snappy, Blosc2) or for all of them without it. c-blosc trusts its block table:
+    unless the batch was ``checked`` by :func:`parse_batch` already, the chunks it gets are
+    parsed (and refused when corrupt) first."""
     from numcodecs import blosc
 
     import gpu_zarr.engine.native as native
@@ -485,6 +486,10 @@ def _decode_native(ops: Ops, src: np.ndarray, batch: Any, dst: np.ndarray, dst_o
             raise CorruptChunkError(f"chunk {names[k]}: Blosc decode failed ({native.describe(int(st[k]), int(det[k]))}); "
                                     "the chunk is corrupt.")
         todo = np.flatnonzero(st != native.OK).tolist()
+
+    if todo and not checked:
+        idx = np.asarray(todo, np.int64)
+        parse_batch(src, batch.src_offsets[idx], batch.src_sizes[idx], nbytes, [names[k] for k in todo])
 
     def one(i: int) -> None:
         k = todo[i]
@@ -508,8 +513,17 @@ class BloscStage:
     native = "blosc"
     nvcomp = True
     decodes = True
-    native_checks = False  # c-blosc trusts its block table: parse_batch checks it first, on every path
     device_checks = False
+
+    @property
+    def native_checks(self) -> bool:
+        """Our native library's Blosc decoder checks headers, block tables and sizes itself (the
+        CPU's fast path skips :func:`parse_batch` then, as the local chunkwise path always did);
+        c-blosc (numcodecs) trusts its block table, so without the library, and for the chunks
+        it leaves to c-blosc, ``parse_batch`` runs first."""
+        import gpu_zarr.engine.native as native
+
+        return native.codec_available("blosc")
 
     def recognise_v2(self, compressor: Any, dtype: np.dtype) -> dict[str, Any] | None:
         """numcodecs' Blosc: its parameters, with the array's item size as the typesize."""
@@ -529,11 +543,13 @@ class BloscStage:
     def prepare(self, staging: np.ndarray, batch: Any, lay: Any, names: Sequence[str]) -> BloscPlan:
         return parse_batch(staging, batch.src_offsets, batch.src_sizes, lay.inner_nbytes, names)
 
-    def decode(self, ops: Ops, src: Any, batch: Any, prep: BloscPlan, dst: Any, dst_offsets: np.ndarray, lay: Any,
-               names: Sequence[str], slot: int, wait: Any) -> None:
+    def decode(self, ops: Ops, src: Any, batch: Any, prep: BloscPlan | None, dst: Any, dst_offsets: np.ndarray,
+               lay: Any, names: Sequence[str], slot: int, wait: Any) -> None:
         if ops.whole_chunks:  # the CPU's fast paths: whole-chunk decoders
-            _decode_native(ops, src, batch, dst, dst_offsets, lay.inner_nbytes, names)
+            _decode_native(ops, src, batch, dst, dst_offsets, lay.inner_nbytes, names, checked=prep is not None)
             return
+        if prep is None:  # not checked on the host yet: the stream decoders need the parse
+            prep = parse_batch(src, batch.src_offsets, batch.src_sizes, lay.inner_nbytes, names)
         decode_plan(ops, src, prep, dst, dst_offsets, names, slot, wait)
 
     def scratch_bytes(self, chunks_per_batch: int, lay: Any) -> int:

@@ -270,6 +270,20 @@ def test_corrupt_blosc_chunk_over_http_is_named_never_data(tmp_path, cname, dama
             FETCHED.clear()
 
 
+def test_a_server_without_byte_ranges_reads_exactly(stores, caplog):
+    """A server that ignores Range (python's http.server, some static hosts: 200 and the whole
+    object) still gives exact pixels: shards are fetched whole once and cut, and the log says so."""
+    FETCHED.clear()
+    with RangeServer(stores, ranges=False) as srv, caplog.at_level("WARNING", logger="gpu_zarr.remote"):
+        arr = open_array(f"{srv.url}/sharded.zarr")
+        want = _disk(stores, "sharded.zarr")
+        for sel in ((5,), (slice(3, 20), slice(10, 40), 7), Ellipsis):
+            FETCHED.clear()
+            np.testing.assert_array_equal(engine_read(arr, sel, device="cpu").data, want[sel])
+        assert not any("range" in e["headers"] and e["status"] == 206 for e in srv.log)
+    assert "answers no byte ranges" in caplog.text
+
+
 def test_s3_through_moto(stores, monkeypatch):
     moto_server = pytest.importorskip("moto.server")
     boto3 = pytest.importorskip("boto3")

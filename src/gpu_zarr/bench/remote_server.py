@@ -129,7 +129,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         size = path.stat().st_size
         start, end, status = 0, size, 200
-        rng = self.headers.get("Range")
+        rng = self.headers.get("Range") if srv.ranges else None  # a server that answers no ranges: 200, all
         if rng and rng.startswith("bytes="):
             a, _, b = rng[6:].split(",")[0].partition("-")
             if a == "":
@@ -148,7 +148,8 @@ class _Handler(BaseHTTPRequestHandler):
         entry["status"] = status
         self.send_response(status)
         self.send_header("Content-Length", str(end - start))
-        self.send_header("Accept-Ranges", "bytes")
+        if srv.ranges:
+            self.send_header("Accept-Ranges", "bytes")
         self.send_header("Last-Modified", self.date_time_string(int(path.stat().st_mtime)))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
@@ -242,6 +243,9 @@ class RangeServer:
         Seconds every request waits before its answer (0: none); settable while serving.
     forbidden : tuple of str
         Relative path prefixes answered with 403.
+    ranges : bool
+        False: Range headers are ignored (200 and the whole object), as python's ``http.server``
+        and some static hosts do.
 
     Attributes
     ----------
@@ -253,8 +257,9 @@ class RangeServer:
 
     def __init__(self, root: str | os.PathLike[str], *, latency: float = 0.0, fail_503: float = 0.0,
                  fail_429: float = 0.0, fail_reset: float = 0.0, fail_truncate: float = 0.0, stall: float = 0.0,
-                 forbidden: tuple[str, ...] = (), seed: int = 0, control: bool = False) -> None:
+                 forbidden: tuple[str, ...] = (), seed: int = 0, control: bool = False, ranges: bool = True) -> None:
         self.root = Path(root).resolve()
+        self.ranges = ranges
         self.control = control  # answer ServerProcess's counter requests
         self.latency = latency
         self.fail_503, self.fail_reset, self.fail_truncate = fail_503, fail_reset, fail_truncate

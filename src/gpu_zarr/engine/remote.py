@@ -19,6 +19,7 @@ request; decoded chunks go to the runtime's chunk cache as for local files.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -138,6 +139,8 @@ class RemoteSource:
         # shard indexes of this open array: rel -> (index bytes, shard size, mtime ns, etag)
         self._indexes: OrderedDict[str, tuple[Any, int, int, str]] = OrderedDict()
         self._indexes_nbytes = 0
+        self.ranges = True  # False once the server said it answers no byte ranges
+        self._whole_pending: dict[str, Any] = {}  # rel -> the whole-object GET under way (on _LOOP)
 
     # -- shard indexes of the open array ---------------------------------------------------------
     def cached_index(self, rel: str) -> tuple[Any, int, int, str] | None:
@@ -209,6 +212,56 @@ class RemoteSource:
                 raise self._error(rel, exc, what) from exc
         raise AssertionError("unreachable")
 
+    # -- byte ranges, or whole objects cut where the server answers no ranges ------------------
+    async def _range_get(self, rel: str, rng: Any) -> tuple[Any, int, int, Any]:
+        """(data, start, end, object metadata) of a byte range of ``rel``; ``rng`` is
+        ``(start, end)`` or ``{"suffix": n}``. A server that answers no ranges (python's
+        ``http.server``, some static hosts) gets one whole-object GET instead, kept in the
+        byte cache and cut here: slower, never wrong, said once in the log."""
+        import obstore
+        import obstore.exceptions as oe
+
+        if self.ranges:
+            try:
+                res = await obstore.get_async(self.store, self.key(rel), options={"range": rng})
+                lo, hi = res.range
+                return await res.bytes_async(), int(lo), int(hi), dict(res.meta)
+            except oe.NotSupportedError:
+                if self.ranges:
+                    self.ranges = False
+                    logging.getLogger("gpu_zarr.remote").warning(
+                        "%s answers no byte ranges: whole objects are fetched and cut (slower, above all for "
+                        "shards); serve the store with a server that answers Range requests (nginx, S3, ...)",
+                        self.url)
+        data, meta = await self._whole(rel)
+        size = len(data)
+        lo, hi = (max(0, size - int(rng["suffix"])), size) if isinstance(rng, dict) else (
+            min(int(rng[0]), size), min(int(rng[1]), size))
+        return memoryview(data)[lo:hi], lo, hi, meta
+
+    async def _whole(self, rel: str) -> tuple[bytes, dict[str, Any]]:
+        """The whole object (one GET for every range of it asked for at once; kept in the byte cache)."""
+        import obstore
+
+        try:
+            got: tuple[bytes, dict[str, Any]] = FETCHED.get((self.url, rel, "whole"))
+            return got
+        except KeyError:
+            pass
+        task = self._whole_pending.get(rel)
+        if task is None:
+            async def fetch() -> tuple[bytes, dict[str, Any]]:
+                res = await obstore.get_async(self.store, self.key(rel))
+                data = bytes(await res.bytes_async())
+                if len(data) != int(res.meta["size"]):
+                    raise ShortAnswer(f"expected {int(res.meta['size'])} bytes, got {len(data)}")
+                self._count(len(data))
+                FETCHED.put((self.url, rel, "whole"), (data, dict(res.meta)))
+                return data, dict(res.meta)
+            task = self._whole_pending[rel] = asyncio.ensure_future(fetch())
+            task.add_done_callback(lambda _t: self._whole_pending.pop(rel, None))
+        return await asyncio.shield(task)
+
     # -- whole objects (unsharded chunks) ------------------------------------------------------
     def get_many(self, rels: Sequence[str]) -> list[tuple[bytes, int] | None]:
         """Each object's bytes and modification time in ns (None when it does not exist)."""
@@ -277,21 +330,18 @@ class RemoteSource:
         return out
 
     async def _index(self, sem: asyncio.Semaphore, rel: str, nbytes: int, at_end: bool) -> Any:
-        import obstore
 
         async def once() -> Any:
             rng: Any = {"suffix": nbytes} if at_end else (0, nbytes)
             try:
-                res = await obstore.get_async(self.store, self.key(rel), options={"range": rng})
+                data, lo, hi, meta = await self._range_get(rel, rng)
             except FileNotFoundError:
                 return None
-            data = await res.bytes_async()
-            size = int(res.meta["size"])
-            lo, hi = res.range
+            size = int(meta["size"])
             if len(data) != hi - lo:
                 raise ShortAnswer(f"expected {hi - lo} bytes, got {len(data)}")
             self._count(len(data))
-            return bytes(data), size, _mtime(res.meta), _etag(res.meta)
+            return bytes(data), size, _mtime(meta), _etag(meta)
         async with sem:
             try:
                 return await self._retry(rel, "GET (shard index)", once)
@@ -329,9 +379,13 @@ class RemoteSource:
         import obstore.exceptions as oe
 
         async def once() -> Got | None:
+            meta: Any
             try:
-                res = await obstore.get_async(self.store, self.key(rel),
-                                              options={"range": rng} if rng is not None else {})
+                if rng is None:
+                    res = await obstore.get_async(self.store, self.key(rel))
+                    data, meta = await res.bytes_async(), dict(res.meta)
+                else:
+                    data, _, _, meta = await self._range_get(rel, rng)
             except FileNotFoundError:
                 if rng is None:
                     return None
@@ -340,15 +394,14 @@ class RemoteSource:
                 if rng is not None and ("416" in str(exc) or "Range Not Satisfiable" in str(exc)):
                     return Got(b"", -1, 0, "")  # the object is shorter now: the caller sees it changed
                 raise
-            data = await res.bytes_async()
-            size = int(res.meta["size"])
+            size = int(meta["size"])
             if rng is not None and size < rng[1]:
-                return Got(b"", size, _mtime(res.meta), _etag(res.meta))  # shorter now: it changed
+                return Got(b"", size, _mtime(meta), _etag(meta))  # shorter now: it changed
             want = size if rng is None else rng[1] - rng[0]
             if len(data) != want:
                 raise ShortAnswer(f"expected {want} bytes, got {len(data)}")
             self._count(len(data))
-            return Got(data, size, _mtime(res.meta), _etag(res.meta))
+            return Got(data, size, _mtime(meta), _etag(meta))
         what = "GET" if rng is None else f"GET bytes {rng[0]}-{rng[1] - 1} of"
         return await self._retry(rel, what, once)
 
@@ -360,13 +413,12 @@ class RemoteSource:
             _LOOP.run(self._read_ranges(ranges))
 
     async def _read_ranges(self, ranges: Sequence[tuple[str, int, int, memoryview]]) -> None:
-        import obstore
 
         sem = asyncio.Semaphore(self.requests)
 
         async def one(rel: str, start: int, length: int, dest: memoryview) -> None:
             async def once() -> None:
-                data = await obstore.get_range_async(self.store, self.key(rel), start=start, length=length)
+                data, _, _, _ = await self._range_get(rel, (start, start + length))
                 if len(data) != length:
                     raise ShortAnswer(f"expected {length} bytes at offset {start}, got {len(data)}")
                 dest[:length] = memoryview(data)

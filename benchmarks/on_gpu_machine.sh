@@ -2,7 +2,8 @@
 # What ran on the H200 machine for the figures in README.md and benchmarks/README.md.
 # Usage (repo root; wheels from ../shared/gpu/fetch-wheels.sh in .whl, optional .whl-ts with
 # tensorstore and ml_dtypes, and .whl-dask for `scale`):
-#   bash benchmarks/on_gpu_machine.sh tests    # every GPU test
+#   bash benchmarks/on_gpu_machine.sh tests    # every GPU test but the fuzz suite
+#   bash benchmarks/on_gpu_machine.sh fuzz     # the fuzz suite's GPU entries (a call of its own: ~560 s)
 #   bash benchmarks/on_gpu_machine.sh browse   # browsing 1 GiB volumes with the CPU peers; per-stage plane reads
 #   bash benchmarks/on_gpu_machine.sh readers  # the two staging readers on 4 GiB volumes
 #   bash benchmarks/on_gpu_machine.sh speed    # 4 GiB throughput with peers and cold reads; budget curve
@@ -30,14 +31,19 @@ tests)
   timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_nvcomp_batch.py tests/test_deflate.py \
     tests/test_blosc_gpu.py tests/test_zarr_v2_gpu.py > "$OUT/tests-codecs.txt" 2>&1
   tail -2 "$OUT/tests-codecs.txt"
-  # the seeded fuzz suite on the GPU backends (its hostile shapes in bounded child processes)
-  timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fuzz.py > "$OUT/tests-fuzz.txt" 2>&1
-  tail -2 "$OUT/tests-fuzz.txt"
-  timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests --ignore=tests/test_nvcomp_batch.py \
+  timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests --ignore=tests/test_nvcomp_batch.py \
     --ignore=tests/test_deflate.py --ignore=tests/test_blosc_gpu.py --ignore=tests/test_zarr_v2_gpu.py \
     --ignore=tests/test_dask_gpu.py --ignore=tests/test_fuzz.py > "$OUT/tests-rest.txt" 2>&1
   tail -2 "$OUT/tests-rest.txt"
-  grep -hE "^(FAILED|ERROR)" "$OUT/tests-codecs.txt" "$OUT/tests-fuzz.txt" "$OUT/tests-rest.txt" | head -30 || true
+  grep -hE "^(FAILED|ERROR)" "$OUT/tests-codecs.txt" "$OUT/tests-rest.txt" | head -30 || true
+  ;;
+fuzz)
+  # the seeded fuzz suite on the GPU backends (~7000 GPU-marked cases; hostile shapes in bounded
+  # child processes), a call of its own: with the other GPU tests it ran past the 600 s a call
+  # may take and left no summary line. -rfE: the failures' one-liners, then the summary.
+  timeout 560 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_fuzz.py > "$OUT/tests-fuzz.txt" 2>&1
+  echo "exit $?" >> "$OUT/tests-fuzz.txt"
+  grep -E "passed|failed|^exit" "$OUT/tests-fuzz.txt" | tail -3 | tee "$OUT/tests-fuzz-summary.txt"
   ;;
 browse)
   # browsing a 1 GiB volume, every layout, with the CPU peers; then what a first touch of thick chunks costs

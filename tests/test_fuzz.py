@@ -353,23 +353,35 @@ def verdict(case: fs.Case, ome: bool, got: dict[str, Any], ref: dict[str, Any]) 
             return "garbage: data returned from broken / outside-the-store OME metadata"
         if must_fail(case):
             return "garbage: data returned from a truncated, empty or wrong-size chunk"
-        if ref["kind"] != "data":
-            return f"garbage: data returned where zarr raises {ref['type']}: {ref['msg'][:200]}"
-        same = all(got[k] == ref[k] for k in ("shape", "dtype", "sha"))
-        return "equal" if same else f"garbage: data unlike zarr's ({got['shape']} {got['dtype']} vs " \
-                                    f"{ref['shape']} {ref['dtype']}, values differ: {got['sha'] != ref['sha']})"
+        return _data_verdict(got, ref)
+    v = _error_verdict(case.name, case.chunk_key, got)
+    if v == "clear" and "gpu_zarr.errors.CorruptChunkError" in got["mro"] and case.chunk_key and \
+            _needs_inner(case) and f"inner chunk {case.inner}" not in got["msg"]:
+        return f"unclear: CorruptChunkError does not name the inner chunk {case.inner}: {got['msg'][:300]}"
+    return v
+
+
+def _data_verdict(got: dict[str, Any], ref: dict[str, Any]) -> str:
+    """Data where data may come: "equal" to zarr's read, or garbage."""
+    if ref["kind"] != "data":
+        return f"garbage: data returned where zarr raises {ref['type']}: {ref['msg'][:200]}"
+    same = all(got[k] == ref[k] for k in ("shape", "dtype", "sha"))
+    return "equal" if same else f"garbage: data unlike zarr's ({got['shape']} {got['dtype']} vs " \
+                                f"{ref['shape']} {ref['dtype']}, values differ: {got['sha'] != ref['sha']})"
+
+
+def _error_verdict(name: str, chunk_key: str | None, got: dict[str, Any]) -> str:
+    """An error: "declined", "clear" (a gpu_zarr error naming the store, and the chunk where one
+    is corrupt), or "unclear: ..."."""
     mro, msg = got["mro"], got["msg"]
     if any(d in mro for d in DECLINED):
         return "declined"
     if "gpu_zarr.errors.GpuZarrError" not in mro:
         return f"unclear: {got['type']} is not a gpu_zarr error: {msg[:300]}"
-    if case.name not in msg:
+    if name not in msg:
         return f"unclear: {got['type']} does not name the store: {msg[:300]}"
-    if "gpu_zarr.errors.CorruptChunkError" in mro and case.chunk_key:
-        if case.chunk_key not in msg:
-            return f"unclear: CorruptChunkError does not name the chunk {case.chunk_key}: {msg[:300]}"
-        if _needs_inner(case) and f"inner chunk {case.inner}" not in msg:
-            return f"unclear: CorruptChunkError does not name the inner chunk {case.inner}: {msg[:300]}"
+    if "gpu_zarr.errors.CorruptChunkError" in mro and chunk_key and chunk_key not in msg:
+        return f"unclear: CorruptChunkError does not name the chunk {chunk_key}: {msg[:300]}"
     return "clear"
 
 
@@ -582,20 +594,8 @@ def plate_verdict(case: fs.PlateCase, well: bool, got: dict[str, Any], ref: dict
     if got["kind"] == "data":
         if case.damage == "chunk-trunc" or (well and case.damage.startswith("well-")):
             return f"garbage: data returned from a plate with {case.damage}"
-        if ref["kind"] != "data":
-            return f"garbage: data returned where zarr raises {ref['type']}: {ref['msg'][:200]}"
-        same = all(got[k] == ref[k] for k in ("shape", "dtype", "sha"))
-        return "equal" if same else f"garbage: data unlike zarr's ({got['shape']} {got['dtype']} vs {ref['shape']})"
-    mro, msg = got["mro"], got["msg"]
-    if any(d in mro for d in DECLINED):
-        return "declined"
-    if "gpu_zarr.errors.GpuZarrError" not in mro:
-        return f"unclear: {got['type']} is not a gpu_zarr error: {msg[:300]}"
-    if case.name not in msg:
-        return f"unclear: {got['type']} does not name the store: {msg[:300]}"
-    if "gpu_zarr.errors.CorruptChunkError" in mro and case.chunk_key and case.chunk_key not in msg:
-        return f"unclear: CorruptChunkError does not name the chunk {case.chunk_key}: {msg[:300]}"
-    return "clear"
+        return _data_verdict(got, ref)
+    return _error_verdict(case.name, case.chunk_key, got)
 
 
 @pytest.fixture(scope="session")

@@ -284,40 +284,26 @@ def test_a_server_without_byte_ranges_reads_exactly(stores, caplog):
     assert "answers no byte ranges" in caplog.text
 
 
-def test_s3_through_moto(stores, monkeypatch):
-    moto_server = pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    srv.start()
-    try:
-        host, port = srv.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():
-            monkeypatch.setenv(k, v)
-        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-        s3.create_bucket(Bucket="imgs")
-        for rel in ("v05s.ome.zarr", "v04.ome.zarr", "plain.zarr"):
-            for f in (stores / rel).rglob("*"):
-                if f.is_file():
-                    s3.upload_file(str(f), "imgs", f"data/{f.relative_to(stores)}")
-        FETCHED.clear()
-        from gpu_zarr.omezarr import read_omezarr
+def test_s3_through_moto(moto_s3, stores, monkeypatch):
+    endpoint = moto_s3
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(k, v)
+    FETCHED.clear()
+    from gpu_zarr.omezarr import read_omezarr
 
-        arr, _ = read_omezarr("s3://imgs/data/v05s.ome.zarr", level=0)
-        np.testing.assert_array_equal(engine_read(arr, device="cpu").data, _disk(stores, "v05s.ome.zarr/0"))
-        arr, _ = read_omezarr("s3://imgs/data/v04.ome.zarr", level=1)
-        np.testing.assert_array_equal(np.asarray(arr[...]), _disk(stores, "v04.ome.zarr/1"))
-        # the same through storage_options, with the environment's credentials gone
-        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
-            monkeypatch.delenv(k)
-        opts = {"key": "testing", "secret": "testing", "endpoint_url": endpoint}
-        arr = open_array("s3://imgs/data/plain.zarr", opts)
-        np.testing.assert_array_equal(engine_read(arr, device="cpu").data, _disk(stores, "plain.zarr"))
-        with pytest.raises((NotAZarrError, RemoteError), match="s3://imgs/data/none.zarr"):
-            open_node("s3://imgs/data/none.zarr", opts)
-    finally:
-        srv.stop()
+    arr, _ = read_omezarr("s3://pub/data/v05s.ome.zarr", level=0)
+    np.testing.assert_array_equal(engine_read(arr, device="cpu").data, _disk(stores, "v05s.ome.zarr/0"))
+    arr, _ = read_omezarr("s3://pub/data/v04.ome.zarr", level=1)
+    np.testing.assert_array_equal(np.asarray(arr[...]), _disk(stores, "v04.ome.zarr/1"))
+    # the same through storage_options, with the environment's credentials gone
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k)
+    opts = {"key": "testing", "secret": "testing", "endpoint_url": endpoint}
+    arr = open_array("s3://pub/data/plain.zarr", opts)
+    np.testing.assert_array_equal(engine_read(arr, device="cpu").data, _disk(stores, "plain.zarr"))
+    with pytest.raises((NotAZarrError, RemoteError), match="s3://pub/data/none.zarr"):
+        open_node("s3://pub/data/none.zarr", opts)
 
 
 def test_missing_obstore_names_the_install(monkeypatch):

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpu_zarr.backends import BACKENDS
 from gpu_zarr.errors import INSTALL_HINT
 
 __all__ = ["Capabilities", "probe"]
+
 
 
 
@@ -264,4 +265,12 @@ def probe(refresh: bool = False) -> Capabilities:
     """
     if refresh:
         _probe.cache_clear()
-    return _probe()
+    caps = _probe()
+    from gpu_zarr.engine.runtime import gpu_fault
+
+    fault = gpu_fault()
+    if fault and caps.gpu:
+        note = (f"the GPU faulted earlier in this process ({fault}); CUDA cannot recover a context after "
+                "a fault, so the GPU is unusable until Python restarts")
+        caps = replace(caps, gpu=False, notes=[note, *caps.notes])
+    return caps

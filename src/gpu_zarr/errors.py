@@ -97,6 +97,11 @@ class CorruptChunkError(GpuZarrError, ValueError):
     """A chunk (or shard) on disk is truncated or corrupt."""
 
 
+class GPUFault(GpuZarrError, RuntimeError):
+    """The GPU faulted during a read (an illegal address in a decoder): CUDA cannot recover the
+    process's context, so the GPU stays unusable until Python restarts."""
+
+
 class OutOfMemory(GpuZarrError, MemoryError):
     """The requested read does not fit in free memory (GPU or host)."""
 

@@ -32,7 +32,8 @@ from zarr.core.codec_pipeline import BatchedCodecPipeline
 from zarr.registry import register_pipeline
 
 from gpu_zarr import nvcomp_zstd, settings
-from gpu_zarr.errors import CorruptChunkError, UnsupportedArrayError
+from gpu_zarr.engine.runtime import gpu_fault_error, is_gpu_fault
+from gpu_zarr.errors import CorruptChunkError, GPUFault, UnsupportedArrayError
 from gpu_zarr.nvcomp_zstd import is_gpu_prototype
 
 __all__ = ["PIPELINE", "GpuCodecPipeline", "gpu_decoding", "read_on_gpu", "read_on_host", "to_native_order"]
@@ -301,7 +302,7 @@ class GpuCodecPipeline(BatchedCodecPipeline):
         dtype = np.dtype(live[0].dtype.to_native_dtype())
         chain = _engine_chain(self, dtype) if len({tuple(s.shape) for s in live}) == 1 else None
         if chain is not None:
-            return await asyncio.to_thread(_decode_with_stages, items, *chain, names)
+            return await asyncio.to_thread(_decode_with_stages, items, *chain, names)  # faults: GPUFault
         if dtype.kind == "O":
             raise UnsupportedArrayError(f"chunk {names[0]}: object dtypes are not read on the GPU (expected a numeric "
                                         "dtype); read this array with zarr-python on the CPU.")
@@ -310,11 +311,13 @@ class GpuCodecPipeline(BatchedCodecPipeline):
             return await asyncio.to_thread(_host_round_trip, ab, items, names)
         try:
             out = list(await super().decode_batch(items))
-        except (CorruptChunkError, MemoryError):
+        except (CorruptChunkError, MemoryError, GPUFault):
             raise
         except Exception as exc:  # noqa: BLE001 - zarr's and numcodecs' errors name no chunk
             if type(exc).__name__ == "PickleCodecDisabledError":
                 raise
+            if is_gpu_fault(exc):
+                raise gpu_fault_error(exc, names[:8], max(0, len(names) - 8)) from exc
             raise CorruptChunkError(f"one of the chunks {', '.join(names[:4])}{' ...' if len(names) > 4 else ''} could not be "
                                     f"decoded: {type(exc).__name__}: {exc}") from exc
         _check_shapes(out, items, names)

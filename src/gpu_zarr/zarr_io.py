@@ -255,11 +255,12 @@ def prepare(array_or_path: Any, prefer: Backend = "auto", *,
 def gpu_zarr_context() -> Iterator[None]:
     """Context manager that puts zarr into GPU mode for arbitrary slice reads.
 
-    Inside it, ``zarr.open_array(...)[...]`` returns ``cupy.ndarray``; zstd chunks of zarr v3
-    arrays are decoded by nvCOMP (:class:`gpu_zarr.nvcomp_zstd.NvcompZstdCodec`) and zarr v2
-    chunks (zstd, Blosc, gzip, zlib) by the engine's codec stages on the GPU
-    (:mod:`gpu_zarr.zarr_v2_gpu`); other numcodecs codecs round-trip through the host with
-    one warning that names them.
+    Inside it, ``zarr.open_array(...)[...]`` returns ``cupy.ndarray``: the chunk chains the
+    engine knows (zstd, Blosc, gzip, zlib, v2 and v3, sharded or not) are decoded by its batched
+    codec stages on the GPU (:class:`gpu_zarr.zarr_gpu.GpuCodecPipeline`), every chunk's size and
+    every shard index checked first; other numcodecs codecs round-trip through the host.
+    Open (or re-open) arrays inside the block: a zarr array keeps the codec pipeline it was
+    opened with, so an array opened before the block reads through zarr's own pipeline.
     The previous zarr configuration is restored on exit, on exceptions and when nested.
 
     Examples

@@ -38,8 +38,8 @@ from gpu_zarr.engine.plan import (
     normalize_selection,
     plan_pieces,
 )
-from gpu_zarr.engine.runtime import Runtime, get_runtime
-from gpu_zarr.errors import CorruptChunkError, ReadCancelled, UnsupportedArrayError
+from gpu_zarr.engine.runtime import Runtime, get_runtime, gpu_fault, gpu_fault_error, is_gpu_fault
+from gpu_zarr.errors import CorruptChunkError, GPUFault, GPUUnavailable, ReadCancelled, UnsupportedArrayError
 
 __all__ = ["EngineOptions", "EngineResult", "decode_chunks", "last_read_stats", "read", "read_many"]
 
@@ -175,21 +175,38 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
         The array's codecs or layout are not for the direct engine.
     CorruptChunkError
         A chunk or shard is truncated or corrupt (named in the message).
+    GPUFault
+        The GPU faulted while decoding (the chunks in flight are named); the GPU is then
+        unusable in this process, and later GPU reads raise GPUUnavailable at once.
     OutOfGPUMemory, OutOfHostMemory
         The result and its scratch do not fit (checked before planning or allocating).
     """
     opts = options or EngineOptions()
+    if device == "gpu":
+        _refuse_after_fault()
     rt = runtime or get_runtime()
     stats: dict[str, Any] = {"device": device}
     t0 = time.perf_counter()
     lay = layout or layout_of(_open(arr))
     try:
         return _read(lay, selection, device, opts, ops, rt, stats, t0)
-    except CorruptChunkError as exc:
+    except (CorruptChunkError, GPUFault) as exc:
         if str(lay.root) in str(exc):
             raise
         # the stages name the chunk (its key); the message names the store too
         raise type(exc)(f"{lay.root}: {exc}") from exc
+    except Exception as exc:
+        if not is_gpu_fault(exc):
+            raise
+        raise GPUFault(f"{lay.root}: {gpu_fault_error(exc, [], 0)}") from exc
+
+
+def _refuse_after_fault() -> None:
+    fault = gpu_fault()
+    if fault:
+        raise GPUUnavailable(f"the GPU faulted earlier in this process ({fault}); CUDA cannot recover a context "
+                             "after a fault, so the GPU is unusable until Python restarts. Restart it, or read on "
+                             "the CPU meanwhile (backend='cpu').")
 
 
 def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Ops | None, rt: Runtime,
@@ -289,6 +306,8 @@ def read_many(parts: Sequence[Part], out_shape: Sequence[int] | None = None, *, 
     """
     if not parts:
         raise ValueError("read_many needs at least one part")
+    if device == "gpu":
+        _refuse_after_fault()
     opts = options or EngineOptions()
     rt = runtime or get_runtime()
     stats: dict[str, Any] = {"device": device, "arrays": len(parts)}
@@ -396,6 +415,8 @@ def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence
     (buffer, offsets)
         Chunk k decoded is ``buffer[offsets[k] : offsets[k] + lay.inner_nbytes]``.
     """
+    if device == "gpu":
+        _refuse_after_fault()
     stage = stage_for(lay)
     ops = ops_for(device, 1, 1)
     n = len(encoded)
@@ -404,19 +425,24 @@ def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence
     offsets, total = packed_offsets(sizes)
     batch = Batch(np.arange(n), np.zeros(n, np.int64), np.zeros(n, np.int64), offsets, sizes,
                   np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64), total)
-    with ops.host_buffers(total, 1) as (host,):
-        for e, o, size in zip(encoded, offsets.tolist(), sizes.tolist()):
-            host[o:o + size] = np.frombuffer(memoryview(e).cast("B"), np.uint8)
-        prep = stage.prepare(host, batch, lay, names) if _needs_host_check(stage, ops) else None
-        dev_in = ops.device_buffer(total)
-        uploaded = ops.upload(host, dev_in, total, 0)
-        if not stage.decodes:
+    try:
+        with ops.host_buffers(total, 1) as (host,):
+            for e, o, size in zip(encoded, offsets.tolist(), sizes.tolist()):
+                host[o:o + size] = np.frombuffer(memoryview(e).cast("B"), np.uint8)
+            prep = stage.prepare(host, batch, lay, names) if _needs_host_check(stage, ops) else None
+            dev_in = ops.device_buffer(total)
+            uploaded = ops.upload(host, dev_in, total, 0)
+            if not stage.decodes:
+                ops.sync()
+                return dev_in, offsets
+            dst_offsets = np.arange(n, dtype=np.int64) * _stride(lay)
+            dev_out = ops.device_buffer(n * _stride(lay))
+            stage.decode(ops, dev_in, batch, prep, dev_out, dst_offsets, lay, names, 0, uploaded)
             ops.sync()
-            return dev_in, offsets
-        dst_offsets = np.arange(n, dtype=np.int64) * _stride(lay)
-        dev_out = ops.device_buffer(n * _stride(lay))
-        stage.decode(ops, dev_in, batch, prep, dev_out, dst_offsets, lay, names, 0, uploaded)
-        ops.sync()
+    except Exception as exc:
+        if not is_gpu_fault(exc):
+            raise
+        raise gpu_fault_error(exc, names[:8], max(0, n - 8)) from exc
     return dev_out, dst_offsets
 
 
@@ -816,6 +842,7 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
         if k < len(batches):
             futures[k] = coord.submit(fetch, k)
 
+    recent: list[Any] = []  # names of the batches whose GPU work may still be in flight
     try:
         for k in range(min(ahead, len(batches))):
             submit(k)
@@ -827,6 +854,7 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
             prep = futures.pop(k).result()  # read and host-checked on the fetch thread
             timings["wait_read_s"] += time.perf_counter() - t
             names = _names(loc, b.pieces)
+            recent = [*recent[-nslots:], names]
             t = time.perf_counter()
             uploaded = None
             if not direct:
@@ -859,6 +887,13 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
         t = time.perf_counter()
         ops.sync()
         timings["final_sync_s"] = time.perf_counter() - t
+    except Exception as exc:
+        if not is_gpu_fault(exc):
+            raise
+        listed: list[str] = []
+        for group in recent:
+            listed += group[:max(0, 8 - len(listed))]
+        raise gpu_fault_error(exc, listed, sum(len(g) for g in recent) - len(listed)) from exc
     finally:
         for f in futures.values():
             f.cancel()
@@ -868,5 +903,6 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
                     f.result()
                 except Exception:  # noqa: BLE001 - the read already failed or was cancelled
                     pass
-        ops.sync()
+        if gpu_fault() is None:  # after a fault every CUDA call fails: the error above says why
+            ops.sync()
         stats.update(timings)

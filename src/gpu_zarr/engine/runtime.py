@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -21,10 +21,53 @@ from typing import Any
 import numpy as np
 
 from gpu_zarr import settings
+from gpu_zarr.errors import GPUFault
 
 MiB = 1 << 20
 
-__all__ = ["HostPool", "Runtime", "close_runtime", "get_runtime"]
+__all__ = ["HostPool", "Runtime", "close_runtime", "get_runtime", "gpu_fault", "gpu_fault_error", "is_gpu_fault",
+           "record_gpu_fault"]
+
+#: CUDA's sticky errors: after one, every call on the process's context fails
+_STICKY = ("IllegalAddress", "LaunchFailure", "IllegalInstruction", "MisalignedAddress", "HardwareStackError",
+           "InvalidPc", "ILLEGAL_ADDRESS", "LAUNCH_FAILED", "ILLEGAL_INSTRUCTION", "MISALIGNED_ADDRESS",
+           "HARDWARE_STACK_ERROR", "INVALID_PC", "an illegal memory access", "unspecified launch failure")
+#: what faulted the GPU in this process (at most one entry: the first fault). Process-wide, as
+#: the CUDA context is: no Runtime can outlive it.
+_fault: list[str] = []
+_fault_lock = threading.Lock()
+
+
+def is_gpu_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is a CUDA error that leaves the process's context unusable (an illegal
+    address or a failed launch in a kernel), as cupy raises it."""
+    return type(exc).__name__ in ("CUDARuntimeError", "CUDADriverError") and any(
+        s in str(exc) for s in _STICKY)
+
+
+def record_gpu_fault(what: str) -> None:
+    """Remember that the GPU faulted (``what``: while doing what): from now on
+    :func:`gpu_zarr.capabilities.probe` reports no usable GPU, so ``auto`` reads on the CPU, and a GPU read says why at once."""
+    with _fault_lock:
+        if not _fault:
+            _fault.append(what)
+
+
+def gpu_fault_error(exc: BaseException, names: Sequence[str], more: int) -> GPUFault:
+    """A CUDA fault during a read as a :class:`GPUFault` naming the chunks whose decode was in
+    flight (recorded: later GPU reads in this process are refused at once)."""
+    listed = ", ".join(names) + (f" and {more} more" if more else "") if names else "of this read"
+    record_gpu_fault(f"decoding chunks {listed}")
+    return GPUFault(f"the GPU faulted while decoding chunks {listed} ({type(exc).__name__}: {exc}). nvCOMP's "
+                    "decoders are undefined on corrupt input, and damage inside a compressed block passes the "
+                    "checks that run before them: one of these chunks is most likely corrupt. CUDA cannot recover "
+                    "a context after a fault, so the GPU is unusable until Python restarts; read the array with "
+                    "backend='cpu' to find the damaged chunk (its error names it).")
+
+
+def gpu_fault() -> str | None:
+    """What faulted the GPU in this process, or None."""
+    return _fault[0] if _fault else None
 
 
 @dataclass

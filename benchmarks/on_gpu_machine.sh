@@ -38,10 +38,12 @@ tests)
   grep -hE "^(FAILED|ERROR)" "$OUT/tests-codecs.txt" "$OUT/tests-rest.txt" | head -30 || true
   ;;
 fuzz)
-  # the seeded fuzz suite on the GPU backends (~7000 GPU-marked cases; hostile shapes in bounded
+  # the seeded fuzz suite on the GPU backends (~10800 GPU-marked cases, dask's with .whl-dask; hostile shapes in bounded
   # child processes), a call of its own: with the other GPU tests it ran past the 600 s a call
   # may take and left no summary line. -rfE: the failures' one-liners, then the summary.
-  timeout 560 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_fuzz.py > "$OUT/tests-fuzz.txt" 2>&1
+  # pytest-xdist (carried in .whl) spreads it over 8 processes: ~280 s instead of past 560 s
+  XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+  timeout 560 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $XDIST tests/test_fuzz.py > "$OUT/tests-fuzz.txt" 2>&1
   echo "exit $?" >> "$OUT/tests-fuzz.txt"
   grep -E "passed|failed|^exit" "$OUT/tests-fuzz.txt" | tail -3 | tee "$OUT/tests-fuzz-summary.txt"
   ;;

@@ -405,7 +405,15 @@ def _error_verdict(name: str, chunk_key: str | None, got: dict[str, Any]) -> str
 
 # -- known failures in files the lead owns ----------------------------------------------------
 #: (entry, case) -> reason; these are strict xfails: the lead removes each with its fix
-KNOWN: dict[tuple[str, str], str] = {}
+_ZSTD_BODY = ("a flipped bit inside a zstd compressed block (its literals header or entropy-coded body; zarr writes "
+              "no frame checksum) that nvCOMP 6.0 decodes to the right size with status OK, where libzstd finds the "
+              "block inconsistent; the frame and block headers, all the walk reads, check out. A full decode sees "
+              "it (measured on the H200, 2026-12-02)")
+KNOWN: dict[tuple[str, str], str] = {
+    ("engine-gpu", name): _ZSTD_BODY
+    for name in ("v2-zstd-flip-body", "v3-zstd-flip-body", "v2-zstd-flip-header12", "v3-zstd-flip-header12",
+                 "v2-blosc-zstd-0-flip-body", "v3-blosc-zstd-0-flip-body", "v3-sharded-zstd-inner-flip")
+}
 
 
 def _params(gpu: bool) -> list[Any]:

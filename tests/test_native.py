@@ -418,3 +418,58 @@ def test_build_hook_compiles_or_says_why(tmp_path, monkeypatch):
     import ctypes
 
     assert ctypes.CDLL(str(out)).gz_version() == 1
+
+
+# ---------------------------------------------------------------- the persistent team of threads
+def _zstd_items(k: int, n: int = 24, size: int = 65536):
+    rng = np.random.default_rng(k)
+    raws = [(rng.integers(0, 50, size, dtype=np.uint8)) for _ in range(n)]
+    encs = [numcodecs.Zstd(1).encode(r) for r in raws]
+    offs = np.cumsum([0] + [len(e) for e in encs[:-1]])
+    src = np.frombuffer(b"".join(encs), np.uint8).copy()
+    return raws, src, offs, [len(e) for e in encs]
+
+
+@needs_native
+def test_team_serves_many_calls_of_any_width_and_concurrent_callers():
+    """The team is reused call after call with 1..32 threads; calls from several Python
+    threads at once (one gets the team, the others start threads of their own) all decode
+    exactly. A wrong hand-off would deadlock (bounded by the pool's timeout) or skip items."""
+    raws, src, offs, sizes = _zstd_items(1)
+    want = np.concatenate(raws)
+
+    def one(threads: int) -> bool:
+        dst = np.zeros(want.nbytes, np.uint8)
+        st, _ = native.decode("zstd", src, offs, sizes, dst, np.arange(len(raws)) * 65536, [65536] * len(raws),
+                              threads)
+        return bool((st == 0).all()) and np.array_equal(dst, want)
+
+    for threads in (1, 2, 3, 8, 32, 5, 16, 2):
+        assert all(one(threads) for _ in range(20)), threads
+    pool = ThreadPoolExecutor(6)
+    try:
+        assert all(f.result(timeout=60) for f in [pool.submit(one, 1 + k % 9) for k in range(300)])
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a deadlock fails above, never hangs here
+
+
+@needs_native
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() only")
+def test_team_after_fork():
+    """A child forked after the parent's team ran (only the forking thread exists there)
+    starts a team of its own: its native calls finish and decode exactly."""
+    import multiprocessing as mp
+
+    raws, src, offs, sizes = _zstd_items(2)
+    dst = np.zeros(len(raws) * 65536, np.uint8)
+    native.decode("zstd", src, offs, sizes, dst, np.arange(len(raws)) * 65536, [65536] * len(raws), 8)
+    with mp.get_context("fork").Pool(1) as pool:
+        assert pool.apply_async(_decode_in_child, (8,)).get(timeout=60)
+
+
+def _decode_in_child(threads: int) -> bool:
+    raws, src, offs, sizes = _zstd_items(2)
+    dst = np.zeros(len(raws) * 65536, np.uint8)
+    st, _ = native.decode("zstd", src, offs, sizes, dst, np.arange(len(raws)) * 65536, [65536] * len(raws),
+                          threads)
+    return bool((st == 0).all()) and np.array_equal(dst, np.concatenate(raws))

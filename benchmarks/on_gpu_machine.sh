@@ -9,6 +9,7 @@
 #   bash benchmarks/on_gpu_machine.sh speed    # 4 GiB throughput with peers and cold reads; budget curve
 #   bash benchmarks/on_gpu_machine.sh scale    # dask on every GPU (kind nvidia-h200-x2), notebooks
 #   bash benchmarks/on_gpu_machine.sh native   # the native host library: file-read floor, small reads vs peers, readers on 4 GiB
+#   bash benchmarks/on_gpu_machine.sh team     # browsing thin chunks: the native team of threads vs threads per call
 #   bash benchmarks/on_gpu_machine.sh pack     # everything in $OUT into $OUT/results.tgz (the device tool returns 8 files)
 # Results go to $OUT (default ./gpu-results).
 set -uo pipefail
@@ -135,11 +136,22 @@ native)
     --configs "192x3:kvikio,192x3:native,192x3:native:nthreads=32" > "$OUT/sweep-readers.txt" 2>&1
   tail -16 "$OUT/sweep-readers.txt"
   ;;
+team)
+  # browsing thin chunks (one plane thick): the native library's persistent team of threads
+  # against threads created per call (GPU_ZARR_NATIVE_TEAM=0), TensorStore beside
+  L=zstd-1x512x1024,blosc-lz4-1x256x256-v2,sharded-zstd-64MiB-1MiB,blosc-lz4-shuffle-v2
+  bench 150 --mode browse --size 128,2048,2048 --planes 20 --layouts $L --readers ours-lazy-auto,tensorstore \
+    > "$OUT/browse-team.log" 2>&1
+  mkdir -p "$OUT/team-off"
+  GPU_ZARR_NATIVE_TEAM=0 bench 90 --mode browse --size 128,2048,2048 --planes 20 --layouts $L \
+    --readers ours-lazy-auto --out "$OUT/team-off" > "$OUT/team-off/browse.log" 2>&1
+  grep -h "|" "$OUT"/browse-128x2048x2048-gpu.md "$OUT"/team-off/browse-128x2048x2048-gpu.md | head -30
+  ;;
 pack)
   tar czf /tmp/results.tgz -C "$OUT" . && find "$OUT" -type f -delete && mv /tmp/results.tgz "$OUT/"
   ;;
 *)
-  echo "unknown step ${1}: tests, browse, readers, speed, scale, native or pack" >&2
+  echo "unknown step ${1}: tests, fuzz, browse, readers, speed, scale, native, team or pack" >&2
   exit 2
   ;;
 esac

@@ -393,7 +393,8 @@ static void *worker(void *p) {
 
 /* ---------------------------------------------------------------- a persistent team of threads
  * Creating and joining a call's threads cost 0.05 ms (2 threads) to 2.1 ms (16 threads) per
- * call on a 2-core VM: a large share of a viewer's plane read. The team's threads are created
+ * call on a 2-core VM: a large share of a viewer's plane read there (on 16 cores: within the
+ * noise, benchmarks/results/2026-12-02-gpu/team/ab.txt). The team's threads are created
  * once (grown on demand, detached) and wait on a condition variable between calls. One call
  * uses the team at a time; a concurrent call (another Python thread) starts threads of its own
  * as before. The calling thread always works too. */

@@ -15,9 +15,12 @@
 set -uo pipefail
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
-# wheels: .whl (fetch-wheels.sh), optional .whl-dask and .whl-ts (tensorstore, ml_dtypes); once per machine
+# wheels: .whl (fetch-wheels.sh), optional .whl-dask, .whl-ts (tensorstore, ml_dtypes) and .whl-remote
+# (obstore: without it the remote GPU test, test_remote.py::test_gpu_direct_engine_reads_remote, skips);
+# once per machine. The carried paths must stay under 64 MiB per call: install the optional ones in a
+# call of their own first (pip install --target /tmp/site ...), then carry .whl
 [ -d /tmp/site/zarr ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl $(ls .whl-dask/*.whl .whl-ts/*.whl 2>/dev/null) || exit 1
+  --target /tmp/site .whl/*.whl $(ls .whl-dask/*.whl .whl-ts/*.whl .whl-remote/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpus.txt"
 # the native host library (git-ignored build output): built here with the flags of hatch_build.py

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -72,8 +74,46 @@ def _stat(path: Any) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
-def locate(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) -> Located:
-    """Locate the bytes of every piece (see module docstring).
+class ShardIndexes:
+    """Checked shard indexes of local files, kept across reads (a bounded LRU, owned by the
+    :class:`~gpu_zarr.engine.runtime.Runtime`): a viewer's plane reads touch the same shards
+    again and again, and reading and checking their indexes was most of ``locate``. Every use
+    re-validates an entry with one ``stat``: a shard whose size or mtime changed is read again."""
+
+    def __init__(self, limit_bytes: int = 64 << 20) -> None:
+        self._d: OrderedDict[tuple[str, int, int], tuple[int, int, np.ndarray]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._limit = limit_bytes
+        self.nbytes = 0
+
+    def get(self, key: tuple[str, int, int], size: int, mtime_ns: int) -> np.ndarray | None:
+        with self._lock:
+            hit = self._d.get(key)
+            if hit is None or hit[:2] != (size, mtime_ns):
+                return None
+            self._d.move_to_end(key)
+            return hit[2]
+
+    def put(self, key: tuple[str, int, int], size: int, mtime_ns: int, index: np.ndarray) -> None:
+        with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self.nbytes -= old[2].nbytes
+            self._d[key] = (size, mtime_ns, index)
+            self.nbytes += index.nbytes
+            while self.nbytes > self._limit and self._d:
+                _, (_, _, gone) = self._d.popitem(last=False)
+                self.nbytes -= gone.nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self.nbytes = 0
+
+
+def locate(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor, indexes: ShardIndexes | None = None) -> Located:
+    """Locate the bytes of every piece (see module docstring). ``indexes``: checked shard
+    indexes kept from earlier reads (re-validated by size and mtime), and where this read's go.
 
     Raises
     ------
@@ -81,7 +121,7 @@ def locate(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) -> Located:
         An uncompressed chunk whose stored size is not its decoded size, an empty chunk
         file, or a shard whose index is truncated, corrupt or points outside the shard.
     """
-    loc = _locate_sharded(layout, pieces, pool) if layout.sharded else _locate_files(layout, pieces)
+    loc = _locate_sharded(layout, pieces, pool, indexes) if layout.sharded else _locate_files(layout, pieces)
     return check_sizes(layout, loc)
 
 
@@ -145,11 +185,20 @@ def _expected(layout: Layout) -> str:
     return f"a {layout.codec}-compressed chunk of shape {layout.inner_shape}"
 
 
-def _read_index(layout: Layout, path: Path) -> tuple[np.ndarray, int] | None:
+def _read_index(layout: Layout, path: Path, indexes: ShardIndexes | None = None) -> tuple[np.ndarray, int] | None:
     """The (n_inner, 2) uint64 index of one shard and the shard's mtime (ns), or None when the
-    shard does not exist."""
+    shard does not exist (from ``indexes`` when the shard's size and mtime are unchanged)."""
     n = math.prod(layout.inner_per_shard)
     size = n * 16 + (4 if layout.index_crc else 0)
+    key = (str(path), size, int(layout.index_at_end))
+    if indexes is not None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        hit = indexes.get(key, st.st_size, st.st_mtime_ns)
+        if hit is not None:
+            return hit, st.st_mtime_ns
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -165,7 +214,10 @@ def _read_index(layout: Layout, path: Path) -> tuple[np.ndarray, int] | None:
         raw = os.pread(fd, size, fsize - size if layout.index_at_end else 0)
     finally:
         os.close(fd)
-    return index_entries(layout, path, raw, fsize), st.st_mtime_ns
+    index = index_entries(layout, path, raw, fsize)
+    if indexes is not None:
+        indexes.put(key, fsize, st.st_mtime_ns, index)
+    return index, st.st_mtime_ns
 
 
 def index_entries(layout: ShardGeometry, path: Any, raw: bytes, fsize: int) -> np.ndarray:
@@ -207,7 +259,8 @@ def index_entries(layout: ShardGeometry, path: Any, raw: bytes, fsize: int) -> n
     return index
 
 
-def _locate_sharded(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) -> Located:
+def _locate_sharded(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor,
+                    indexes: ShardIndexes | None = None) -> Located:
     per = np.asarray(layout.inner_per_shard, np.int64)
     shard_coords = pieces.coords // per
     inner_coords = pieces.coords % per
@@ -217,13 +270,15 @@ def _locate_sharded(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor) ->
     shard_of = shard_of.reshape(-1)
     keys = [layout.chunk_key(tuple(c)) for c in uniq.tolist()]
     files = [layout.root / k for k in keys]
-    found = list(pool.map(lambda p: _read_index(layout, p), files))
-    indexes = [f[0] if f is not None else None for f in found]
+    # a viewer's read touches a few shards, mostly known: a plain loop beats a task per shard
+    found = ([_read_index(layout, p, indexes) for p in files] if len(files) <= 4
+             else list(pool.map(lambda p: _read_index(layout, p, indexes), files)))
+    shard_index = [f[0] if f is not None else None for f in found]
     mtimes = np.array([f[1] if f is not None else -1 for f in found], np.int64)
     n = len(pieces)
     offset = np.zeros(n, np.int64)
     nbytes = np.full(n, -1, np.int64)
-    for s, index in enumerate(indexes):
+    for s, index in enumerate(shard_index):
         if index is None:
             continue
         sel = np.flatnonzero(shard_of == s)

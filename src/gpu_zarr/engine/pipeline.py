@@ -252,7 +252,7 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
 
         loc = locate_remote(lay, pieces, lay.source)
     else:
-        loc = locate(lay, pieces, rt.pool("locate", min(opts.threads, 64)))
+        loc = locate(lay, pieces, rt.pool("locate", min(opts.threads, 64)), rt.shard_indexes())
     stats["locate_s"] = time.perf_counter() - t
     t = time.perf_counter()
     out = ops.empty(box_shape, lay.out_dtype)
@@ -343,7 +343,7 @@ def read_many(parts: Sequence[Part], out_shape: Sequence[int] | None = None, *, 
     stats["plan_s"] = time.perf_counter() - t0
     t = time.perf_counter()
     pool = rt.pool("locate", min(opts.threads, 64))
-    loc = merge_located([locate(p.layout, pp, pool) for p, pp in zip(parts, planned)],
+    loc = merge_located([locate(p.layout, pp, pool, rt.shard_indexes()) for p, pp in zip(parts, planned)],
                         [p.layout.root for p in parts])
     stats["locate_s"] = time.perf_counter() - t
     t = time.perf_counter()

@@ -226,6 +226,13 @@ class Runtime:
         return self.resource(key, lambda: ChunkCache(settings.get("cache_bytes")), close=lambda c: c.clear(),
                              nbytes=lambda c: c.nbytes)
 
+    def shard_indexes(self) -> Any:
+        """Checked shard indexes of local files kept across reads
+        (:class:`~gpu_zarr.engine.locate.ShardIndexes`)."""
+        from gpu_zarr.engine.locate import ShardIndexes
+
+        return self.resource("shard-indexes", ShardIndexes, close=lambda c: c.clear(), nbytes=lambda c: c.nbytes)
+
     def clear_caches(self) -> int:
         """Drop every cached decoded chunk (the widget's "Free GPU memory"); returns the bytes
         that were held on the GPU."""
@@ -237,6 +244,7 @@ class Runtime:
             if key[1] == "gpu":
                 freed += cache.nbytes
             cache.clear()
+        self.shard_indexes().clear()
         return freed
 
     # -- readers ------------------------------------------------------------------

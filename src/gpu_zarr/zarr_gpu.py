@@ -32,7 +32,7 @@ from zarr.core.codec_pipeline import BatchedCodecPipeline
 from zarr.registry import register_pipeline
 
 from gpu_zarr import nvcomp_zstd, settings
-from gpu_zarr.engine.runtime import gpu_fault_error, is_gpu_fault
+from gpu_zarr.engine.runtime import faults_as_errors
 from gpu_zarr.errors import CorruptChunkError, GPUFault, UnsupportedArrayError
 from gpu_zarr.nvcomp_zstd import is_gpu_prototype
 
@@ -310,14 +310,13 @@ class GpuCodecPipeline(BatchedCodecPipeline):
         if type(ab).__name__ == "V2Codec" and is_gpu_prototype(live[0].prototype):
             return await asyncio.to_thread(_host_round_trip, ab, items, names)
         try:
-            out = list(await super().decode_batch(items))
+            with faults_as_errors(lambda: (names[:8], max(0, len(names) - 8))):
+                out = list(await super().decode_batch(items))
         except (CorruptChunkError, MemoryError, GPUFault):
             raise
         except Exception as exc:  # noqa: BLE001 - zarr's and numcodecs' errors name no chunk
             if type(exc).__name__ == "PickleCodecDisabledError":
                 raise
-            if is_gpu_fault(exc):
-                raise gpu_fault_error(exc, names[:8], max(0, len(names) - 8)) from exc
             raise CorruptChunkError(f"one of the chunks {', '.join(names[:4])}{' ...' if len(names) > 4 else ''} could not be "
                                     f"decoded: {type(exc).__name__}: {exc}") from exc
         _check_shapes(out, items, names)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gpu_zarr.engine.binary import le_uint
+from gpu_zarr.engine.cache import ChunkCache
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.plan import LazyNames, Pieces
 from gpu_zarr.errors import CorruptChunkError
@@ -74,46 +73,10 @@ def _stat(path: Any) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
-class ShardIndexes:
-    """Checked shard indexes of local files, kept across reads (a bounded LRU, owned by the
-    :class:`~gpu_zarr.engine.runtime.Runtime`): a viewer's plane reads touch the same shards
-    again and again, and reading and checking their indexes was most of ``locate``. Every use
-    re-validates an entry with one ``stat``: a shard whose size or mtime changed is read again."""
-
-    def __init__(self, limit_bytes: int = 64 << 20) -> None:
-        self._d: OrderedDict[tuple[str, int, int], tuple[int, int, np.ndarray]] = OrderedDict()
-        self._lock = threading.Lock()
-        self._limit = limit_bytes
-        self.nbytes = 0
-
-    def get(self, key: tuple[str, int, int], size: int, mtime_ns: int) -> np.ndarray | None:
-        with self._lock:
-            hit = self._d.get(key)
-            if hit is None or hit[:2] != (size, mtime_ns):
-                return None
-            self._d.move_to_end(key)
-            return hit[2]
-
-    def put(self, key: tuple[str, int, int], size: int, mtime_ns: int, index: np.ndarray) -> None:
-        with self._lock:
-            old = self._d.pop(key, None)
-            if old is not None:
-                self.nbytes -= old[2].nbytes
-            self._d[key] = (size, mtime_ns, index)
-            self.nbytes += index.nbytes
-            while self.nbytes > self._limit and self._d:
-                _, (_, _, gone) = self._d.popitem(last=False)
-                self.nbytes -= gone.nbytes
-
-    def clear(self) -> None:
-        with self._lock:
-            self._d.clear()
-            self.nbytes = 0
-
-
-def locate(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor, indexes: ShardIndexes | None = None) -> Located:
+def locate(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor, indexes: ChunkCache | None = None) -> Located:
     """Locate the bytes of every piece (see module docstring). ``indexes``: checked shard
-    indexes kept from earlier reads (re-validated by size and mtime), and where this read's go.
+    indexes kept across reads (the runtime's, keyed by the shard's path, size and mtime: a
+    rewritten shard is read again), and where this read's go.
 
     Raises
     ------
@@ -185,18 +148,17 @@ def _expected(layout: Layout) -> str:
     return f"a {layout.codec}-compressed chunk of shape {layout.inner_shape}"
 
 
-def _read_index(layout: Layout, path: Path, indexes: ShardIndexes | None = None) -> tuple[np.ndarray, int] | None:
+def _read_index(layout: Layout, path: Path, indexes: ChunkCache | None = None) -> tuple[np.ndarray, int] | None:
     """The (n_inner, 2) uint64 index of one shard and the shard's mtime (ns), or None when the
     shard does not exist (from ``indexes`` when the shard's size and mtime are unchanged)."""
     n = math.prod(layout.inner_per_shard)
     size = n * 16 + (4 if layout.index_crc else 0)
-    key = (str(path), size, int(layout.index_at_end))
     if indexes is not None:
         try:
             st = os.stat(path)
         except FileNotFoundError:
             return None
-        hit = indexes.get(key, st.st_size, st.st_mtime_ns)
+        hit = indexes.get(("shard-index", str(path), size, layout.index_at_end, st.st_size, st.st_mtime_ns))
         if hit is not None:
             return hit, st.st_mtime_ns
     try:
@@ -216,7 +178,7 @@ def _read_index(layout: Layout, path: Path, indexes: ShardIndexes | None = None)
         os.close(fd)
     index = index_entries(layout, path, raw, fsize)
     if indexes is not None:
-        indexes.put(key, fsize, st.st_mtime_ns, index)
+        indexes.put(("shard-index", str(path), size, layout.index_at_end, fsize, st.st_mtime_ns), index)
     return index, st.st_mtime_ns
 
 
@@ -260,7 +222,7 @@ def index_entries(layout: ShardGeometry, path: Any, raw: bytes, fsize: int) -> n
 
 
 def _locate_sharded(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor,
-                    indexes: ShardIndexes | None = None) -> Located:
+                    indexes: ChunkCache | None = None) -> Located:
     per = np.asarray(layout.inner_per_shard, np.int64)
     shard_coords = pieces.coords // per
     inner_coords = pieces.coords % per

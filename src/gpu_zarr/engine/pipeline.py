@@ -38,7 +38,7 @@ from gpu_zarr.engine.plan import (
     normalize_selection,
     plan_pieces,
 )
-from gpu_zarr.engine.runtime import Runtime, get_runtime, gpu_fault, gpu_fault_error, is_gpu_fault
+from gpu_zarr.engine.runtime import Runtime, faults_as_errors, get_runtime, gpu_fault
 from gpu_zarr.errors import CorruptChunkError, GPUFault, GPUUnavailable, ReadCancelled, UnsupportedArrayError
 
 __all__ = ["EngineOptions", "EngineResult", "decode_chunks", "last_read_stats", "read", "read_many"]
@@ -189,16 +189,13 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     t0 = time.perf_counter()
     lay = layout or layout_of(_open(arr))
     try:
-        return _read(lay, selection, device, opts, ops, rt, stats, t0)
+        with faults_as_errors():  # a fault outside the batches' decode (they name their chunks)
+            return _read(lay, selection, device, opts, ops, rt, stats, t0)
     except (CorruptChunkError, GPUFault) as exc:
         if str(lay.root) in str(exc):
             raise
         # the stages name the chunk (its key); the message names the store too
         raise type(exc)(f"{lay.root}: {exc}") from exc
-    except Exception as exc:
-        if not is_gpu_fault(exc):
-            raise
-        raise GPUFault(f"{lay.root}: {gpu_fault_error(exc, [], 0)}") from exc
 
 
 def _refuse_after_fault() -> None:
@@ -425,24 +422,19 @@ def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence
     offsets, total = packed_offsets(sizes)
     batch = Batch(np.arange(n), np.zeros(n, np.int64), np.zeros(n, np.int64), offsets, sizes,
                   np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64), total)
-    try:
-        with ops.host_buffers(total, 1) as (host,):
-            for e, o, size in zip(encoded, offsets.tolist(), sizes.tolist()):
-                host[o:o + size] = np.frombuffer(memoryview(e).cast("B"), np.uint8)
-            prep = stage.prepare(host, batch, lay, names) if _needs_host_check(stage, ops) else None
-            dev_in = ops.device_buffer(total)
-            uploaded = ops.upload(host, dev_in, total, 0)
-            if not stage.decodes:
-                ops.sync()
-                return dev_in, offsets
-            dst_offsets = np.arange(n, dtype=np.int64) * _stride(lay)
-            dev_out = ops.device_buffer(n * _stride(lay))
-            stage.decode(ops, dev_in, batch, prep, dev_out, dst_offsets, lay, names, 0, uploaded)
+    with faults_as_errors(lambda: (names[:8], max(0, n - 8))), ops.host_buffers(total, 1) as (host,):
+        for e, o, size in zip(encoded, offsets.tolist(), sizes.tolist()):
+            host[o:o + size] = np.frombuffer(memoryview(e).cast("B"), np.uint8)
+        prep = stage.prepare(host, batch, lay, names) if _needs_host_check(stage, ops) else None
+        dev_in = ops.device_buffer(total)
+        uploaded = ops.upload(host, dev_in, total, 0)
+        if not stage.decodes:
             ops.sync()
-    except Exception as exc:
-        if not is_gpu_fault(exc):
-            raise
-        raise gpu_fault_error(exc, names[:8], max(0, n - 8)) from exc
+            return dev_in, offsets
+        dst_offsets = np.arange(n, dtype=np.int64) * _stride(lay)
+        dev_out = ops.device_buffer(n * _stride(lay))
+        stage.decode(ops, dev_in, batch, prep, dev_out, dst_offsets, lay, names, 0, uploaded)
+        ops.sync()
     return dev_out, dst_offsets
 
 
@@ -843,57 +835,57 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
             futures[k] = coord.submit(fetch, k)
 
     recent: list[Any] = []  # names of the batches whose GPU work may still be in flight
-    try:
-        for k in range(min(ahead, len(batches))):
-            submit(k)
-        for k, b in enumerate(batches):
-            if opts.cancel is not None and opts.cancel.is_set():
-                raise ReadCancelled("read cancelled: the partial result was discarded")
-            s = k % nslots
-            t = time.perf_counter()
-            prep = futures.pop(k).result()  # read and host-checked on the fetch thread
-            timings["wait_read_s"] += time.perf_counter() - t
-            names = _names(loc, b.pieces)
-            recent = [*recent[-nslots:], names]
-            t = time.perf_counter()
-            uploaded = None
-            if not direct:
-                uploaded = released[s] = ops.upload(host[s], dev_in[s], b.staging_bytes, s, after=consumed[s])
-                submit(k + ahead)  # the host slot is free once its copy is done: read ahead now
-            timings["upload_s"] += time.perf_counter() - t
-            if stage.decodes:
-                t = time.perf_counter()
-                stage.decode(ops, dev_in[s], b, prep, dev_out[s % ops.lanes], dst_offsets[:len(b.pieces)], lay,
-                             names, s, uploaded)
-                timings["decode_s"] += time.perf_counter() - t
-                src, src_off = dev_out[s % ops.lanes], dst_offsets[:len(b.pieces)]
-                if keep is not None:  # copies for the chunk cache, ordered after the decode
-                    for j, piece in enumerate(b.pieces.tolist()):
-                        if keep.wants(piece):
-                            keep(piece, ops.take(src, int(src_off[j]), lay.inner_nbytes, s))
-            else:
-                src, src_off = dev_in[s], b.src_offsets
-            t = time.perf_counter()
-            ops.place(src, src_off, pieces.table[b.pieces], out, lay.disk_dtype, s,
-                      wait=None if stage.decodes else uploaded, perm=lay.transpose)
-            consumed[s] = ops.record(s)
-            if direct:  # the device slot is free only once this batch is placed
-                released[s] = consumed[s]
-                submit(k + ahead)
-            timings["place_s"] += time.perf_counter() - t
-            done += int(np.prod(pieces.table[b.pieces][:, :, 2], axis=1).sum()) * out.dtype.itemsize
-            if opts.progress is not None:
-                opts.progress(min(done, total), total)
-        t = time.perf_counter()
-        ops.sync()
-        timings["final_sync_s"] = time.perf_counter() - t
-    except Exception as exc:
-        if not is_gpu_fault(exc):
-            raise
+
+    def in_flight() -> tuple[list[str], int]:
         listed: list[str] = []
         for group in recent:
             listed += group[:max(0, 8 - len(listed))]
-        raise gpu_fault_error(exc, listed, sum(len(g) for g in recent) - len(listed)) from exc
+        return listed, sum(len(g) for g in recent) - len(listed)
+    try:
+        with faults_as_errors(in_flight):
+            for k in range(min(ahead, len(batches))):
+                submit(k)
+            for k, b in enumerate(batches):
+                if opts.cancel is not None and opts.cancel.is_set():
+                    raise ReadCancelled("read cancelled: the partial result was discarded")
+                s = k % nslots
+                t = time.perf_counter()
+                prep = futures.pop(k).result()  # read and host-checked on the fetch thread
+                timings["wait_read_s"] += time.perf_counter() - t
+                names = _names(loc, b.pieces)
+                recent = [*recent[-nslots:], names]
+                t = time.perf_counter()
+                uploaded = None
+                if not direct:
+                    uploaded = released[s] = ops.upload(host[s], dev_in[s], b.staging_bytes, s, after=consumed[s])
+                    submit(k + ahead)  # the host slot is free once its copy is done: read ahead now
+                timings["upload_s"] += time.perf_counter() - t
+                if stage.decodes:
+                    t = time.perf_counter()
+                    stage.decode(ops, dev_in[s], b, prep, dev_out[s % ops.lanes], dst_offsets[:len(b.pieces)], lay,
+                                 names, s, uploaded)
+                    timings["decode_s"] += time.perf_counter() - t
+                    src, src_off = dev_out[s % ops.lanes], dst_offsets[:len(b.pieces)]
+                    if keep is not None:  # copies for the chunk cache, ordered after the decode
+                        for j, piece in enumerate(b.pieces.tolist()):
+                            if keep.wants(piece):
+                                keep(piece, ops.take(src, int(src_off[j]), lay.inner_nbytes, s))
+                else:
+                    src, src_off = dev_in[s], b.src_offsets
+                t = time.perf_counter()
+                ops.place(src, src_off, pieces.table[b.pieces], out, lay.disk_dtype, s,
+                          wait=None if stage.decodes else uploaded, perm=lay.transpose)
+                consumed[s] = ops.record(s)
+                if direct:  # the device slot is free only once this batch is placed
+                    released[s] = consumed[s]
+                    submit(k + ahead)
+                timings["place_s"] += time.perf_counter() - t
+                done += int(np.prod(pieces.table[b.pieces][:, :, 2], axis=1).sum()) * out.dtype.itemsize
+                if opts.progress is not None:
+                    opts.progress(min(done, total), total)
+            t = time.perf_counter()
+            ops.sync()
+            timings["final_sync_s"] = time.perf_counter() - t
     finally:
         for f in futures.values():
             f.cancel()

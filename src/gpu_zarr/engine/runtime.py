@@ -25,8 +25,8 @@ from gpu_zarr.errors import GPUFault
 
 MiB = 1 << 20
 
-__all__ = ["HostPool", "Runtime", "close_runtime", "get_runtime", "gpu_fault", "gpu_fault_error", "is_gpu_fault",
-           "record_gpu_fault"]
+__all__ = ["HostPool", "Runtime", "close_runtime", "get_runtime", "faults_as_errors", "gpu_fault",
+           "is_gpu_fault", "record_gpu_fault"]
 
 #: CUDA's sticky errors: after one, every call on the process's context fails
 _STICKY = ("IllegalAddress", "LaunchFailure", "IllegalInstruction", "MisalignedAddress", "HardwareStackError",
@@ -53,9 +53,7 @@ def record_gpu_fault(what: str) -> None:
             _fault.append(what)
 
 
-def gpu_fault_error(exc: BaseException, names: Sequence[str], more: int) -> GPUFault:
-    """A CUDA fault during a read as a :class:`GPUFault` naming the chunks whose decode was in
-    flight (recorded: later GPU reads in this process are refused at once)."""
+def _fault_error(exc: BaseException, names: Sequence[str], more: int) -> GPUFault:
     listed = ", ".join(names) + (f" and {more} more" if more else "") if names else "of this read"
     record_gpu_fault(f"decoding chunks {listed}")
     return GPUFault(f"the GPU faulted while decoding chunks {listed} ({type(exc).__name__}: {exc}). nvCOMP's "
@@ -63,6 +61,20 @@ def gpu_fault_error(exc: BaseException, names: Sequence[str], more: int) -> GPUF
                     "checks that run before them: one of these chunks is most likely corrupt. CUDA cannot recover "
                     "a context after a fault, so the GPU is unusable until Python restarts; read the array with "
                     "backend='cpu' to find the damaged chunk (its error names it).")
+
+
+@contextlib.contextmanager
+def faults_as_errors(names: Callable[[], tuple[Sequence[str], int]] | None = None) -> Iterator[None]:
+    """A CUDA fault raised in the block becomes a :class:`GPUFault` naming the chunks whose
+    decode was in flight (``names()``: up to 8 of them and how many more), and is recorded:
+    later GPU reads in this process are refused at once."""
+    try:
+        yield
+    except Exception as exc:
+        if not is_gpu_fault(exc):
+            raise
+        listed, more = names() if names is not None else ([], 0)
+        raise _fault_error(exc, listed, more) from exc
 
 
 def gpu_fault() -> str | None:
@@ -227,11 +239,13 @@ class Runtime:
                              nbytes=lambda c: c.nbytes)
 
     def shard_indexes(self) -> Any:
-        """Checked shard indexes of local files kept across reads
-        (:class:`~gpu_zarr.engine.locate.ShardIndexes`)."""
-        from gpu_zarr.engine.locate import ShardIndexes
+        """Checked shard indexes of local files kept across reads (a 64 MiB
+        :class:`~gpu_zarr.engine.cache.ChunkCache` keyed by shard path, size and mtime): a
+        viewer's plane reads touch the same shards again and again."""
+        from gpu_zarr.engine.cache import ChunkCache
 
-        return self.resource("shard-indexes", ShardIndexes, close=lambda c: c.clear(), nbytes=lambda c: c.nbytes)
+        return self.resource("shard-indexes", lambda: ChunkCache(64 * MiB), close=lambda c: c.clear(),
+                             nbytes=lambda c: c.nbytes)
 
     def clear_caches(self) -> int:
         """Drop every cached decoded chunk (the widget's "Free GPU memory"); returns the bytes

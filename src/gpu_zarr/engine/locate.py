@@ -23,7 +23,7 @@ from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.plan import LazyNames, Pieces
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["Located", "ShardGeometry", "check_sizes", "index_entries", "locate", "merge_located"]
+__all__ = ["Located", "ShardGeometry", "check_sizes", "index_entries", "locate", "merge_located", "piece_entries"]
 
 
 class ShardGeometry(Protocol):
@@ -221,6 +221,23 @@ def index_entries(layout: ShardGeometry, path: Any, raw: bytes, fsize: int) -> n
     return index
 
 
+def piece_entries(indexes: Sequence[np.ndarray | None], shard_of: np.ndarray, inner_lin: np.ndarray,
+                  n_inner: int) -> tuple[np.ndarray, np.ndarray]:
+    """Offset and size of every piece from its shard's checked index (``indexes[s]``, None: the
+    shard is missing) at its inner position; size -1 where the inner chunk or the shard is
+    missing. One gather for all pieces (not one pass over the pieces per shard)."""
+    table = np.full((len(indexes), n_inner, 2), _MISSING, np.uint64)
+    for s, index in enumerate(indexes):
+        if index is not None:
+            table[s] = index
+    entries = table[shard_of, inner_lin] if len(shard_of) else np.zeros((0, 2), np.uint64)
+    ok = entries[:, 0] != _MISSING
+    offset = np.where(ok, entries[:, 0], 0).astype(np.int64)
+    nbytes = np.where(ok, entries[:, 1], 0).astype(np.int64)
+    nbytes[~ok] = -1
+    return offset, nbytes
+
+
 def _locate_sharded(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor,
                     indexes: ChunkCache | None = None) -> Located:
     per = np.asarray(layout.inner_per_shard, np.int64)
@@ -238,16 +255,7 @@ def _locate_sharded(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor,
     shard_index = [f[0] if f is not None else None for f in found]
     mtimes = np.array([f[1] if f is not None else -1 for f in found], np.int64)
     n = len(pieces)
-    offset = np.zeros(n, np.int64)
-    nbytes = np.full(n, -1, np.int64)
-    for s, index in enumerate(shard_index):
-        if index is None:
-            continue
-        sel = np.flatnonzero(shard_of == s)
-        entries = index[inner_lin[sel]]
-        ok = entries[:, 0] != _MISSING
-        offset[sel[ok]] = entries[ok, 0].astype(np.int64)
-        nbytes[sel[ok]] = entries[ok, 1].astype(np.int64)
+    offset, nbytes = piece_entries(shard_index, shard_of, inner_lin, math.prod(layout.inner_per_shard))
 
     def name(k: int) -> str:
         return f"{keys[int(shard_of[k])]} inner chunk {tuple(int(v) for v in inner_coords[k])}"

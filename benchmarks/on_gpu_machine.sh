@@ -10,17 +10,20 @@
 #   bash benchmarks/on_gpu_machine.sh scale    # dask on every GPU (kind nvidia-h200-x2), notebooks
 #   bash benchmarks/on_gpu_machine.sh native   # the native host library: file-read floor, small reads vs peers, readers on 4 GiB
 #   bash benchmarks/on_gpu_machine.sh team     # browsing thin chunks: the native team of threads vs threads per call
+#   bash benchmarks/on_gpu_machine.sh remote   # remote tests and `bench --remote` (GPU and CPU decode) with TensorStore
+#   bash benchmarks/on_gpu_machine.sh dask1    # dask on one GPU: one worker against the plain read, 16 GiB volumes
 #   bash benchmarks/on_gpu_machine.sh pack     # everything in $OUT into $OUT/results.tgz (the device tool returns 8 files)
 # Results go to $OUT (default ./gpu-results).
 set -uo pipefail
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
-# wheels: .whl (fetch-wheels.sh), optional .whl-dask, .whl-ts (tensorstore, ml_dtypes) and .whl-remote
-# (obstore: without it the remote GPU test, test_remote.py::test_gpu_direct_engine_reads_remote, skips);
+# wheels: .whl (fetch-wheels.sh), optional .whl-dask, .whl-ts (tensorstore, ml_dtypes), .whl-zarrs (zarrs-python,
+# the Rust codec pipeline peer) and .whl-remote (obstore: without it the remote GPU test,
+# test_remote.py::test_gpu_direct_engine_reads_remote, skips);
 # once per machine. The carried paths must stay under 64 MiB per call: install the optional ones in a
 # call of their own first (pip install --target /tmp/site ...), then carry .whl
 [ -d /tmp/site/zarr ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl $(ls .whl-dask/*.whl .whl-ts/*.whl .whl-remote/*.whl 2>/dev/null) || exit 1
+  --target /tmp/site .whl/*.whl $(ls .whl-dask/*.whl .whl-ts/*.whl .whl-remote/*.whl .whl-zarrs/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpus.txt"
 # the native host library (git-ignored build output): built here with the flags of hatch_build.py
@@ -54,7 +57,7 @@ fuzz)
 browse)
   # browsing a 1 GiB volume, every layout, with the CPU peers; then what a first touch of thick chunks costs
   bench 240 --mode browse --size 128,2048,2048 --planes 20 \
-    --readers zarr-cpu,ours-lazy-auto,tensorstore > "$OUT/browse.log" 2>&1
+    --readers zarr-cpu,ours-lazy-auto,tensorstore,zarrs > "$OUT/browse.log" 2>&1
   tail -c 3000 "$OUT/browse.log"
   # per-stage stats of single plane reads: thick chunks (first touch, then cached) and thin chunks
   V=$(ls -d $WORK/*/128x2048x2048/zstd-32x256x256.zarr 2>/dev/null | head -1)
@@ -103,9 +106,9 @@ readers)
   ;;
 speed)
   # whole 4 GiB arrays with the peers and a cold read per layout; then the engine's knobs and the budget curve
-  bench 420 --repeat 3 --peer-repeat 1 --cold \
+  bench 520 --repeat 3 --peer-repeat 1 --cold \
     --layouts raw-v3-32MiB,zstd-v3-4MiB,zstd-v3-1MiB,sharded-zstd-v3-64MiB-1MiB,blosc-lz4-shuffle-v2,blosc-zstd-bitshuffle-v2,sharded-blosc-zstd-v3 \
-    --readers ours-kvikio,zarr-gpu,tensorstore+cupy > "$OUT/throughput.log" 2>&1
+    --readers ours-kvikio,zarr-gpu,tensorstore+cupy,zarrs+cupy > "$OUT/throughput.log" 2>&1
   tail -c 4000 "$OUT/throughput.log"
   V1=$(ls -d $WORK/*/512x2048x2048/zstd-v3-1MiB.zarr 2>/dev/null | head -1)
   V4=$(ls -d $WORK/*/512x2048x2048/zstd-v3-4MiB.zarr 2>/dev/null | head -1)
@@ -150,11 +153,31 @@ team)
     --readers ours-lazy-auto --out "$OUT/team-off" > "$OUT/team-off/browse.log" 2>&1
   grep -h "|" "$OUT"/browse-128x2048x2048-gpu.md "$OUT"/team-off/browse-128x2048x2048-gpu.md | head -30
   ;;
+remote)
+  # remote stores on the GPU machine: the remote tests (GPU decode of a remote store among them), then
+  # `bench --remote` with the engine decoding on the GPU and on the CPU, TensorStore's http kvstore beside
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_remote.py > "$OUT/tests-remote.txt" 2>&1
+  tail -2 "$OUT/tests-remote.txt"
+  mkdir -p "$OUT/remote-gpu" "$OUT/remote-cpu"
+  timeout 150 python3 -m gpu_zarr.bench --remote --device gpu --readers ours,tensorstore --planes 15 --repeat 3 \
+    --workdir /tmp/gzr --out "$OUT/remote-gpu" > "$OUT/remote-gpu/log.txt" 2>&1
+  timeout 150 python3 -m gpu_zarr.bench --remote --device cpu --readers ours,tensorstore --planes 15 --repeat 3 \
+    --workdir /tmp/gzr --out "$OUT/remote-cpu" > "$OUT/remote-cpu/log.txt" 2>&1
+  cat "$OUT/remote-gpu/remote.md" "$OUT/remote-cpu/remote.md" 2>/dev/null | grep -v "^|---" | cut -c1-150
+  ;;
+dask1)
+  # dask on the one-GPU machine: one worker against the plain read of the same 16 GiB volumes
+  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_dask_gpu.py > "$OUT/tests-dask.txt" 2>&1
+  tail -3 "$OUT/tests-dask.txt"
+  timeout 400 python3 benchmarks/bench_dask.py --size-gib ${DASK_GIB:-16} --layouts zstd-1MiB,blosc-lz4,zstd-256KiB \
+    --workers 1 --deadline-s 360 --workdir /tmp/gzd --out "$OUT" > "$OUT/dask.log" 2>&1
+  tail -c 2500 "$OUT/dask.log"
+  ;;
 pack)
   tar czf /tmp/results.tgz -C "$OUT" . && find "$OUT" -type f -delete && mv /tmp/results.tgz "$OUT/"
   ;;
 *)
-  echo "unknown step ${1}: tests, fuzz, browse, readers, speed, scale, native, team or pack" >&2
+  echo "unknown step ${1}: tests, fuzz, browse, readers, speed, scale, native, team, remote, dask1 or pack" >&2
   exit 2
   ;;
 esac

@@ -539,9 +539,12 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
     from gpu_zarr.engine.remote_fetch import Arrived, stream_remote
 
     assert lay.source is not None
-    drains = max(2, min(4, opts.threads))
+    # decode is CPU work: drains times native threads per call stay within the cores (4 drains
+    # of 8 threads each on a 2-core machine spent more time switching than decoding)
+    cores = os.cpu_count() or 2
+    drains = max(2, min(4, opts.threads, cores))
     pool = rt.pool("remote-decode", drains)
-    one_ops = CpuOps(fast=True, runtime=rt)
+    one_ops = CpuOps(fast=True, runtime=rt, native_threads=max(1, cores // drains))
     check = _needs_host_check(stage, one_ops)
     stride = _stride(lay)
     keys: list[Any] = [None] * len(pieces)
@@ -551,6 +554,7 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
     futures: list[Any] = []
     running = [0]
     hits = [0]
+    spent = [0.0, 0.0, 0.0]  # copy, decode, place: seconds summed over the drains
 
     def present(a: Arrived) -> tuple[np.ndarray, Arrived]:
         """Fill a's missing pieces, place its cached ones; the positions left to decode."""
@@ -585,6 +589,7 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
         dst_off = np.arange(m, dtype=np.int64) * stride
         with rt.host_scratch.lease(total + m * stride, 1, lambda nb: np.empty(nb, np.uint8)) as (scratch,):
             buf, dst = scratch[:total], scratch[total:total + m * stride]
+            t0 = time.perf_counter()
             k = 0
             for pos, a in items:  # the pieces' bytes, packed
                 data = np.frombuffer(a.data, np.uint8)
@@ -593,13 +598,19 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
                     k += 1
             batch = Batch(idx, np.zeros(m, np.int64), src_off, src_off, sizes,
                           np.stack([np.arange(m), np.arange(1, m + 1)], axis=1).astype(np.int64), total)
+            t1 = time.perf_counter()
             if stage.decodes:
                 prep = stage.prepare(buf, batch, lay, names) if check else None
                 stage.decode(one_ops, buf, batch, prep, dst, dst_off, lay, names, 0, None)
                 src, offsets = dst, dst_off
             else:
                 src, offsets = buf, src_off
+            t2 = time.perf_counter()
             one_ops.place(src, offsets, pieces.table[idx], out, lay.disk_dtype, perm=lay.transpose)
+            with lock:  # thread time, summed over the drains
+                spent[0] += t1 - t0
+                spent[1] += t2 - t1
+                spent[2] += time.perf_counter() - t2
             if keep is not None and stage.decodes:
                 for k, p in enumerate(idx.tolist()):
                     if keep.wants(p):
@@ -634,6 +645,7 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
     for e in errors:
         if e is not None:
             raise e
+    stats.update(drain_copy_s=spent[0], drain_decode_s=spent[1], drain_place_s=spent[2], drains=drains)
     stats.update(counts, codec=lay.codec, pieces=len(pieces), cache_hits=hits[0],
                  reader=f"remote ({lay.source.requests} requests in flight, decoded as they arrive)")
     return keep

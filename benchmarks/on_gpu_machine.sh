@@ -112,7 +112,7 @@ speed)
   tail -c 4000 "$OUT/throughput.log"
   V1=$(ls -d $WORK/*/512x2048x2048/zstd-v3-1MiB.zarr 2>/dev/null | head -1)
   V4=$(ls -d $WORK/*/512x2048x2048/zstd-v3-4MiB.zarr 2>/dev/null | head -1)
-  if [ -n "$V1" ] && [ -n "$V4" ]; then
+  if [ -n "$V1" ] && [ -n "$V4" ] && [ -z "${NOSWEEP:-}" ]; then  # NOSWEEP=1: the peers' table only
     timeout 60 python3 benchmarks/sweep_engine.py "$V1" "$V4" --repeat 2 --configs "192x3,192x3:compat" \
       > "$OUT/sweep.txt" 2>&1
     tail -6 "$OUT/sweep.txt"

@@ -145,8 +145,9 @@ def test_read_zarr_omezarr_dask(server, stores):
         assert len(open_ome(url).levels) == 3
         r = read_zarr(f"{url}/0", prefer="cpu", progress=False)
         np.testing.assert_array_equal(r.data, _disk(stores, f"{img}/0"))
-        d = to_dask(url, level=2)
-        np.testing.assert_array_equal(d.compute(), _disk(stores, f"{img}/2"))
+        d = to_dask(url, level=2)  # GPU blocks where a GPU is usable
+        got = d.compute()
+        np.testing.assert_array_equal(got.get() if hasattr(got, "get") else got, _disk(stores, f"{img}/2"))
 
 
 def test_lazy_array_reads_only_the_plane(server, stores):

@@ -113,6 +113,11 @@ def _tensorstore(url: str) -> Any:
     return lambda sel: t[sel].read().result()
 
 
+def _host(x: Any) -> np.ndarray:
+    """numpy of a reader's result (``--device gpu`` gives cupy)."""
+    return np.asarray(x.get() if hasattr(x, "get") else x)
+
+
 def _clear() -> None:
     from gpu_zarr.engine.remote import FETCHED
     from gpu_zarr.engine.runtime import get_runtime
@@ -146,7 +151,7 @@ def run(workdir: Path, *, size: str = "full", latencies: Sequence[float] = (0, 2
                     srv.reset_counters()
                     t = time.perf_counter()
                     read = makers[name](url)
-                    first = np.asarray(read((0,)))
+                    first = _host(read((0,)))
                     ttfp = time.perf_counter() - t
                     whole = []
                     for _ in range(repeat):
@@ -156,8 +161,7 @@ def run(workdir: Path, *, size: str = "full", latencies: Sequence[float] = (0, 2
                         out = read(Ellipsis)
                         whole.append(time.perf_counter() - t)
                     reqs, moved, inflight = srv.requests, srv.bytes_sent, srv.max_in_flight
-                    got = np.asarray(out[spec["shape"][0] // 2] if not hasattr(out, "get") else out.get()[
-                        spec["shape"][0] // 2])
+                    got = _host(out[spec["shape"][0] // 2])
                     assert np.array_equal(got, check), f"{name} read wrong pixels"
                     assert first.shape == check.shape
                     pl = []

@@ -314,8 +314,13 @@ def nanny_per_gpu_cluster(n: int, ngpu: int, threads: int = 1) -> Any:
     """What LocalCUDACluster does for us: worker ``i`` sees GPU ``i`` first (its device 0)."""
     from distributed import Nanny, Scheduler, SpecCluster
 
+    from distributed.system import MEMORY_LIMIT
+
     ids = list(range(ngpu))
-    workers = {i: {"cls": Nanny, "options": {"nthreads": threads, "env": {
+    # host memory: the machine's share of each worker, as LocalCUDACluster gives. A Nanny's
+    # "auto" is memory x nthreads / cores (8 GiB for 1 thread of 16 cores): dask counts the
+    # persisted cupy blocks against it, spilled them to disk and killed the worker at 95 %
+    workers = {i: {"cls": Nanny, "options": {"nthreads": threads, "memory_limit": MEMORY_LIMIT // n, "env": {
         "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in ids[i:] + ids[:i])}}} for i in range(n)}
     return SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}})
 

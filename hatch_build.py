@@ -20,6 +20,7 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 SRC = Path("src/gpu_zarr/engine/_native/gz_native.c")
+SOURCES = (SRC, SRC.with_name("gz_http.c"))  # one library: host codecs and reads, and the HTTP client
 LIB = "libgz_native.so"
 
 
@@ -36,7 +37,8 @@ def compile_native(root: Path, out: Path) -> str | None:
             return "no C compiler (cc) on PATH"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".so.tmp")
-    cmd = [*cc, "-O3", "-shared", "-fPIC", "-pthread", "-fvisibility=hidden", str(root / SRC), "-o", str(tmp), "-ldl"]
+    cmd = [*cc, "-O3", "-shared", "-fPIC", "-pthread", "-fvisibility=hidden", *(str(root / f) for f in SOURCES), "-o",
+           str(tmp), "-ldl"]
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -313,7 +313,6 @@ def make_cluster(n: int, cpu: bool, threads: int = 1) -> tuple[Any, str]:
 def nanny_per_gpu_cluster(n: int, ngpu: int, threads: int = 1) -> Any:
     """What LocalCUDACluster does for us: worker ``i`` sees GPU ``i`` first (its device 0)."""
     from distributed import Nanny, Scheduler, SpecCluster
-
     from distributed.system import MEMORY_LIMIT
 
     ids = list(range(ngpu))

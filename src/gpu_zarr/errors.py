@@ -13,6 +13,7 @@ __all__ = [
     "GpuZarrError",
     "GuiUnavailable",
     "InvalidOmeMetadata",
+    "NativeHttpDeclined",
     "NotAZarrError",
     "NotOmeZarrError",
     "OutOfGPUMemory",
@@ -142,6 +143,12 @@ class RemoteError(GpuZarrError, OSError):
 class ShortAnswer(RemoteError):
     """A remote answer shorter (or longer) than asked for. Retried; when it persists the read
     raises a :class:`RemoteError` naming the URL."""
+
+
+class NativeHttpDeclined(RemoteError):
+    """An answer the native HTTP client leaves to obstore (a server that answers no byte
+    ranges, a body longer than its buffer): obstore serves that store from then on. Never
+    reaches the caller."""
 
 
 class ShardChanged(RemoteError):

@@ -52,13 +52,13 @@ def network_cause(url: str, exc: BaseException, timeout: Any = None) -> str:
     from urllib.parse import urlsplit
 
     text = str(exc)
-    if "dns error" in text or "failed to lookup address" in text:
+    if "dns error" in text or "failed to lookup address" in text or "resolve host" in text:
         return f"the host name {urlsplit(url).hostname!r} could not be resolved (DNS). "
-    if "kind: Timeout" in text or "TimedOut" in text or "timed out" in text.lower():
+    if "kind: Timeout" in text or "TimedOut" in text or "timed out" in text.lower() or "too slow" in text:
         limit = f"{timeout} s per request" if timeout is not None else "the request timeout"
         return (f"the server did not answer in time ({limit}: storage_options 'timeout'; retries: "
                 "'max_retries', 'retry_timeout'). ")
-    if "Connection refused" in text or "ConnectionRefused" in text:
+    if "Connection refused" in text or "ConnectionRefused" in text or "Couldn't connect to server" in text:
         return "the connection was refused (nothing listens at that address). "
     return ""
 

@@ -10,6 +10,7 @@ planned or allocated.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import threading
@@ -243,19 +244,20 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
         _last.stats = stats
         return EngineResult(result, stats)
 
-    t = time.perf_counter()
-    if lay.source is not None:  # a remote store: ranged GETs instead of stat and pread
-        from gpu_zarr.engine.remote_fetch import locate_remote
+    with _arena(rt, len(pieces) if lay.source is not None else 0) as arena:
+        t = time.perf_counter()
+        if lay.source is not None:  # a remote store: ranged GETs instead of stat and pread
+            from gpu_zarr.engine.remote_fetch import locate_remote
 
-        loc = locate_remote(lay, pieces, lay.source)
-    else:
-        loc = locate(lay, pieces, rt.pool("locate", min(opts.threads, 64)), rt.shard_indexes())
-    stats["locate_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    out = ops.empty(box_shape, lay.out_dtype)
-    stats["alloc_s"] = time.perf_counter() - t
-    result = _execute(lay, stage, loc, pieces, out, None if region.is_box else region.post, device, opts, ops, own_ops,
-                      rt, stats, batch)
+            loc = locate_remote(lay, pieces, lay.source, arena)
+        else:
+            loc = locate(lay, pieces, rt.pool("locate", min(opts.threads, 64)), rt.shard_indexes())
+        stats["locate_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        out = ops.empty(box_shape, lay.out_dtype)
+        stats["alloc_s"] = time.perf_counter() - t
+        result = _execute(lay, stage, loc, pieces, out, None if region.is_box else region.post, device, opts, ops,
+                          own_ops, rt, stats, batch)
     stats["total_s"] = time.perf_counter() - t0
     _last.stats = stats
     return EngineResult(result, stats)
@@ -526,6 +528,32 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
     stats["chunkwise_s"] = time.perf_counter() - t
 
 
+#: remote reads of more pieces than this land in a :class:`~gpu_zarr.engine.remote.BodyArena`
+#: (reused buffers; a viewer's few chunks get buffers of their own and go to the byte cache)
+ARENA_PIECES = 64
+
+
+def _one_home(items: list[tuple[np.ndarray, Any]]) -> np.ndarray | None:
+    """The one buffer (an arena block) every answer of ``items`` is a view of, or None."""
+    home = None
+    for _, a in items:
+        d = a.data
+        if not isinstance(d, np.ndarray) or d.base is None or (home is not None and d.base is not home):
+            return None
+        home = d.base
+    ok = isinstance(home, np.ndarray) and home.ndim == 1 and home.dtype == np.uint8 and home.flags.c_contiguous
+    return home if ok else None
+
+
+def _arena(rt: Runtime, pieces: int) -> Any:
+    """A body arena for a remote read of ``pieces`` pieces, or a null context."""
+    if pieces <= ARENA_PIECES:
+        return contextlib.nullcontext(None)
+    from gpu_zarr.engine.remote import BodyArena
+
+    return BodyArena(rt.host_scratch)
+
+
 def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, ops: Ops, rt: Runtime,
                        opts: EngineOptions, stats: dict[str, Any], cache: Any) -> _Keep | None:
     """The CPU's host path for a remote array: :func:`~gpu_zarr.engine.remote_fetch.stream_remote`
@@ -582,22 +610,28 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
             return
         idx = np.concatenate([a.pieces[pos] for pos, a in items])
         sizes = np.concatenate([a.nbytes[pos] for pos, a in items]).astype(np.int64)
-        src_off, total = packed_offsets(sizes)
+        home = _one_home(items)
+        if home is not None:  # every answer lies in one arena block: decoded where it landed
+            at = home.ctypes.data
+            src_off = np.concatenate([a.offset[pos] + (a.data.ctypes.data - at) for pos, a in items]).astype(np.int64)
+            total = 0
+        else:
+            src_off, total = packed_offsets(sizes)
         m = len(idx)
         name_of = [(a, int(p)) for pos, a in items for p in pos.tolist()]
         names = LazyNames(m, lambda k: name_of[k][0].names(name_of[k][1]))
         dst_off = np.arange(m, dtype=np.int64) * stride
         with rt.host_scratch.lease(total + m * stride, 1, lambda nb: np.empty(nb, np.uint8)) as (scratch,):
-            buf, dst = scratch[:total], scratch[total:total + m * stride]
+            buf, dst = (home if home is not None else scratch[:total]), scratch[total:total + m * stride]
             t0 = time.perf_counter()
             k = 0
-            for pos, a in items:  # the pieces' bytes, packed
+            for pos, a in items if home is None else ():  # the pieces' bytes, packed
                 data = np.frombuffer(a.data, np.uint8)
                 for o, n in zip(a.offset[pos].tolist(), a.nbytes[pos].tolist()):
                     buf[int(src_off[k]):int(src_off[k]) + n] = data[o:o + n]
                     k += 1
             batch = Batch(idx, np.zeros(m, np.int64), src_off, src_off, sizes,
-                          np.stack([np.arange(m), np.arange(1, m + 1)], axis=1).astype(np.int64), total)
+                          np.stack([np.arange(m), np.arange(1, m + 1)], axis=1).astype(np.int64), len(buf))
             t1 = time.perf_counter()
             if stage.decodes:
                 prep = stage.prepare(buf, batch, lay, names) if check else None
@@ -637,11 +671,13 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
         futures.append(pool.submit(drain))
 
     t = time.perf_counter()
-    try:
-        counts = stream_remote(lay, pieces, lay.source, arrived)
-        stats["fetch_s"] = time.perf_counter() - t
-    finally:
-        errors = [f.exception() for f in futures]
+    # a big read's answers land in reused buffers, held until every drain is done with them
+    with _arena(rt, len(pieces)) as arena:
+        try:
+            counts = stream_remote(lay, pieces, lay.source, arrived, arena)
+            stats["fetch_s"] = time.perf_counter() - t
+        finally:
+            errors = [f.exception() for f in futures]
     for e in errors:
         if e is not None:
             raise e

@@ -19,6 +19,7 @@ request; decoded chunks go to the runtime's chunk cache as for local files.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -27,10 +28,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from gpu_zarr.errors import RemoteError, ShortAnswer
+import numpy as np
+
+from gpu_zarr.errors import NativeHttpDeclined, RemoteError, ShortAnswer
 from gpu_zarr.location import network_cause
 
-__all__ = ["FETCHED", "Got", "RemoteBlob", "RemoteObject", "RemoteSource", "source_of"]
+__all__ = ["FETCHED", "BodyArena", "Got", "RemoteBlob", "RemoteObject", "RemoteSource", "source_of"]
 
 _ATTEMPTS = 4  # our own retries of answers that ended early (obstore retries the rest)
 T = TypeVar("T")
@@ -127,10 +130,15 @@ class RemoteSource:
         The array's URL (messages, cache keys).
     requests : int
         Requests in flight at once.
+    http : HttpClient or None
+        The native HTTP client for an ``http(s)`` store (None: obstore).
     """
 
-    def __init__(self, store: Any, prefix: str, url: str, requests: int = 64) -> None:
+    def __init__(self, store: Any, prefix: str, url: str, requests: int = 64, http: Any = None) -> None:
         self.store = store
+        #: the native HTTP client (:class:`~gpu_zarr.engine.native_http.HttpClient`) serving this
+        #: source's requests, or None: obstore serves them (s3, gs; no libcurl; a fallback)
+        self.http = http
         self.prefix = prefix.strip("/")
         self.url = url.rstrip("/")
         self.requests = max(1, int(requests))
@@ -263,8 +271,12 @@ class RemoteSource:
         return await asyncio.shield(task)
 
     # -- whole objects (unsharded chunks) ------------------------------------------------------
-    def get_many(self, rels: Sequence[str]) -> list[tuple[bytes, int] | None]:
-        """Each object's bytes and modification time in ns (None when it does not exist)."""
+    def get_many(self, rels: Sequence[str], cap: int | None = None,
+                 arena: BodyArena | None = None) -> list[tuple[Any, int] | None]:
+        """Each object's bytes and modification time in ns (None when it does not exist).
+        ``cap``: the most bytes one object may have (lets the native client write each body
+        into a buffer of its own; carved from ``arena`` when given: then nothing goes to the
+        byte cache)."""
         out: list[Any] = [None] * len(rels)
         todo = []
         for i, r in enumerate(rels):
@@ -273,10 +285,20 @@ class RemoteSource:
             except KeyError:
                 todo.append(i)
         if todo:
-            got = _LOOP.run(self._get_many([rels[i] for i in todo]))
+            got: list[Any] = [None] * len(todo)
+            if self.http is not None and cap is not None:
+                def one(j: int, g: Got | None) -> None:
+                    got[j] = (g.data, g.mtime) if g is not None else None
+                left = self._native([(rels[i], None) for i in todo], one, cap, arena=arena)
+                if left:  # the native client gave these up to obstore
+                    for j, g in zip(left, _LOOP.run(self._get_many([rels[todo[j]] for j in left]))):
+                        got[j] = g
+            else:
+                got = _LOOP.run(self._get_many([rels[i] for i in todo]))
             for i, g in zip(todo, got):
                 out[i] = g
-                FETCHED.put((self.url, rels[i]), g)
+                if arena is None:
+                    FETCHED.put((self.url, rels[i]), g)
         return out
 
     async def _get_many(self, rels: Sequence[str]) -> list[Any]:
@@ -320,9 +342,25 @@ class RemoteSource:
         if todo:  # all in one wave: one round trip
             sem = asyncio.Semaphore(self.requests)
 
-            async def all_() -> list[Any]:
-                return list(await asyncio.gather(*(self._index(sem, rels[i], nbytes, at_end) for i in todo)))
-            for i, g in zip(todo, _LOOP.run(all_())):
+            async def all_(which: list[int]) -> list[Any]:
+                return list(await asyncio.gather(*(self._index(sem, rels[i], nbytes, at_end) for i in which)))
+            found: list[Any] = [None] * len(todo)
+            left = list(range(len(todo)))
+            if self.http is not None:
+                rng: Any = {"suffix": nbytes} if at_end else (0, nbytes)
+
+                def one(j: int, g: Got | None) -> None:
+                    if g is None:
+                        found[j] = None
+                    elif g.size < 0:  # 416: shorter than its index
+                        found[j] = (b"", 0, 0, "")
+                    else:
+                        found[j] = (bytes(g.data), g.size, g.mtime, g.etag)
+                left = self._native([(rels[i], rng) for i in todo], one, nbytes, missing_ok=True)
+            if left:
+                for j, g in zip(left, _LOOP.run(all_([todo[j] for j in left]))):
+                    found[j] = g
+            for i, g in zip(todo, found):
                 out[i] = g[:3] if g is not None else None
                 FETCHED.put((self.url, rels[i], "index", nbytes, at_end), out[i])
                 if g is not None and len(g[0]) == nbytes:
@@ -352,17 +390,26 @@ class RemoteSource:
 
     # -- whole objects and byte ranges, each handed on as it arrives -----------------------------
     def stream(self, jobs: Sequence[tuple[str, tuple[int, int] | None]],
-               on_done: Callable[[int, Got | None], None]) -> None:
+               on_done: Callable[[int, Got | None], None], cap: int | None = None,
+               arena: BodyArena | None = None) -> None:
         """GET every job, up to ``requests`` in flight, and call ``on_done(i, got)`` (on the
         event loop's thread: it must only hand the work on) as each one arrives.
 
         A job is ``(rel, None)`` for the whole object (``got`` None: it does not exist) or
         ``(rel, (start, end))`` for a byte range (a missing object is an error there). An
         answer shorter than asked for is retried and never handed on. The first error
-        cancels the rest and is raised here.
+        cancels the rest and is raised here. ``cap``: the most bytes a whole object may have
+        (the native client needs it for whole-object jobs; without it obstore serves them);
+        ``arena``: where the native client's answers land (else buffers of their own).
         """
-        if jobs:
-            _LOOP.run(self._stream(jobs, on_done))
+        if not jobs:
+            return
+        left = list(range(len(jobs)))
+        if self.http is not None and (cap is not None or all(j[1] is not None for j in jobs)):
+            left = self._native(list(jobs), on_done, cap, arena=arena)
+        if left:
+            sub = [jobs[j] for j in left]
+            _LOOP.run(self._stream(sub, lambda k, got: on_done(left[k], got)))
 
     async def _stream(self, jobs: Sequence[tuple[str, tuple[int, int] | None]],
                       on_done: Callable[[int, Got | None], None]) -> None:
@@ -405,12 +452,148 @@ class RemoteSource:
         what = "GET" if rng is None else f"GET bytes {rng[0]}-{rng[1] - 1} of"
         return await self._retry(rel, what, once)
 
+    # -- the native HTTP client (gpu_zarr.engine.native_http) -----------------------------------
+    def _native(self, jobs: list[tuple[str, Any]], on_done: Callable[[int, Got | None], None], cap: int | None, *,
+                dests: list[np.ndarray] | None = None, missing_ok: bool = False, exact: bool = False,
+                arena: BodyArena | None = None) -> list[int]:
+        """Run ``jobs`` (``(rel, None | (start, end) | {"suffix": n})``) through the native
+        client, ``on_done(i, got)`` as each arrives (None: the object does not exist; for
+        ranges only with ``missing_ok``). Each body goes into ``dests[i]`` or a buffer of its
+        own (``cap`` bytes for whole objects; carved from ``arena`` when given). ``exact``: a
+        range must come back whole.
+        Returns the jobs given back to obstore: a server that answers no byte ranges, or a
+        body longer than ``cap``; obstore serves this source from then on."""
+        import gpu_zarr.engine.native_http as nh
+
+        http = self.http
+        assert http is not None
+        n = len(jobs)
+        reqs = nh.new_requests(n)
+        sizes = np.zeros(n, np.int64)
+        for i, (_rel, rng) in enumerate(jobs):
+            if rng is None:
+                start, end, sizes[i] = 0, -1, int(cap or 0)
+            elif isinstance(rng, dict):
+                start, end, sizes[i] = -int(rng["suffix"]), 0, int(rng["suffix"])
+            else:
+                start, end = int(rng[0]), int(rng[1])
+                sizes[i] = end - start
+            reqs["start"][i], reqs["end"][i] = start, end
+        bufs: list[np.ndarray]
+        if dests is not None:
+            bufs = list(dests)
+        elif arena is not None:  # one lease, carved (64-byte aligned)
+            room = (sizes + 63) // 64 * 64
+            at = np.concatenate([[0], np.cumsum(room)])
+            block = arena.take(int(at[-1]))
+            bufs = [block[int(a):int(a) + int(z)] for a, z in zip(at[:-1], sizes)]
+        else:
+            bufs = [np.empty(max(int(z), 1), np.uint8) for z in sizes]
+        left: list[int] = []
+
+        def done(i: int) -> None:
+            rel, rng = jobs[i]
+            try:
+                got = self._judge(rel, rng, reqs[i], bufs[i], missing_ok)
+            except NativeHttpDeclined:
+                left.append(i)
+                return
+            if exact and (got is None or len(got.data) != int(rng[1]) - int(rng[0])):
+                raise RemoteError(f"GET bytes {rng[0]}-{int(rng[1]) - 1} of {self.url_of(rel)} failed: the object "
+                                  f"is shorter now ({0 if got is None else len(got.data)} of "
+                                  f"{int(rng[1]) - int(rng[0])} bytes came back): the store changed while read.")
+            if got is not None:
+                self._count(len(got.data))
+            on_done(i, got)
+        http.fetch([self.url_of(r) for r, _ in jobs], reqs, bufs, self.requests, done)
+        if left:
+            self.http = None
+            logging.getLogger("gpu_zarr.remote").warning(
+                "%s answers no byte ranges (or a chunk was bigger than expected): obstore serves this store instead "
+                "of the native HTTP client", self.url)
+        return sorted(left)
+
+    def _judge(self, rel: str, rng: Any, r: Any, buf: np.ndarray, missing_ok: bool) -> Got | None:
+        """One finished native request: its answer, None (missing), or a clear error."""
+        import gpu_zarr.engine.native_http as nh
+
+        st, code = int(r["status"]), int(r["curl"])
+        got_n, size = int(r["got"]), int(r["size"])
+        mtime = int(r["mtime"]) * 10**9 if int(r["mtime"]) >= 0 else 0
+        etag = bytes(r["etag"]).decode(errors="replace")
+        if code == 0:
+            if rng is None:
+                if st == 200 and (size < 0 or got_n == size):
+                    return Got(buf[:got_n], got_n, mtime, etag)
+                if st == 404:
+                    return None
+            else:
+                if st == 404 and missing_ok:
+                    return None
+                if st == 416:
+                    return Got(b"", -1, 0, "")  # shorter than the range: the caller sees it changed
+                if st == 200:
+                    raise NativeHttpDeclined  # the server answers no byte ranges
+                if isinstance(rng, dict):
+                    if st == 206 and size >= 0 and got_n == min(size, int(rng["suffix"])):
+                        return Got(buf[:got_n], size, mtime, etag)
+                else:
+                    a, b = int(rng[0]), int(rng[1])
+                    if st == 206 and int(r["range_start"]) == a and got_n == b - a:
+                        return Got(buf[:got_n], size, mtime, etag)
+                    if st == 206 and 0 <= size < b:
+                        return Got(b"", size, mtime, etag)  # shorter now: it changed
+        if st == nh.TOO_LONG:
+            raise NativeHttpDeclined
+        url = self.url_of(rel)
+        what = ("GET" if rng is None else "GET (shard index)" if isinstance(rng, dict)
+                else f"GET bytes {rng[0]}-{int(rng[1]) - 1} of")
+        tries = f" (after {int(r['attempts'])} attempts)" if int(r["attempts"]) > 1 else ""
+        if code != 0:
+            err = bytes(r["err"]).decode(errors="replace")
+            return _raise(RemoteError(
+                f"{what} {url} failed{tries}: {err}. "
+                f"{network_cause(url, ConnectionError(err), self.http.stall_s if self.http else None)}check that the server "
+                "is up and reachable (network, DNS, proxy) and retry; requests in flight can be lowered with "
+                "GPU_ZARR_REMOTE_REQUESTS."))
+        if st in (401, 403):
+            hint = ("the server refused access (403/401): check the URL, and for a private store the credentials "
+                    "(storage_options 'headers', e.g. an Authorization header)")
+        elif st == 404:
+            hint = "it was not found (404) although the store's index points to it: the store changed while read"
+        elif st in (206, 200):
+            hint = ("the answer ended early or did not match the range asked for, every time: a proxy or server that "
+                    "cuts answers short; retry later")
+        elif st == 429 or st >= 500:
+            hint = "the server is busy or failing; retry later, or lower GPU_ZARR_REMOTE_REQUESTS"
+        else:
+            hint = "the server refused the request"
+        return _raise(RemoteError(f"{what} {url} failed{tries}: HTTP {st}. {hint}."))
+
     # -- byte ranges -------------------------------------------------------------------------------
     def read_ranges(self, ranges: Sequence[tuple[str, int, int, memoryview]]) -> None:
         """Fill each ``dest`` with ``length`` bytes of object ``rel`` at ``start``:
         (rel, start, length, dest)."""
-        if ranges:
-            _LOOP.run(self._read_ranges(ranges))
+        if not ranges:
+            return
+        left = list(range(len(ranges)))
+        if self.http is not None:
+            tmp: dict[int, np.ndarray] = {}
+            dests: list[np.ndarray] = []
+            for k, (_rel, _start, length, dest) in enumerate(ranges):
+                if isinstance(dest, memoryview) and dest.contiguous and not dest.readonly:
+                    dests.append(np.frombuffer(dest, np.uint8, count=length))
+                else:  # spans of a staging buffer: one body, then copies
+                    tmp[k] = np.empty(length, np.uint8)
+                    dests.append(tmp[k])
+
+            def one(k: int, g: Got | None) -> None:
+                assert g is not None
+                if k in tmp:
+                    ranges[k][3][:ranges[k][2]] = memoryview(tmp[k])
+            left = self._native([(r, (a, a + n)) for r, a, n, _ in ranges], one, None, dests=dests, exact=True)
+        if left:
+            _LOOP.run(self._read_ranges([ranges[k] for k in left]))
 
     async def _read_ranges(self, ranges: Sequence[tuple[str, int, int, memoryview]]) -> None:
 
@@ -426,6 +609,36 @@ class RemoteSource:
             async with sem:
                 await self._retry(rel, f"GET bytes {start}-{start + length - 1} of", once)
         await _all([one(*r) for r in ranges])
+
+
+class BodyArena:
+    """Where one big read's answers land: buffers leased from a runtime pool (``host_scratch``:
+    reused, so already touched) and given back by :meth:`close` -- fresh memory for every
+    answer cost more CPU in page faults than the transfer itself (81 MiB of a 128 MiB array:
+    84-130 ms of CPU into fresh buffers, 45-60 into reused ones, on the 2-core machine).
+    Nothing carved from it may outlive the read (it is not put in the byte cache)."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._stack = contextlib.ExitStack()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A buffer of ``nbytes`` valid until :meth:`close`."""
+        (buf,) = self._stack.enter_context(self._pool.lease(max(1, nbytes), 1, lambda n: np.empty(n, np.uint8)))
+        return buf
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> BodyArena:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _raise(exc: BaseException) -> Any:
+    raise exc
 
 
 @dataclass(frozen=True)
@@ -496,8 +709,13 @@ def source_of(arr: Any) -> RemoteSource | None:
                 pass
         src = per.get(path)
         if src is None or src.store is not store.store or src.requests != max(1, int(requests)):
+            http = None
+            if loc is not None and "?" not in loc.url:
+                from gpu_zarr.engine.native_http import client_for
+
+                http = client_for(loc.scheme, loc.storage_options)
             src = per[path] = RemoteSource(store.store, path, base.rstrip("/") + ("/" + path if path else ""),
-                                           requests)
+                                           requests, http)
     return src
 
 

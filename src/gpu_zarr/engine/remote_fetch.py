@@ -32,11 +32,11 @@ from gpu_zarr.engine.fetch import read_tasks
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.locate import Located, check_sizes, index_entries, piece_entries
 from gpu_zarr.engine.plan import Batch, LazyNames, Pieces
-from gpu_zarr.engine.remote import FETCHED, Got, RemoteBlob, RemoteObject, RemoteSource
+from gpu_zarr.engine.remote import FETCHED, BodyArena, Got, RemoteBlob, RemoteObject, RemoteSource
 from gpu_zarr.errors import CorruptChunkError, ShardChanged
 
 __all__ = ["GAP_BYTES", "PART_BYTES", "WHOLE_SHARD_BYTES", "Arrived", "RemoteReader", "locate_remote",
-           "stream_remote"]
+           "stream_remote", "whole_cap"]
 
 PART_BYTES = 8 << 20
 GAP_BYTES = 64 << 10  # inner chunks of one shard closer than this are one GET (a round trip costs more)
@@ -76,7 +76,7 @@ class Arrived:
 
 
 def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
-                  on_arrived: Callable[[Arrived], None]) -> dict[str, int]:
+                  on_arrived: Callable[[Arrived], None], arena: BodyArena | None = None) -> dict[str, int]:
     """Locate and fetch every piece, calling ``on_arrived`` as each answer arrives (from the
     event loop's thread, or this one for what is already known: it must only hand the work
     on). See the module docstring. Returns counts: ``requests``, ``index_requests``,
@@ -93,12 +93,12 @@ def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
     if not len(pieces):
         return counts
     if not layout.sharded:
-        return _stream_chunks(layout, pieces, source, on_arrived, counts)
-    return _stream_shards(layout, pieces, source, on_arrived, counts)
+        return _stream_chunks(layout, pieces, source, on_arrived, counts, arena)
+    return _stream_shards(layout, pieces, source, on_arrived, counts, arena)
 
 
 def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arrived: Callable[[Arrived], None],
-                   counts: dict[str, int]) -> dict[str, int]:
+                   counts: dict[str, int], arena: BodyArena | None) -> dict[str, int]:
     keys = [layout.chunk_key(tuple(c)) for c in pieces.coords.tolist()]
 
     def hand(i: int, got: Any) -> None:
@@ -126,15 +126,16 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
     def done(j: int, got: Got | None) -> None:
         i = todo[j]
         value = (got.data, got.mtime) if got is not None else None
-        FETCHED.put((source.url, keys[i]), value)
+        if arena is None:
+            FETCHED.put((source.url, keys[i]), value)
         hand(i, value)
     counts["requests"] += len(todo)
-    source.stream([(keys[i], None) for i in todo], done)
+    source.stream([(keys[i], None) for i in todo], done, whole_cap(layout), arena)
     return counts
 
 
 def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arrived: Callable[[Arrived], None],
-                   counts: dict[str, int]) -> dict[str, int]:
+                   counts: dict[str, int], arena: BodyArena | None) -> dict[str, int]:
     per = np.asarray(layout.inner_per_shard, np.int64)
     shard_coords, inner_coords = pieces.coords // per, pieces.coords % per
     inner_lin = np.asarray(np.ravel_multi_index(inner_coords.T, tuple(per)), np.int64)
@@ -203,6 +204,7 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
 
     jobs: list[tuple[str, tuple[int, int] | None]] = []
     what: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, int]] = []  # shard, pieces, offsets, sizes, start
+    shard_cap = n_inner * whole_cap(layout) + index_size
     for s in whole:
         jobs.append((keys[s], None))
         what.append((s, members[s], np.zeros(0, np.int64), np.zeros(0, np.int64), -1))
@@ -238,7 +240,7 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
     counts["requests"] += len(jobs)
     counts["whole_shards"] += len(whole)
     try:
-        source.stream(jobs, done)
+        source.stream(jobs, done, shard_cap, arena)
     except ShardChanged:
         # a shard changed since its index was fetched: nothing of it was handed on. Forget every
         # index of this read and read again (pieces of unchanged shards are placed twice, alike)
@@ -247,8 +249,15 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         counts["stale"] = counts.get("stale", 0) + 1
         if counts["stale"] > 2:
             raise CorruptChunkError(f"the shards of {source.url} keep changing while read; try again later") from None
-        return _stream_shards(layout, pieces, source, on_arrived, counts)
+        return _stream_shards(layout, pieces, source, on_arrived, counts, arena)
     return counts
+
+
+def whole_cap(layout: Layout) -> int:
+    """The most encoded bytes a whole chunk may have: its decoded size, plus what any codec
+    adds to data it cannot compress (a body past this is served by obstore instead)."""
+    n = int(layout.inner_nbytes)
+    return n + n // 4 + (64 << 10)
 
 
 def _runs(offs: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
@@ -268,22 +277,23 @@ def _runs(offs: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
     return [np.asarray(g, np.int64) for g in out]
 
 
-def locate_remote(layout: Layout, pieces: Pieces, source: RemoteSource) -> Located:
-    """:func:`gpu_zarr.engine.locate.locate` for a remote array (see the module docstring)."""
-    return check_sizes(layout, _locate(layout, pieces, source))
+def locate_remote(layout: Layout, pieces: Pieces, source: RemoteSource, arena: BodyArena | None = None) -> Located:
+    """:func:`gpu_zarr.engine.locate.locate` for a remote array (see the module docstring);
+    ``arena``: where whole chunks land (valid until it closes)."""
+    return check_sizes(layout, _locate(layout, pieces, source, arena))
 
 
-def _locate(layout: Layout, pieces: Pieces, source: RemoteSource) -> Located:
+def _locate(layout: Layout, pieces: Pieces, source: RemoteSource, arena: BodyArena | None) -> Located:
     if not layout.sharded:
         keys = [layout.chunk_key(tuple(c)) for c in pieces.coords.tolist()]
-        got = source.get_many(keys)
+        got = source.get_many(keys, whole_cap(layout), arena)
         files: list[Any] = []
         sizes = np.full(len(keys), -1, np.int64)
         mtimes = np.full(len(keys), -1, np.int64)
         for i, (k, g) in enumerate(zip(keys, got)):
             files.append(RemoteBlob(source.url_of(k), g[0] if g is not None else b""))
             if g is not None:
-                if not g[0]:
+                if len(g[0]) == 0:
                     raise CorruptChunkError(f"chunk {source.url_of(k)} is empty; expected encoded chunk bytes. "
                                             "Rewrite or delete that chunk.")
                 sizes[i], mtimes[i] = len(g[0]), g[1]

@@ -1,0 +1,354 @@
+/* gz_http: many HTTP(S) GETs in flight from one native call (libcurl's multi interface).
+ *
+ *   gz_http_fetch   GET whole objects, byte ranges or suffixes of many URLs, each body
+ *                   written straight into its caller-given buffer; retries with backoff
+ *                   (429, 5xx, resets, timeouts, answers cut short); a callback per
+ *                   finished request so the caller decodes while the rest arrive.
+ *
+ * libcurl is loaded at run time with dlopen (libcurl.so.4: no -dev package needed); when it
+ * is missing, gz_http_available() says why and the Python side uses obstore instead.
+ * Connections are kept between calls: finished calls return their multi handle (and its
+ * connection cache) to a small pool, so a viewer's next plane pays no new handshake.
+ * Part of libgz_native.so (built together with gz_native.c).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#define API __attribute__((visibility("default")))
+
+/* libcurl's ABI (curl/curl.h, stable since 7.x; checked against curl_easy_option_by_name in the tests) */
+enum {
+    O_WRITEDATA = 10001, O_URL = 10002, O_RANGE = 10007, O_ERRORBUFFER = 10010, O_USERAGENT = 10018,
+    O_HTTPHEADER = 10023, O_HEADERDATA = 10029, O_PRIVATE = 10103, O_WRITEFUNCTION = 20011,
+    O_HEADERFUNCTION = 20079, O_LOW_SPEED_LIMIT = 19, O_LOW_SPEED_TIME = 20, O_FOLLOWLOCATION = 52,
+    O_MAXREDIRS = 68, O_FILETIME = 69, O_BUFFERSIZE = 98, O_NOSIGNAL = 99, O_TCP_NODELAY = 121,
+    O_CONNECTTIMEOUT_MS = 156,
+};
+enum { I_RESPONSE_CODE = 0x200002, I_PRIVATE = 0x100015, I_FILETIME_T = 0x60000E };
+enum { M_MAXCONNECTS = 6 };
+enum { MSG_DONE = 1 };
+typedef void CURL;
+typedef void CURLM;
+typedef struct { int msg; CURL *easy; union { void *whatever; int result; } data; } CURLMsg;
+struct curl_slist;
+
+static struct {
+    int ok;
+    char why[300];
+    int (*global_init)(long);
+    CURL *(*easy_init)(void);
+    int (*easy_setopt)(CURL *, int, ...);
+    int (*easy_getinfo)(CURL *, int, ...);
+    void (*easy_cleanup)(CURL *);
+    const char *(*easy_strerror)(int);
+    CURLM *(*multi_init)(void);
+    int (*multi_add)(CURLM *, CURL *);
+    int (*multi_remove)(CURLM *, CURL *);
+    int (*multi_perform)(CURLM *, int *);
+    int (*multi_poll)(CURLM *, void *, unsigned, int, int *);
+    CURLMsg *(*multi_info_read)(CURLM *, int *);
+    int (*multi_setopt)(CURLM *, int, ...);
+    void (*multi_cleanup)(CURLM *);
+    struct curl_slist *(*slist_append)(struct curl_slist *, const char *);
+    void (*slist_free_all)(struct curl_slist *);
+    const char *(*version)(void);
+} C;
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+
+static void curl_load(void) {
+    void *h = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
+    if (!h) h = dlopen("libcurl.so", RTLD_NOW | RTLD_LOCAL);
+    if (!h) { snprintf(C.why, sizeof C.why, "%s", dlerror()); return; }
+#define S(f, n) if (!(*(void **)&C.f = dlsym(h, n))) { snprintf(C.why, sizeof C.why, "libcurl has no %s", n); return; }
+    S(global_init, "curl_global_init") S(easy_init, "curl_easy_init") S(easy_setopt, "curl_easy_setopt")
+    S(easy_getinfo, "curl_easy_getinfo") S(easy_cleanup, "curl_easy_cleanup") S(easy_strerror, "curl_easy_strerror")
+    S(multi_init, "curl_multi_init") S(multi_add, "curl_multi_add_handle") S(multi_remove, "curl_multi_remove_handle")
+    S(multi_perform, "curl_multi_perform") S(multi_poll, "curl_multi_poll") S(multi_info_read, "curl_multi_info_read")
+    S(multi_setopt, "curl_multi_setopt") S(multi_cleanup, "curl_multi_cleanup") S(slist_append, "curl_slist_append")
+    S(slist_free_all, "curl_slist_free_all") S(version, "curl_version")
+#undef S
+    if (C.global_init(3 /* CURL_GLOBAL_ALL */) != 0) { snprintf(C.why, sizeof C.why, "curl_global_init failed"); return; }
+    C.ok = 1;
+}
+
+/* 1: libcurl loaded; else 0 and *why says why */
+API int gz_http_available(const char **why, const char **version) {
+    pthread_once(&curl_once, curl_load);
+    if (why) *why = C.why;
+    if (version) *version = C.ok ? C.version() : "";
+    return C.ok;
+}
+
+/* one request: in = url index, range, destination; out = what came back */
+typedef struct {
+    int64_t start, end;    /* end > start: bytes [start, end); end < 0: the whole object; start < 0, end == 0: the last -start bytes */
+    uint8_t *dest;         /* the body goes here */
+    int64_t cap;           /* bytes dest holds (a longer body fails with status -2) */
+    int64_t got;           /* out: body bytes written */
+    int64_t size;          /* out: the object's size (Content-Range total, or a 200's length), -1 unknown */
+    int64_t mtime;         /* out: Last-Modified, seconds since the epoch, -1 unknown */
+    int64_t range_start;   /* out: first byte of a 206's Content-Range, -1 none */
+    int32_t status;        /* out: HTTP status of the last attempt; -1 no answer (see curl); -2 body longer than cap */
+    int32_t curl;          /* out: libcurl's code of the last attempt (0 ok) */
+    int32_t attempts;      /* out */
+    int32_t _pad;
+    char etag[96];         /* out */
+    char err[128];         /* out: libcurl's words for a failed last attempt */
+} gz_http_req;
+
+typedef void (*gz_http_done_fn)(int64_t i);
+
+/* multi handles kept between calls (their connection caches) */
+#define POOL 8
+static CURLM *pool[POOL];
+static int pooled;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static CURLM *take_multi(void) {
+    CURLM *m = NULL;
+    pthread_mutex_lock(&pool_lock);
+    if (pooled) m = pool[--pooled];
+    pthread_mutex_unlock(&pool_lock);
+    return m ? m : C.multi_init();
+}
+
+static void give_multi(CURLM *m) {
+    pthread_mutex_lock(&pool_lock);
+    if (pooled < POOL) { pool[pooled++] = m; m = NULL; }
+    pthread_mutex_unlock(&pool_lock);
+    if (m) C.multi_cleanup(m);
+}
+
+typedef struct {
+    gz_http_req *r;
+    int64_t i;
+    int over;          /* the body ran past cap */
+    char range[64];
+    char err[256];
+} slot_t;
+
+static size_t on_body(char *p, size_t sz, size_t n, void *u) {
+    slot_t *s = u;
+    size_t len = sz * n;
+    if (s->r->got + (int64_t)len > s->r->cap) { s->over = 1; return 0; }
+    memcpy(s->r->dest + s->r->got, p, len);
+    s->r->got += (int64_t)len;
+    return len;
+}
+
+static int starts(const char *line, size_t len, const char *name) {
+    size_t k = strlen(name);
+    return len > k && strncasecmp(line, name, k) == 0;
+}
+
+static size_t on_header(char *p, size_t sz, size_t n, void *u) {
+    slot_t *s = u;
+    size_t len = sz * n;
+    char buf[256];
+    size_t m = len < sizeof buf - 1 ? len : sizeof buf - 1;
+    memcpy(buf, p, m);
+    buf[m] = 0;
+    while (m && (buf[m - 1] == '\r' || buf[m - 1] == '\n')) buf[--m] = 0;
+    if (starts(buf, m, "HTTP/")) {  /* a new answer (after a redirect or a 100): forget the last one's */
+        s->r->size = -1; s->r->range_start = -1; s->r->etag[0] = 0; s->r->got = 0; s->over = 0;
+    } else if (starts(buf, m, "content-range:")) {
+        long long a = -1, b = -1, t = -1;
+        const char *v = buf + 14;
+        while (*v == ' ') v++;
+        if (sscanf(v, "bytes %lld-%lld/%lld", &a, &b, &t) == 3) { s->r->range_start = a; s->r->size = t; }
+    } else if (starts(buf, m, "content-length:") && s->r->end < 0 && s->r->start >= 0) {
+        long long t = -1;
+        if (sscanf(buf + 15, " %lld", &t) == 1) s->r->size = t;  /* a whole object's size */
+    } else if (starts(buf, m, "etag:")) {
+        const char *v = buf + 5;
+        while (*v == ' ') v++;
+        snprintf(s->r->etag, sizeof s->r->etag, "%.95s", v);
+    }
+    return len;
+}
+
+static int64_t now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* worth another attempt: connection trouble, a timeout, a body cut short, 429 and 5xx */
+static int transient(int code, int status) {
+    switch (code) {
+    case 7: case 16: case 18: case 28: case 52: case 55: case 56: case 92: return 1;
+    case 0: return status == 429 || status == 500 || status == 502 || status == 503 || status == 504;
+    }
+    return 0;
+}
+
+/* a finished answer is complete: its status and length are what was asked for */
+static int complete(const gz_http_req *r) {
+    if (r->end < 0 && r->start >= 0) return r->status == 200 && (r->size < 0 || r->got == r->size);
+    if (r->status != 206) return 0;
+    if (r->start < 0) return r->size >= 0 && r->got == (r->size < -r->start ? r->size : -r->start);
+    return r->range_start == r->start && r->got == r->end - r->start;
+}
+
+/* GET every request, up to in_flight at once, each at most attempts times (backoff_ms, doubled
+ * per attempt, at most 5 s); done(i) is called as request i finishes for good (complete, or
+ * failed: its status and curl code say how). *cancel != 0 stops the call early. Returns 0, or
+ * -1 when libcurl is missing, -3 when cancelled. */
+API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_flight, const char **headers,
+                      int nheaders, int64_t connect_timeout_ms, int64_t low_speed_s, int attempts, int64_t backoff_ms,
+                      gz_http_done_fn done, volatile int32_t *cancel) {
+    pthread_once(&curl_once, curl_load);
+    if (!C.ok) return -1;
+    if (n <= 0) return 0;
+    if (in_flight < 1) in_flight = 1;
+    if (in_flight > n) in_flight = (int)n;
+    if (attempts < 1) attempts = 1;
+    struct curl_slist *hdr = NULL;
+    for (int k = 0; k < nheaders; k++) hdr = C.slist_append(hdr, headers[k]);
+    CURLM *m = take_multi();
+    long maxconn = in_flight > 64 ? in_flight : 64;
+    C.multi_setopt(m, M_MAXCONNECTS, maxconn);
+    slot_t *slots = calloc((size_t)in_flight, sizeof *slots);
+    CURL **easy = calloc((size_t)in_flight, sizeof *easy);
+    int *free_slots = calloc((size_t)in_flight, sizeof *free_slots);
+    int64_t *retry_at = malloc((size_t)n * sizeof *retry_at);  /* -1: not waiting */
+    int64_t *queue = malloc((size_t)n * sizeof *queue);
+    int rc = 0;
+    if (!slots || !easy || !free_slots || !retry_at || !queue) { rc = -4; goto out; }
+    int nfree = in_flight;
+    for (int k = 0; k < in_flight; k++) free_slots[k] = in_flight - 1 - k;
+    int64_t qhead = 0, qn = n, finished = 0, waiting = 0, active = 0;
+    for (int64_t i = 0; i < n; i++) {
+        queue[i] = i; retry_at[i] = -1;
+        reqs[i].attempts = 0; reqs[i].status = -1; reqs[i].curl = 0; reqs[i].got = 0;
+        reqs[i].size = -1; reqs[i].mtime = -1; reqs[i].range_start = -1; reqs[i].etag[0] = 0; reqs[i].err[0] = 0;
+    }
+    while (finished < n) {
+        if (cancel && *cancel) { rc = -3; break; }
+        int64_t t = now_ms();
+        /* requests whose backoff is over go back to the queue's end (the queue never holds more than n) */
+        if (waiting) {
+            for (int64_t i = 0; i < n; i++) {
+                if (retry_at[i] >= 0 && retry_at[i] <= t) {
+                    retry_at[i] = -1; waiting--;
+                    queue[(qhead + qn) % n] = i; qn++;
+                }
+            }
+        }
+        while (qn && nfree) {
+            int64_t i = queue[qhead]; qhead = (qhead + 1) % n; qn--;
+            int k = free_slots[--nfree];
+            slot_t *s = &slots[k];
+            gz_http_req *r = &reqs[i];
+            memset(s, 0, sizeof *s);
+            s->r = r; s->i = i;
+            r->got = 0; r->size = -1; r->range_start = -1; r->etag[0] = 0; r->attempts++;
+            if (!easy[k]) easy[k] = C.easy_init();
+            CURL *e = easy[k];
+            C.easy_setopt(e, O_URL, urls[i]);
+            C.easy_setopt(e, O_WRITEFUNCTION, on_body);
+            C.easy_setopt(e, O_WRITEDATA, (void *)s);
+            C.easy_setopt(e, O_HEADERFUNCTION, on_header);
+            C.easy_setopt(e, O_HEADERDATA, (void *)s);
+            C.easy_setopt(e, O_PRIVATE, (void *)s);
+            C.easy_setopt(e, O_ERRORBUFFER, s->err);
+            C.easy_setopt(e, O_FOLLOWLOCATION, 1L);
+            C.easy_setopt(e, O_MAXREDIRS, 10L);
+            C.easy_setopt(e, O_FILETIME, 1L);
+            C.easy_setopt(e, O_NOSIGNAL, 1L);
+            C.easy_setopt(e, O_TCP_NODELAY, 1L);
+            C.easy_setopt(e, O_BUFFERSIZE, 512L * 1024);
+            C.easy_setopt(e, O_CONNECTTIMEOUT_MS, (long)connect_timeout_ms);
+            C.easy_setopt(e, O_LOW_SPEED_LIMIT, 1L);           /* under 1 B/s for low_speed_s: timed out */
+            C.easy_setopt(e, O_LOW_SPEED_TIME, (long)low_speed_s);
+            C.easy_setopt(e, O_USERAGENT, "gpu-zarr");
+            C.easy_setopt(e, O_HTTPHEADER, hdr);
+            if (r->end >= 0 && r->start >= 0) {
+                snprintf(s->range, sizeof s->range, "%lld-%lld", (long long)r->start, (long long)r->end - 1);
+                C.easy_setopt(e, O_RANGE, s->range);
+            } else if (r->start < 0) {
+                snprintf(s->range, sizeof s->range, "-%lld", (long long)-r->start);
+                C.easy_setopt(e, O_RANGE, s->range);
+            } else {
+                C.easy_setopt(e, O_RANGE, (char *)NULL);
+            }
+            C.multi_add(m, e);
+            active++;
+        }
+        int running = 0;
+        C.multi_perform(m, &running);
+        CURLMsg *msg;
+        int left;
+        while ((msg = C.multi_info_read(m, &left))) {
+            if (msg->msg != MSG_DONE) continue;
+            CURL *e = msg->easy;
+            int code = msg->data.result;
+            slot_t *s = NULL;
+            C.easy_getinfo(e, I_PRIVATE, (char **)&s);
+            gz_http_req *r = s->r;
+            long status = 0;
+            C.easy_getinfo(e, I_RESPONSE_CODE, &status);
+            int64_t ft = -1;
+            if (C.easy_getinfo(e, I_FILETIME_T, &ft) == 0) r->mtime = ft;
+            C.multi_remove(m, e);
+            active--;
+            r->curl = code;
+            snprintf(r->err, sizeof r->err, "%.127s", code ? (s->err[0] ? s->err : C.easy_strerror(code)) : "");
+            r->status = s->over ? -2 : (status ? (int32_t)status : -1);
+            int k = (int)(s - slots);
+            free_slots[nfree++] = k;
+            int ranged = r->end >= 0 || r->start < 0;
+            int again;
+            if (code == 0 && complete(r)) again = 0;
+            else if (s->over) again = 0;                          /* longer than asked for: the caller decides */
+            else if (code != 0) again = transient(code, 0);
+            else if (transient(0, r->status)) again = 1;          /* 429, 5xx */
+            else if (r->status == 206 && r->start >= 0 && r->size >= 0 && r->end > r->size) again = 0;  /* shorter now */
+            else if (r->status == 206 || (r->status == 200 && !ranged)) again = 1;  /* cut short or misplaced */
+            else again = 0;                                       /* 404, 403, 416, a 200 to a range: final */
+            again = again && r->attempts < attempts;
+            if (again) {
+                int64_t wait = backoff_ms << (r->attempts - 1 < 7 ? r->attempts - 1 : 7);
+                retry_at[s->i] = now_ms() + (wait < 5000 ? wait : 5000);
+                waiting++;
+                continue;
+            }
+            finished++;
+            if (done) done(s->i);
+        }
+        if (finished >= n) break;
+        int timeout = 100;
+        if (waiting) {
+            int64_t t2 = now_ms(), soonest = INT64_MAX;
+            for (int64_t i = 0; i < n; i++) if (retry_at[i] >= 0 && retry_at[i] < soonest) soonest = retry_at[i];
+            int64_t d = soonest - t2;
+            timeout = d < 0 ? 0 : (d < 100 ? (int)d : 100);
+        }
+        if (active) C.multi_poll(m, NULL, 0, timeout, NULL);
+        else if (timeout > 0) { struct timespec ts = {0, (long)timeout * 1000000L}; nanosleep(&ts, NULL); }
+    }
+out:
+    if (easy) {
+        for (int k = 0; k < in_flight; k++) {
+            if (!easy[k]) continue;
+            C.multi_remove(m, easy[k]);  /* a no-op for handles not in the multi */
+            C.easy_cleanup(easy[k]);
+        }
+    }
+    give_multi(m);
+    if (hdr) C.slist_free_all(hdr);
+    free(slots); free(easy); free(free_slots); free(retry_at); free(queue);
+    return rc;
+}
+
+API const char *gz_http_strerror(int code) {
+    pthread_once(&curl_once, curl_load);
+    return C.ok ? C.easy_strerror(code) : C.why;
+}

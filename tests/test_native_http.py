@@ -1,0 +1,133 @@
+"""The native HTTP client (``_native/gz_http.c`` over libcurl, :mod:`gpu_zarr.engine.native_http`)
+against a real loopback server with Range support: whole objects, byte ranges and suffixes land
+exactly in the caller's buffers; injected 503s, 429s, resets and truncated bodies are retried;
+what cannot be served comes back with a status, never as data. The remote suite
+(``test_remote.py``) runs every reader through this client, and CI runs it again with
+``GPU_ZARR_NATIVE_HTTP=0`` (obstore)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+import numpy as np
+import pytest
+
+from gpu_zarr.bench.remote_server import RangeServer
+from gpu_zarr.engine import native_http as nh
+
+pytestmark = pytest.mark.skipif(not nh.available(), reason=f"native HTTP client: {nh.status()}")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    d = tmp_path_factory.mktemp("http")
+    rng = np.random.default_rng(1)
+    for k in range(40):
+        (d / f"obj{k}").write_bytes(rng.integers(0, 256, 1000 + 997 * k, dtype=np.uint8).tobytes())
+    return d
+
+
+def _reqs(pairs):
+    r = nh.new_requests(len(pairs))
+    for i, (a, b) in enumerate(pairs):
+        r["start"][i], r["end"][i] = a, b
+    return r
+
+
+def test_libcurl_option_ids_match_the_library():
+    """The option numbers gz_http.c hard-codes (it includes no curl header) are libcurl's."""
+    name = ctypes.util.find_library("curl") or "libcurl.so.4"
+    lib = ctypes.CDLL(name)
+
+    class Opt(ctypes.Structure):
+        _fields_ = [("name", ctypes.c_char_p), ("id", ctypes.c_int), ("type", ctypes.c_int), ("flags", ctypes.c_uint)]
+    lib.curl_easy_option_by_name.restype = ctypes.POINTER(Opt)
+    src = (__import__("pathlib").Path(nh.__file__).with_name("_native") / "gz_http.c").read_text()
+    want = {"WRITEDATA": 10001, "URL": 10002, "RANGE": 10007, "ERRORBUFFER": 10010, "USERAGENT": 10018,
+            "HTTPHEADER": 10023, "HEADERDATA": 10029, "PRIVATE": 10103, "WRITEFUNCTION": 20011,
+            "HEADERFUNCTION": 20079, "LOW_SPEED_LIMIT": 19, "LOW_SPEED_TIME": 20, "FOLLOWLOCATION": 52,
+            "MAXREDIRS": 68, "FILETIME": 69, "BUFFERSIZE": 98, "NOSIGNAL": 99, "TCP_NODELAY": 121,
+            "CONNECTTIMEOUT_MS": 156}
+    for opt, num in want.items():
+        assert f"O_{opt} = {num}" in src, opt
+        assert lib.curl_easy_option_by_name(opt.encode()).contents.id == num, opt
+
+
+def test_whole_ranges_and_suffixes_land_in_place(root):
+    data = {k: (root / f"obj{k}").read_bytes() for k in range(40)}
+    jobs = [(0, -1), (10, 500), (-300, 0), (0, -1)] * 10
+    urls = []
+    with RangeServer(root) as srv:
+        urls = [f"{srv.url}/obj{k}" for k in range(40)]
+        caps = [len(data[k]) if b < 0 and a == 0 else (b - a if b > 0 else -a) for k, (a, b) in enumerate(jobs)]
+        big = np.zeros(sum(caps) + 64, np.uint8)  # one staging buffer, every body at its own offset
+        at = np.concatenate([[0], np.cumsum(caps)])
+        dests = [big[at[k]:at[k] + caps[k]] for k in range(40)]
+        seen = []
+        r = nh.HttpClient().fetch(urls, _reqs(jobs), dests, 8, seen.append)
+    assert sorted(seen) == list(range(40))
+    for k, (a, b) in enumerate(jobs):
+        want = data[k] if (a, b) == (0, -1) else data[k][a:b] if b > 0 else data[k][a:]
+        assert int(r["got"][k]) == len(want)
+        assert bytes(dests[k][:len(want)]) == want
+        assert int(r["status"][k]) == (200 if (a, b) == (0, -1) else 206)
+        assert int(r["size"][k]) == len(data[k])
+        assert r["mtime"][k] > 0
+    assert big[-64:].sum() == 0  # nothing written past the bodies
+
+
+@pytest.mark.parametrize("fault", ["fail_503", "fail_429", "fail_reset", "fail_truncate"])
+def test_injected_failures_are_retried(root, fault):
+    with RangeServer(root, seed=3, **{fault: 0.3}) as srv:
+        urls = [f"{srv.url}/obj{k}" for k in range(40)]
+        dests = [np.zeros(20000, np.uint8) for _ in range(40)]
+        r = nh.HttpClient(backoff_s=0.001).fetch(urls, _reqs([(100, 900)] * 40), dests, 16)
+        assert (r["status"] == 206).all() and (r["got"] == 800).all()
+        assert r["attempts"].max() > 1  # the faults happened, and were retried
+    for k in range(40):
+        assert bytes(dests[k][:800]) == (root / f"obj{k}").read_bytes()[100:900]
+
+
+def test_a_range_past_the_end_is_reported_short(root):
+    """An object shorter than the range asked for (it changed): status and length say so."""
+    with RangeServer(root) as srv:
+        r = nh.HttpClient(backoff_s=0.001).fetch([f"{srv.url}/obj0"], _reqs([(100, 5100)]), [np.zeros(5000, np.uint8)], 1)
+    assert int(r["status"][0]) == 206 and int(r["got"][0]) == 900 and int(r["size"][0]) == 1000
+    assert int(r["attempts"][0]) == 1  # not retried: it will not get longer
+
+
+def test_what_cannot_be_served_comes_back_as_a_status(root):
+    with RangeServer(root, forbidden=("obj3",)) as srv:
+        urls = [f"{srv.url}/missing", f"{srv.url}/obj3", f"{srv.url}/obj1", f"{srv.url}/obj2"]
+        dests = [np.zeros(100, np.uint8), np.zeros(100, np.uint8), np.zeros(100, np.uint8), np.zeros(10, np.uint8)]
+        r = nh.HttpClient(attempts=2, backoff_s=0.001).fetch(urls, _reqs([(0, -1), (0, 10), (10**9, 10**9 + 5),
+                                                                          (0, -1)]), dests, 4)
+    assert list(r["status"]) == [404, 403, 416, nh.TOO_LONG]  # a body longer than its buffer: never past it
+    assert r["got"][3] <= 10
+
+
+def test_a_server_without_ranges_is_reported_not_guessed(root):
+    with RangeServer(root, ranges=False) as srv:
+        r = nh.HttpClient().fetch([f"{srv.url}/obj39"], _reqs([(0, 100)]), [np.zeros(100, np.uint8)], 1)
+    assert int(r["status"][0]) in (200, nh.TOO_LONG)  # the caller gives such a server to obstore
+
+
+def test_dead_server_and_callback_errors():
+    r = nh.HttpClient(attempts=2, backoff_s=0.001, connect_timeout_s=2).fetch(
+        ["http://127.0.0.1:1/x"], _reqs([(0, -1)]), [np.zeros(10, np.uint8)], 1)
+    assert r["status"][0] == -1 and r["curl"][0] == 7 and b"connect" in bytes(r["err"][0]).lower()
+
+
+def test_an_error_in_the_callback_stops_the_rest(root):
+    with RangeServer(root, latency=0.01) as srv:
+        urls = [f"{srv.url}/obj{k}" for k in range(40)]
+
+        def boom(i):
+            raise ValueError(f"stop at {i}")
+        with pytest.raises(ValueError, match="stop at"):
+            nh.HttpClient().fetch(urls, _reqs([(0, 100)] * 40), [np.zeros(100, np.uint8) for _ in range(40)], 2, boom)
+
+
+def test_status_line():
+    assert nh.status().startswith("native (libcurl")

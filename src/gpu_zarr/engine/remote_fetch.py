@@ -7,9 +7,11 @@
   read needs is requested at once and handed on (:class:`Arrived`) as it arrives, so decode
   overlaps the transfer. Unsharded chunks are GET whole. A shard the read needs at least half
   of (and no bigger than ``WHOLE_SHARD_BYTES`` decoded) is GET whole, its index taken from its
-  own bytes: one round trip, no index request. Other shards need their index: known from an
-  earlier read of the open array (:meth:`RemoteSource.cached_index`), or fetched for all of
-  them in one wave; then one ranged GET per run of inner chunks closer than ``GAP_BYTES``
+  own bytes: one round trip, no index request (a shard the read needs all of is GET whole
+  even when its index is known: one request instead of a ranged GET per part). Other shards
+  need their index: known from an earlier read of the open array
+  (:meth:`RemoteSource.cached_index`), or fetched for all of them in one wave; then one
+  ranged GET per run of inner chunks closer than ``GAP_BYTES``
   (cut at ``PART_BYTES``). A ranged answer whose object changed since its index was fetched
   (another size, modification time or etag) is dropped and the shard is GET whole instead.
 - :class:`RemoteReader` is the fetch stage's :class:`~gpu_zarr.engine.fetch.Reader` for
@@ -184,7 +186,9 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
     need: list[int] = []
     for s in range(len(keys)):
         idx = source.cached_index(keys[s])
-        if idx is not None and len(idx[0]) == index_size:
+        if whole_ok and len(members[s]) == n_inner:  # all of it: one GET, even with its index known
+            whole.append(s)
+        elif idx is not None and len(idx[0]) == index_size:
             known[s] = (index_entries(layout, source.url_of(keys[s]), idx[0], idx[1]), idx[1], idx[2], idx[3])
         elif whole_ok and 2 * len(members[s]) >= n_inner:
             whole.append(s)

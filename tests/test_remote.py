@@ -546,3 +546,23 @@ def test_s3_anonymous_access(moto_s3, stores, monkeypatch):
         out = subprocess.run([sys.executable, "-m", "gpu_zarr.cli", "info", "s3://pub/data/v04.ome.zarr", "--anon"],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and "OME-NGFF 0.4" in out.stdout, out.stderr
+
+
+@pytest.mark.parametrize("pinned_mib", [1024, 1])
+def test_big_reads_land_in_the_arena_or_in_their_own_buffers(stores, monkeypatch, pinned_mib):
+    """A read of more than ARENA_PIECES pieces: its answers land in one reused block (decoded where
+    they landed) or, past the arena's bound, in buffers of their own; pixels exact either way, and
+    nothing of it goes to the byte cache (the block is reused by the next read)."""
+    from gpu_zarr import settings
+    from gpu_zarr.engine import pipeline
+    from gpu_zarr.engine.remote import FETCHED
+
+    monkeypatch.setattr(pipeline, "ARENA_PIECES", 4)
+    FETCHED.clear()
+    with settings.set(pinned_bytes=pinned_mib << 20), RangeServer(stores) as srv:
+        arr = open_array(f"{srv.url}/plain.zarr")
+        for _ in range(2):  # the second read reuses the first one's block
+            np.testing.assert_array_equal(engine_read(arr, Ellipsis, device="cpu").data, _disk(stores, "plain.zarr"))
+        assert FETCHED.nbytes == 0
+        s = open_array(f"{srv.url}/sharded.zarr")
+        np.testing.assert_array_equal(engine_read(s, Ellipsis, device="cpu").data, _disk(stores, "sharded.zarr"))

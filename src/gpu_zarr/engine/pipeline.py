@@ -551,7 +551,7 @@ def _arena(rt: Runtime, pieces: int) -> Any:
         return contextlib.nullcontext(None)
     from gpu_zarr.engine.remote import BodyArena
 
-    return BodyArena(rt.host_scratch)
+    return BodyArena(rt.host_scratch, settings.get("pinned_bytes") // 4)
 
 
 def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, ops: Ops, rt: Runtime,

@@ -479,12 +479,12 @@ class RemoteSource:
                 start, end = int(rng[0]), int(rng[1])
                 sizes[i] = end - start
             reqs["start"][i], reqs["end"][i] = start, end
-        bufs: list[np.ndarray]
+        bufs: list[Any]
+        room = (sizes + 63) // 64 * 64
+        at = np.concatenate([[0], np.cumsum(room)])
         if dests is not None:
             bufs = list(dests)
-        elif arena is not None:  # one lease, carved (64-byte aligned)
-            room = (sizes + 63) // 64 * 64
-            at = np.concatenate([[0], np.cumsum(room)])
+        elif arena is not None and int(at[-1]) <= arena.limit:  # one lease, carved (64-byte aligned)
             block = arena.take(int(at[-1]))
             bufs = [block[int(a):int(a) + int(z)] for a, z in zip(at[:-1], sizes)]
         else:
@@ -493,8 +493,9 @@ class RemoteSource:
 
         def done(i: int) -> None:
             rel, rng = jobs[i]
+            buf, bufs[i] = bufs[i], None  # finished: only the answer's consumer keeps it alive
             try:
-                got = self._judge(rel, rng, reqs[i], bufs[i], missing_ok)
+                got = self._judge(rel, rng, reqs[i], buf, missing_ok)
             except NativeHttpDeclined:
                 left.append(i)
                 return
@@ -616,10 +617,13 @@ class BodyArena:
     reused, so already touched) and given back by :meth:`close` -- fresh memory for every
     answer cost more CPU in page faults than the transfer itself (81 MiB of a 128 MiB array:
     84-130 ms of CPU into fresh buffers, 45-60 into reused ones, on the 2-core machine).
-    Nothing carved from it may outlive the read (it is not put in the byte cache)."""
+    Nothing carved from it may outlive the read (it is not put in the byte cache). Bounded by
+    ``limit``: the answers of bigger reads get buffers of their own, each freed once decoded,
+    so a huge read never holds all its encoded bytes at once."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, limit: int) -> None:
         self._pool = pool
+        self.limit = int(limit)  # a read whose answers need more gets buffers of their own (freed as decoded)
         self._stack = contextlib.ExitStack()
 
     def take(self, nbytes: int) -> np.ndarray:

@@ -105,25 +105,41 @@ typedef struct {
 
 typedef void (*gz_http_done_fn)(int64_t i);
 
-/* multi handles kept between calls (their connection caches) */
+/* multi handles kept between calls with their easy handles: the connection cache, and each easy
+ * handle's receive buffer, already touched (fresh buffers cost page faults on every call) */
+typedef struct { CURLM *m; CURL **easy; int n; } agent_t;
 #define POOL 8
-static CURLM *pool[POOL];
+static agent_t pool[POOL];
 static int pooled;
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static CURLM *take_multi(void) {
-    CURLM *m = NULL;
+static agent_t take_agent(int need) {
+    agent_t a = {NULL, NULL, 0};
     pthread_mutex_lock(&pool_lock);
-    if (pooled) m = pool[--pooled];
+    if (pooled) a = pool[--pooled];
     pthread_mutex_unlock(&pool_lock);
-    return m ? m : C.multi_init();
+    if (!a.m) a.m = C.multi_init();
+    if (a.n < need) {
+        CURL **e = realloc(a.easy, (size_t)need * sizeof *e);
+        if (e) {
+            for (int k = a.n; k < need; k++) e[k] = NULL;
+            a.easy = e;
+            a.n = need;
+        }
+    }
+    return a;
 }
 
-static void give_multi(CURLM *m) {
+static void give_agent(agent_t a) {
+    if (!a.m) { free(a.easy); return; }
     pthread_mutex_lock(&pool_lock);
-    if (pooled < POOL) { pool[pooled++] = m; m = NULL; }
+    if (pooled < POOL) { pool[pooled++] = a; a.m = NULL; }
     pthread_mutex_unlock(&pool_lock);
-    if (m) C.multi_cleanup(m);
+    if (a.m) {
+        for (int k = 0; k < a.n; k++) if (a.easy[k]) C.easy_cleanup(a.easy[k]);
+        free(a.easy);
+        C.multi_cleanup(a.m);
+    }
 }
 
 typedef struct {
@@ -212,16 +228,17 @@ API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_fl
     if (attempts < 1) attempts = 1;
     struct curl_slist *hdr = NULL;
     for (int k = 0; k < nheaders; k++) hdr = C.slist_append(hdr, headers[k]);
-    CURLM *m = take_multi();
+    agent_t agent = take_agent(in_flight);
+    CURLM *m = agent.m;
     long maxconn = in_flight > 64 ? in_flight : 64;
     C.multi_setopt(m, M_MAXCONNECTS, maxconn);
     slot_t *slots = calloc((size_t)in_flight, sizeof *slots);
-    CURL **easy = calloc((size_t)in_flight, sizeof *easy);
+    CURL **easy = agent.n >= in_flight ? agent.easy : NULL;
     int *free_slots = calloc((size_t)in_flight, sizeof *free_slots);
     int64_t *retry_at = malloc((size_t)n * sizeof *retry_at);  /* -1: not waiting */
     int64_t *queue = malloc((size_t)n * sizeof *queue);
     int rc = 0;
-    if (!slots || !easy || !free_slots || !retry_at || !queue) { rc = -4; goto out; }
+    if (!m || !slots || !easy || !free_slots || !retry_at || !queue) { rc = -4; goto out; }
     int nfree = in_flight;
     for (int k = 0; k < in_flight; k++) free_slots[k] = in_flight - 1 - k;
     int64_t qhead = 0, qn = n, finished = 0, waiting = 0, active = 0;
@@ -335,16 +352,21 @@ API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_fl
         else if (timeout > 0) { struct timespec ts = {0, (long)timeout * 1000000L}; nanosleep(&ts, NULL); }
     }
 out:
-    if (easy) {
+    if (easy && m) {
         for (int k = 0; k < in_flight; k++) {
             if (!easy[k]) continue;
             C.multi_remove(m, easy[k]);  /* a no-op for handles not in the multi */
-            C.easy_cleanup(easy[k]);
+            /* kept for the next call; nothing of this call may stay attached to it */
+            C.easy_setopt(easy[k], O_HTTPHEADER, (void *)NULL);
+            C.easy_setopt(easy[k], O_WRITEDATA, (void *)NULL);
+            C.easy_setopt(easy[k], O_HEADERDATA, (void *)NULL);
+            C.easy_setopt(easy[k], O_PRIVATE, (void *)NULL);
+            C.easy_setopt(easy[k], O_ERRORBUFFER, (char *)NULL);
         }
     }
-    give_multi(m);
+    give_agent(agent);
     if (hdr) C.slist_free_all(hdr);
-    free(slots); free(easy); free(free_slots); free(retry_at); free(queue);
+    free(slots); free(free_slots); free(retry_at); free(queue);
     return rc;
 }
 

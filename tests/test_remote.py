@@ -566,3 +566,38 @@ def test_big_reads_land_in_the_arena_or_in_their_own_buffers(stores, monkeypatch
         assert FETCHED.nbytes == 0
         s = open_array(f"{srv.url}/sharded.zarr")
         np.testing.assert_array_equal(engine_read(s, Ellipsis, device="cpu").data, _disk(stores, "sharded.zarr"))
+
+
+def test_anonymous_s3_goes_through_the_native_client(moto_s3, stores, monkeypatch):
+    """An unsigned s3:// read is plain HTTPS: the native client serves it (path style under the
+    endpoint); what it cannot serve is left to obstore, whose answer stands."""
+    from gpu_zarr.bench.remote_server import ProxyServer
+    from gpu_zarr.engine import native_http
+    from gpu_zarr.engine.remote import source_of
+    from gpu_zarr.location import Location, public_http_url
+
+    assert public_http_url(Location("s3://bucket/a/b.zarr", "s3", {"anon": True})) == \
+        "https://bucket.s3.amazonaws.com/a/b.zarr"
+    assert public_http_url(Location("s3://b.dots/x", "s3", {"anon": True, "region": "eu-west-1"})) == \
+        "https://s3.eu-west-1.amazonaws.com/b.dots/x"
+    assert public_http_url(Location("s3://bucket/x", "s3", {"key": "k", "secret": "s"})) is None  # signed
+    if not native_http.available():
+        pytest.skip(native_http.status())
+    _no_aws_env(monkeypatch)
+    with ProxyServer(moto_s3, latency=0.005, fail_503=0.05, fail_reset=0.03, seed=5) as px:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", px.url)
+        for rel in ("v05s.ome.zarr/0", "plain.zarr"):
+            FETCHED.clear()
+            arr = open_array(f"s3://pub/data/{rel}")
+            np.testing.assert_array_equal(engine_read(arr, device="cpu").data, _disk(stores, rel))
+            src = source_of(arr)
+            assert src is not None and src.http is not None, "obstore took over"
+            assert src.http_url == f"{px.url}/pub/data/{rel}"
+        assert not any("authorization" in e["headers"] for e in px.log)
+        assert any(e["headers"].get("user-agent") == "gpu-zarr" for e in px.log)  # the native client's requests
+        # a key the index names but the bucket lacks: left to obstore, which says what S3 said
+        arr = open_array("s3://pub/data/plain.zarr")
+        src = source_of(arr)
+        with pytest.raises(RemoteError, match="s3://pub/data/plain.zarr"):
+            src.read_ranges([("c/9/9/9", 0, 10, memoryview(bytearray(10)))])
+        assert src.http is None

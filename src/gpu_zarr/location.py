@@ -37,7 +37,7 @@ from urllib.parse import unquote, urlsplit
 from gpu_zarr.errors import RemoteError, RemoteUnavailable, install_hint
 
 __all__ = ["METADATA_NAMES", "REMOTE_HINT", "REMOTE_SCHEMES", "Location", "RemoteError", "RemoteUnavailable",
-           "clear_metadata_cache", "is_url", "network_cause", "path_and_options", "resolve"]
+           "clear_metadata_cache", "is_url", "network_cause", "path_and_options", "public_http_url", "resolve"]
 
 REMOTE_SCHEMES = ("http", "https", "s3", "s3a", "gs", "gcs")
 REMOTE_HINT = install_hint("remote")
@@ -439,6 +439,32 @@ def _s3_config(opts: Mapping[str, Any]) -> dict[str, Any]:
     if str(cfg.get("endpoint", "")).startswith("http://"):
         cfg.setdefault("virtual_hosted_style_request", False)
     return cfg
+
+
+def public_http_url(loc: Location) -> str | None:
+    """The plain HTTP(S) URL of an ``s3://`` location read anonymously (unsigned: no
+    credentials, or ``anon``), which the native HTTP client can serve; None for anything that
+    needs signing or another client. Path style under an endpoint (``AWS_ENDPOINT_URL``,
+    ``endpoint_url``) or for bucket names with dots; else AWS's virtual-hosted host (the
+    global one unless a region is named)."""
+    if loc.scheme != "s3":
+        return None
+    cfg = _s3_config(loc.storage_options)
+    if not cfg.get("skip_signature") or any(k in cfg for k in ("access_key_id", "session_token")):
+        return None
+    if set(cfg) - {"skip_signature", "endpoint", "region", "virtual_hosted_style_request"}:
+        return None  # options only obstore understands
+    parts = urlsplit(loc.url)
+    bucket, key = parts.netloc, parts.path.strip("/")
+    tail = f"/{key}" if key else ""
+    endpoint = str(cfg.get("endpoint") or "").rstrip("/")
+    if endpoint:
+        return f"{endpoint}/{bucket}{tail}"
+    region = str(cfg.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "")
+    host = f"s3.{region}.amazonaws.com" if region and region != "us-east-1" else "s3.amazonaws.com"
+    if "." in bucket:
+        return f"https://{host}/{bucket}{tail}"
+    return f"https://{bucket}.{host}{tail}"
 
 
 def _make_store(loc: Location) -> Any:

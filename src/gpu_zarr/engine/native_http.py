@@ -7,9 +7,10 @@ callback per finished request so decode overlaps the transfer. No Python per byt
 event loop: on the 2-core machine obstore's client spent 113-163 ms of CPU on the 81 MiB of
 a 128 MiB array where libcurl (TensorStore's client) spent 42-48 ms.
 
-:mod:`gpu_zarr.engine.remote` uses it for ``http(s)://`` stores when it loads (libcurl.so.4,
-found with dlopen at run time); otherwise, for ``s3://`` and ``gs://`` (signing, credential
-chains) and with ``GPU_ZARR_NATIVE_HTTP=0``, obstore serves. :func:`status` says which.
+:mod:`gpu_zarr.engine.remote` uses it for ``http(s)://`` stores and anonymous ``s3://`` reads
+when it loads (libcurl.so.4, found with dlopen at run time); otherwise, for signed ``s3://`` and
+``gs://`` (signing, credential chains) and with ``GPU_ZARR_NATIVE_HTTP=0``, obstore serves.
+:func:`status` says which.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def status() -> str:
     lib, ver, why = _lib()
     if lib is None:
         return f"obstore (native HTTP client not used: {why})"
-    return f"native (libcurl: {ver.split()[0] if ver else 'loaded'}); s3:// and gs:// through obstore"
+    return (f"native (libcurl: {ver.split()[0] if ver else 'loaded'}; anonymous s3:// too); signed s3:// and gs:// "
+            "through obstore")
 
 
 @dataclass(frozen=True)

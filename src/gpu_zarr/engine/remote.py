@@ -131,14 +131,20 @@ class RemoteSource:
     requests : int
         Requests in flight at once.
     http : HttpClient or None
-        The native HTTP client for an ``http(s)`` store (None: obstore).
+        The native HTTP client for an ``http(s)`` store or an anonymous ``s3://`` one (None: obstore).
+    http_url : str, optional
+        The HTTPS address of an anonymous ``s3://`` array (default: ``url``).
     """
 
-    def __init__(self, store: Any, prefix: str, url: str, requests: int = 64, http: Any = None) -> None:
+    def __init__(self, store: Any, prefix: str, url: str, requests: int = 64, http: Any = None,
+                 http_url: str | None = None) -> None:
         self.store = store
         #: the native HTTP client (:class:`~gpu_zarr.engine.native_http.HttpClient`) serving this
-        #: source's requests, or None: obstore serves them (s3, gs; no libcurl; a fallback)
+        #: source's requests, or None: obstore serves them (signed s3, gs; no libcurl; a fallback)
         self.http = http
+        #: where the native client finds the objects: the URL itself, or an anonymous s3:// read's
+        #: HTTPS address (then any failure is left to obstore, whose messages speak S3)
+        self.http_url = (http_url or url).rstrip("/")
         self.prefix = prefix.strip("/")
         self.url = url.rstrip("/")
         self.requests = max(1, int(requests))
@@ -490,14 +496,16 @@ class RemoteSource:
         else:
             bufs = [np.empty(max(int(z), 1), np.uint8) for z in sizes]
         left: list[int] = []
+        why: list[str] = []
 
         def done(i: int) -> None:
             rel, rng = jobs[i]
             buf, bufs[i] = bufs[i], None  # finished: only the answer's consumer keeps it alive
             try:
                 got = self._judge(rel, rng, reqs[i], buf, missing_ok)
-            except NativeHttpDeclined:
+            except NativeHttpDeclined as exc:
                 left.append(i)
+                why.append(str(exc))
                 return
             if exact and (got is None or len(got.data) != int(rng[1]) - int(rng[0])):
                 raise RemoteError(f"GET bytes {rng[0]}-{int(rng[1]) - 1} of {self.url_of(rel)} failed: the object "
@@ -506,12 +514,11 @@ class RemoteSource:
             if got is not None:
                 self._count(len(got.data))
             on_done(i, got)
-        http.fetch([self.url_of(r) for r, _ in jobs], reqs, bufs, self.requests, done)
+        http.fetch([f"{self.http_url}/{r}" for r, _ in jobs], reqs, bufs, self.requests, done)
         if left:
             self.http = None
             logging.getLogger("gpu_zarr.remote").warning(
-                "%s answers no byte ranges (or a chunk was bigger than expected): obstore serves this store instead "
-                "of the native HTTP client", self.url)
+                "%s: %s; obstore serves this store from now on instead of the native HTTP client", self.url, why[0])
         return sorted(left)
 
     def _judge(self, rel: str, rng: Any, r: Any, buf: np.ndarray, missing_ok: bool) -> Got | None:
@@ -534,7 +541,7 @@ class RemoteSource:
                 if st == 416:
                     return Got(b"", -1, 0, "")  # shorter than the range: the caller sees it changed
                 if st == 200:
-                    raise NativeHttpDeclined  # the server answers no byte ranges
+                    raise NativeHttpDeclined("it answers no byte ranges")
                 if isinstance(rng, dict):
                     if st == 206 and size >= 0 and got_n == min(size, int(rng["suffix"])):
                         return Got(buf[:got_n], size, mtime, etag)
@@ -545,7 +552,9 @@ class RemoteSource:
                     if st == 206 and 0 <= size < b:
                         return Got(b"", size, mtime, etag)  # shorter now: it changed
         if st == nh.TOO_LONG:
-            raise NativeHttpDeclined
+            raise NativeHttpDeclined("an answer was longer than expected")
+        if self.http_url != self.url:  # an s3:// store: obstore says what went wrong, in S3's terms
+            raise NativeHttpDeclined(f"HTTP {st}" if code == 0 else bytes(r["err"]).decode(errors="replace"))
         url = self.url_of(rel)
         what = ("GET" if rng is None else "GET (shard index)" if isinstance(rng, dict)
                 else f"GET bytes {rng[0]}-{int(rng[1]) - 1} of")
@@ -713,13 +722,18 @@ def source_of(arr: Any) -> RemoteSource | None:
                 pass
         src = per.get(path)
         if src is None or src.store is not store.store or src.requests != max(1, int(requests)):
-            http = None
+            http, http_url = None, None
             if loc is not None and "?" not in loc.url:
                 from gpu_zarr.engine.native_http import client_for
+                from gpu_zarr.location import public_http_url
 
-                http = client_for(loc.scheme, loc.storage_options)
+                if loc.scheme in ("http", "https"):
+                    http = client_for(loc.scheme, loc.storage_options)
+                elif (public := public_http_url(loc)) is not None:  # an anonymous s3:// read: plain HTTPS
+                    http = client_for("https", loc.storage_options)
+                    http_url = public + ("/" + path if path else "")
             src = per[path] = RemoteSource(store.store, path, base.rstrip("/") + ("/" + path if path else ""),
-                                           requests, http)
+                                           requests, http, http_url)
     return src
 
 

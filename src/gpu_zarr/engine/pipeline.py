@@ -567,12 +567,19 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
     from gpu_zarr.engine.remote_fetch import Arrived, stream_remote
 
     assert lay.source is not None
-    # decode is CPU work: drains times native threads per call stay within the cores (4 drains
-    # of 8 threads each on a 2-core machine spent more time switching than decoding)
+    # decode is CPU work: the drains running at once share the cores between their native calls
+    # (4 drains of 8 threads each on a 2-core machine spent more time switching than decoding;
+    # a plane's chunks, arriving together, are one drain's take and get every core)
     cores = os.cpu_count() or 2
     drains = max(2, min(4, opts.threads, cores))
     pool = rt.pool("remote-decode", drains)
-    one_ops = CpuOps(fast=True, runtime=rt, native_threads=max(1, cores // drains))
+    one_ops = CpuOps(fast=True, runtime=rt, native_threads=1)
+    shares: dict[int, Any] = {}
+
+    def ops_for(share: int) -> Any:
+        if share not in shares:
+            shares[share] = CpuOps(fast=True, runtime=rt, native_threads=share)
+        return shares[share]
     check = _needs_host_check(stage, one_ops)
     stride = _stride(lay)
     keys: list[Any] = [None] * len(pieces)
@@ -581,6 +588,7 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
     queue: list[Arrived] = []
     futures: list[Any] = []
     running = [0]
+    busy = [0]  # drains decoding a take now
     hits = [0]
     spent = [0.0, 0.0, 0.0]  # copy, decode, place: seconds summed over the drains
 
@@ -604,7 +612,7 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
             raise CorruptChunkError(f"chunk {a.names(int(pos[0]))}: its index points past the end of the object")
         return pos, a
 
-    def decode(items: list[tuple[np.ndarray, Arrived]]) -> None:
+    def decode(items: list[tuple[np.ndarray, Arrived]], ops_: Any) -> None:
         items = [(pos, a) for pos, a in items if len(pos)]
         if not items:
             return
@@ -635,12 +643,12 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
             t1 = time.perf_counter()
             if stage.decodes:
                 prep = stage.prepare(buf, batch, lay, names) if check else None
-                stage.decode(one_ops, buf, batch, prep, dst, dst_off, lay, names, 0, None)
+                stage.decode(ops_, buf, batch, prep, dst, dst_off, lay, names, 0, None)
                 src, offsets = dst, dst_off
             else:
                 src, offsets = buf, src_off
             t2 = time.perf_counter()
-            one_ops.place(src, offsets, pieces.table[idx], out, lay.disk_dtype, perm=lay.transpose)
+            ops_.place(src, offsets, pieces.table[idx], out, lay.disk_dtype, perm=lay.transpose)
             with lock:  # thread time, summed over the drains
                 spent[0] += t1 - t0
                 spent[1] += t2 - t1
@@ -658,9 +666,15 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
                     return
                 took = queue[:]
                 queue.clear()
-            if opts.cancel is not None and opts.cancel.is_set():
-                raise ReadCancelled("read cancelled: the partial result was discarded")
-            decode([present(a) for a in took])
+                busy[0] += 1
+                share = max(1, cores // busy[0])  # the cores, shared with the drains decoding now
+            try:
+                if opts.cancel is not None and opts.cancel.is_set():
+                    raise ReadCancelled("read cancelled: the partial result was discarded")
+                decode([present(a) for a in took], ops_for(share))
+            finally:
+                with lock:
+                    busy[0] -= 1
 
     def arrived(a: Arrived) -> None:
         with lock:

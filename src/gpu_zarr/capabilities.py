@@ -17,8 +17,6 @@ from gpu_zarr.errors import INSTALL_HINT
 __all__ = ["Capabilities", "probe"]
 
 
-
-
 @dataclass(frozen=True)
 class Capabilities:
     """What the machine offers for reading zarr onto a GPU.

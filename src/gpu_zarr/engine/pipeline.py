@@ -559,9 +559,10 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
     """The CPU's host path for a remote array: :func:`~gpu_zarr.engine.remote_fetch.stream_remote`
     requests every object at once and hands each answer on as it arrives; answers queue up,
     and a few drain tasks on the decode pool take whatever has arrived: missing pieces
-    filled, cached ones placed, the rest copied into one staging buffer, decoded with one
-    native call and placed with another (no Python per chunk: with hundreds of small answers
-    the interpreter, not the decoder, was the limit). Returns the chunk cache's keeper (its
+    filled, cached ones placed, the rest decoded with one native call (where they landed when
+    one arena block holds them all, else packed into one staging buffer first) and placed with
+    another (no Python per chunk: with hundreds of small answers the interpreter, not the
+    decoder, was the limit); that call gets the cores shared among the drains decoding then. Returns the chunk cache's keeper (its
     chunks go to the cache once the read is done)."""
     from gpu_zarr.engine.ops import CpuOps
     from gpu_zarr.engine.remote_fetch import Arrived, stream_remote

@@ -200,13 +200,11 @@ class RemoteSource:
 
         url = self.url_of(rel)
         if isinstance(exc, oe.PermissionDeniedError) or isinstance(exc, oe.UnauthenticatedError):
-            hint = ("the server refused access (403/401): check the URL, and for a private bucket the "
-                    "credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or storage_options)")
+            hint = _denied("AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or storage_options")
         elif isinstance(exc, FileNotFoundError):
-            hint = "it was not found (404) although the store's index points to it: the store changed while read"
+            hint = _MISSING
         else:
-            hint = (f"{network_cause(url, exc)}check that the server is up and reachable (network, DNS, proxy) "
-                    "and retry; requests in flight can be lowered with GPU_ZARR_REMOTE_REQUESTS")
+            hint = network_cause(url, exc) + _NETWORK
         return RemoteError(f"{what} {url} failed: {_first_line(exc)}. {hint}.")
 
     async def _retry(self, rel: str, what: str, fn: Callable[[], Awaitable[T]]) -> T:
@@ -388,7 +386,7 @@ class RemoteSource:
             return bytes(data), size, _mtime(meta), _etag(meta)
         async with sem:
             try:
-                return await self._retry(rel, "GET (shard index)", once)
+                return await self._retry(rel, _what({"suffix": nbytes}), once)
             except RemoteError as exc:
                 if "416" in str(exc) or "Range Not Satisfiable" in str(exc):
                     return b"", 0, 0, ""  # shorter than its index: locate says it is truncated
@@ -455,8 +453,7 @@ class RemoteSource:
                 raise ShortAnswer(f"expected {want} bytes, got {len(data)}")
             self._count(len(data))
             return Got(data, size, _mtime(meta), _etag(meta))
-        what = "GET" if rng is None else f"GET bytes {rng[0]}-{rng[1] - 1} of"
-        return await self._retry(rel, what, once)
+        return await self._retry(rel, _what(rng), once)
 
     # -- the native HTTP client (gpu_zarr.engine.native_http) -----------------------------------
     def _native(self, jobs: list[tuple[str, Any]], on_done: Callable[[int, Got | None], None], cap: int | None, *,
@@ -555,22 +552,16 @@ class RemoteSource:
             raise NativeHttpDeclined("an answer was longer than expected")
         if self.http_url != self.url:  # an s3:// store: obstore says what went wrong, in S3's terms
             raise NativeHttpDeclined(f"HTTP {st}" if code == 0 else bytes(r["err"]).decode(errors="replace"))
-        url = self.url_of(rel)
-        what = ("GET" if rng is None else "GET (shard index)" if isinstance(rng, dict)
-                else f"GET bytes {rng[0]}-{int(rng[1]) - 1} of")
+        url, what = self.url_of(rel), _what(rng)
         tries = f" (after {int(r['attempts'])} attempts)" if int(r["attempts"]) > 1 else ""
         if code != 0:
             err = bytes(r["err"]).decode(errors="replace")
-            return _raise(RemoteError(
-                f"{what} {url} failed{tries}: {err}. "
-                f"{network_cause(url, ConnectionError(err), self.http.stall_s if self.http else None)}check that the server "
-                "is up and reachable (network, DNS, proxy) and retry; requests in flight can be lowered with "
-                "GPU_ZARR_REMOTE_REQUESTS."))
+            cause = network_cause(url, ConnectionError(err), self.http.stall_s if self.http else None)
+            raise RemoteError(f"{what} {url} failed{tries}: {err}. {cause}{_NETWORK}.")
         if st in (401, 403):
-            hint = ("the server refused access (403/401): check the URL, and for a private store the credentials "
-                    "(storage_options 'headers', e.g. an Authorization header)")
+            hint = _denied("storage_options 'headers', e.g. an Authorization header")
         elif st == 404:
-            hint = "it was not found (404) although the store's index points to it: the store changed while read"
+            hint = _MISSING
         elif st in (206, 200):
             hint = ("the answer ended early or did not match the range asked for, every time: a proxy or server that "
                     "cuts answers short; retry later")
@@ -578,7 +569,7 @@ class RemoteSource:
             hint = "the server is busy or failing; retry later, or lower GPU_ZARR_REMOTE_REQUESTS"
         else:
             hint = "the server refused the request"
-        return _raise(RemoteError(f"{what} {url} failed{tries}: HTTP {st}. {hint}."))
+        raise RemoteError(f"{what} {url} failed{tries}: HTTP {st}. {hint}.")
 
     # -- byte ranges -------------------------------------------------------------------------------
     def read_ranges(self, ranges: Sequence[tuple[str, int, int, memoryview]]) -> None:
@@ -650,8 +641,22 @@ class BodyArena:
         self.close()
 
 
-def _raise(exc: BaseException) -> Any:
-    raise exc
+_NETWORK = ("check that the server is up and reachable (network, DNS, proxy) and retry; requests in flight can be "
+            "lowered with GPU_ZARR_REMOTE_REQUESTS")
+_MISSING = "it was not found (404) although the store's index points to it: the store changed while read"
+
+
+def _denied(credentials: str) -> str:
+    return f"the server refused access (403/401): check the URL, and for a private store the credentials ({credentials})"
+
+
+def _what(rng: Any) -> str:
+    """A request in words, for messages: a whole object, a shard index (a suffix), a byte range."""
+    if rng is None:
+        return "GET"
+    if isinstance(rng, dict):
+        return "GET (shard index)"
+    return f"GET bytes {rng[0]}-{int(rng[1]) - 1} of"
 
 
 @dataclass(frozen=True)

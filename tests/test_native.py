@@ -248,6 +248,96 @@ def test_place_equals_numpy(dtype, perm):
     assert st[0] == native.BOUNDS
 
 
+# ---------------------------------------------------------------- decode + place as answers arrive
+def _tiles(codec, dt, rng, n=6, shape=(40, 48)):
+    """n chunks of ``shape`` (one tile each along axis 0 of the output), encoded with ``codec``."""
+    dt = np.dtype(dt)
+    raw = [rng.integers(0, 200, shape).astype(dt) for _ in range(n)]
+    enc = {"zstd": lambda b: numcodecs.Zstd(3).encode(b.tobytes()),
+           "blosc": lambda b: numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE, 1024).encode(b),
+           "blosc-bit": lambda b: numcodecs.Blosc("zstd", 3, numcodecs.Blosc.BITSHUFFLE, 2048).encode(b),
+           "raw": lambda b: b.tobytes()}[codec]
+    table = np.zeros((n, 2, 4), np.int64)
+    for k in range(n):
+        table[k, 0] = (shape[0], 0, shape[0], k * shape[0])
+        table[k, 1] = (shape[1], 0, shape[1], 0)
+    return raw, [np.frombuffer(bytes(enc(b)), np.uint8) for b in raw], table
+
+
+@needs_native
+@pytest.mark.parametrize("codec,dtype", [("zstd", "<u2"), ("blosc", "<u2"), ("blosc", "<f8"), ("blosc", "<i4"),
+                                         ("blosc-bit", "<u2"), ("raw", ">i4")])
+def test_arrivals_decode_and_place_what_is_added(codec, dtype):
+    """Chunks added one by one, in any order, from buffers of their own (some never added, some
+    kept): each lands in its place; the rest of the output is untouched."""
+    rng = np.random.default_rng(3)
+    raw, enc, table = _tiles(codec, dtype, rng)
+    dt = np.dtype(dtype)
+    nb = raw[0].nbytes
+    out = np.full((len(raw) * 40, 48), 99, dt.newbyteorder("="))
+    keep = [np.empty(nb, np.uint8) if k % 2 else None for k in range(len(raw))]
+    scratch = np.empty(4 * nb, np.uint8)
+    order = [4, 0, 5, 2]  # 1 and 3 never arrive
+    with native.Arrivals(codec.split("-")[0], len(raw), nb, table, out, dt, None, 4, scratch, keep) as arr:
+        for k in order:
+            padded = np.concatenate([np.zeros(7, np.uint8), enc[k], np.zeros(5, np.uint8)])
+            arr.add(k, padded, 7, len(enc[k]))
+    st, _ = arr.close()
+    for k in range(len(raw)):
+        tile = out[k * 40:(k + 1) * 40]
+        if k in order:
+            assert st[k] == native.OK
+            assert np.array_equal(tile, raw[k].astype(dt.newbyteorder("=")))
+        else:
+            assert st[k] == native.Arrivals.NOT_ADDED and (tile == 99).all()
+    assert keep[5].tobytes() == raw[5].tobytes() and keep[1] is not None  # kept as decoded (disk order)
+
+
+@needs_native
+def test_arrivals_refuse_bad_adds_and_report_bad_chunks():
+    rng = np.random.default_rng(4)
+    raw, enc, table = _tiles("zstd", "<u2", rng, n=4)
+    nb = raw[0].nbytes
+    out = np.zeros((160, 48), np.uint16)
+    scratch = np.empty(2 * nb, np.uint8)
+    blosclz = np.frombuffer(bytes(numcodecs.Blosc("blosclz", 5, 1).encode(raw[3])), np.uint8)
+    with native.Arrivals("zstd", 4, nb, table, out, np.dtype("<u2"), None, 2, scratch) as arr:
+        arr.add(0, enc[0], 0, len(enc[0]))
+        with pytest.raises(ValueError, match="twice"):
+            arr.add(0, enc[0], 0, len(enc[0]))
+        with pytest.raises(ValueError, match="not one of"):
+            arr.add(4, enc[1], 0, len(enc[1]))
+        with pytest.raises(ValueError, match="outside its answer"):
+            arr.add(1, enc[1], 10, len(enc[1]))
+        arr.add(1, enc[1][: len(enc[1]) // 2], 0, len(enc[1]) // 2)  # truncated
+        garbage = rng.integers(0, 256, 500, dtype=np.uint8)
+        arr.add(2, garbage, 0, 500)
+    st, _ = arr.close()
+    assert st[0] == native.OK and st[1] != native.OK and st[2] != native.OK and st[3] == native.Arrivals.NOT_ADDED
+    assert (out[40:120] == 0).all()  # a chunk that failed to decode was never placed
+    with native.Arrivals("blosc", 1, nb, table[:1], out, np.dtype("<u2"), None, 1, scratch) as arr:
+        arr.add(0, blosclz, 0, len(blosclz))
+    assert arr.close()[0][0] in native.UNSUPPORTED
+
+
+@needs_native
+def test_arrivals_sets_in_many_threads_at_once():
+    rng = np.random.default_rng(5)
+    raw, enc, table = _tiles("blosc", "<u2", rng, n=8)
+    nb = raw[0].nbytes
+    want = np.concatenate(raw)
+
+    def one(_):
+        out = np.zeros_like(want)
+        with native.Arrivals("blosc", 8, nb, table, out, np.dtype("<u2"), None, 3, np.empty(3 * nb, np.uint8)) as arr:
+            for k in range(8):
+                arr.add(k, enc[k], 0, len(enc[k]))
+        st, _ = arr.close()
+        return bool((st == native.OK).all() and np.array_equal(out, want))
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(one, range(64)))
+
+
 # ---------------------------------------------------------------- engine
 def _small(arr, sel, threads=4, cache=False):
     pool = ThreadPoolExecutor(threads)
@@ -417,7 +507,9 @@ def test_build_hook_compiles_or_says_why(tmp_path, monkeypatch):
     assert hb.compile_native(root, out) is None
     import ctypes
 
-    assert ctypes.CDLL(str(out)).gz_version() == 1
+    from gpu_zarr.engine.native import VERSION
+
+    assert ctypes.CDLL(str(out)).gz_version() == VERSION
 
 
 # ---------------------------------------------------------------- the persistent team of threads

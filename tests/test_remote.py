@@ -271,6 +271,36 @@ def test_corrupt_blosc_chunk_over_http_is_named_never_data(tmp_path, cname, dama
             FETCHED.clear()
 
 
+@pytest.mark.parametrize("cname", ["lz4", "blosclz"])
+def test_plane_is_decoded_as_its_answers_arrive(tmp_path, cname):
+    """A viewer's few chunks: each decoded and placed on a native thread as its answer arrives
+    (Blosc's blosclz, which the native library leaves to numcodecs, once all are in); chunks
+    the plane cuts go to the chunk cache, and reading them again sends no request."""
+    import numcodecs
+
+    from gpu_zarr.engine import EngineOptions, native
+    from gpu_zarr.engine.runtime import get_runtime
+
+    ref = (np.arange(4 * 96 * 96, dtype="<u2").reshape(4, 96, 96) * 7) % 1009
+    a = zarr.create_array(tmp_path / "b.zarr", shape=ref.shape, chunks=(1, 64, 64), dtype="<u2", zarr_format=2,
+                          compressors=numcodecs.Blosc(cname=cname, clevel=5, shuffle=1))
+    a[...] = ref
+    FETCHED.clear()
+    get_runtime().clear_caches()
+    sel = (2, slice(10, 90), slice(5, 70))
+    with RangeServer(tmp_path) as srv:
+        arr = open_array(f"{srv.url}/b.zarr")
+        res = engine_read(arr, sel, device="cpu", options=EngineOptions(cache=True))
+        np.testing.assert_array_equal(res.data, ref[sel])
+        if native.available():
+            assert res.stats["decoded_on_arrival"] == (4 if cname == "lz4" else 0)
+        srv.reset_counters()
+        again = engine_read(arr, sel, device="cpu", options=EngineOptions(cache=True))
+        np.testing.assert_array_equal(again.data, ref[sel])
+        assert srv.requests == 0 and again.stats["cache_hits"] == 4
+        np.testing.assert_array_equal(engine_read(arr, (3,), device="cpu").data, ref[3])
+
+
 def test_a_server_without_byte_ranges_reads_exactly(stores, caplog):
     """A server that ignores Range (python's http.server, some static hosts: 200 and the whole
     object) still gives exact pixels: shards are fetched whole once and cut, and the log says so."""

@@ -300,3 +300,96 @@ def test_pinned_leases_of_nearly_equal_sizes_share_buffers():
         with rt.pinned.lease(3_100_000, 1, alloc) as (b,):
             assert b.nbytes == 3_100_000
     assert allocs == [3 << 20]
+
+
+# ---------------------------------------------------------------- recycled host memory of handed-on arrays
+def test_recycled_memory_comes_back_only_when_every_view_is_gone():
+    import gc
+
+    rt = Runtime()
+    rec = rt.recycled
+    a = rec.empty((512, 1024), np.uint16)
+    assert a.shape == (512, 1024) and a.dtype == np.uint16 and a.flags.c_contiguous and a.flags.writeable
+    a[:] = 7
+    view = a[10:20, ::3]  # a view outlives the array it came from
+    addr = a.ctypes.data
+    del a
+    gc.collect()
+    assert rec.free_bytes == 0, "the block came back while a view of it was alive"
+    b = rec.empty((512, 1024), np.uint16)
+    assert b.ctypes.data != addr  # not the view's memory
+    assert (view == 7).all()
+    del view, b
+    gc.collect()
+    assert rec.free_bytes > 0
+    c = rec.empty((512, 1024), np.uint16)  # an earlier block, reused
+    assert rec.reused == 1 and c.ctypes.data in (addr, c.ctypes.data)
+    rt.close()
+    assert rec.free_bytes == 0
+
+
+def test_recycled_sizes_dtypes_and_bound(monkeypatch):
+    import gc
+
+    rt = Runtime()
+    rec = rt.recycled
+    small = rec.empty(1000, np.uint8)  # under MIN_BYTES: a plain array
+    assert small.flags.owndata
+    for shape, dt in (((3, 300, 301), np.float64), ((1 << 20,), np.uint8), ((700, 700), ">i4"), ((2, 2), object)):
+        x = rec.empty(shape, dt)
+        assert x.shape == shape and x.dtype == np.dtype(dt)
+        if np.dtype(dt).hasobject:
+            assert x.flags.owndata  # never recycled
+    monkeypatch.setattr(settings, "get", lambda name: 64 << 20 if name == "pinned_bytes" else None)
+    assert rec.limit == (64 << 20) // 4 // 16
+    big = rec.empty(rec.limit + 1, np.uint8)  # over a sixteenth of the bound: a plain array
+    assert big.flags.owndata
+    arrays = [rec.empty(1 << 20, np.uint8) for _ in range(40)]  # 40 MiB lent, more than the 16 MiB kept
+    del arrays
+    gc.collect()
+    assert 0 < rec.free_bytes <= (64 << 20) // 4
+
+
+def test_recycled_arrays_from_many_threads():
+    import gc
+
+    rt = Runtime()
+    rec = rt.recycled
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(200):
+                a = rec.empty((300, 1000), np.uint8)
+                a[:] = k
+                assert (a == k).all()  # nobody else was lent this block meanwhile
+                del a
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    gc.collect()
+    assert not errors
+    assert rec.reused > 0
+
+
+def test_cpu_read_results_are_recycled_and_stay_correct(tmp_path):
+    """A CPU read's result is recycled memory: results kept by the caller are never overwritten."""
+    import gc
+
+    ref = np.arange(8 * 512 * 512, dtype=np.uint16).reshape(8, 512, 512)
+    z = zarr.create_array(tmp_path / "a.zarr", shape=ref.shape, chunks=(1, 256, 256), dtype=ref.dtype)
+    z[:] = ref
+    kept = [(k, read(z, (k,), device="cpu").data) for k in range(8)]
+    for r in range(3):  # reads after some results were dropped reuse their memory
+        del kept[::2]
+        gc.collect()
+        kept += [(k, read(z, (k,), device="cpu").data) for k in range(r, 8, 2)]
+    for k in range(8):
+        assert np.array_equal(read(z, (k,), device="cpu").data, ref[k])
+    assert get_runtime().recycled.reused > 0
+    for k, a in kept:
+        assert np.array_equal(a, ref[k])

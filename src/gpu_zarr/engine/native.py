@@ -38,11 +38,13 @@ __all__ = [
     "library",
     "place",
     "read",
+    "Arrivals",
     "scratch_per_thread",
     "status",
 ]
 
 LIBNAME = "libgz_native.so"
+VERSION = 2  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
 CODECS = {"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6}
 OK, OPEN, SHORT, IO, BOUNDS = 0, 1, 2, 3, 4
 UNSUPPORTED = frozenset(range(20, 25))
@@ -104,8 +106,8 @@ def _load() -> tuple[Any, NativeStatus]:
                                   "package was installed?); reinstall with a C compiler (cc) on PATH", {}, ())
     try:
         lib = ctypes.CDLL(str(path))
-        if lib.gz_version() != 1:
-            raise OSError(f"version {lib.gz_version()}, expected 1: rebuild it (reinstall the package)")
+        if lib.gz_version() != VERSION:
+            raise OSError(f"version {lib.gz_version()}, expected {VERSION}: rebuild it (reinstall the package)")
     except (OSError, AttributeError) as exc:
         return None, NativeStatus(False, str(path), f"it did not load: {exc}", {}, ())
     lib.gz_strerror.restype = ctypes.c_char_p
@@ -119,6 +121,13 @@ def _load() -> tuple[Any, NativeStatus]:
     lib.gz_place.argtypes = [_i64, _vp, _i64, _i64p, _i64, _i64p, _int, _i64p, _int, _int, _vp, _i64, _int, _i32p]
     lib.gz_fused.argtypes = [_int, _vp, _i64, _i64, _i64p, _i64p, _i64p, _i64, _i64p, _int, _i64p, _int, _int, _vp,
                              _i64, _vp, _vp, _i64, _int, _i32p, _i64p]
+    lib.gz_arrivals_open.restype = _vp
+    lib.gz_arrivals_open.argtypes = [_int, _i64, _i64, _i64p, _int, _i64p, _int, _int, _vp, _i64, _vp, _vp, _int,
+                                     _i32p, _i64p]
+    lib.gz_arrivals_add.restype = _int
+    lib.gz_arrivals_add.argtypes = [_vp, _i64, _vp, _i64]
+    lib.gz_arrivals_close.restype = _i64
+    lib.gz_arrivals_close.argtypes = [_vp]
     mask = lib.gz_libraries()
     libs = {name: ("" if mask >> k & 1 else lib.gz_library_error(k).decode(errors="replace") or "not found")
             for k, name in enumerate(_LIBS)}
@@ -299,6 +308,78 @@ def fused(codec: str, files: list[Any], file_id: Any, file_offset: Any, sizes: A
                        tab, tab.shape[1], strides, unit, swap, _ptr(out), out.nbytes,
                        None if keep_arr is None else _ptr(keep_arr), _ptr(scratch), per, threads, st, det)
     return st, det
+
+
+class Arrivals:
+    """Chunks decoded and placed into ``out`` on native threads as their bytes arrive (a remote
+    read's answers): :meth:`add` queues one chunk and returns at once, a worker decodes it
+    (into ``keep[i]`` when given, else its slot of ``scratch``) and places it with table row
+    ``i`` while the rest are on the way; :meth:`close` waits for them all. A context manager
+    (closed on exit, also on an error: no worker outlives it, and every buffer added is kept
+    alive until then).
+
+    Parameters
+    ----------
+    codec : str
+        A key of :data:`CODECS`.
+    n : int
+        Chunks in the set (indices 0..n-1; each added at most once).
+    chunk_nbytes : int
+        Decoded bytes of each chunk.
+    table, out, disk_dtype, perm
+        As for :func:`place`.
+    threads : int
+    scratch : ndarray of uint8
+        At least ``threads * chunk_nbytes`` bytes.
+    keep : list, optional
+        Per chunk a buffer of ``chunk_nbytes`` bytes to decode into and keep, or None.
+    """
+
+    NOT_ADDED = 30
+
+    def __init__(self, codec: str, n: int, chunk_nbytes: int, table: np.ndarray, out: np.ndarray,
+                 disk_dtype: np.dtype, perm: tuple[int, ...] | None, threads: int, scratch: np.ndarray,
+                 keep: list[np.ndarray | None] | None = None) -> None:
+        _check_buffer(out, "out")
+        threads = max(1, min(int(threads), n, 64))
+        if scratch.nbytes < threads * chunk_nbytes:
+            raise ValueError(f"scratch has {scratch.nbytes} bytes, {threads * chunk_nbytes} needed")
+        self.status, self.detail = np.empty(n, np.int32), np.empty(n, np.int64)
+        self._geom = _geometry(table, out, np.dtype(disk_dtype), perm)
+        tab, strides, unit, swap = self._geom
+        self._keep_arr = None
+        if keep is not None and any(k is not None for k in keep):
+            self._keep_arr = np.array([0 if k is None else _ptr(k) for k in keep], np.uint64)
+        self.keep = keep
+        self._alive: list[Any] = [out, scratch, keep]  # every buffer the workers touch, until close
+        self._h = library().gz_arrivals_open(CODECS[codec], n, int(chunk_nbytes), tab, tab.shape[1], strides, unit,
+                                             swap, _ptr(out), out.nbytes,
+                                             None if self._keep_arr is None else _ptr(self._keep_arr), _ptr(scratch),
+                                             threads, self.status, self.detail)
+        if not self._h:
+            raise MemoryError("the native library could not start decoding as answers arrive (out of memory?)")
+
+    def add(self, i: int, data: np.ndarray, offset: int, nbytes: int) -> None:
+        """Queue chunk ``i``: ``nbytes`` encoded bytes at ``data[offset:]`` (kept alive until close)."""
+        if offset < 0 or nbytes < 0 or offset + nbytes > data.nbytes:
+            raise ValueError(f"chunk {i}: bytes {offset}..{offset + nbytes} lie outside its answer ({data.nbytes})")
+        self._alive.append(data)
+        if library().gz_arrivals_add(self._h, int(i), _ptr(data) + int(offset), int(nbytes)) != OK:
+            raise ValueError(f"chunk {i} was added twice, or is not one of this set's")
+
+    def close(self) -> tuple[np.ndarray, np.ndarray]:
+        """Wait for every chunk added; (status, detail) per chunk (:attr:`NOT_ADDED`: never added)."""
+        if self._h:
+            library().gz_arrivals_close(self._h)
+            self._h = None
+            self._alive = []
+        return self.status, self.detail
+
+    def __enter__(self) -> Arrivals:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def scratch_per_thread(codec: str, max_encoded: int, chunk_nbytes: int) -> int:

@@ -184,7 +184,7 @@ class CpuOps:
         self.map_chunks(part, len(parts))
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return np.empty(shape, dtype)
+        return self.runtime.recycled.empty(shape, dtype)  # memory the caller drops comes back already touched
 
     def host_buffers(self, nbytes: int, count: int) -> _HostLease:
         return _HostLease(nbytes, count)

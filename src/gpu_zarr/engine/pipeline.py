@@ -531,6 +531,7 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
 #: remote reads of more pieces than this land in a :class:`~gpu_zarr.engine.remote.BodyArena`
 #: (reused buffers; a viewer's few chunks get buffers of their own and go to the byte cache)
 ARENA_PIECES = 64
+SMALL_PIECES = 16
 
 
 def _one_home(items: list[tuple[np.ndarray, Any]]) -> np.ndarray | None:
@@ -546,9 +547,10 @@ def _one_home(items: list[tuple[np.ndarray, Any]]) -> np.ndarray | None:
 
 
 def _arena(rt: Runtime, pieces: int) -> Any:
-    """A body arena for a remote read of ``pieces`` pieces, or a null context."""
+    """Where a remote read of ``pieces`` pieces lands its answers: a body arena, or (a
+    viewer's few chunks, which go to the byte cache) the runtime's recycled memory."""
     if pieces <= ARENA_PIECES:
-        return contextlib.nullcontext(None)
+        return contextlib.nullcontext(rt.recycled)
     from gpu_zarr.engine.remote import BodyArena
 
     return BodyArena(rt.host_scratch, settings.get("pinned_bytes") // 4)
@@ -677,29 +679,102 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
                 with lock:
                     busy[0] -= 1
 
+    small = len(pieces) <= SMALL_PIECES
+    # a viewer's few chunks: each decoded and placed on a native thread the moment its answer is
+    # in (no Python thread between), else (no native decoder) all decoded at once when all are in
+    native = _native_arrivals(lay, stage, out, pieces, keep, rt, cores) if small else None
+    added: dict[int, tuple[Arrived, int]] = {}
+
     def arrived(a: Arrived) -> None:
+        if native is not None:
+            pos, a = present(a)
+            if not len(pos):
+                return
+            data = a.data if isinstance(a.data, np.ndarray) else np.frombuffer(a.data, np.uint8)
+            for j in pos.tolist():
+                added[int(a.pieces[j])] = (a, j)
+                native.add(int(a.pieces[j]), data, int(a.offset[j]), int(a.nbytes[j]))
+            return
         with lock:
             queue.append(a)
-            if running[0] >= drains:
+            if small or running[0] >= drains:
                 return
             running[0] += 1
         futures.append(pool.submit(drain))
 
     t = time.perf_counter()
     # a big read's answers land in reused buffers, held until every drain is done with them
-    with _arena(rt, len(pieces)) as arena:
+    with _arena(rt, len(pieces)) as arena, native if native is not None else contextlib.nullcontext():
         try:
             counts = stream_remote(lay, pieces, lay.source, arrived, arena)
             stats["fetch_s"] = time.perf_counter() - t
+            if native is not None:
+                left = _arrivals_done(lay, native, added, keep)
+                stats["decoded_on_arrival"] = len(added) - len(left)
+                if left:  # chunks the native library does not decode (Blosc's blosclz, snappy)
+                    decode([(np.array([j for a2, j in left if a2 is a], np.int64), a)
+                            for a in {id(a): a for a, _ in left}.values()], ops_for(cores))
+            elif small and queue:  # decoded here, on every core, in one call
+                running[0] += 1
+                drain()
         finally:
             errors = [f.exception() for f in futures]
     for e in errors:
         if e is not None:
             raise e
+    if opts.cancel is not None and opts.cancel.is_set():
+        raise ReadCancelled("read cancelled: the partial result was discarded")
     stats.update(drain_copy_s=spent[0], drain_decode_s=spent[1], drain_place_s=spent[2], drains=drains)
     stats.update(counts, codec=lay.codec, pieces=len(pieces), cache_hits=hits[0],
                  reader=f"remote ({lay.source.requests} requests in flight, decoded as they arrive)")
     return keep
+
+
+def _native_arrivals(lay: Layout, stage: CodecStage, out: Any, pieces: Pieces, keep: _Keep | None, rt: Runtime,
+                     cores: int) -> Any:
+    """A :class:`~gpu_zarr.engine.native.Arrivals` set for a small remote read's pieces, or None
+    (no native decoder for the codec, or an output it cannot place into)."""
+    import gpu_zarr.engine.native as native
+    import gpu_zarr.engine.native_read as native_read
+
+    if not native_read.serves(lay.codec, out):
+        return None
+    codec = native_read.native_codec(lay.codec)
+    assert codec is not None
+    n, inner = len(pieces), int(lay.inner_nbytes)
+    threads = max(1, min(max(1, cores - 1), n))
+    keep_bufs = None
+    if keep is not None and stage.decodes:
+        keep_bufs = [rt.recycled.empty(inner) if keep.wants(k) else None for k in range(n)]
+    scratch = rt.recycled.empty(max(1, threads * inner))
+    return native.Arrivals(codec, n, inner, pieces.table, out, lay.disk_dtype, lay.transpose, threads, scratch,
+                           keep_bufs)
+
+
+def _arrivals_done(lay: Layout, arrivals: Any, added: dict[int, tuple[Any, int]],
+                   keep: _Keep | None) -> list[tuple[Any, int]]:
+    """Wait for a small remote read's native decodes; hand wanted chunks to ``keep``. Returns
+    the (answer, position) of the pieces the library does not decode; raises on a corrupt one."""
+    import gpu_zarr.engine.native as native
+
+    keep_bufs = arrivals.keep
+    st, det = arrivals.close()
+    left = []
+    for p, (a, j) in sorted(added.items()):
+        code = int(st[p])
+        if code == native.OK:
+            if keep_bufs is not None and keep_bufs[p] is not None:
+                assert keep is not None
+                keep(p, keep_bufs[p])
+        elif code in native.UNSUPPORTED:
+            left.append((a, j))
+        else:
+            what = {"gzip": " (its deflate stream, or the CRC-32 and size in its trailer)",
+                    "zlib": " (its deflate stream, or the Adler-32 in its trailer)"}.get(lay.codec, "")
+            raise CorruptChunkError(
+                f"chunk {a.names(j)}: {lay.codec} decode failed{what}: {native.describe(code, int(det[p]))}. The chunk is "
+                "corrupt or truncated; rewrite or delete that chunk (zarr-python's own read fails on it too).")
+    return left
 
 
 def _gpu_reader(kind: str, lay: Layout, opts: EngineOptions) -> str:

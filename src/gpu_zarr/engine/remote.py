@@ -26,14 +26,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from gpu_zarr.errors import NativeHttpDeclined, RemoteError, ShortAnswer
 from gpu_zarr.location import network_cause
 
-__all__ = ["FETCHED", "BodyArena", "Got", "RemoteBlob", "RemoteObject", "RemoteSource", "source_of"]
+__all__ = ["FETCHED", "BodyArena", "Bodies", "Got", "RemoteBlob", "RemoteObject", "RemoteSource", "source_of"]
 
 _ATTEMPTS = 4  # our own retries of answers that ended early (obstore retries the rest)
 T = TypeVar("T")
@@ -276,7 +276,7 @@ class RemoteSource:
 
     # -- whole objects (unsharded chunks) ------------------------------------------------------
     def get_many(self, rels: Sequence[str], cap: int | None = None,
-                 arena: BodyArena | None = None) -> list[tuple[Any, int] | None]:
+                 arena: Bodies | None = None) -> list[tuple[Any, int] | None]:
         """Each object's bytes and modification time in ns (None when it does not exist).
         ``cap``: the most bytes one object may have (lets the native client write each body
         into a buffer of its own; carved from ``arena`` when given: then nothing goes to the
@@ -301,7 +301,7 @@ class RemoteSource:
                 got = _LOOP.run(self._get_many([rels[i] for i in todo]))
             for i, g in zip(todo, got):
                 out[i] = g
-                if arena is None:
+                if arena is None or arena.lasting:
                     FETCHED.put((self.url, rels[i]), g)
         return out
 
@@ -395,7 +395,7 @@ class RemoteSource:
     # -- whole objects and byte ranges, each handed on as it arrives -----------------------------
     def stream(self, jobs: Sequence[tuple[str, tuple[int, int] | None]],
                on_done: Callable[[int, Got | None], None], cap: int | None = None,
-               arena: BodyArena | None = None) -> None:
+               arena: Bodies | None = None) -> None:
         """GET every job, up to ``requests`` in flight, and call ``on_done(i, got)`` (on the
         event loop's thread: it must only hand the work on) as each one arrives.
 
@@ -458,7 +458,7 @@ class RemoteSource:
     # -- the native HTTP client (gpu_zarr.engine.native_http) -----------------------------------
     def _native(self, jobs: list[tuple[str, Any]], on_done: Callable[[int, Got | None], None], cap: int | None, *,
                 dests: list[np.ndarray] | None = None, missing_ok: bool = False, exact: bool = False,
-                arena: BodyArena | None = None) -> list[int]:
+                arena: Bodies | None = None) -> list[int]:
         """Run ``jobs`` (``(rel, None | (start, end) | {"suffix": n})``) through the native
         client, ``on_done(i, got)`` as each arrives (None: the object does not exist; for
         ranges only with ``missing_ok``). Each body goes into ``dests[i]`` or a buffer of its
@@ -612,6 +612,20 @@ class RemoteSource:
         await _all([one(*r) for r in ranges])
 
 
+class Bodies(Protocol):
+    """Where the native client's answers land (else in buffers of their own): ``take(n)`` gives
+    a buffer of ``n`` bytes, at most ``limit``; ``lasting``: the answers may outlive the read
+    (they go to the byte cache). A :class:`BodyArena` (a big read's, not lasting) or the
+    runtime's :class:`~gpu_zarr.engine.runtime.Recycled` (a small read's, lasting)."""
+
+    lasting: bool
+
+    @property
+    def limit(self) -> int: ...
+
+    def take(self, nbytes: int) -> np.ndarray: ...
+
+
 class BodyArena:
     """Where one big read's answers land: buffers leased from a runtime pool (``host_scratch``:
     reused, so already touched) and given back by :meth:`close` -- fresh memory for every
@@ -620,6 +634,8 @@ class BodyArena:
     Nothing carved from it may outlive the read (it is not put in the byte cache). Bounded by
     ``limit``: the answers of bigger reads get buffers of their own, each freed once decoded,
     so a huge read never holds all its encoded bytes at once."""
+
+    lasting = False
 
     def __init__(self, pool: Any, limit: int) -> None:
         self._pool = pool

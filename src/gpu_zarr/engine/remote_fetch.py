@@ -34,7 +34,7 @@ from gpu_zarr.engine.fetch import read_tasks
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.locate import Located, check_sizes, index_entries, piece_entries
 from gpu_zarr.engine.plan import Batch, LazyNames, Pieces
-from gpu_zarr.engine.remote import FETCHED, BodyArena, Got, RemoteBlob, RemoteObject, RemoteSource
+from gpu_zarr.engine.remote import FETCHED, Bodies, Got, RemoteBlob, RemoteObject, RemoteSource
 from gpu_zarr.errors import CorruptChunkError, ShardChanged
 
 __all__ = ["GAP_BYTES", "PART_BYTES", "WHOLE_SHARD_BYTES", "Arrived", "RemoteReader", "locate_remote",
@@ -78,7 +78,7 @@ class Arrived:
 
 
 def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
-                  on_arrived: Callable[[Arrived], None], arena: BodyArena | None = None) -> dict[str, int]:
+                  on_arrived: Callable[[Arrived], None], arena: Bodies | None = None) -> dict[str, int]:
     """Locate and fetch every piece, calling ``on_arrived`` as each answer arrives (from the
     event loop's thread, or this one for what is already known: it must only hand the work
     on). See the module docstring. Returns counts: ``requests``, ``index_requests``,
@@ -100,7 +100,7 @@ def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
 
 
 def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arrived: Callable[[Arrived], None],
-                   counts: dict[str, int], arena: BodyArena | None) -> dict[str, int]:
+                   counts: dict[str, int], arena: Bodies | None) -> dict[str, int]:
     keys = [layout.chunk_key(tuple(c)) for c in pieces.coords.tolist()]
 
     def hand(i: int, got: Any) -> None:
@@ -128,7 +128,7 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
     def done(j: int, got: Got | None) -> None:
         i = todo[j]
         value = (got.data, got.mtime) if got is not None else None
-        if arena is None:
+        if arena is None or arena.lasting:
             FETCHED.put((source.url, keys[i]), value)
         hand(i, value)
     counts["requests"] += len(todo)
@@ -137,7 +137,7 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
 
 
 def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arrived: Callable[[Arrived], None],
-                   counts: dict[str, int], arena: BodyArena | None) -> dict[str, int]:
+                   counts: dict[str, int], arena: Bodies | None) -> dict[str, int]:
     per = np.asarray(layout.inner_per_shard, np.int64)
     shard_coords, inner_coords = pieces.coords // per, pieces.coords % per
     inner_lin = np.asarray(np.ravel_multi_index(inner_coords.T, tuple(per)), np.int64)
@@ -281,13 +281,13 @@ def _runs(offs: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
     return [np.asarray(g, np.int64) for g in out]
 
 
-def locate_remote(layout: Layout, pieces: Pieces, source: RemoteSource, arena: BodyArena | None = None) -> Located:
+def locate_remote(layout: Layout, pieces: Pieces, source: RemoteSource, arena: Bodies | None = None) -> Located:
     """:func:`gpu_zarr.engine.locate.locate` for a remote array (see the module docstring);
     ``arena``: where whole chunks land (valid until it closes)."""
     return check_sizes(layout, _locate(layout, pieces, source, arena))
 
 
-def _locate(layout: Layout, pieces: Pieces, source: RemoteSource, arena: BodyArena | None) -> Located:
+def _locate(layout: Layout, pieces: Pieces, source: RemoteSource, arena: Bodies | None) -> Located:
     if not layout.sharded:
         keys = [layout.chunk_key(tuple(c)) for c in pieces.coords.tolist()]
         got = source.get_many(keys, whole_cap(layout), arena)

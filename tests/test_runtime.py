@@ -341,13 +341,18 @@ def test_recycled_sizes_dtypes_and_bound(monkeypatch):
         if np.dtype(dt).hasobject:
             assert x.flags.owndata  # never recycled
     monkeypatch.setattr(settings, "get", lambda name: 64 << 20 if name == "pinned_bytes" else None)
-    assert rec.limit == (64 << 20) // 4 // 16
-    big = rec.empty(rec.limit + 1, np.uint8)  # over a sixteenth of the bound: a plain array
+    assert rec.limit == 16 << 20
+    big = rec.empty(rec.limit + 1, np.uint8)  # over a quarter of pinned_bytes: a plain array
     assert big.flags.owndata
-    arrays = [rec.empty(1 << 20, np.uint8) for _ in range(40)]  # 40 MiB lent, more than the 16 MiB kept
+    arrays = [rec.empty(1 << 20, np.uint8) for _ in range(40)]  # 40 MiB lent, more than the 32 MiB kept
     del arrays
     gc.collect()
-    assert 0 < rec.free_bytes <= (64 << 20) // 4
+    assert rec.free_bytes == 32 << 20
+    reused = rec.reused
+    two = rec.empty(2 << 20, np.uint8)  # another size: a new block
+    del two
+    gc.collect()
+    assert rec.free_bytes == 32 << 20 and rec.reused == reused  # the oldest free blocks made room
 
 
 def test_recycled_arrays_from_many_threads():

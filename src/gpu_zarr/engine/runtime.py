@@ -153,36 +153,35 @@ class Recycled:
     """Host arrays a read hands on (a CPU read's result; a remote answer kept in the byte cache)
     whose memory comes back, already touched, once the last array over it is gone.
 
-    Fresh memory costs a page fault per 4 KiB, and memory freed by the caller goes back to the
-    system: reading one 2 MiB plane of a remote store on the 2-core machine faulted ~1200 pages
-    (its result and its answers), ~3 ms of the read's 6.5 ms of CPU, more than decoding it
-    (TensorStore's allocator keeps freed memory: ~10 faults a plane). A block is lent to the
-    caller through a small buffer object over it; when that object dies (no array or view
-    over it is left) the block returns to a free list, at most ``pinned_bytes // 4`` bytes of
-    them kept. Arrays under 256 KiB or over a sixteenth of that bound are plain ``np.empty``.
+    Fresh memory costs a page fault per 4 KiB on these VMs (the host faults it in too), and
+    memory the caller frees goes back to the system: reading one 2 MiB plane of a remote store
+    on the 2-core machine faulted ~1200 pages (its result and its answers), ~3 ms of the
+    read's 6.5 ms of CPU, more than decoding it; whole 128 MiB reads into fresh results took
+    0.2-2.5 s where the same read into touched memory took 0.2 s (TensorStore's allocator
+    keeps freed memory: ~10 faults a plane). A block is lent to the caller through a small
+    buffer object over it; when that object dies (no array or view over it is left) the block
+    returns to a free list. Arrays under 256 KiB or over ``pinned_bytes // 4`` are plain
+    ``np.empty``; at most ``pinned_bytes // 2`` bytes of free blocks are kept (the oldest go
+    first); :meth:`Runtime.close` frees them.
     """
 
     MIN_BYTES = 256 << 10
     lasting = True  # as a remote read's landing (engine.remote.Bodies): its answers may be cached
 
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # a block can come back on any thread, in a GC run inside empty()
+        self._free: list[np.ndarray] = []  # oldest first
+        self.free_bytes = 0
+        self.reused = 0  # blocks lent again (stats, tests)
+
     @property
     def limit(self) -> int:
         """The most bytes one array may have and still be recycled."""
-        return self._limit() // 16
+        return int(settings.get("pinned_bytes")) // 4
 
     def take(self, nbytes: int) -> np.ndarray:
         """``nbytes`` bytes (a remote read's answers land in them)."""
         return self.empty(max(1, int(nbytes)), np.uint8)
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()  # a block can come back on any thread, in a GC run inside empty()
-        self._free: dict[int, list[np.ndarray]] = {}
-        self.free_bytes = 0
-        self.reused = 0  # blocks lent again (stats, tests)
-
-    @staticmethod
-    def _limit() -> int:
-        return int(settings.get("pinned_bytes")) // 4
 
     def empty(self, shape: Sequence[int] | int, dtype: Any = np.uint8) -> np.ndarray:
         """Like ``np.empty(shape, dtype)``: C order, contents undefined, owned by the caller."""
@@ -191,14 +190,16 @@ class Recycled:
         nbytes = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
         if nbytes < self.MIN_BYTES or nbytes > self.limit or dt.hasobject:
             return np.empty(shp, dt)
-        size = -(-nbytes // (1 << max(16, nbytes.bit_length() - 4))) * (1 << max(16, nbytes.bit_length() - 4))
+        granule = 1 << max(16, nbytes.bit_length() - 4)  # size classes: 1/16 of the next power of two
+        size = -(-nbytes // granule) * granule
         block = None
         with self._lock:
-            free = self._free.get(size)
-            if free:
-                block = free.pop()
-                self.free_bytes -= size
-                self.reused += 1
+            for k in range(len(self._free) - 1, -1, -1):  # the newest of this size
+                if self._free[k].nbytes == size:
+                    block = self._free.pop(k)
+                    self.free_bytes -= size
+                    self.reused += 1
+                    break
         if block is None:
             block = np.empty(size, np.uint8)
         lent = (ctypes.c_ubyte * size).from_buffer(block)
@@ -206,10 +207,12 @@ class Recycled:
         return np.frombuffer(lent, dt, count=nbytes // dt.itemsize).reshape(shp)
 
     def _back(self, block: np.ndarray) -> None:
+        bound = int(settings.get("pinned_bytes")) // 2
         with self._lock:
-            if self.free_bytes + block.nbytes <= self._limit():
-                self._free.setdefault(block.nbytes, []).append(block)
-                self.free_bytes += block.nbytes
+            self._free.append(block)
+            self.free_bytes += block.nbytes
+            while self.free_bytes > bound:
+                self.free_bytes -= self._free.pop(0).nbytes
 
     def clear(self) -> None:
         """Drop the free blocks (those lent out come back to an empty list, within the bound)."""

@@ -47,7 +47,7 @@ def test_libcurl_option_ids_match_the_library():
     want = {"WRITEDATA": 10001, "URL": 10002, "RANGE": 10007, "ERRORBUFFER": 10010, "USERAGENT": 10018,
             "HTTPHEADER": 10023, "HEADERDATA": 10029, "PRIVATE": 10103, "WRITEFUNCTION": 20011,
             "HEADERFUNCTION": 20079, "LOW_SPEED_LIMIT": 19, "LOW_SPEED_TIME": 20, "FOLLOWLOCATION": 52,
-            "MAXREDIRS": 68, "FILETIME": 69, "NOSIGNAL": 99, "TCP_NODELAY": 121,
+            "MAXREDIRS": 68, "FILETIME": 69, "BUFFERSIZE": 98, "NOSIGNAL": 99, "TCP_NODELAY": 121,
             "CONNECTTIMEOUT_MS": 156}
     for opt, num in want.items():
         assert f"O_{opt} = {num}" in src, opt

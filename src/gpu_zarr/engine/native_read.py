@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from gpu_zarr.engine.codecs import stage_for, stage_named
+from gpu_zarr.engine.runtime import host_empty
 from gpu_zarr.errors import CorruptChunkError
 
 __all__ = ["native_codec", "read_chunkwise", "serves"]
@@ -91,7 +92,7 @@ def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.nd
     keep_bufs: list[np.ndarray | None] | None = None
     if keep is not None:
         keep_bufs = [np.empty(inner, np.uint8) if keep.wants(int(k)) else None for k in todo.tolist()]
-    with rt.host_scratch.lease(threads * per, 1, lambda nb: np.empty(nb, np.uint8)) as (scratch,):
+    with rt.host_scratch.lease(threads * per, 1, host_empty) as (scratch,):
         st, det = native.fused(codec, loc.files, fid, foff, size, inner, pieces.table[todo], out, lay.disk_dtype,
                                lay.transpose, threads, scratch, keep_bufs)
     unsupported = np.isin(st, list(native.UNSUPPORTED))

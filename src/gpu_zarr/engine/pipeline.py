@@ -39,7 +39,7 @@ from gpu_zarr.engine.plan import (
     normalize_selection,
     plan_pieces,
 )
-from gpu_zarr.engine.runtime import Runtime, faults_as_errors, get_runtime, gpu_fault
+from gpu_zarr.engine.runtime import Runtime, faults_as_errors, get_runtime, gpu_fault, host_empty
 from gpu_zarr.errors import CorruptChunkError, GPUFault, GPUUnavailable, ReadCancelled, UnsupportedArrayError
 
 __all__ = ["EngineOptions", "EngineResult", "decode_chunks", "last_read_stats", "read", "read_many"]
@@ -491,7 +491,7 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
     table, inner = pieces.table[todo], lay.inner_nbytes
     names = _names(loc, todo)
     check = _needs_host_check(stage, ops)
-    with rt.host_scratch.lease(encoded + decoded, 1, lambda nb: np.empty(nb, np.uint8)) as (scratch,):
+    with rt.host_scratch.lease(encoded + decoded, 1, host_empty) as (scratch,):
         buf = scratch[:encoded]
         src = scratch[encoded:encoded + decoded] if stage.decodes else buf
         src_off = np.arange(n, dtype=np.int64) * stride if stage.decodes else src_offsets
@@ -632,7 +632,7 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
         name_of = [(a, int(p)) for pos, a in items for p in pos.tolist()]
         names = LazyNames(m, lambda k: name_of[k][0].names(name_of[k][1]))
         dst_off = np.arange(m, dtype=np.int64) * stride
-        with rt.host_scratch.lease(total + m * stride, 1, lambda nb: np.empty(nb, np.uint8)) as (scratch,):
+        with rt.host_scratch.lease(total + m * stride, 1, host_empty) as (scratch,):
             buf, dst = (home if home is not None else scratch[:total]), scratch[total:total + m * stride]
             t0 = time.perf_counter()
             k = 0

@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from gpu_zarr.engine.runtime import host_empty
 from gpu_zarr.errors import NativeHttpDeclined, RemoteError, ShortAnswer
 from gpu_zarr.location import network_cause
 
@@ -644,7 +645,7 @@ class BodyArena:
 
     def take(self, nbytes: int) -> np.ndarray:
         """A buffer of ``nbytes`` valid until :meth:`close`."""
-        (buf,) = self._stack.enter_context(self._pool.lease(max(1, nbytes), 1, lambda n: np.empty(n, np.uint8)))
+        (buf,) = self._stack.enter_context(self._pool.lease(max(1, nbytes), 1, host_empty))
         return buf
 
     def close(self) -> None:

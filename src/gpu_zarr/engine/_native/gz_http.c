@@ -28,7 +28,7 @@ enum {
     O_WRITEDATA = 10001, O_URL = 10002, O_RANGE = 10007, O_ERRORBUFFER = 10010, O_USERAGENT = 10018,
     O_HTTPHEADER = 10023, O_HEADERDATA = 10029, O_PRIVATE = 10103, O_WRITEFUNCTION = 20011,
     O_HEADERFUNCTION = 20079, O_LOW_SPEED_LIMIT = 19, O_LOW_SPEED_TIME = 20, O_FOLLOWLOCATION = 52,
-    O_MAXREDIRS = 68, O_FILETIME = 69, O_NOSIGNAL = 99, O_TCP_NODELAY = 121,
+    O_MAXREDIRS = 68, O_FILETIME = 69, O_BUFFERSIZE = 98, O_NOSIGNAL = 99, O_TCP_NODELAY = 121,
     O_CONNECTTIMEOUT_MS = 156,
 };
 enum { I_RESPONSE_CODE = 0x200002, I_PRIVATE = 0x100015, I_FILETIME_T = 0x60000E };
@@ -281,9 +281,10 @@ API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_fl
             C.easy_setopt(e, O_FILETIME, 1L);
             C.easy_setopt(e, O_NOSIGNAL, 1L);
             C.easy_setopt(e, O_TCP_NODELAY, 1L);
-            /* no CURLOPT_BUFFERSIZE: libcurl allocates a receive buffer of that size per transfer, and a
-             * 512 KiB one was fresh memory each time (~120 page faults per 512 KiB chunk; its default
-             * 16 KiB comes from reused heap) */
+            /* libcurl allocates its receive buffer per transfer: 512 KiB for big answers (81 MiB of
+             * whole shards: 16 ms of CPU against 28 with the default 16 KiB, fewer calls), the default
+             * for the rest (a fresh 512 KiB buffer cost ~120 page faults per 512 KiB chunk) */
+            C.easy_setopt(e, O_BUFFERSIZE, r->cap >= (2 << 20) ? 512L * 1024 : 16L * 1024);
             C.easy_setopt(e, O_CONNECTTIMEOUT_MS, (long)connect_timeout_ms);
             C.easy_setopt(e, O_LOW_SPEED_LIMIT, 1L);           /* under 1 B/s for low_speed_s: timed out */
             C.easy_setopt(e, O_LOW_SPEED_TIME, (long)low_speed_s);

@@ -75,6 +75,30 @@ def test_whole_sharded_read_is_one_get_per_shard(server, root):
     assert all(r is None for _, r in log), "whole shards are one GET each, no index or range requests"
 
 
+@pytest.mark.parametrize("ops", ["twin", "cpu"])
+def test_whole_sharded_read_on_the_gpu_path_is_one_get_per_shard(server, root, ops):
+    """The GPU path (its CPU twin here: the same locate and staging reads) fetches a shard the
+    read needs all of in one GET too, its index taken from its tail: no index round trip."""
+    from gpu_zarr.engine.ops import AsyncCpuOps, CpuOps
+
+    _clear()
+    arr = open_array(f"{server.url}/sharded.zarr")
+    server.take()
+    o = AsyncCpuOps() if ops == "twin" else CpuOps()
+    res = engine_read(arr, Ellipsis, device="cpu", ops=o)
+    np.testing.assert_array_equal(np.asarray(res.data), root[1])
+    assert res.stats.get("locate_s") is not None  # the batch pipeline, not the streaming host path
+    log = server.take()
+    assert sorted(p for p, _ in log) == sorted(f"/sharded.zarr/c/{z}/{y}/0" for z in range(2) for y in range(2))
+    assert all(r is None for _, r in log)
+    # half of the array: two shards whole, the others untouched
+    np.testing.assert_array_equal(np.asarray(engine_read(arr, (slice(0, 8),), device="cpu", ops=o).data), root[1][:8])
+    # a plane: its shards' indexes are known from the whole reads: one wave of ranges, no index request
+    server.take()
+    np.testing.assert_array_equal(np.asarray(engine_read(arr, (3,), device="cpu", ops=o).data), root[1][3])
+    assert all(r is not None and not r.startswith("bytes=-") for _, r in server.take())
+
+
 def test_plane_of_an_open_sharded_array_is_one_round_trip(server, root):
     _clear()
     arr = open_array(f"{server.url}/sharded.zarr")

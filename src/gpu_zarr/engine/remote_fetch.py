@@ -312,21 +312,42 @@ def _locate(layout: Layout, pieces: Pieces, source: RemoteSource, arena: Bodies 
     keys = [layout.chunk_key(tuple(c)) for c in uniq.tolist()]
     n_inner = int(np.prod(layout.inner_per_shard))
     size = n_inner * 16 + (4 if layout.index_crc else 0)
-    found = source.get_indexes(keys, size, layout.index_at_end)
+    # a shard the read needs all of (a whole-array read's) is one GET: its index is its tail,
+    # and there is no index round trip first; the others: their indexes in one wave, then ranges
+    counts = np.bincount(shard_of, minlength=len(keys))
+    whole = [s for s in range(len(keys)) if counts[s] == n_inner and n_inner * int(layout.inner_nbytes)
+             <= WHOLE_SHARD_BYTES]
+    wanted = set(whole)
+    rest = [s for s in range(len(keys)) if s not in wanted]
     n = len(pieces)
     mtimes = np.full(len(keys), -1, np.int64)
-    indexes: list[np.ndarray | None] = []
-    for s, f in enumerate(found):
+    indexes: list[np.ndarray | None] = [None] * len(keys)
+    objs: list[Any] = [RemoteObject(source, k) for k in keys]
+    if whole:
+        got = source.get_many([keys[s] for s in whole], n_inner * whole_cap(layout) + size, arena)
+        for s, g in zip(whole, got):
+            if g is None:  # a shard never written: its pieces are the fill value
+                continue
+            data, mtimes[s] = g
+            url = source.url_of(keys[s])
+            if len(data) < size:
+                raise CorruptChunkError(f"shard {url} has {len(data)} bytes, fewer than its index alone ({size} "
+                                        f"bytes for {n_inner} inner chunks): the shard is truncated. Rewrite or "
+                                        "delete it.")
+            raw = bytes(memoryview(data)[len(data) - size:] if layout.index_at_end else memoryview(data)[:size])
+            indexes[s] = index_entries(layout, url, raw, len(data))
+            source.keep_index(keys[s], raw, len(data), int(mtimes[s]))
+            objs[s] = RemoteBlob(url, data)
+    found = source.get_indexes([keys[s] for s in rest], size, layout.index_at_end)
+    for s, f in zip(rest, found):
         if f is None:
-            indexes.append(None)
             continue
         raw, fsize, mtimes[s] = f
-        indexes.append(index_entries(layout, source.url_of(keys[s]), raw, fsize))
+        indexes[s] = index_entries(layout, source.url_of(keys[s]), raw, fsize)
     offset, nbytes = piece_entries(indexes, shard_of, inner_lin, n_inner)
 
     def name(k: int) -> str:
         return f"{source.url_of(keys[int(shard_of[k])])} inner chunk {tuple(int(v) for v in inner_coords[k])}"
-    objs: list[Any] = [RemoteObject(source, k) for k in keys]
     return Located(objs, shard_of.astype(np.int64), offset, nbytes, LazyNames(n, name), mtimes)
 
 

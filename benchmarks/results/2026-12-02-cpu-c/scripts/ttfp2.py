@@ -1,8 +1,10 @@
-import sys, time, statistics
+import sys
+import time
 from pathlib import Path
-from gpu_zarr.bench.remote import _volumes, _ours, _tensorstore, _clear, _host
+
+from gpu_zarr.bench.remote import _clear, _host, _ours, _tensorstore, _volumes
 from gpu_zarr.bench.remote_server import ServerProcess
-import gpu_zarr.engine, gpu_zarr.store
+
 wd = Path("/tmp/gzr")  # the volumes `gpu-zarr bench --remote --workdir /tmp/gzr` writes
 lat = float(sys.argv[1])
 vols = list(_volumes("full").items())

@@ -41,5 +41,7 @@ for i, (vname, spec) in enumerate(R._volumes("full").items()):
         print(res)
         for name, v in res.items():
             wall, cpu = np.array(v).T
-            print(f"{vname:30s} {name:12s} wall median {np.median(wall):6.0f} best {wall.min():6.0f} ms, "
-                  f"CPU median {np.median(cpu):6.0f} ms")
+            print(
+                f"{vname:30s} {name:12s} wall median {np.median(wall):6.0f} best {wall.min():6.0f} ms, "
+                f"CPU median {np.median(cpu):6.0f} ms"
+            )

@@ -1,5 +1,6 @@
 """Whole-array remote reads, ours (the CPU host path) and TensorStore alternated 6 times over
-loopback HTTP: wall and process CPU time, median and best. Argument: ms added per request.
+loopback HTTP: wall and process CPU time, median and best. Arguments: ms added per request, and
+"each" to print every read's wall/CPU ms too.
 Needs the volumes `gpu-zarr bench --remote --workdir /tmp/gzr` writes. Run with PYTHONPATH=src."""
 
 import sys
@@ -38,6 +39,9 @@ for i, (vname, spec) in enumerate(R._volumes("full").items()):
             R._clear()
             res["ours"].append(timed(lambda: read(arr, Ellipsis, device="cpu", options=opts, ops=ops)))
             res["tensorstore"].append(timed(lambda: ts_read(Ellipsis)))
+        if sys.argv[2:] == ["each"]:  # every (wall, CPU) pair too: first reads of a process stand out
+            for name, v in res.items():
+                print(f"{vname:30s} {name:12s} " + " ".join(f"{w:.0f}/{c:.0f}" for w, c in v))
         for name, v in res.items():
             wall, cpu = np.array(v).T
             print(f"{vname:30s} {name:12s} wall median {np.median(wall):6.0f} best {wall.min():6.0f} ms, "

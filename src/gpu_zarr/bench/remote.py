@@ -7,8 +7,9 @@ reader reads the whole array and single planes; reported: ms (best of ``--repeat
 whole array, median over planes), time to the first plane (open + metadata + one plane, from
 nothing cached), requests, the most requests in flight at once, and bytes moved.
 
-Readers: ``ours`` (the engine's CPU twin over obstore: :func:`gpu_zarr.engine.read` with
-``device="cpu"``; ``--device gpu`` reads onto the GPU instead), ``zarr`` (zarr-python's
+Readers: ``ours`` (the engine's CPU host path over the native HTTP client:
+:func:`gpu_zarr.engine.read` with ``device="cpu"`` and the array's layout parsed once when it
+is opened, as its viewers read; ``--device gpu`` reads onto the GPU instead), ``zarr`` (zarr-python's
 FsspecStore over aiohttp: what napari-ome-zarr and ome-zarr-py open URLs with), ``zarr+dask``
 (the same through ``dask.array.from_zarr``, napari-ome-zarr's path), and ``tensorstore``
 (its ``http`` kvstore).
@@ -69,11 +70,13 @@ def _write(path: Path, spec: dict[str, Any]) -> None:
 def _ours(device: str) -> Callable[[str], Any]:
     def open_(url: str) -> Any:
         from gpu_zarr.engine import read
+        from gpu_zarr.engine.layout import layout_of
         from gpu_zarr.store import open_array
 
         arr = open_array(url)
+        lay = layout_of(arr)  # parsed once, as an open array's viewers do (TensorStore's open parses too)
         if device == "gpu":
-            return lambda sel: read(arr, sel, device="gpu").data
+            return lambda sel: read(arr, sel, device="gpu", layout=lay).data
         from gpu_zarr.engine.ops import CpuOps
         from gpu_zarr.engine.pipeline import EngineOptions
         from gpu_zarr.engine.runtime import get_runtime
@@ -81,7 +84,7 @@ def _ours(device: str) -> Callable[[str], Any]:
         # the CPU backend's host path: native decoders on the runtime's threads (as small reads)
         opts = EngineOptions()
         ops = CpuOps(get_runtime().pool("cpu-decode", opts.threads), opts.threads, fast=True)
-        return lambda sel: read(arr, sel, device="cpu", options=opts, ops=ops).data
+        return lambda sel: read(arr, sel, device="cpu", options=opts, ops=ops, layout=lay).data
     return open_
 
 

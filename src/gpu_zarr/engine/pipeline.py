@@ -566,6 +566,7 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
     another (no Python per chunk: with hundreds of small answers the interpreter, not the
     decoder, was the limit); that call gets the cores shared among the drains decoding then. Returns the chunk cache's keeper (its
     chunks go to the cache once the read is done)."""
+    import gpu_zarr.engine.native_read as native_read
     from gpu_zarr.engine.ops import CpuOps
     from gpu_zarr.engine.remote_fetch import Arrived, stream_remote
 
@@ -681,19 +682,23 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
 
     small = len(pieces) <= SMALL_PIECES
     # a viewer's few chunks: each decoded and placed on a native thread the moment its answer is
-    # in (no Python thread between), else (no native decoder) all decoded at once when all are in
-    native = _native_arrivals(lay, stage, out, pieces, keep, rt, cores) if small else None
+    # in (no Python thread between), else (no native decoder) all decoded at once when all are in.
+    # The native set is opened at the first answer: the requests go out first
+    on_arrival = small and native_read.serves(lay.codec, out)
+    native: list[Any] = []  # the set, once opened
     added: dict[int, tuple[Arrived, int]] = {}
 
     def arrived(a: Arrived) -> None:
-        if native is not None:
+        if on_arrival:
             pos, a = present(a)
             if not len(pos):
                 return
+            if not native:
+                native.append(_native_arrivals(lay, stage, out, pieces, keep, rt, cores))
             data = a.data if isinstance(a.data, np.ndarray) else np.frombuffer(a.data, np.uint8)
             for j in pos.tolist():
                 added[int(a.pieces[j])] = (a, j)
-                native.add(int(a.pieces[j]), data, int(a.offset[j]), int(a.nbytes[j]))
+                native[0].add(int(a.pieces[j]), data, int(a.offset[j]), int(a.nbytes[j]))
             return
         with lock:
             queue.append(a)
@@ -704,12 +709,12 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
 
     t = time.perf_counter()
     # a big read's answers land in reused buffers, held until every drain is done with them
-    with _arena(rt, len(pieces)) as arena, native if native is not None else contextlib.nullcontext():
+    with _arena(rt, len(pieces)) as arena:
         try:
             counts = stream_remote(lay, pieces, lay.source, arrived, arena)
             stats["fetch_s"] = time.perf_counter() - t
-            if native is not None:
-                left = _arrivals_done(lay, native, added, keep)
+            if native:
+                left = _arrivals_done(lay, native[0], added, keep)
                 stats["decoded_on_arrival"] = len(added) - len(left)
                 if left:  # chunks the native library does not decode (Blosc's blosclz, snappy)
                     decode([(np.array([j for a2, j in left if a2 is a], np.int64), a)
@@ -718,6 +723,8 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
                 running[0] += 1
                 drain()
         finally:
+            if native:  # its workers are done before any buffer they use is let go (also on an error)
+                native[0].close()
             errors = [f.exception() for f in futures]
     for e in errors:
         if e is not None:
@@ -732,17 +739,15 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
 
 def _native_arrivals(lay: Layout, stage: CodecStage, out: Any, pieces: Pieces, keep: _Keep | None, rt: Runtime,
                      cores: int) -> Any:
-    """A :class:`~gpu_zarr.engine.native.Arrivals` set for a small remote read's pieces, or None
-    (no native decoder for the codec, or an output it cannot place into)."""
+    """A :class:`~gpu_zarr.engine.native.Arrivals` set for a small remote read's pieces (where
+    ``native_read.serves``): one worker per core."""
     import gpu_zarr.engine.native as native
     import gpu_zarr.engine.native_read as native_read
 
-    if not native_read.serves(lay.codec, out):
-        return None
     codec = native_read.native_codec(lay.codec)
     assert codec is not None
     n, inner = len(pieces), int(lay.inner_nbytes)
-    threads = max(1, min(max(1, cores - 1), n))
+    threads = max(1, min(cores, n))
     keep_bufs = None
     if keep is not None and stage.decodes:
         keep_bufs = [rt.recycled.empty(inner) if keep.wants(k) else None for k in range(n)]

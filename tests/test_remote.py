@@ -301,6 +301,26 @@ def test_plane_is_decoded_as_its_answers_arrive(tmp_path, cname):
         np.testing.assert_array_equal(engine_read(arr, (3,), device="cpu").data, ref[3])
 
 
+def test_a_failed_answer_mid_plane_is_an_error_and_the_next_read_is_exact(tmp_path):
+    """One chunk of a plane refused (403) while its neighbours arrive and go to the native
+    decoders: a RemoteError naming that chunk, the decoders stopped cleanly, and the next plane
+    read exactly."""
+    import numcodecs
+
+    ref = (np.arange(4 * 96 * 96, dtype="<u2").reshape(4, 96, 96) * 3) % 2003
+    a = zarr.create_array(tmp_path / "f.zarr", shape=ref.shape, chunks=(1, 48, 48), dtype="<u2", zarr_format=2,
+                          compressors=numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1))
+    a[...] = ref
+    FETCHED.clear()
+    with RangeServer(tmp_path, latency=0.01, forbidden=("f.zarr/2.1.0",)) as srv:
+        arr = open_array(f"{srv.url}/f.zarr")
+        for _ in range(3):
+            with pytest.raises(RemoteError, match=r"f\.zarr/2\.1\.0"):
+                engine_read(arr, (2,), device="cpu")
+        np.testing.assert_array_equal(engine_read(arr, (1,), device="cpu").data, ref[1])
+        np.testing.assert_array_equal(engine_read(arr, (2, slice(0, 48)), device="cpu").data, ref[2, :48])
+
+
 def test_a_server_without_byte_ranges_reads_exactly(stores, caplog):
     """A server that ignores Range (python's http.server, some static hosts: 200 and the whole
     object) still gives exact pixels: shards are fetched whole once and cut, and the log says so."""

@@ -20,7 +20,7 @@ from gpu_zarr.engine.codecs import stage_for, stage_named
 from gpu_zarr.engine.runtime import host_empty
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["native_codec", "read_chunkwise", "serves"]
+__all__ = ["decode_failed", "native_codec", "read_chunkwise", "serves"]
 
 
 def native_codec(codec: str) -> str | None:
@@ -103,11 +103,7 @@ def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.nd
         if code in (native.OPEN, native.SHORT, native.IO):
             raise_read_errors(loc.files, fid, foff, size, np.where(unsupported, native.OK, st), det)
         _explain(lay, loc, int(todo[i]))  # the host check's detailed message, when it finds the fault
-        what = {"gzip": " (its deflate stream, or the CRC-32 and size in its trailer)",
-                "zlib": " (its deflate stream, or the Adler-32 in its trailer)"}.get(lay.codec, "")
-        raise CorruptChunkError(
-            f"chunk {loc.names[int(todo[i])]}: {lay.codec} decode failed{what}: {native.describe(code, int(det[i]))}. The "
-            "chunk is corrupt or truncated; rewrite or delete that chunk (zarr-python's own read fails on it too).")
+        raise decode_failed(lay.codec, loc.names[int(todo[i])], code, int(det[i]))
     if stats is not None and unsupported.any():
         stats["blosc_host_chunks"] = stats.get("blosc_host_chunks", 0) + int(unsupported.sum())
         for code, why in _HOST_REASONS.items():
@@ -118,6 +114,17 @@ def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.nd
             if buf is not None and not skip:
                 keep(int(k), buf)
     return todo[unsupported]
+
+
+def decode_failed(codec: str, name: str, code: int, detail: int) -> CorruptChunkError:
+    """The error for chunk ``name`` that the native library could not decode (status ``code``)."""
+    import gpu_zarr.engine.native as native
+
+    what = {"gzip": " (its deflate stream, or the CRC-32 and size in its trailer)",
+            "zlib": " (its deflate stream, or the Adler-32 in its trailer)"}.get(codec, "")
+    return CorruptChunkError(
+        f"chunk {name}: {codec} decode failed{what}: {native.describe(code, detail)}. The chunk is corrupt or "
+        "truncated; rewrite or delete that chunk (zarr-python's own read fails on it too).")
 
 
 def _explain(lay: Any, loc: Any, k: int) -> None:

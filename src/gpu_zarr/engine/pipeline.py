@@ -761,6 +761,7 @@ def _arrivals_done(lay: Layout, arrivals: Any, added: dict[int, tuple[Any, int]]
     """Wait for a small remote read's native decodes; hand wanted chunks to ``keep``. Returns
     the (answer, position) of the pieces the library does not decode; raises on a corrupt one."""
     import gpu_zarr.engine.native as native
+    import gpu_zarr.engine.native_read as native_read
 
     keep_bufs = arrivals.keep
     st, det = arrivals.close()
@@ -774,11 +775,7 @@ def _arrivals_done(lay: Layout, arrivals: Any, added: dict[int, tuple[Any, int]]
         elif code in native.UNSUPPORTED:
             left.append((a, j))
         else:
-            what = {"gzip": " (its deflate stream, or the CRC-32 and size in its trailer)",
-                    "zlib": " (its deflate stream, or the Adler-32 in its trailer)"}.get(lay.codec, "")
-            raise CorruptChunkError(
-                f"chunk {a.names(j)}: {lay.codec} decode failed{what}: {native.describe(code, int(det[p]))}. The chunk is "
-                "corrupt or truncated; rewrite or delete that chunk (zarr-python's own read fails on it too).")
+            raise native_read.decode_failed(lay.codec, a.names(j), code, int(det[p]))
     return left
 
 

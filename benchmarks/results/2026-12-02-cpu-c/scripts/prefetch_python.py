@@ -26,12 +26,12 @@ ops = CpuOps(get_runtime().pool("cpu-decode", opts.threads), opts.threads, fast=
 orig = nh.HttpClient.fetch
 
 
-class Stop(Exception):
+class _Stop(Exception):
     pass
 
 
 def fetch(self, *a, **k):
-    raise Stop()
+    raise _Stop()
 
 
 with ServerProcess(Path("/tmp/gzr"), latency=0) as srv:
@@ -47,7 +47,7 @@ with ServerProcess(Path("/tmp/gzr"), latency=0) as srv:
         pr.enable()
         try:
             read(arr, ((7 * k + 3) % 64,), device="cpu", options=opts, ops=ops, layout=lay)
-        except Stop:
+        except _Stop:
             pass
         pr.disable()
         ts.append(time.perf_counter() - t)
@@ -60,7 +60,7 @@ with ServerProcess(Path("/tmp/gzr"), latency=0) as srv:
         t = time.perf_counter()
         try:
             read(arr, ((7 * k + 3) % 64,), device="cpu", options=opts, ops=ops, layout=lay)
-        except Stop:
+        except _Stop:
             pass
         ts.append(time.perf_counter() - t)
     ts.sort()

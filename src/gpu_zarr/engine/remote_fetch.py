@@ -166,12 +166,7 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         """A whole shard: its index from its own bytes, then its pieces."""
         data = got.data
         url = source.url_of(keys[s])
-        if len(data) < index_size:
-            raise CorruptChunkError(f"shard {url} has {len(data)} bytes, fewer than its index alone ({index_size} "
-                                    f"bytes for {n_inner} inner chunks): the shard is truncated. Rewrite or delete it.")
-        raw = bytes(memoryview(data)[len(data) - index_size:] if layout.index_at_end else memoryview(data)[:index_size])
-        index = index_entries(layout, url, raw, len(data))
-        source.keep_index(keys[s], raw, len(data), got.mtime, got.etag)
+        index = _whole_shard_index(layout, source, keys[s], data, got.mtime, got.etag)
         sel = members[s]
         entries = index[inner_lin[sel]]
         ok = entries[:, 0] != np.uint64(2**64 - 1)
@@ -257,6 +252,21 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
     return counts
 
 
+def _whole_shard_index(layout: Layout, source: RemoteSource, key: str, data: Any, mtime: int, etag: str) -> np.ndarray:
+    """The index entries of a shard fetched whole (taken from its own bytes, and kept as the
+    source's known index of that shard)."""
+    n_inner = int(np.prod(layout.inner_per_shard))
+    size = n_inner * 16 + (4 if layout.index_crc else 0)
+    url = source.url_of(key)
+    if len(data) < size:
+        raise CorruptChunkError(f"shard {url} has {len(data)} bytes, fewer than its index alone ({size} bytes for "
+                                f"{n_inner} inner chunks): the shard is truncated. Rewrite or delete it.")
+    raw = bytes(memoryview(data)[len(data) - size:] if layout.index_at_end else memoryview(data)[:size])
+    index = index_entries(layout, url, raw, len(data))  # checked before it is kept
+    source.keep_index(key, raw, len(data), mtime, etag)
+    return index
+
+
 def whole_cap(layout: Layout) -> int:
     """The most encoded bytes a whole chunk may have: its decoded size, plus what any codec
     adds to data it cannot compress (a body past this is served by obstore instead)."""
@@ -329,15 +339,8 @@ def _locate(layout: Layout, pieces: Pieces, source: RemoteSource, arena: Bodies 
             if g is None:  # a shard never written: its pieces are the fill value
                 continue
             data, mtimes[s] = g
-            url = source.url_of(keys[s])
-            if len(data) < size:
-                raise CorruptChunkError(f"shard {url} has {len(data)} bytes, fewer than its index alone ({size} "
-                                        f"bytes for {n_inner} inner chunks): the shard is truncated. Rewrite or "
-                                        "delete it.")
-            raw = bytes(memoryview(data)[len(data) - size:] if layout.index_at_end else memoryview(data)[:size])
-            indexes[s] = index_entries(layout, url, raw, len(data))
-            source.keep_index(keys[s], raw, len(data), int(mtimes[s]))
-            objs[s] = RemoteBlob(url, data)
+            indexes[s] = _whole_shard_index(layout, source, keys[s], data, int(mtimes[s]), "")
+            objs[s] = RemoteBlob(source.url_of(keys[s]), data)
     found = source.get_indexes([keys[s] for s in rest], size, layout.index_at_end)
     for s, f in zip(rest, found):
         if f is None:

@@ -188,6 +188,13 @@ class _Paths:
         self.n = len(self._bytes)
 
 
+def _pointers(bufs: list[np.ndarray | None] | None) -> np.ndarray | None:
+    """The addresses of ``bufs`` for the library (0 for None), or None when there are none."""
+    if bufs is None or all(b is None for b in bufs):
+        return None
+    return np.array([0 if b is None else _ptr(b) for b in bufs], np.uint64)
+
+
 def _check_buffer(buf: np.ndarray, what: str) -> None:
     if not (isinstance(buf, np.ndarray) and buf.flags.c_contiguous and buf.flags.writeable):
         raise ValueError(f"{what} must be a writable C-contiguous numpy array")
@@ -300,9 +307,7 @@ def fused(codec: str, files: list[Any], file_id: Any, file_offset: Any, sizes: A
     if scratch.nbytes < threads * per:
         raise ValueError(f"scratch has {scratch.nbytes} bytes, {threads * per} needed")
     tab, strides, unit, swap = _geometry(table, out, np.dtype(disk_dtype), perm)
-    keep_arr = None
-    if keep is not None and any(k is not None for k in keep):
-        keep_arr = np.array([0 if k is None else _ptr(k) for k in keep], np.uint64)
+    keep_arr = _pointers(keep)
     paths = _Paths(files)
     library().gz_fused(CODECS[codec], ctypes.cast(paths.array, _vp), paths.n, n, fid, foff, size, int(chunk_nbytes),
                        tab, tab.shape[1], strides, unit, swap, _ptr(out), out.nbytes,
@@ -345,13 +350,11 @@ class Arrivals:
         if scratch.nbytes < threads * chunk_nbytes:
             raise ValueError(f"scratch has {scratch.nbytes} bytes, {threads * chunk_nbytes} needed")
         self.status, self.detail = np.empty(n, np.int32), np.empty(n, np.int64)
-        self._geom = _geometry(table, out, np.dtype(disk_dtype), perm)
-        tab, strides, unit, swap = self._geom
-        self._keep_arr = None
-        if keep is not None and any(k is not None for k in keep):
-            self._keep_arr = np.array([0 if k is None else _ptr(k) for k in keep], np.uint64)
+        tab, strides, unit, swap = _geometry(table, out, np.dtype(disk_dtype), perm)
+        self._keep_arr = _pointers(keep)
         self.keep = keep
-        self._alive: list[Any] = [out, scratch, keep]  # every buffer the workers touch, until close
+        # every buffer the workers touch (the geometry's arrays too), alive until close
+        self._alive: list[Any] = [out, scratch, keep, tab, strides]
         self._h = library().gz_arrivals_open(CODECS[codec], n, int(chunk_nbytes), tab, tab.shape[1], strides, unit,
                                              swap, _ptr(out), out.nbytes,
                                              None if self._keep_arr is None else _ptr(self._keep_arr), _ptr(scratch),

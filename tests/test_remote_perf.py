@@ -87,7 +87,7 @@ def test_whole_sharded_read_on_the_gpu_path_is_one_get_per_shard(server, root, o
     o = AsyncCpuOps() if ops == "twin" else CpuOps()
     res = engine_read(arr, Ellipsis, device="cpu", ops=o)
     np.testing.assert_array_equal(np.asarray(res.data), root[1])
-    assert res.stats.get("locate_s") is not None  # the batch pipeline, not the streaming host path
+    assert res.stats["groups"] >= 1  # the batch pipeline (in groups as answers arrive), not the host path
     log = server.take()
     assert sorted(p for p, _ in log) == sorted(f"/sharded.zarr/c/{z}/{y}/0" for z in range(2) for y in range(2))
     assert all(r is None for _, r in log)

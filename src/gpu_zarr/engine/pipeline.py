@@ -27,7 +27,7 @@ from gpu_zarr.engine.binary import align_up, packed_offsets
 from gpu_zarr.engine.codecs import CodecStage, stage_for
 from gpu_zarr.engine.fit import check_fits, nbytes_of
 from gpu_zarr.engine.layout import Layout, batch_key, layout_of
-from gpu_zarr.engine.locate import Located, locate, merge_located
+from gpu_zarr.engine.locate import Located, check_sizes, locate, merge_located
 from gpu_zarr.engine.ops import Ops, ops_for
 from gpu_zarr.engine.plan import (
     Batch,
@@ -244,20 +244,28 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
         _last.stats = stats
         return EngineResult(result, stats)
 
-    with _arena(rt, len(pieces) if lay.source is not None else 0) as arena:
-        t = time.perf_counter()
-        if lay.source is not None:  # a remote store: ranged GETs instead of stat and pread
-            from gpu_zarr.engine.remote_fetch import locate_remote
-
-            loc = locate_remote(lay, pieces, lay.source, arena)
-        else:
-            loc = locate(lay, pieces, rt.pool("locate", min(opts.threads, 64)), rt.shard_indexes())
-        stats["locate_s"] = time.perf_counter() - t
+    if lay.source is not None:
+        # a remote store on the GPU: each answer uploaded, decoded and placed while the rest
+        # are still on the way
         t = time.perf_counter()
         out = ops.empty(box_shape, lay.out_dtype)
         stats["alloc_s"] = time.perf_counter() - t
-        result = _execute(lay, stage, loc, pieces, out, None if region.is_box else region.post, device, opts, ops,
-                          own_ops, rt, stats, batch)
+        with _arena(rt, len(pieces)) as arena:
+            _run_remote_groups(lay, stage, pieces, out, device, opts, ops, own_ops, rt, stats, batch, arena)
+        result = ops.finish(out, None if region.is_box else region.post)
+        ops.sync()
+        stats["total_s"] = time.perf_counter() - t0
+        _last.stats = stats
+        return EngineResult(result, stats)
+
+    t = time.perf_counter()
+    loc = locate(lay, pieces, rt.pool("locate", min(opts.threads, 64)), rt.shard_indexes())
+    stats["locate_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    out = ops.empty(box_shape, lay.out_dtype)
+    stats["alloc_s"] = time.perf_counter() - t
+    result = _execute(lay, stage, loc, pieces, out, None if region.is_box else region.post, device, opts, ops,
+                      own_ops, rt, stats, batch)
     stats["total_s"] = time.perf_counter() - t0
     _last.stats = stats
     return EngineResult(result, stats)
@@ -383,7 +391,7 @@ def _execute(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, out: 
         _run_chunkwise(lay, stage, loc, pieces, to_read, out, rt, opts.threads, stats, keep, opts)
     else:
         kind = _gpu_reader(opts.reader, lay, opts) if device == "gpu" else _cpu_reader(opts.reader)
-        reader = _remote_reader(lay) or rt.reader(kind, opts.threads)
+        reader = _remote_reader(lay, rt) or rt.reader(kind, opts.threads)
         _run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, keep)
     result = ops.finish(out, post)
     ops.sync()
@@ -498,7 +506,7 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
 
         def read(i: int) -> None:
             read_range(files[file_id[i]], offset[i], buf[so[i]:so[i] + sz[i]])
-        if (remote := _remote_reader(lay)) is not None:  # every range in flight at once, then decode
+        if (remote := _remote_reader(lay, rt)) is not None:  # every range in flight at once, then decode
             remote.read(files, batch, buf)
             stats["reader"] = f"{remote.name} ({remote.threads} requests in flight)"
 
@@ -737,6 +745,101 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
     return keep
 
 
+GROUP_BYTES = 8 << 20  # encoded bytes that start a decode while more answers are on the way
+_SUMMED = ("batches", "encoded_bytes", "missing", "cache_hits")  # stats of a group that add up
+
+
+def _run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, device: str, opts: EngineOptions,
+                       ops: Ops, own_ops: bool, rt: Runtime, stats: dict[str, Any], batch: int, arena: Any) -> None:
+    """The GPU path for a remote array: :func:`~gpu_zarr.engine.remote_fetch.stream_remote`
+    requests every object at once on a thread of its own; this thread (which drives the GPU)
+    takes whatever answers have arrived -- once ``GROUP_BYTES`` of them are in, or all -- and
+    fetches them into staging, decodes and places them (:func:`_execute`) while the rest are
+    still on the way. Before, nothing was decoded until every answer was in: a 128 MiB sharded
+    array at 20 ms a request spent 47 ms fetching, then 13 copying and 11 decoding (H200).
+    A group is at least ``GROUP_BYTES`` unless it is the last: each decode call costs 5-16 ms
+    whatever it holds (a viewer's plane is one group). ``arena``: where the answers land; it
+    outlives this call, and nothing is left writing into it when this returns or raises."""
+    from gpu_zarr.engine.remote import RemoteBlob
+    from gpu_zarr.engine.remote_fetch import Arrived, stream_remote
+
+    assert lay.source is not None
+    cond = threading.Condition()
+    queue: list[Arrived] = []
+    state: dict[str, Any] = {"done": False, "error": None, "counts": {}, "stop": False}
+    t0 = time.perf_counter()
+
+    def arrived(a: Arrived) -> None:
+        with cond:
+            if state["stop"]:  # the driver failed: raising here cancels the requests still in flight
+                raise ReadCancelled("the read failed: its remaining requests were cancelled")
+            queue.append(a)
+            cond.notify()
+
+    def fetch_all() -> None:
+        try:
+            state["counts"] = stream_remote(lay, pieces, lay.source, arrived, arena)
+        except BaseException as exc:  # noqa: BLE001 - handed to the driver, which raises it
+            state["error"] = exc
+        finally:
+            with cond:
+                state["done"] = True
+                state["fetch_s"] = time.perf_counter() - t0
+                cond.notify()
+
+    def ready() -> bool:  # under cond
+        if state["done"] or state["error"] is not None:
+            return True
+        encoded = sum(int(a.nbytes[a.nbytes > 0].sum()) for a in queue)
+        return encoded >= GROUP_BYTES
+
+    def group(took: list[Arrived]) -> None:
+        files = [RemoteBlob(a.url, a.data if a.data is not None else b"", a.base) for a in took]
+        sel = np.concatenate([a.pieces for a in took]).astype(np.int64)
+        file_id = np.concatenate([np.full(len(a.pieces), k, np.int64) for k, a in enumerate(took)])
+        offset = np.concatenate([a.offset + a.base for a in took]).astype(np.int64)
+        nbytes = np.concatenate([a.nbytes for a in took]).astype(np.int64)
+        whose = [(a, j) for a in took for j in range(len(a.pieces))]
+        loc = Located(files, file_id, offset, nbytes, LazyNames(len(sel), lambda k: whose[k][0].names(whose[k][1])),
+                      np.array([a.mtime for a in took], np.int64))
+        part: dict[str, Any] = {}
+        _execute(lay, stage, check_sizes(lay, loc), Pieces(pieces.coords[sel], pieces.table[sel]), out, None,
+                 device, opts, ops, own_ops, rt, part, batch)
+        for k, v in part.items():  # times and counts summed over the groups, the rest as the last said
+            stats[k] = stats.get(k, 0) + v if k.endswith("_s") or k in _SUMMED else v
+
+    fut = rt.pool("remote-stream", 2).submit(fetch_all)
+    groups = 0
+    ok = False
+    try:
+        while True:
+            with cond:
+                while not ready():
+                    cond.wait()
+                took, queue[:] = queue[:], []
+                finished, error = state["done"], state["error"]
+            if error is not None:
+                raise error
+            if opts.cancel is not None and opts.cancel.is_set():
+                raise ReadCancelled("read cancelled: the partial result was discarded")
+            if took:
+                group(took)
+                groups += 1
+            if finished:
+                break
+        ok = True
+    finally:
+        if not ok:
+            with cond:
+                state["stop"] = True
+        fut.result()  # the requests are done before the arena they land in can be let go (also on an error)
+    for key in _SUMMED:
+        stats.setdefault(key, 0)
+    stats.update(state["counts"], groups=groups, fetch_s=state.get("fetch_s", 0.0), pieces=len(pieces),
+                 decoded_bytes=nbytes_of(out.shape, out.dtype.itemsize),
+                 reader=f"remote ({lay.source.requests} requests in flight, decoded as they arrive)")
+
+
 def _native_arrivals(lay: Layout, stage: CodecStage, out: Any, pieces: Pieces, keep: _Keep | None, rt: Runtime,
                      cores: int) -> Any:
     """A :class:`~gpu_zarr.engine.native.Arrivals` set for a small remote read's pieces (where
@@ -803,13 +906,14 @@ def _cpu_reader(kind: str) -> str:
     return "native" if native.available() else "threads"
 
 
-def _remote_reader(lay: Layout) -> Any:
+def _remote_reader(lay: Layout, rt: Runtime) -> Any:
     """The fetch stage of a remote array (None for local files)."""
     if lay.source is None:
         return None
     from gpu_zarr.engine.remote_fetch import RemoteReader
 
-    return RemoteReader(lay.source.requests)
+    copiers = min(8, os.cpu_count() or 1)
+    return RemoteReader(lay.source.requests, rt.pool("remote-copy", copiers), copiers)
 
 
 def _needs_host_check(stage: CodecStage, ops: Ops) -> bool:

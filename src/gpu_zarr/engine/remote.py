@@ -700,10 +700,12 @@ def _mtime(meta: Any) -> int:
 
 @dataclass(frozen=True)
 class RemoteBlob:
-    """A whole chunk already fetched (``data``); ``str()`` is its URL."""
+    """Bytes of an object already fetched (``data``: the object from its offset ``base`` on,
+    a whole chunk or shard when 0); ``str()`` is its URL."""
 
     url: str
-    data: bytes
+    data: Any
+    base: int = 0
 
     def __str__(self) -> str:
         return self.url

@@ -355,12 +355,26 @@ def _locate(layout: Layout, pieces: Pieces, source: RemoteSource, arena: Bodies 
 
 
 class RemoteReader:
-    """The fetch stage for remote pieces (:class:`~gpu_zarr.engine.fetch.Reader`)."""
+    """The fetch stage for remote pieces (:class:`~gpu_zarr.engine.fetch.Reader`).
+
+    Parameters
+    ----------
+    requests : int
+        Requests in flight at once.
+    pool : executor, optional
+        ``copiers`` threads that copy bytes already fetched (:class:`RemoteBlob`) into staging,
+        a share each: numpy's copies run without the interpreter lock (one thread copied 81 MiB
+        in 12.7 ms on the H200 machine, the GPU path's longest stage after the transfer).
+    copiers : int
+        Threads of ``pool``.
+    """
 
     name = "remote"
 
-    def __init__(self, requests: int = 64) -> None:
+    def __init__(self, requests: int = 64, pool: Any = None, copiers: int = 1) -> None:
         self.threads = requests
+        self._pool = pool if copiers > 1 else None
+        self._copiers = max(1, copiers)
 
     def session(self) -> AbstractContextManager[None]:
         """Nothing to scope: the client's settings belong to its store."""
@@ -370,15 +384,17 @@ class RemoteReader:
         """Fill ``dest`` (host uint8) with the encoded bytes of every piece of ``batch``."""
         mv = memoryview(dest).cast("B")
         by_source: dict[int, tuple[RemoteSource, list[tuple[str, int, int, memoryview]]]] = {}
+        copies: list[tuple[int, Any, int, int]] = []  # staging offset, fetched bytes, offset in them, length
         for f, o, spans in _coalesce(read_tasks(batch, PART_BYTES)):
             obj = files[f]
             if isinstance(obj, RemoteBlob):
+                at = o - obj.base
                 for d, n in spans:
-                    if o + n > len(obj.data):
-                        raise CorruptChunkError(f"{obj.url}: expected {n} bytes at offset {o}, the object "
-                                                f"has {len(obj.data)}")
-                    mv[d:d + n] = obj.data[o:o + n]
-                    o += n
+                    if at < 0 or at + n > len(obj.data):
+                        raise CorruptChunkError(f"{obj.url}: expected {n} bytes at offset {at + obj.base}, the "
+                                                f"object has {len(obj.data) + obj.base}")
+                    copies.append((d, obj.data, at, n))
+                    at += n
                 continue
             total = sum(n for _, n in spans)
             src, ranges = by_source.setdefault(id(obj.source), (obj.source, []))
@@ -387,6 +403,7 @@ class RemoteReader:
                 ranges.append((obj.rel, o, n, mv[d:d + n]))
             else:  # adjacent pieces, separate staging spans: one GET, then copies
                 ranges.append((obj.rel, o, total, _Scatter(mv, spans)))  # type: ignore[arg-type]
+        _copy(dest, copies, self._pool, self._copiers)
         for src, ranges in by_source.values():
             t = time.perf_counter()
             src.read_ranges(ranges)
@@ -394,6 +411,33 @@ class RemoteReader:
 
     def close(self) -> None:
         pass
+
+
+COPY_SHARE = 4 << 20  # bytes one thread copies at least (below that a thread costs more than it saves)
+
+
+def _copy(dest: Any, copies: list[tuple[int, Any, int, int]], pool: Any, workers: int) -> None:
+    """``dest[d:d + n] = data[o:o + n]`` for each copy; on ``workers`` threads of ``pool``
+    when there are several shares of ``COPY_SHARE`` bytes."""
+    total = sum(c[3] for c in copies)
+    shares = max(1, min(workers, total // COPY_SHARE)) if pool is not None else 1
+    out = np.frombuffer(memoryview(dest).cast("B"), np.uint8)
+
+    def run(part: list[tuple[int, Any, int, int]]) -> None:
+        for d, data, o, n in part:
+            out[d:d + n] = np.frombuffer(data, np.uint8, n, o)
+    if shares == 1:
+        run(copies)
+        return
+    parts: list[list[tuple[int, Any, int, int]]] = [[] for _ in range(shares)]
+    each, k, got = -(-total // shares), 0, 0
+    for c in copies:  # in order, cut into shares of about equal bytes (a copy is not split)
+        parts[k].append(c)
+        got += c[3]
+        if got >= each * (k + 1) and k < shares - 1:
+            k += 1
+    for f in [pool.submit(run, p) for p in parts if p]:
+        f.result()
 
 
 def _coalesce(tasks: list[tuple[int, int, list[tuple[int, int]]]]) -> list[tuple[int, int, list[tuple[int, int]]]]:

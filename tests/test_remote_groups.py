@@ -1,0 +1,190 @@
+"""The GPU path for remote stores decodes answers in groups as they arrive (``_run_remote_groups``):
+on its CPU twin (the same stream, groups, staging reads and batches), and on the GPU."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import zarr
+
+pytest.importorskip("obstore")
+
+import gpu_zarr.engine.pipeline as pipeline  # noqa: E402
+from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
+from gpu_zarr.engine import EngineOptions  # noqa: E402
+from gpu_zarr.engine import read as engine_read  # noqa: E402
+from gpu_zarr.engine.ops import AsyncCpuOps  # noqa: E402
+from gpu_zarr.engine.remote import FETCHED  # noqa: E402
+from gpu_zarr.engine.runtime import get_runtime  # noqa: E402
+from gpu_zarr.errors import CorruptChunkError, ReadCancelled  # noqa: E402
+from gpu_zarr.location import RemoteError  # noqa: E402
+from gpu_zarr.store import open_array  # noqa: E402
+
+REF = (np.arange(16 * 64 * 64, dtype="<u2").reshape(16, 64, 64) * 13) % 4001
+
+
+def _clear() -> None:
+    FETCHED.clear()
+    get_runtime().clear_caches()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    import numcodecs
+
+    root = tmp_path_factory.mktemp("remote-groups")
+    s = zarr.create_array(root / "sharded.zarr", shape=REF.shape, chunks=(1, 16, 32), shards=(4, 32, 64),
+                          dtype="<u2", compressors=zarr.codecs.ZstdCodec(level=1), fill_value=9)
+    s[:12] = REF[:12]  # the last shards are never written: the fill value
+    p = zarr.create_array(root / "plain.zarr", shape=REF.shape, chunks=(2, 32, 32), dtype="<u2",
+                          compressors=zarr.codecs.ZstdCodec(level=1), fill_value=5)
+    p[...] = REF
+    b = zarr.create_array(root / "v2.zarr", shape=REF.shape, chunks=(1, 32, 64), dtype="<u2", zarr_format=2,
+                          compressors=numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1))
+    b[...] = REF
+    return root
+
+
+def _disk(root, rel):
+    return zarr.open_array(root / rel, mode="r")[...]
+
+
+@pytest.fixture
+def one_answer_groups(monkeypatch):
+    """Every wake-up of the driver decodes what has arrived (groups as small as they come)."""
+    monkeypatch.setattr(pipeline, "GROUP_BYTES", 1)
+
+
+SELS = [Ellipsis, (slice(1, None, 3),), (5, slice(3, 60), slice(10, 50)), (slice(2, 14), slice(None, None, 2))]
+
+
+@pytest.mark.parametrize("rel", ["sharded.zarr", "plain.zarr", "v2.zarr"])
+def test_twin_reads_in_groups_equal_zarr(root, rel, one_answer_groups):
+    ref = _disk(root, rel)
+    _clear()
+    with RangeServer(root, latency=0.003) as srv:
+        arr = open_array(f"{srv.url}/{rel}")
+        for sel in SELS:
+            _clear()
+            res = engine_read(arr, sel, device="cpu", ops=AsyncCpuOps())
+            np.testing.assert_array_equal(np.asarray(res.data), ref[sel])
+        res = engine_read(arr, Ellipsis, device="cpu", ops=AsyncCpuOps())
+        assert res.stats["groups"] >= 1 and res.stats["decoded_bytes"] == ref.nbytes
+
+
+def test_answers_arriving_apart_are_several_groups(root, one_answer_groups):
+    """With answers arriving over time, decoding starts before the last one is in."""
+    _clear()
+    with RangeServer(root, latency=0.02) as srv:
+        arr = open_array(f"{srv.url}/plain.zarr")
+        # 8 x 2 x 2 = 32 chunks, 4 requests in flight: answers arrive in waves a round trip apart
+        from gpu_zarr.engine.layout import layout_of
+
+        lay = layout_of(arr)
+        assert lay.source is not None
+        lay.source.requests = 4
+        res = engine_read(arr, Ellipsis, device="cpu", ops=AsyncCpuOps(), layout=lay)
+        np.testing.assert_array_equal(np.asarray(res.data), REF)
+        assert res.stats["groups"] >= 4, res.stats
+        assert res.stats["pieces"] == 32 and res.stats["requests"] == 32
+
+
+def test_default_groups_keep_a_plane_in_one_decode(root):
+    """A viewer's plane is one group (each decode call has a fixed cost on the GPU)."""
+    _clear()
+    with RangeServer(root, latency=0.005) as srv:
+        arr = open_array(f"{srv.url}/v2.zarr")
+        res = engine_read(arr, (7,), device="cpu", ops=AsyncCpuOps())
+        np.testing.assert_array_equal(np.asarray(res.data), REF[7])
+        assert res.stats["groups"] == 1 and res.stats["batches"] == 1
+
+
+@pytest.mark.parametrize("fault", ["fail_503", "fail_reset", "fail_truncate"])
+def test_injected_failures_in_groups_give_exact_pixels(root, fault, one_answer_groups):
+    with RangeServer(root, latency=0.001, seed=5, **{fault: 0.05}) as srv:
+        for rel in ("sharded.zarr", "plain.zarr", "v2.zarr"):
+            _clear()
+            arr = open_array(f"{srv.url}/{rel}")
+            np.testing.assert_array_equal(np.asarray(engine_read(arr, device="cpu", ops=AsyncCpuOps()).data),
+                                          _disk(root, rel))
+
+
+def test_a_corrupt_chunk_in_an_early_group_stops_the_read_cleanly(root, tmp_path, one_answer_groups):
+    """A damaged chunk decoded while other answers are still on the way: CorruptChunkError
+    naming it; the requests still in flight are cancelled and none is left writing when the
+    error is raised; the next read is exact."""
+    import shutil
+
+    shutil.copytree(root / "plain.zarr", tmp_path / "bad.zarr")
+    chunk = tmp_path / "bad.zarr" / "c" / "0" / "0" / "0"
+    raw = bytearray(chunk.read_bytes())
+    raw[len(raw) // 2:] = bytes(len(raw) - len(raw) // 2)  # a zstd frame with garbage inside
+    chunk.write_bytes(bytes(raw))
+    _clear()
+    with RangeServer(tmp_path, latency=0.02) as srv:
+        arr = open_array(f"{srv.url}/bad.zarr")
+        from gpu_zarr.engine.layout import layout_of
+
+        lay = layout_of(arr)
+        assert lay.source is not None
+        lay.source.requests = 2  # 32 chunks two at a time: 16 round trips, the damaged one among the first
+        t = time.perf_counter()
+        with pytest.raises(CorruptChunkError, match=r"bad\.zarr/c/0/0/0"):
+            engine_read(arr, Ellipsis, device="cpu", ops=AsyncCpuOps(), layout=lay)
+        took = time.perf_counter() - t
+        seen = srv.requests
+        time.sleep(0.1)
+        assert srv.requests == seen, "requests went on after the error was raised"
+        assert took < 16 * 0.02, "the rest of the transfer was not cancelled"
+        np.testing.assert_array_equal(np.asarray(engine_read(arr, (slice(2, None),), device="cpu",
+                                                             ops=AsyncCpuOps(), layout=lay).data), REF[2:])
+
+
+def test_a_failed_request_mid_read_is_a_remote_error(root):
+    _clear()
+    with RangeServer(root, latency=0.005, forbidden=("plain.zarr/c/3/1/0",)) as srv:
+        arr = open_array(f"{srv.url}/plain.zarr")
+        with pytest.raises(RemoteError, match=r"plain\.zarr/c/3/1/0"):
+            engine_read(arr, Ellipsis, device="cpu", ops=AsyncCpuOps())
+        np.testing.assert_array_equal(np.asarray(engine_read(arr, (slice(0, 6),), device="cpu",
+                                                             ops=AsyncCpuOps()).data), REF[:6])
+
+
+def test_cancel_between_groups(root, one_answer_groups):
+    import threading
+
+    _clear()
+    stop = threading.Event()
+    with RangeServer(root, latency=0.01) as srv:
+        arr = open_array(f"{srv.url}/plain.zarr")
+        from gpu_zarr.engine.layout import layout_of
+
+        lay = layout_of(arr)
+        assert lay.source is not None
+        lay.source.requests = 2  # answers two at a time: many groups
+
+        def progress(done: int, total: int) -> None:
+            stop.set()  # cancel once the first batch is placed
+        t = time.perf_counter()
+        with pytest.raises(ReadCancelled):
+            engine_read(arr, Ellipsis, device="cpu", ops=AsyncCpuOps(), layout=lay,
+                        options=EngineOptions(cancel=stop, progress=progress))
+        assert time.perf_counter() - t < 16 * 0.01, "the rest of the transfer was not cancelled"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rel", ["sharded.zarr", "plain.zarr", "v2.zarr"])
+def test_gpu_reads_remote_in_groups(root, rel, one_answer_groups):
+    import cupy
+
+    ref = _disk(root, rel)
+    with RangeServer(root, latency=0.005) as srv:
+        arr = open_array(f"{srv.url}/{rel}")
+        for sel in SELS:
+            _clear()
+            res = engine_read(arr, sel, device="gpu")
+            assert isinstance(res.data, cupy.ndarray)
+            np.testing.assert_array_equal(cupy.asnumpy(res.data), ref[sel])
+        assert res.stats["groups"] >= 1

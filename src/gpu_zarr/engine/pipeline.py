@@ -251,7 +251,7 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
         out = ops.empty(box_shape, lay.out_dtype)
         stats["alloc_s"] = time.perf_counter() - t
         with _arena(rt, len(pieces)) as arena:
-            _run_remote_groups(lay, stage, pieces, out, device, opts, ops, own_ops, rt, stats, batch, arena)
+            _run_remote_groups(lay, stage, pieces, out, device, opts, ops, rt, stats, batch, arena)
         result = ops.finish(out, None if region.is_box else region.post)
         ops.sync()
         stats["total_s"] = time.perf_counter() - t0
@@ -746,96 +746,155 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
 
 
 GROUP_BYTES = 8 << 20  # encoded bytes that start a decode while more answers are on the way
-_SUMMED = ("batches", "encoded_bytes", "missing", "cache_hits")  # stats of a group that add up
 
 
 def _run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, device: str, opts: EngineOptions,
-                       ops: Ops, own_ops: bool, rt: Runtime, stats: dict[str, Any], batch: int, arena: Any) -> None:
+                       ops: Ops, rt: Runtime, stats: dict[str, Any], batch: int, arena: Any) -> None:
     """The GPU path for a remote array: :func:`~gpu_zarr.engine.remote_fetch.stream_remote`
-    requests every object at once on a thread of its own; this thread (which drives the GPU)
-    takes whatever answers have arrived -- once ``GROUP_BYTES`` of them are in, or all -- and
-    fetches them into staging, decodes and places them (:func:`_execute`) while the rest are
-    still on the way. Before, nothing was decoded until every answer was in: a 128 MiB sharded
-    array at 20 ms a request spent 47 ms fetching, then 13 copying and 11 decoding (H200).
-    A group is at least ``GROUP_BYTES`` unless it is the last: each decode call costs 5-16 ms
-    whatever it holds (a viewer's plane is one group). ``arena``: where the answers land; it
-    outlives this call, and nothing is left writing into it when this returns or raises."""
+    requests every object at once on a thread of its own and queues each answer as it
+    arrives; the batch pipeline (:func:`_run_feed`) takes whatever has arrived -- once
+    ``GROUP_BYTES`` of it is in, or all -- as the next batches, and copies them into staging,
+    uploads, decodes and places them while the rest are still on the way, one group's decode
+    beside the next one's copy (before, nothing was decoded until every answer was in: a
+    128 MiB sharded array at 20 ms a request spent 47 ms fetching, then 13 copying and 11
+    decoding on the H200). A group is at least ``GROUP_BYTES`` unless it is the last: a decode
+    call costs 5-16 ms whatever it holds (a viewer's plane is one group). Missing pieces are
+    filled and cached ones placed at the end. ``arena``: where the answers land; it outlives
+    this call, and nothing is left writing into it when this returns or raises."""
     from gpu_zarr.engine.remote import RemoteBlob
-    from gpu_zarr.engine.remote_fetch import Arrived, stream_remote
+    from gpu_zarr.engine.remote_fetch import Arrived, stream_remote, whole_cap
 
     assert lay.source is not None
+    n = len(pieces)
+    files: list[Any] = []
+    file_id = np.full(n, -1, np.int64)
+    offset = np.zeros(n, np.int64)
+    nbytes = np.full(n, -1, np.int64)
+    whose: list[Any] = [None] * n  # per piece (its answer, its position there): names for messages
+    keys: list[Any] = [None] * n
+    cache = rt.chunk_cache(device) if opts.cache and stage.decodes and settings.get("cache_bytes") else None
+    keep = _Keep(keys, pieces, every=opts.cache == "all") if cache is not None else None
+    missing: list[int] = []
+    cached: list[tuple[int, Any]] = []
+    # staging per slot: a batch, or the biggest chunk a codec can make; no more than the read can
+    # need (a viewer's plane: a few chunks' worth, one slot)
+    most = max(1, n) * whole_cap(lay)
+    cap = min(max(batch, whole_cap(lay)), most)
+    per = max(1, min(n, batch // max(1, int(lay.inner_nbytes))))
+    nslots = min(max(1, opts.slots), -(-most // cap))
     cond = threading.Condition()
     queue: list[Arrived] = []
-    state: dict[str, Any] = {"done": False, "error": None, "counts": {}, "stop": False}
+    state: dict[str, Any] = {"done": False, "error": None, "counts": {}, "stop": False, "groups": 0}
     t0 = time.perf_counter()
 
     def arrived(a: Arrived) -> None:
         with cond:
-            if state["stop"]:  # the driver failed: raising here cancels the requests still in flight
+            if state["stop"]:  # the read failed: raising here cancels the requests still in flight
                 raise ReadCancelled("the read failed: its remaining requests were cancelled")
             queue.append(a)
-            cond.notify()
+            cond.notify_all()
 
     def fetch_all() -> None:
         try:
             state["counts"] = stream_remote(lay, pieces, lay.source, arrived, arena)
-        except BaseException as exc:  # noqa: BLE001 - handed to the driver, which raises it
+        except BaseException as exc:  # noqa: BLE001 - handed to the pipeline, which raises it
             state["error"] = exc
         finally:
             with cond:
                 state["done"] = True
                 state["fetch_s"] = time.perf_counter() - t0
-                cond.notify()
+                cond.notify_all()
 
     def ready() -> bool:  # under cond
-        if state["done"] or state["error"] is not None:
+        if state["done"] or state["stop"]:
             return True
-        encoded = sum(int(a.nbytes[a.nbytes > 0].sum()) for a in queue)
-        return encoded >= GROUP_BYTES
+        return sum(int(a.nbytes[a.nbytes > 0].sum()) for a in queue) >= GROUP_BYTES
 
-    def group(took: list[Arrived]) -> None:
-        files = [RemoteBlob(a.url, a.data if a.data is not None else b"", a.base) for a in took]
-        sel = np.concatenate([a.pieces for a in took]).astype(np.int64)
-        file_id = np.concatenate([np.full(len(a.pieces), k, np.int64) for k, a in enumerate(took)])
-        offset = np.concatenate([a.offset + a.base for a in took]).astype(np.int64)
-        nbytes = np.concatenate([a.nbytes for a in took]).astype(np.int64)
-        whose = [(a, j) for a in took for j in range(len(a.pieces))]
-        loc = Located(files, file_id, offset, nbytes, LazyNames(len(sel), lambda k: whose[k][0].names(whose[k][1])),
-                      np.array([a.mtime for a in took], np.int64))
-        part: dict[str, Any] = {}
-        _execute(lay, stage, check_sizes(lay, loc), Pieces(pieces.coords[sel], pieces.table[sel]), out, None,
-                 device, opts, ops, own_ops, rt, part, batch)
-        for k, v in part.items():  # times and counts summed over the groups, the rest as the last said
-            stats[k] = stats.get(k, 0) + v if k.endswith("_s") or k in _SUMMED else v
+    def more() -> tuple[list[Batch], bool]:
+        """The next group's batches (waits for answers); True once there are no more."""
+        with cond:
+            while not ready():
+                cond.wait(0.05)
+                if opts.cancel is not None and opts.cancel.is_set():
+                    raise ReadCancelled("read cancelled: the partial result was discarded")
+            took, queue[:] = queue[:], []
+            finished, error, stop = state["done"], state["error"], state["stop"]
+        if error is not None:
+            raise error
+        if stop:
+            raise ReadCancelled("the read failed: its remaining requests were cancelled")
+        sel: list[int] = []
+        for a in took:
+            fid = len(files)
+            files.append(RemoteBlob(a.url, a.data if a.data is not None else b"", a.base))
+            for j, p in enumerate(a.pieces.tolist()):
+                nb = int(a.nbytes[j])
+                if nb < 0:
+                    missing.append(p)
+                    continue
+                at = a.base + int(a.offset[j])
+                keys[p], whose[p] = (a.url, at, nb, a.mtime), (a, j)
+                chunk = cache.get(keys[p]) if cache is not None else None
+                if chunk is not None:
+                    cached.append((p, chunk))
+                    continue
+                if nb > cap:
+                    raise CorruptChunkError(f"chunk {a.names(j)} has {nb} encoded bytes; a chunk of {lay.inner_nbytes} "
+                                            f"bytes takes at most {whole_cap(lay)} with any codec. It is corrupt; "
+                                            "rewrite or delete it.")
+                file_id[p], offset[p], nbytes[p] = fid, at, nb
+                sel.append(p)
+        if not sel:
+            return [], finished
+        idx = np.asarray(sel, np.int64)
+        check_sizes(lay, Located(files, file_id[idx], offset[idx], nbytes[idx], LazyNames(len(idx), name_of_sel(idx)),
+                                 np.zeros(len(files), np.int64)))
+        made = make_batches(file_id[idx], offset[idx], nbytes[idx], lay.inner_nbytes, batch)
+        state["groups"] += 1
+        return [replace(b, pieces=idx[b.pieces]) for b in made], finished
 
-    fut = rt.pool("remote-stream", 2).submit(fetch_all)
-    groups = 0
+    def name_of_sel(idx: np.ndarray) -> Callable[[int], str]:
+        return lambda k: name(int(idx[k]))
+
+    def name(k: int) -> str:
+        a, j = whose[k]
+        return str(a.names(j))
+
+    def stop() -> None:
+        with cond:
+            state["stop"] = True
+            cond.notify_all()
+
+    loc = Located(files, file_id, offset, nbytes, LazyNames(n, name), np.zeros(0, np.int64))
+    thread = threading.Thread(target=fetch_all, name="gpu-zarr-remote-stream", daemon=True)
+    thread.start()
+    feed = _Feed(more=more, stop=stop)
     ok = False
     try:
-        while True:
-            with cond:
-                while not ready():
-                    cond.wait()
-                took, queue[:] = queue[:], []
-                finished, error = state["done"], state["error"]
-            if error is not None:
-                raise error
-            if opts.cancel is not None and opts.cancel.is_set():
-                raise ReadCancelled("read cancelled: the partial result was discarded")
-            if took:
-                group(took)
-                groups += 1
-            if finished:
-                break
+        _run_feed(lay, stage, loc, pieces, feed, out, ops, _remote_reader(lay, rt), opts, stats, keep, nslots, cap,
+                  per)
         ok = True
     finally:
         if not ok:
-            with cond:
-                state["stop"] = True
-        fut.result()  # the requests are done before the arena they land in can be let go (also on an error)
-    for key in _SUMMED:
-        stats.setdefault(key, 0)
-    stats.update(state["counts"], groups=groups, fetch_s=state.get("fetch_s", 0.0), pieces=len(pieces),
+            stop()
+        thread.join()  # the requests are done before the arena they land in can be let go (also on an error)
+    if state["error"] is not None:
+        raise state["error"]
+    if missing:
+        ops.fill(out, pieces.table[np.asarray(missing, np.int64)], lay.fill_value)
+    if cached:  # (held until the sync: an eviction meanwhile must not free memory a kernel reads)
+        ops.place_chunks([c for _, c in cached], pieces.table[[p for p, _ in cached]], out, lay.disk_dtype,
+                         lay.transpose)
+    ops.sync()
+    if keep is not None and cache is not None:  # only now: every stream is done with them
+        for key, chunk in keep.chunks:
+            cache.put(key, chunk)
+    if opts.progress is not None:
+        total = nbytes_of(out.shape, out.dtype.itemsize)
+        opts.progress(total, total)
+    got = nbytes[nbytes >= 0]
+    stats.update(state["counts"], groups=state["groups"], batches=len(feed), fetch_s=state.get("fetch_s", 0.0), pieces=n,
+                 missing=len(missing), cache_hits=len(cached), codec=lay.codec, encoded_bytes=int(got.sum()),
                  decoded_bytes=nbytes_of(out.shape, out.dtype.itemsize),
                  reader=f"remote ({lay.source.requests} requests in flight, decoded as they arrive)")
 
@@ -1010,6 +1069,43 @@ def _names(loc: Located, pieces: np.ndarray) -> LazyNames:
     return LazyNames(len(pieces), lambda k: loc.names[int(pieces[k])])
 
 
+class _Feed:
+    """The batches of a read: all known at once (a list), or arriving while the read runs (a
+    remote read on the GPU path, :func:`_run_remote_groups`). ``get(k)`` is batch k -- made by
+    ``more()`` while it is not there yet -- or None once there are no more; ``stop()`` tells
+    ``more`` that the read failed (it must not wait for answers any longer)."""
+
+    def __init__(self, batches: Sequence[Batch] | None = None,
+                 more: Callable[[], tuple[list[Batch], bool]] | None = None,
+                 stop: Callable[[], None] | None = None) -> None:
+        self._batches = list(batches) if batches is not None else []
+        self._more = more  # () -> (new batches, no more will come); may wait for them
+        self._stop = stop
+        self._done = more is None
+        self._lock = threading.Lock()
+
+    def get(self, k: int) -> Batch | None:
+        with self._lock:  # batches are made in order, by one thread at a time
+            while k >= len(self._batches) and not self._done:
+                assert self._more is not None
+                got, self._done = self._more()
+                self._batches.extend(got)
+            return self._batches[k] if k < len(self._batches) else None
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._stop()
+
+    @property
+    def known(self) -> int | None:
+        """How many batches there are, when all are known (None while more may come)."""
+        return len(self._batches) if self._more is None else None
+
+    def __len__(self) -> int:
+        """Batches made so far."""
+        return len(self._batches)
+
+
 def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: list[Batch], out: Any,
                  ops: Ops, reader: Any, opts: EngineOptions, stats: dict[str, Any],
                  keep: _Keep | None = None) -> None:
@@ -1017,21 +1113,29 @@ def _run_batches(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, b
         return
     nslots = min(max(1, opts.slots), len(batches))
     cap = max(b.staging_bytes for b in batches)
+    per = max(len(b.pieces) for b in batches)
+    _run_feed(lay, stage, loc, pieces, _Feed(batches), out, ops, reader, opts, stats, keep, nslots, cap, per)
+
+
+def _run_feed(lay: Layout, stage: CodecStage, loc: Any, pieces: Pieces, feed: _Feed, out: Any, ops: Ops,
+              reader: Any, opts: EngineOptions, stats: dict[str, Any], keep: _Keep | None, nslots: int, cap: int,
+              per: int) -> None:
+    """Run the batches of ``feed`` (at most ``cap`` staging bytes and ``per`` pieces each) in
+    ``nslots`` slots; ``loc`` has the ``files`` and ``names`` of the pieces."""
     # raw chunks read by kvikio land in device memory directly: nothing to check on the host
     direct = (not stage.decodes) and ops.on_device and reader.name == "kvikio" and opts.direct_raw
     with reader.session(), ops.host_buffers(0 if direct else cap, 0 if direct else nslots) as host:
-        _run(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, nslots, cap, direct, host, keep)
+        _run(lay, stage, loc, pieces, feed, out, ops, reader, opts, stats, nslots, cap, per, direct, host, keep)
     stats["reader"] = reader.name + (" (into device memory)" if direct else " (staging)")
     stats["threads"] = getattr(reader, "threads", None)
     stats["slots"] = nslots
     stats["batch_bytes"] = cap
 
 
-def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: list[Batch], out: Any, ops: Ops,
-         reader: Any, opts: EngineOptions, stats: dict[str, Any], nslots: int, cap: int, direct: bool,
+def _run(lay: Layout, stage: CodecStage, loc: Any, pieces: Pieces, feed: _Feed, out: Any, ops: Ops,
+         reader: Any, opts: EngineOptions, stats: dict[str, Any], nslots: int, cap: int, per: int, direct: bool,
          host: list[np.ndarray], keep: _Keep | None) -> None:
     t_setup = time.perf_counter()
-    per = max(len(b.pieces) for b in batches)
     dstride = _stride(lay)
     if ops.host_is_device and not direct:
         dev_in = host  # the CPU's fast path decodes the fetched bytes where they are
@@ -1050,15 +1154,19 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
 
     check = _needs_host_check(stage, ops)
 
-    def fetch(k: int) -> Any:
+    def fetch(k: int) -> tuple[Batch, Any] | None:
         """Read batch k into its slot, then run the codec's host check there: on the read
-        threads, off the thread that drives the GPU (the check reads only the slot)."""
+        threads, off the thread that drives the GPU (the check reads only the slot). None:
+        there is no batch k (the feed's batches are all done)."""
         s = k % nslots
+        b = feed.get(k)  # a remote read's: waits for answers to arrive
+        if b is None:
+            return None
         ops.wait(released[s])  # the slot's previous batch has left its read buffer
         t = time.perf_counter()
-        reader.read(loc.files, batches[k], dev_in[s] if direct else host[s])
+        reader.read(loc.files, b, dev_in[s] if direct else host[s])
         t1 = time.perf_counter()
-        prep = stage.prepare(host[s], batches[k], lay, _names(loc, batches[k].pieces)) if check else None
+        prep = stage.prepare(host[s], b, lay, _names(loc, b.pieces)) if check else None
         t2 = time.perf_counter()
         with read_lock:
             timings["read_s"] += t1 - t
@@ -1066,16 +1174,17 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
                 timings["check_s"] += t2 - t1
                 for key, val in getattr(prep, "stats", dict)().items():  # e.g. Blosc streams per codec
                     timings[key] = timings.get(key, 0) + val
-        return prep
+        return b, prep
 
-    # one coordinator per slot keeps `nslots` batches being read while the GPU works
-    coord = ops.runtime.pool("fetch", nslots)
+    # one coordinator per slot keeps `nslots` batches being read while the GPU works (a feed
+    # of arriving batches has threads of its own: its reads wait for answers)
+    coord = ops.runtime.pool("fetch" if feed.known else "fetch-arriving", nslots)
     futures: dict[int, Any] = {}
     ahead = nslots if ops.overlap else 1
 
     def submit(k: int) -> None:
         # a slot's next read is submitted only after `released` holds the event that frees it
-        if k < len(batches):
+        if feed.known is None or k < feed.known:
             futures[k] = coord.submit(fetch, k)
 
     recent: list[Any] = []  # names of the batches whose GPU work may still be in flight
@@ -1085,17 +1194,23 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
         for group in recent:
             listed += group[:max(0, 8 - len(listed))]
         return listed, sum(len(g) for g in recent) - len(listed)
+    ok = False
     try:
         with faults_as_errors(in_flight):
-            for k in range(min(ahead, len(batches))):
+            for k in range(ahead):
                 submit(k)
-            for k, b in enumerate(batches):
+            k = -1
+            while True:
+                k += 1
                 if opts.cancel is not None and opts.cancel.is_set():
                     raise ReadCancelled("read cancelled: the partial result was discarded")
                 s = k % nslots
                 t = time.perf_counter()
-                prep = futures.pop(k).result()  # read and host-checked on the fetch thread
+                got = futures.pop(k).result() if k in futures else None  # read and host-checked on the fetch thread
                 timings["wait_read_s"] += time.perf_counter() - t
+                if got is None:  # no batch k: all are done
+                    break
+                b, prep = got
                 names = _names(loc, b.pieces)
                 recent = [*recent[-nslots:], names]
                 t = time.perf_counter()
@@ -1130,7 +1245,10 @@ def _run(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, batches: 
             t = time.perf_counter()
             ops.sync()
             timings["final_sync_s"] = time.perf_counter() - t
+        ok = True
     finally:
+        if not ok:
+            feed.stop()  # a feed's reads waiting for answers give up
         for f in futures.values():
             f.cancel()
         for f in futures.values():

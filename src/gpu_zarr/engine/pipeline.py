@@ -746,6 +746,7 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
 
 
 GROUP_BYTES = 8 << 20  # encoded bytes that start a decode while more answers are on the way
+FEED_BATCH_BYTES = 32 << 20  # a batch of arriving answers: several decode calls in flight on the lanes
 
 
 def _run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, device: str, opts: EngineOptions,
@@ -776,11 +777,12 @@ def _run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
     keep = _Keep(keys, pieces, every=opts.cache == "all") if cache is not None else None
     missing: list[int] = []
     cached: list[tuple[int, Any]] = []
-    # staging per slot: a batch, or the biggest chunk a codec can make; no more than the read can
-    # need (a viewer's plane: a few chunks' worth, one slot)
+    # staging per slot: FEED_BATCH_BYTES (a group that came at once is cut into batches decoded
+    # side by side on the lanes), or the biggest chunk a codec can make; no more than the read
+    # can need (a viewer's plane: a few chunks' worth, one slot)
     most = max(1, n) * whole_cap(lay)
-    cap = min(max(batch, whole_cap(lay)), most)
-    per = max(1, min(n, batch // max(1, int(lay.inner_nbytes))))
+    cap = min(max(min(batch, FEED_BATCH_BYTES), whole_cap(lay)), most)
+    per = max(1, min(n, cap // max(1, int(lay.inner_nbytes))))
     nslots = min(max(1, opts.slots), -(-most // cap))
     cond = threading.Condition()
     queue: list[Arrived] = []
@@ -849,7 +851,7 @@ def _run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
         idx = np.asarray(sel, np.int64)
         check_sizes(lay, Located(files, file_id[idx], offset[idx], nbytes[idx], LazyNames(len(idx), name_of_sel(idx)),
                                  np.zeros(len(files), np.int64)))
-        made = make_batches(file_id[idx], offset[idx], nbytes[idx], lay.inner_nbytes, batch)
+        made = make_batches(file_id[idx], offset[idx], nbytes[idx], lay.inner_nbytes, cap)
         state["groups"] += 1
         return [replace(b, pieces=idx[b.pieces]) for b in made], finished
 

@@ -189,3 +189,24 @@ def test_gpu_reads_remote_in_groups(root, rel, one_answer_groups):
             assert isinstance(res.data, cupy.ndarray)
             np.testing.assert_array_equal(cupy.asnumpy(res.data), ref[sel])
         assert res.stats["groups"] >= 1
+
+
+def test_a_shard_rewritten_while_its_index_is_known_is_read_again(root, tmp_path, one_answer_groups):
+    """The open array knows a shard's index; the shard is rewritten (other sizes and offsets).
+    The ranged answers of the next read do not match that index. The shard is read again, and
+    the second answer wins for every piece, including ones it now leaves to the fill value."""
+    import shutil
+
+    shutil.copytree(root / "sharded.zarr", tmp_path / "changing.zarr")
+    _clear()
+    with RangeServer(tmp_path, latency=0.002) as srv:
+        arr = open_array(f"{srv.url}/changing.zarr")
+        np.testing.assert_array_equal(np.asarray(engine_read(arr, (1,), device="cpu", ops=AsyncCpuOps()).data), REF[1])
+        new = np.full(REF.shape, 9, "<u2")
+        new[1, :16] = (np.arange(16 * 64, dtype="<u2").reshape(16, 64) * 5) % 777
+        w = zarr.open_array(tmp_path / "changing.zarr", mode="r+")
+        w[...] = new
+        w[1, 16:] = 9  # the fill value: written as such (zarr may leave those inner chunks out)
+        _clear()
+        got = engine_read(arr, (1,), device="cpu", ops=AsyncCpuOps())
+        np.testing.assert_array_equal(np.asarray(got.data), new[1])

@@ -747,6 +747,7 @@ def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
 
 GROUP_BYTES = 8 << 20  # encoded bytes that start a decode while more answers are on the way
 FEED_BATCH_BYTES = 32 << 20  # a batch of arriving answers: several decode calls in flight on the lanes
+_MISSING, _DECODED = object(), object()  # what a remote piece's last answer said (else: its cached chunk)
 
 
 def _run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, device: str, opts: EngineOptions,
@@ -775,8 +776,9 @@ def _run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
     keys: list[Any] = [None] * n
     cache = rt.chunk_cache(device) if opts.cache and stage.decodes and settings.get("cache_bytes") else None
     keep = _Keep(keys, pieces, every=opts.cache == "all") if cache is not None else None
-    missing: list[int] = []
-    cached: list[tuple[int, Any]] = []
+    # what each piece's last answer said: missing (the fill value), cached (the chunk), or decoded
+    # (a shard that changed while read is read again, and the second answer wins)
+    last: dict[int, Any] = {}
     # staging per slot: FEED_BATCH_BYTES (a group that came at once is cut into batches decoded
     # side by side on the lanes), or the biggest chunk a codec can make; no more than the read
     # can need (a viewer's plane: a few chunks' worth, one slot)
@@ -832,14 +834,15 @@ def _run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
             for j, p in enumerate(a.pieces.tolist()):
                 nb = int(a.nbytes[j])
                 if nb < 0:
-                    missing.append(p)
+                    last[p] = _MISSING
                     continue
                 at = a.base + int(a.offset[j])
                 keys[p], whose[p] = (a.url, at, nb, a.mtime), (a, j)
                 chunk = cache.get(keys[p]) if cache is not None else None
                 if chunk is not None:
-                    cached.append((p, chunk))
+                    last[p] = chunk
                     continue
+                last[p] = _DECODED
                 if nb > cap:
                     raise CorruptChunkError(f"chunk {a.names(j)} has {nb} encoded bytes; a chunk of {lay.inner_nbytes} "
                                             f"bytes takes at most {whole_cap(lay)} with any codec. It is corrupt; "
@@ -882,6 +885,8 @@ def _run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
         thread.join()  # the requests are done before the arena they land in can be let go (also on an error)
     if state["error"] is not None:
         raise state["error"]
+    missing = [p for p, v in last.items() if v is _MISSING]
+    cached = [(p, v) for p, v in last.items() if v is not _MISSING and v is not _DECODED]
     if missing:
         ops.fill(out, pieces.table[np.asarray(missing, np.int64)], lay.fill_value)
     if cached:  # (held until the sync: an eviction meanwhile must not free memory a kernel reads)

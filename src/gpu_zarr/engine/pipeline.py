@@ -467,7 +467,8 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
 
     t = time.perf_counter()
     todo = np.flatnonzero(to_read >= 0)
-    if len(todo) and lay.source is None and native_read.serves(lay.codec, out):  # local files only
+    assert lay.source is None, "remote reads take the stream paths (_run_remote_stream, _run_remote_groups)"
+    if len(todo) and native_read.serves(lay.codec, out):
         # one native call: per chunk read, decode, place on C threads; what it cannot decode
         # (Blosc with blosclz / snappy, Blosc2 chunks) continues below with numcodecs
         # in groups of about batch_bytes decoded, so that progress and cancel are looked at
@@ -506,12 +507,6 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
 
         def read(i: int) -> None:
             read_range(files[file_id[i]], offset[i], buf[so[i]:so[i] + sz[i]])
-        if (remote := _remote_reader(lay, rt)) is not None:  # every range in flight at once, then decode
-            remote.read(files, batch, buf)
-            stats["reader"] = f"{remote.name} ({remote.threads} requests in flight)"
-
-            def read(i: int) -> None:
-                pass
 
         def place(i: int) -> None:
             ops.place(src, src_off[i:i + 1], table[i:i + 1], out, lay.disk_dtype, perm=lay.transpose)
@@ -816,6 +811,8 @@ def _run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
 
     def more() -> tuple[list[Batch], bool]:
         """The next group's batches (waits for answers); True once there are no more."""
+        if opts.cancel is not None and opts.cancel.is_set():
+            raise ReadCancelled("read cancelled: the partial result was discarded")
         with cond:
             while not ready():
                 cond.wait(0.05)

@@ -2,10 +2,10 @@
 
 :mod:`gpu_zarr.engine.remote_fetch` holds the locate and fetch stages built on it.
 
-Unsharded chunks are fetched whole (:meth:`RemoteSource.get_many`, one GET each, all in
-flight at once; a 404 is None: the fill value), shard indexes by one suffix-range GET each
-(:meth:`RemoteSource.get_indexes`), and byte ranges with up to ``requests`` in flight
-(:meth:`RemoteSource.read_ranges`).
+Whole objects (unsharded chunks, whole shards; a 404 is None: the fill value) and byte ranges
+are fetched with up to ``requests`` in flight, each handed on as it arrives
+(:meth:`RemoteSource.stream`); shard indexes by one suffix-range GET each
+(:meth:`RemoteSource.get_indexes`).
 
 Retries: obstore retries 429/5xx, connection errors and timeouts with exponential backoff
 (:mod:`gpu_zarr.location` configures it); answers that end early (a truncated body) are
@@ -34,7 +34,7 @@ from gpu_zarr.engine.runtime import host_empty
 from gpu_zarr.errors import NativeHttpDeclined, RemoteError, ShortAnswer
 from gpu_zarr.location import network_cause
 
-__all__ = ["FETCHED", "BodyArena", "Bodies", "Got", "RemoteBlob", "RemoteObject", "RemoteSource", "source_of"]
+__all__ = ["FETCHED", "BodyArena", "Bodies", "Got", "RemoteBlob", "RemoteSource", "source_of"]
 
 _ATTEMPTS = 4  # our own retries of answers that ended early (obstore retries the rest)
 T = TypeVar("T")
@@ -91,6 +91,12 @@ class _Bytes:
             while self.nbytes > limit and self._d:
                 _, old = self._d.popitem(last=False)
                 self.nbytes -= len(old[0]) if old is not None else 0
+
+    def drop(self, key: Any) -> None:
+        """Forget ``key`` (what it named changed)."""
+        with self._lock:
+            old = self._d.pop(key, None)
+            self.nbytes -= len(old[0]) if old is not None else 0
 
     def clear(self) -> None:
         with self._lock:
@@ -275,58 +281,6 @@ class RemoteSource:
             task.add_done_callback(lambda _t: self._whole_pending.pop(rel, None))
         return await asyncio.shield(task)
 
-    # -- whole objects (unsharded chunks) ------------------------------------------------------
-    def get_many(self, rels: Sequence[str], cap: int | None = None,
-                 arena: Bodies | None = None) -> list[tuple[Any, int] | None]:
-        """Each object's bytes and modification time in ns (None when it does not exist).
-        ``cap``: the most bytes one object may have (lets the native client write each body
-        into a buffer of its own; carved from ``arena`` when given: then nothing goes to the
-        byte cache)."""
-        out: list[Any] = [None] * len(rels)
-        todo = []
-        for i, r in enumerate(rels):
-            try:
-                out[i] = FETCHED.get((self.url, r))
-            except KeyError:
-                todo.append(i)
-        if todo:
-            got: list[Any] = [None] * len(todo)
-            if self.http is not None and cap is not None:
-                def one(j: int, g: Got | None) -> None:
-                    got[j] = (g.data, g.mtime) if g is not None else None
-                left = self._native([(rels[i], None) for i in todo], one, cap, arena=arena)
-                if left:  # the native client gave these up to obstore
-                    for j, g in zip(left, _LOOP.run(self._get_many([rels[todo[j]] for j in left]))):
-                        got[j] = g
-            else:
-                got = _LOOP.run(self._get_many([rels[i] for i in todo]))
-            for i, g in zip(todo, got):
-                out[i] = g
-                if arena is None or arena.lasting:
-                    FETCHED.put((self.url, rels[i]), g)
-        return out
-
-    async def _get_many(self, rels: Sequence[str]) -> list[Any]:
-        sem = asyncio.Semaphore(self.requests)
-        return list(await asyncio.gather(*(self._get_one(sem, r) for r in rels)))
-
-    async def _get_one(self, sem: asyncio.Semaphore, rel: str) -> tuple[bytes, int] | None:
-        import obstore
-
-        async def once() -> tuple[bytes, int] | None:
-            try:
-                res = await obstore.get_async(self.store, self.key(rel))
-            except FileNotFoundError:
-                return None
-            data = await res.bytes_async()
-            size = int(res.meta["size"])
-            if len(data) != size:
-                raise ShortAnswer(f"expected {size} bytes, got {len(data)}")
-            self._count(size)
-            return bytes(data), _mtime(res.meta)
-        async with sem:
-            return await self._retry(rel, "GET", once)
-
     # -- shard indexes ---------------------------------------------------------------------------
     def get_indexes(self, rels: Sequence[str], nbytes: int, at_end: bool) -> list[tuple[bytes, int, int] | None]:
         """Per shard (index bytes, shard size, mtime ns), None when the shard does not exist.
@@ -401,8 +355,9 @@ class RemoteSource:
         event loop's thread: it must only hand the work on) as each one arrives.
 
         A job is ``(rel, None)`` for the whole object (``got`` None: it does not exist) or
-        ``(rel, (start, end))`` for a byte range (a missing object is an error there). An
-        answer shorter than asked for is retried and never handed on. The first error
+        ``(rel, (start, end))`` for a byte range (an object that is gone, or shorter than the
+        range now, is handed on as a ``Got`` with no data and its new size, -1 when gone: the
+        caller sees that it changed). An answer cut short is retried and never handed on. The first error
         cancels the rest and is raised here. ``cap``: the most bytes a whole object may have
         (the native client needs it for whole-object jobs; without it obstore serves them);
         ``arena``: where the native client's answers land (else buffers of their own).
@@ -439,9 +394,9 @@ class RemoteSource:
                 else:
                     data, _, _, meta = await self._range_get(rel, rng)
             except FileNotFoundError:
-                if rng is None:
-                    return None
-                raise
+                # a whole object: missing (the fill value); a range: the shard is gone since its
+                # index was read, and the caller sees it changed
+                return None if rng is None else Got(b"", -1, 0, "")
             except oe.GenericError as exc:
                 if rng is not None and ("416" in str(exc) or "Range Not Satisfiable" in str(exc)):
                     return Got(b"", -1, 0, "")  # the object is shorter now: the caller sees it changed
@@ -458,13 +413,11 @@ class RemoteSource:
 
     # -- the native HTTP client (gpu_zarr.engine.native_http) -----------------------------------
     def _native(self, jobs: list[tuple[str, Any]], on_done: Callable[[int, Got | None], None], cap: int | None, *,
-                dests: list[np.ndarray] | None = None, missing_ok: bool = False, exact: bool = False,
-                arena: Bodies | None = None) -> list[int]:
+                missing_ok: bool = False, arena: Bodies | None = None) -> list[int]:
         """Run ``jobs`` (``(rel, None | (start, end) | {"suffix": n})``) through the native
         client, ``on_done(i, got)`` as each arrives (None: the object does not exist; for
-        ranges only with ``missing_ok``). Each body goes into ``dests[i]`` or a buffer of its
-        own (``cap`` bytes for whole objects; carved from ``arena`` when given). ``exact``: a
-        range must come back whole.
+        ranges only with ``missing_ok``). Each body goes into a buffer of its own (``cap``
+        bytes for whole objects; carved from ``arena`` when given).
         Returns the jobs given back to obstore: a server that answers no byte ranges, or a
         body longer than ``cap``; obstore serves this source from then on."""
         import gpu_zarr.engine.native_http as nh
@@ -486,9 +439,7 @@ class RemoteSource:
         bufs: list[Any]
         room = (sizes + 63) // 64 * 64
         at = np.concatenate([[0], np.cumsum(room)])
-        if dests is not None:
-            bufs = list(dests)
-        elif arena is not None and int(at[-1]) <= arena.limit:  # one lease, carved (64-byte aligned)
+        if arena is not None and int(at[-1]) <= arena.limit:  # one lease, carved (64-byte aligned)
             block = arena.take(int(at[-1]))
             bufs = [block[int(a):int(a) + int(z)] for a, z in zip(at[:-1], sizes)]
         else:
@@ -505,10 +456,6 @@ class RemoteSource:
                 left.append(i)
                 why.append(str(exc))
                 return
-            if exact and (got is None or len(got.data) != int(rng[1]) - int(rng[0])):
-                raise RemoteError(f"GET bytes {rng[0]}-{int(rng[1]) - 1} of {self.url_of(rel)} failed: the object "
-                                  f"is shorter now ({0 if got is None else len(got.data)} of "
-                                  f"{int(rng[1]) - int(rng[0])} bytes came back): the store changed while read.")
             if got is not None:
                 self._count(len(got.data))
             on_done(i, got)
@@ -534,8 +481,8 @@ class RemoteSource:
                 if st == 404:
                     return None
             else:
-                if st == 404 and missing_ok:
-                    return None
+                if st == 404:  # a shard gone since its index was read: the caller sees it changed
+                    return None if missing_ok else Got(b"", -1, 0, "")
                 if st == 416:
                     return Got(b"", -1, 0, "")  # shorter than the range: the caller sees it changed
                 if st == 200:
@@ -571,46 +518,6 @@ class RemoteSource:
         else:
             hint = "the server refused the request"
         raise RemoteError(f"{what} {url} failed{tries}: HTTP {st}. {hint}.")
-
-    # -- byte ranges -------------------------------------------------------------------------------
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int, memoryview]]) -> None:
-        """Fill each ``dest`` with ``length`` bytes of object ``rel`` at ``start``:
-        (rel, start, length, dest)."""
-        if not ranges:
-            return
-        left = list(range(len(ranges)))
-        if self.http is not None:
-            tmp: dict[int, np.ndarray] = {}
-            dests: list[np.ndarray] = []
-            for k, (_rel, _start, length, dest) in enumerate(ranges):
-                if isinstance(dest, memoryview) and dest.contiguous and not dest.readonly:
-                    dests.append(np.frombuffer(dest, np.uint8, count=length))
-                else:  # spans of a staging buffer: one body, then copies
-                    tmp[k] = np.empty(length, np.uint8)
-                    dests.append(tmp[k])
-
-            def one(k: int, g: Got | None) -> None:
-                assert g is not None
-                if k in tmp:
-                    ranges[k][3][:ranges[k][2]] = memoryview(tmp[k])
-            left = self._native([(r, (a, a + n)) for r, a, n, _ in ranges], one, None, dests=dests, exact=True)
-        if left:
-            _LOOP.run(self._read_ranges([ranges[k] for k in left]))
-
-    async def _read_ranges(self, ranges: Sequence[tuple[str, int, int, memoryview]]) -> None:
-
-        sem = asyncio.Semaphore(self.requests)
-
-        async def one(rel: str, start: int, length: int, dest: memoryview) -> None:
-            async def once() -> None:
-                data, _, _, _ = await self._range_get(rel, (start, start + length))
-                if len(data) != length:
-                    raise ShortAnswer(f"expected {length} bytes at offset {start}, got {len(data)}")
-                dest[:length] = memoryview(data)
-                self._count(length)
-            async with sem:
-                await self._retry(rel, f"GET bytes {start}-{start + length - 1} of", once)
-        await _all([one(*r) for r in ranges])
 
 
 class Bodies(Protocol):
@@ -709,17 +616,6 @@ class RemoteBlob:
 
     def __str__(self) -> str:
         return self.url
-
-
-@dataclass(frozen=True)
-class RemoteObject:
-    """An object read by byte ranges (a shard); ``str()`` is its URL."""
-
-    source: RemoteSource
-    rel: str
-
-    def __str__(self) -> str:
-        return self.source.url_of(self.rel)
 
 
 def source_of(arr: Any) -> RemoteSource | None:

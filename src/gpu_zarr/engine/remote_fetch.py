@@ -1,28 +1,25 @@
 """Locate and fetch stages for remote arrays (:mod:`gpu_zarr.engine.remote` makes the requests).
 
-- :func:`locate_remote` replaces ``stat`` and the shard-index ``pread``: unsharded chunks are
-  fetched whole (one GET each, all in flight at once; a 404 is the fill value, as zarr reads
-  it), shard indexes by one suffix-range GET each.
-- :func:`stream_remote` is locate and fetch in one, for the CPU's host path: every object a
-  read needs is requested at once and handed on (:class:`Arrived`) as it arrives, so decode
-  overlaps the transfer. Unsharded chunks are GET whole. A shard the read needs at least half
+- :func:`stream_remote` is locate and fetch in one: every object a read needs is requested at
+  once and handed on (:class:`Arrived`) as it arrives, so decode overlaps the transfer (the
+  CPU's host path decodes each answer; the GPU path takes them in groups). Unsharded chunks are
+  GET whole (a 404 is the fill value, as zarr reads it). A shard the read needs at least half
   of (and no bigger than ``WHOLE_SHARD_BYTES`` decoded) is GET whole, its index taken from its
   own bytes: one round trip, no index request (a shard the read needs all of is GET whole
   even when its index is known: one request instead of a ranged GET per part). Other shards
   need their index: known from an earlier read of the open array
-  (:meth:`RemoteSource.cached_index`), or fetched for all of them in one wave; then one
-  ranged GET per run of inner chunks closer than ``GAP_BYTES``
+  (:meth:`RemoteSource.cached_index`), or fetched for all of them in one wave of suffix-range
+  GETs; then one ranged GET per run of inner chunks closer than ``GAP_BYTES``
   (cut at ``PART_BYTES``). A ranged answer whose object changed since its index was fetched
-  (another size, modification time or etag) is dropped and the shard is GET whole instead.
-- :class:`RemoteReader` is the fetch stage's :class:`~gpu_zarr.engine.fetch.Reader` for
-  remote pieces: coalesced byte ranges (pieces that follow each other in a shard become one
-  ranged GET, cut into parts of ``PART_BYTES``), many requests in flight, written into the
-  same staging buffers as local reads, so decode is unchanged.
+  (another size, modification time or etag; or it is gone) is dropped and the shard is read
+  again, its index fetched anew.
+- :class:`RemoteReader` is the fetch stage's :class:`~gpu_zarr.engine.fetch.Reader` on the GPU
+  path: it copies the answers that arrived (:class:`~gpu_zarr.engine.remote.RemoteBlob`) into
+  the same staging buffers as local reads, so decode is unchanged.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -32,13 +29,12 @@ import numpy as np
 
 from gpu_zarr.engine.fetch import read_tasks
 from gpu_zarr.engine.layout import Layout
-from gpu_zarr.engine.locate import Located, check_sizes, index_entries, piece_entries
-from gpu_zarr.engine.plan import Batch, LazyNames, Pieces
-from gpu_zarr.engine.remote import FETCHED, Bodies, Got, RemoteBlob, RemoteObject, RemoteSource
+from gpu_zarr.engine.locate import Located, check_sizes, index_entries
+from gpu_zarr.engine.plan import Batch, Pieces
+from gpu_zarr.engine.remote import FETCHED, Bodies, Got, RemoteBlob, RemoteSource
 from gpu_zarr.errors import CorruptChunkError, ShardChanged
 
-__all__ = ["GAP_BYTES", "PART_BYTES", "WHOLE_SHARD_BYTES", "Arrived", "RemoteReader", "locate_remote",
-           "stream_remote", "whole_cap"]
+__all__ = ["GAP_BYTES", "PART_BYTES", "WHOLE_SHARD_BYTES", "Arrived", "RemoteReader", "stream_remote", "whole_cap"]
 
 PART_BYTES = 8 << 20
 GAP_BYTES = 64 << 10  # inner chunks of one shard closer than this are one GET (a round trip costs more)
@@ -245,6 +241,7 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         # index of this read and read again (pieces of unchanged shards are placed twice, alike)
         for s in known:
             source.forget_index(keys[s])
+            FETCHED.drop((source.url, keys[s], "index", index_size, layout.index_at_end))  # fetched again
         counts["stale"] = counts.get("stale", 0) + 1
         if counts["stale"] > 2:
             raise CorruptChunkError(f"the shards of {source.url} keep changing while read; try again later") from None
@@ -291,69 +288,6 @@ def _runs(offs: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
     return [np.asarray(g, np.int64) for g in out]
 
 
-def locate_remote(layout: Layout, pieces: Pieces, source: RemoteSource, arena: Bodies | None = None) -> Located:
-    """:func:`gpu_zarr.engine.locate.locate` for a remote array (see the module docstring);
-    ``arena``: where whole chunks land (valid until it closes)."""
-    return check_sizes(layout, _locate(layout, pieces, source, arena))
-
-
-def _locate(layout: Layout, pieces: Pieces, source: RemoteSource, arena: Bodies | None) -> Located:
-    if not layout.sharded:
-        keys = [layout.chunk_key(tuple(c)) for c in pieces.coords.tolist()]
-        got = source.get_many(keys, whole_cap(layout), arena)
-        files: list[Any] = []
-        sizes = np.full(len(keys), -1, np.int64)
-        mtimes = np.full(len(keys), -1, np.int64)
-        for i, (k, g) in enumerate(zip(keys, got)):
-            files.append(RemoteBlob(source.url_of(k), g[0] if g is not None else b""))
-            if g is not None:
-                if len(g[0]) == 0:
-                    raise CorruptChunkError(f"chunk {source.url_of(k)} is empty; expected encoded chunk bytes. "
-                                            "Rewrite or delete that chunk.")
-                sizes[i], mtimes[i] = len(g[0]), g[1]
-        return Located(files, np.arange(len(files), dtype=np.int64), np.zeros(len(files), np.int64), sizes,
-                       keys, mtimes)
-    per = np.asarray(layout.inner_per_shard, np.int64)
-    shard_coords, inner_coords = pieces.coords // per, pieces.coords % per
-    inner_lin: np.ndarray = (np.asarray(np.ravel_multi_index(inner_coords.T, tuple(per))) if len(pieces)
-                             else np.zeros(0, np.int64))
-    uniq, shard_of = np.unique(shard_coords, axis=0, return_inverse=True)
-    shard_of = shard_of.reshape(-1)
-    keys = [layout.chunk_key(tuple(c)) for c in uniq.tolist()]
-    n_inner = int(np.prod(layout.inner_per_shard))
-    size = n_inner * 16 + (4 if layout.index_crc else 0)
-    # a shard the read needs all of (a whole-array read's) is one GET: its index is its tail,
-    # and there is no index round trip first; the others: their indexes in one wave, then ranges
-    counts = np.bincount(shard_of, minlength=len(keys))
-    whole = [s for s in range(len(keys)) if counts[s] == n_inner and n_inner * int(layout.inner_nbytes)
-             <= WHOLE_SHARD_BYTES]
-    wanted = set(whole)
-    rest = [s for s in range(len(keys)) if s not in wanted]
-    n = len(pieces)
-    mtimes = np.full(len(keys), -1, np.int64)
-    indexes: list[np.ndarray | None] = [None] * len(keys)
-    objs: list[Any] = [RemoteObject(source, k) for k in keys]
-    if whole:
-        got = source.get_many([keys[s] for s in whole], n_inner * whole_cap(layout) + size, arena)
-        for s, g in zip(whole, got):
-            if g is None:  # a shard never written: its pieces are the fill value
-                continue
-            data, mtimes[s] = g
-            indexes[s] = _whole_shard_index(layout, source, keys[s], data, int(mtimes[s]), "")
-            objs[s] = RemoteBlob(source.url_of(keys[s]), data)
-    found = source.get_indexes([keys[s] for s in rest], size, layout.index_at_end)
-    for s, f in zip(rest, found):
-        if f is None:
-            continue
-        raw, fsize, mtimes[s] = f
-        indexes[s] = index_entries(layout, source.url_of(keys[s]), raw, fsize)
-    offset, nbytes = piece_entries(indexes, shard_of, inner_lin, n_inner)
-
-    def name(k: int) -> str:
-        return f"{source.url_of(keys[int(shard_of[k])])} inner chunk {tuple(int(v) for v in inner_coords[k])}"
-    return Located(objs, shard_of.astype(np.int64), offset, nbytes, LazyNames(n, name), mtimes)
-
-
 class RemoteReader:
     """The fetch stage for remote pieces (:class:`~gpu_zarr.engine.fetch.Reader`).
 
@@ -381,33 +315,21 @@ class RemoteReader:
         return nullcontext()
 
     def read(self, files: list[Any], batch: Batch, dest: Any) -> None:
-        """Fill ``dest`` (host uint8) with the encoded bytes of every piece of ``batch``."""
-        mv = memoryview(dest).cast("B")
-        by_source: dict[int, tuple[RemoteSource, list[tuple[str, int, int, memoryview]]]] = {}
+        """Fill ``dest`` (host uint8) with the encoded bytes of every piece of ``batch`` (its
+        files are :class:`RemoteBlob`: answers already fetched)."""
         copies: list[tuple[int, Any, int, int]] = []  # staging offset, fetched bytes, offset in them, length
         for f, o, spans in _coalesce(read_tasks(batch, PART_BYTES)):
             obj = files[f]
-            if isinstance(obj, RemoteBlob):
-                at = o - obj.base
-                for d, n in spans:
-                    if at < 0 or at + n > len(obj.data):
-                        raise CorruptChunkError(f"{obj.url}: expected {n} bytes at offset {at + obj.base}, the "
-                                                f"object has {len(obj.data) + obj.base}")
-                    copies.append((d, obj.data, at, n))
-                    at += n
-                continue
-            total = sum(n for _, n in spans)
-            src, ranges = by_source.setdefault(id(obj.source), (obj.source, []))
-            if len(spans) == 1:
-                d, n = spans[0]
-                ranges.append((obj.rel, o, n, mv[d:d + n]))
-            else:  # adjacent pieces, separate staging spans: one GET, then copies
-                ranges.append((obj.rel, o, total, _Scatter(mv, spans)))  # type: ignore[arg-type]
+            if not isinstance(obj, RemoteBlob):
+                raise TypeError(f"the remote reader copies fetched answers; got {type(obj).__name__} for {obj}")
+            at = o - obj.base
+            for d, n in spans:
+                if at < 0 or at + n > len(obj.data):
+                    raise CorruptChunkError(f"{obj.url}: expected {n} bytes at offset {at + obj.base}, the "
+                                            f"object has {len(obj.data) + obj.base}")
+                copies.append((d, obj.data, at, n))
+                at += n
         _copy(dest, copies, self._pool, self._copiers)
-        for src, ranges in by_source.values():
-            t = time.perf_counter()
-            src.read_ranges(ranges)
-            src.stats["seconds"] = src.stats.get("seconds", 0.0) + time.perf_counter() - t
 
     def close(self) -> None:
         pass
@@ -454,16 +376,3 @@ def _coalesce(tasks: list[tuple[int, int, list[tuple[int, int]]]]) -> list[tuple
                 continue
         out.append((f, o, list(spans)))
     return out
-
-
-class _Scatter:
-    """A destination made of separate spans of one buffer (``dest[:n] = data`` fills them in order)."""
-
-    def __init__(self, mv: memoryview, spans: list[tuple[int, int]]) -> None:
-        self._mv, self._spans = mv, spans
-
-    def __setitem__(self, key: slice, data: memoryview) -> None:
-        got = 0
-        for d, n in self._spans:
-            self._mv[d:d + n] = data[got:got + n]
-            got += n

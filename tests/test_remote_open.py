@@ -124,3 +124,68 @@ def test_ttl_zero_asks_every_time_and_changes_are_seen(server, root, tmp_path):
             attrs.unlink()
         else:
             attrs.write_bytes(old)
+
+
+def _native_http() -> bool:
+    from gpu_zarr.engine import native_http
+
+    return native_http.available()
+
+
+def _agents(log: list[dict], name: str) -> list[str]:
+    return [e["headers"].get("user-agent", "") for e in log if e["path"].endswith("/" + name)]
+
+
+def test_documents_come_through_the_native_client_and_its_connections(server, root):
+    """Where the native HTTP client serves the store, the metadata documents come through it
+    (its user agent), the root's and the levels' once each, and the pixels are zarr's."""
+    if not _native_http():
+        pytest.skip("the native HTTP client is not available here (it is in CI's main run)")
+    from gpu_zarr.store import open_array
+
+    url = f"{server.url}/plain.ome.zarr"
+    open_node(url)
+    settled(server)
+    root_docs = [e for e in server.log if e["path"].rsplit("/", 1)[-1] in METADATA_NAMES
+                 and e["path"].count("/") == 2]
+    assert sorted(e["path"].rsplit("/", 1)[-1] for e in root_docs) == sorted(METADATA_NAMES)
+    assert {e["headers"].get("user-agent") for e in root_docs} == {"gpu-zarr"}  # the native client's
+    n = len(server.log)
+    arr = open_array(url + "/0")  # prefetched with the root: no request
+    assert len(server.log) == n
+    assert _agents(server.log, "0/.zarray") == ["gpu-zarr"]
+    want = zarr.open_array(root / "plain.ome.zarr" / "0", mode="r")
+    np.testing.assert_array_equal(np.asarray(arr[0, 0]), want[0, 0])
+
+
+def test_a_document_over_the_native_cap_is_asked_of_obstore(server, root, monkeypatch):
+    """A document bigger than the native client takes (consolidated metadata of a big plate)
+    is fetched again by obstore, whole: the attributes are all there."""
+    if not _native_http():
+        pytest.skip("the native HTTP client is not available here (it is in CI's main run)")
+    from gpu_zarr.location import _MetadataCache
+
+    monkeypatch.setattr(_MetadataCache, "ROOT_CAP", 64)  # .zattrs of the sample is longer
+    attrs = root / "plain.ome.zarr" / ".zattrs"
+    assert attrs.stat().st_size > 64
+    node = open_node(f"{server.url}/plain.ome.zarr")
+    assert dict(node.attrs) == dict(zarr.open_group(root / "plain.ome.zarr", mode="r").attrs)
+    agents = _agents(server.log, "plain.ome.zarr/.zattrs")
+    assert agents[0] == "gpu-zarr" and len(agents) == 2 and agents[1] != "gpu-zarr", agents
+
+
+def test_failing_documents_are_retried_by_obstore_and_explained(root):
+    """Every answer a 503: the native client's single try gives way to obstore, which retries
+    and raises an error that names the URL (no hang, no partial metadata)."""
+    from gpu_zarr.errors import RemoteError
+    from gpu_zarr.store import open_array
+
+    clear_metadata_cache()
+    with RangeServer(root, fail_503=1.0) as srv:
+        url = f"{srv.url}/plain.ome.zarr/0"
+        with pytest.raises(RemoteError, match="503") as info:
+            open_array(url, storage_options={"max_retries": 1, "retry_timeout": 2})
+        assert url in str(info.value)
+        if _native_http():  # the native client tried first, then obstore
+            assert {"gpu-zarr"} < set(_agents(srv.log, "0/zarr.json")), _agents(srv.log, "0/zarr.json")
+    clear_metadata_cache()

@@ -26,6 +26,7 @@ read-only.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Mapping
@@ -120,6 +121,24 @@ class Location:
         v = self.storage_options.get("requests") or os.environ.get("GPU_ZARR_REMOTE_REQUESTS") or 64
         return max(1, int(v))
 
+    def native_http(self) -> tuple[Any, str] | None:
+        """``(client, HTTP base URL)`` when the native HTTP client
+        (:mod:`gpu_zarr.engine.native_http`) can serve this location: ``http(s)://``, or an
+        ``s3://`` one read anonymously (plain HTTPS); None where obstore serves (signed s3,
+        gs, a URL with a query, the client off or missing)."""
+        if not self.is_remote or "?" in self.url:
+            return None
+        from gpu_zarr.engine.native_http import client_for
+
+        if self.scheme in ("http", "https"):
+            client = client_for(self.scheme, self.storage_options)
+            return None if client is None else (client, self.url)
+        public = public_http_url(self)
+        if public is None:
+            return None
+        client = client_for("https", self.storage_options)
+        return None if client is None else (client, public)
+
     def object_store(self) -> Any:
         """The obstore store for this location (cached per URL and options)."""
         if not self.is_remote:
@@ -136,7 +155,8 @@ class Location:
         ``zarr.storage.ObjectStore`` when remote."""
         if not self.is_remote:
             return self.url
-        store = self.object_store()  # first: a missing obstore is RemoteUnavailable, with the install
+        _metadata.early(self)  # the root's documents on their way while the obstore store is built
+        store = self.object_store()  # a missing obstore is RemoteUnavailable, with the install
         return _retrying_store_class()(store, location=self)
 
 
@@ -197,71 +217,169 @@ class _MetadataCache:
     level and the labels several times over: ~28 round trips before the first plane. Here
     the first request for any of a node's documents fetches all five at once (one round
     trip; absent ones are remembered as absent), and later opens of that node within the
-    TTL cost none. Keyed by the node's URL and the store's options; bounded."""
+    TTL cost none. Keyed by the node's URL and the store's options; bounded.
+
+    Where the native HTTP client serves the location (:meth:`Location.native_http`), the
+    documents come through it: one native call for the node, one for the OME children it names
+    (on warm connections, which the chunks' requests reuse). What it does not answer (a failure,
+    a document over its cap) is asked of obstore, which retries and explains. :meth:`early`
+    sends the root's requests before the obstore store is built (building one costs 4-10 ms).
+    """
 
     MAX_NODES = 4096
     PREFETCH = 256  # nodes asked for ahead of the reader, from one node it asked for (cascading)
+    ROOT_CAP = 8 << 20  # the most bytes of a document the native client takes (bigger: obstore's)
+    CHILD_CAP = 256 << 10
+    EARLY_S = 10.0  # an early fetch nobody asked for within this long is not used
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._docs: dict[tuple[Any, str], tuple[float, dict[str, bytes | None]]] = {}
         self._pending: dict[tuple[Any, str, int], Any] = {}  # (key, loop): the fetch under way
+        self._early: dict[tuple[Any, str], tuple[float, Any]] = {}  # key: (started, future)
+        self._pool: Any = None
 
     def clear(self) -> None:
         with self._lock:
             self._docs.clear()
+            self._early.clear()
 
-    async def get(self, store: Any, loc: Location, node: str, name: str) -> bytes | None:
-        import asyncio
+    @staticmethod
+    def _key(loc: Location, node: str) -> tuple[Any, str]:
+        return ((loc.scheme, _freeze(loc.storage_options), _env_key(loc.scheme)),
+                loc.url.rstrip("/") + ("/" + node if node else ""))
 
-        got = self._start(store, loc, (loc.scheme, _freeze(loc.storage_options), _env_key(loc.scheme)), node,
-                          [self.PREFETCH])
-        docs = got if isinstance(got, dict) else await asyncio.shield(got)
-        return docs[name]
-
-    async def _fetch(self, store: Any, loc: Location, key: tuple[Any, str], node: str,
-                     budget: list[int]) -> dict[str, bytes | None]:
-        import asyncio
-
-        from zarr.core.buffer import default_buffer_prototype
-
-        proto = default_buffer_prototype()
-        keys = [f"{node}/{n}" if node else n for n in METADATA_NAMES]
-        got = await asyncio.gather(*(store.get_retried(k, proto) for k in keys), return_exceptions=True)
-        docs: dict[str, bytes | None] = {}
-        for n, g in zip(METADATA_NAMES, got):
-            if isinstance(g, BaseException):
-                raise g
-            docs[n] = None if g is None else g.to_bytes()
-        # the nodes an OME-Zarr reader opens next (levels, labels, wells, fields): asked for now,
-        # together, so that they are one more round trip rather than one each
-        for child in _ome_children(docs):
-            if budget[0] <= 0:  # a big plate: the rest when the reader asks
-                break
-            budget[0] -= 1
-            self._start(store, loc, key[0], f"{node}/{child}" if node else child, budget)
-        return docs
-
-    def _start(self, store: Any, loc: Location, opts_key: Any, node: str, budget: list[int]) -> Any:
-        """The fetch of ``node``'s documents under way on this loop (started if need be)."""
-        import asyncio
+    def _fresh(self, key: tuple[Any, str]) -> dict[str, bytes | None] | None:
+        """The documents kept for ``key`` while younger than the TTL (under the lock)."""
         import time
 
         from gpu_zarr import settings
 
-        key = (opts_key, loc.url.rstrip("/") + ("/" + node if node else ""))
-        loop = asyncio.get_running_loop()
+        hit = self._docs.get(key)
         ttl = float(settings.get("metadata_ttl"))
+        return hit[1] if ttl > 0 and hit is not None and time.monotonic() - hit[0] <= ttl else None
+
+    def _executor(self) -> Any:
+        from concurrent.futures import ThreadPoolExecutor
+
         with self._lock:
-            hit = self._docs.get(key)
-            if ttl > 0 and hit is not None and time.monotonic() - hit[0] <= ttl:
-                return hit[1]
-            task = self._pending.get((*key, id(loop)))
-            if task is None:
-                task = loop.create_task(self._fetch(store, loc, key, node, budget))
-                self._pending[(*key, id(loop))] = task
-                task.add_done_callback(lambda t: self._done(key, id(loop), t))
-            return task
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(4, thread_name_prefix="gpu-zarr-metadata")
+            return self._pool
+
+    def early(self, loc: Location) -> None:
+        """Send the requests for the documents of ``loc``'s root node now, through the native
+        HTTP client (nothing where it does not serve ``loc``, or obstore is missing)."""
+        import importlib.util
+        import time
+
+        nat = loc.native_http()
+        if nat is None or importlib.util.find_spec("obstore") is None:
+            return
+        key = self._key(loc, "")
+        with self._lock:
+            if self._fresh(key) is not None or key in self._early:
+                return
+            while len(self._early) >= 64:  # never asked for (the open failed): forgotten
+                self._early.pop(next(iter(self._early)))
+        sending = threading.Event()
+        fut = self._executor().submit(self._native, nat, [""], self.ROOT_CAP, sending)
+        with self._lock:
+            self._early.setdefault(key, (time.monotonic(), fut))
+        # until the requests are out: what comes next (building obstore's store) holds the GIL
+        sending.wait(0.05)
+
+    @staticmethod
+    def _native(nat: tuple[Any, str], nodes: list[str], cap: int, sending: threading.Event | None = None
+                ) -> list[Any]:
+        """The documents of ``nodes`` (five each, in order) through the native client."""
+        from gpu_zarr.engine.native_http import UNANSWERED
+
+        client, base = nat
+        urls = [f"{base}/{node}/{n}" if node else f"{base}/{n}" for node in nodes for n in METADATA_NAMES]
+        try:
+            return client.get_small(urls, cap, sending=sending)
+        except Exception:  # noqa: BLE001 - obstore asks again, and says what went wrong
+            return [UNANSWERED] * len(urls)
+        finally:
+            if sending is not None:
+                sending.set()
+
+    async def get(self, store: Any, loc: Location, node: str, name: str) -> bytes | None:
+        import asyncio
+
+        got = self._start(store, loc, [node], [self.PREFETCH])[0]
+        docs = got if isinstance(got, dict) else await asyncio.shield(got)
+        return docs[name]
+
+    async def _fetch(self, store: Any, loc: Location, nodes: list[str], budget: list[int]
+                     ) -> list[dict[str, bytes | None]]:
+        import asyncio
+        import time
+
+        from zarr.core.buffer import default_buffer_prototype
+
+        from gpu_zarr.engine.native_http import UNANSWERED
+
+        n = len(METADATA_NAMES)
+        got: list[Any] = [UNANSWERED] * (len(nodes) * n)
+        nat = loc.native_http()
+        if nat is not None:
+            with self._lock:
+                early = self._early.pop(self._key(loc, ""), None) if nodes == [""] else None
+            if early is not None and time.monotonic() - early[0] <= self.EARLY_S:
+                fut = early[1]
+            else:
+                fut = self._executor().submit(self._native, nat, nodes,
+                                              self.ROOT_CAP if len(nodes) == 1 else self.CHILD_CAP)
+            got = await asyncio.wrap_future(fut)
+        ask = [i for i, g in enumerate(got) if g is UNANSWERED]
+        if ask:
+            proto = default_buffer_prototype()
+            keys = [f"{node}/{m}" if node else m for node in nodes for m in METADATA_NAMES]
+            res = await asyncio.gather(*(store.get_retried(keys[i], proto) for i in ask), return_exceptions=True)
+            for i, g in zip(ask, res):
+                if isinstance(g, BaseException):
+                    raise g
+                got[i] = None if g is None else g.to_bytes()
+        out = [dict(zip(METADATA_NAMES, got[k * n:(k + 1) * n])) for k in range(len(nodes))]
+        # the nodes an OME-Zarr reader opens next (levels, labels, wells, fields): asked for now,
+        # together, so that they are one more round trip rather than one each
+        children: list[str] = []
+        for node, docs in zip(nodes, out):
+            for child in _ome_children(docs):
+                if budget[0] <= 0:  # a big plate: the rest when the reader asks
+                    break
+                budget[0] -= 1
+                children.append(f"{node}/{child}" if node else child)
+        if children:
+            self._start(store, loc, children, budget)
+        return out
+
+    def _start(self, store: Any, loc: Location, nodes: list[str], budget: list[int]) -> list[Any]:
+        """Per node its documents (kept) or the task fetching them on this loop; the nodes
+        neither kept nor under way are fetched together, by one new task."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        out: list[Any] = []
+        new: list[tuple[int, str, tuple[Any, str]]] = []
+        with self._lock:
+            for node in nodes:
+                key = self._key(loc, node)
+                hit = self._fresh(key)
+                task = hit if hit is not None else self._pending.get((*key, id(loop)))
+                if task is None:
+                    new.append((len(out), node, key))
+                out.append(task)
+            if new:
+                together = loop.create_task(self._fetch(store, loc, [node for _, node, _ in new], budget))
+                for j, (i, _, key) in enumerate(new):
+                    task = loop.create_task(_pick(together, j))
+                    self._pending[(*key, id(loop))] = task
+                    task.add_done_callback(functools.partial(self._done, key, id(loop)))
+                    out[i] = task
+        return out
 
     def _done(self, key: tuple[Any, str], loop_id: int, task: Any) -> None:
         import time
@@ -273,6 +391,13 @@ class _MetadataCache:
                 self._docs[key] = (time.monotonic(), task.result())
                 while len(self._docs) > self.MAX_NODES:
                     self._docs.pop(next(iter(self._docs)))
+
+
+async def _pick(together: Any, j: int) -> Any:
+    """Item ``j`` of what the task ``together`` returns."""
+    import asyncio
+
+    return (await asyncio.shield(together))[j]
 
 
 _metadata = _MetadataCache()

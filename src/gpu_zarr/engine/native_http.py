@@ -18,15 +18,17 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 import gpu_zarr.engine.native as native
 
-__all__ = ["REQ", "TOO_LONG", "HttpClient", "available", "client_for", "new_requests", "status"]
+__all__ = ["REQ", "TOO_LONG", "UNANSWERED", "HttpClient", "available", "client_for", "new_requests", "status"]
 
 #: one request (gz_http_req in gz_http.c)
 REQ = np.dtype([("start", "<i8"), ("end", "<i8"), ("dest", "<u8"), ("cap", "<i8"), ("got", "<i8"),
@@ -34,6 +36,7 @@ REQ = np.dtype([("start", "<i8"), ("end", "<i8"), ("dest", "<u8"), ("cap", "<i8"
                 ("attempts", "<i4"), ("_pad", "<i4"), ("etag", "S96"), ("err", "S128")])
 _DONE = ctypes.CFUNCTYPE(None, ctypes.c_int64)
 TOO_LONG = -2  # status: the body was longer than its buffer
+UNANSWERED = object()  # HttpClient.get_small: ask another client
 
 
 @functools.cache
@@ -96,11 +99,12 @@ class HttpClient:
     backoff_s: float = 0.05
 
     def fetch(self, urls: Sequence[str], reqs: np.ndarray, dests: Sequence[np.ndarray], in_flight: int,
-              on_done: Callable[[int], None] | None = None) -> np.ndarray:
+              on_done: Callable[[int], None] | None = None, sending: threading.Event | None = None) -> np.ndarray:
         """GET ``reqs[i]`` (fields ``start``, ``end``: see :data:`REQ`) of ``urls[i]`` into
         ``dests[i]`` (a writable contiguous uint8 array), ``in_flight`` at once; ``on_done(i)``
         runs (on this thread) as request i finishes for good. Returns ``reqs`` filled in
-        (``got``, ``size``, ``mtime``, ``status``, ``curl``, ``etag``, ``err``).
+        (``got``, ``size``, ``mtime``, ``status``, ``curl``, ``etag``, ``err``). ``sending`` is
+        set as the native call starts (it holds no GIL from then on).
 
         An exception raised by ``on_done`` stops the remaining requests and is raised here.
         """
@@ -132,6 +136,8 @@ class HttpClient:
                 failed.append(exc)
                 cancel[0] = 1
         cb = _DONE(done)
+        if sending is not None:
+            sending.set()
         rc = lib.gz_http_fetch(c_urls, reqs.ctypes.data, n, max(1, int(in_flight)), c_hdr, len(hdr),
                                int(self.connect_timeout_s * 1000), max(1, int(round(self.stall_s))),
                                max(1, int(self.attempts)), int(self.backoff_s * 1000), cb, cancel.ctypes.data)
@@ -142,6 +148,33 @@ class HttpClient:
         if rc < 0 and rc != -3:
             raise RuntimeError(f"the native HTTP client failed ({rc})")
         return reqs
+
+    def get_small(self, urls: Sequence[str], cap: int, in_flight: int = 64,
+                  sending: threading.Event | None = None) -> list[Any]:
+        """GET small whole objects (metadata documents) together, one attempt each.
+
+        Returns per URL its body (bytes), None (404: it does not exist), or :data:`UNANSWERED`
+        (anything else: a failure, a body over ``cap`` bytes), which the caller asks its
+        other client for: that one retries and explains. ``sending``: as for :meth:`fetch`."""
+        n = len(urls)
+        if n == 0:
+            return []
+        reqs = new_requests(n)
+        reqs["end"] = -1
+        bufs = [np.empty(cap, np.uint8) for _ in range(n)]
+        replace(self, attempts=1).fetch(urls, reqs, bufs, in_flight, sending=sending)
+        if any(int(st) == 429 or int(st) >= 500 for st in reqs["status"]):
+            time.sleep(self.backoff_s)  # the server is busy: the other client asks after a pause
+        out: list[Any] = []
+        for r, b in zip(reqs, bufs):
+            st, got, size = int(r["status"]), int(r["got"]), int(r["size"])
+            if int(r["curl"]) == 0 and st == 200 and (size < 0 or got == size):
+                out.append(b[:got].tobytes())
+            elif int(r["curl"]) == 0 and st == 404:
+                out.append(None)
+            else:
+                out.append(UNANSWERED)
+        return out
 
 
 def client_for(scheme: str, options: Mapping[str, Any]) -> HttpClient | None:

@@ -643,15 +643,11 @@ def source_of(arr: Any) -> RemoteSource | None:
         src = per.get(path)
         if src is None or src.store is not store.store or src.requests != max(1, int(requests)):
             http, http_url = None, None
-            if loc is not None and "?" not in loc.url:
-                from gpu_zarr.engine.native_http import client_for
-                from gpu_zarr.location import public_http_url
-
-                if loc.scheme in ("http", "https"):
-                    http = client_for(loc.scheme, loc.storage_options)
-                elif (public := public_http_url(loc)) is not None:  # an anonymous s3:// read: plain HTTPS
-                    http = client_for("https", loc.storage_options)
-                    http_url = public + ("/" + path if path else "")
+            nat = loc.native_http() if loc is not None else None
+            if nat is not None:  # http(s), or an anonymous s3:// read (plain HTTPS)
+                http = nat[0]
+                if nat[1] != base:
+                    http_url = nat[1] + ("/" + path if path else "")
             src = per[path] = RemoteSource(store.store, path, base.rstrip("/") + ("/" + path if path else ""),
                                            requests, http, http_url)
     return src

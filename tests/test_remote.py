@@ -438,7 +438,11 @@ def test_429_is_retried_with_backoff_and_gives_exact_pixels(stores):
         log = list(srv.log)
     refused = [e for e in log if e["status"] == 429]
     assert len(refused) >= 5, "the server refused too few requests for the test to mean anything"
-    # each refused request was sent again, and not at once: after a backoff
+    # each refused request was sent again, and not at once: after a backoff (but the v2 documents
+    # of a node whose zarr.json came are not needed: zarr-python reads the v3 node only)
+    v3 = {x["path"].rsplit("/", 1)[0] for x in log if x["path"].endswith("/zarr.json") and x["status"] == 200}
+    refused = [e for e in refused if not (e["path"].rsplit("/", 1)[0] in v3 and e["path"].rsplit("/", 1)[1] in
+                                          (".zarray", ".zattrs", ".zgroup", ".zmetadata"))]
     gaps = []
     for e in refused:
         again = [x["time"] - e["time"] for x in log if x["path"] == e["path"]

@@ -12,22 +12,17 @@ import zarr
 pytest.importorskip("obstore")
 
 import gpu_zarr.engine.pipeline as pipeline  # noqa: E402
+from gpu_zarr.bench.remote import _clear  # noqa: E402 - one definition: a cold read
 from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
 from gpu_zarr.engine import EngineOptions  # noqa: E402
 from gpu_zarr.engine import read as engine_read  # noqa: E402
 from gpu_zarr.engine.ops import AsyncCpuOps  # noqa: E402
-from gpu_zarr.engine.remote import FETCHED  # noqa: E402
 from gpu_zarr.engine.runtime import get_runtime  # noqa: E402
 from gpu_zarr.errors import CorruptChunkError, ReadCancelled  # noqa: E402
 from gpu_zarr.location import RemoteError  # noqa: E402
 from gpu_zarr.store import open_array  # noqa: E402
 
 REF = (np.arange(16 * 64 * 64, dtype="<u2").reshape(16, 64, 64) * 13) % 4001
-
-
-def _clear() -> None:
-    FETCHED.clear()
-    get_runtime().clear_caches()
 
 
 @pytest.fixture(scope="module")

@@ -189,3 +189,29 @@ def test_failing_documents_are_retried_by_obstore_and_explained(root):
         if _native_http():  # the native client tried first, then obstore
             assert {"gpu-zarr"} < set(_agents(srv.log, "0/zarr.json")), _agents(srv.log, "0/zarr.json")
     clear_metadata_cache()
+
+
+def test_the_obstore_store_is_built_only_when_needed(server, root, monkeypatch):
+    """Opening a URL the native client serves builds no obstore store (4-7 ms each, one per
+    level of an OME-Zarr): the documents and chunks come through the native client; the first
+    use that needs one builds it. A store compares equal by URL and options."""
+    if not _native_http():
+        pytest.skip("the native HTTP client is not available here (it is in CI's main run)")
+    import gpu_zarr.location as location
+    from gpu_zarr.engine import read as engine_read
+    from gpu_zarr.store import open_array
+
+    built: list[str] = []
+    make = location._make_store
+    monkeypatch.setattr(location, "_make_store", lambda loc: built.append(loc.url) or make(loc))
+    url = f"{server.url}/plain.ome.zarr/0"
+    arr = open_array(url)
+    want = zarr.open_array(root / "plain.ome.zarr" / "0", mode="r")
+    np.testing.assert_array_equal(engine_read(arr, (1,), device="cpu").data, want[1])
+    assert built == []
+    assert str(arr.store) == f"object_store://{url}" and built == []
+    assert type(arr.store.store).__module__.startswith("obstore") and built == [url]  # needed: built
+    again = arr.store.with_read_only(True)
+    assert again == arr.store and again.store is arr.store.store and built == [url]
+    assert open_array(f"{server.url}/plain.ome.zarr/1").store != arr.store
+    np.testing.assert_array_equal(np.asarray(arr[1]), want[1])

@@ -10,10 +10,9 @@ import zarr
 
 pytest.importorskip("obstore")
 
+from gpu_zarr.bench.remote import _clear  # noqa: E402 - one definition: a cold read
 from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
 from gpu_zarr.engine import read as engine_read  # noqa: E402
-from gpu_zarr.engine.remote import FETCHED  # noqa: E402
-from gpu_zarr.engine.runtime import get_runtime  # noqa: E402
 from gpu_zarr.store import open_array  # noqa: E402
 
 
@@ -32,11 +31,6 @@ class _Log(RangeServer):
         reqs = [(e["path"], e["headers"].get("range")) for e in out]
         self.spans = {r: (e["time"], e.get("end", e["time"])) for r, e in zip(reqs, out)}
         return reqs
-
-
-def _clear() -> None:
-    FETCHED.clear()
-    get_runtime().clear_caches()
 
 
 @pytest.fixture(scope="module")

@@ -155,9 +155,12 @@ class Location:
         ``zarr.storage.ObjectStore`` when remote."""
         if not self.is_remote:
             return self.url
-        _metadata.early(self)  # the root's documents on their way while the obstore store is built
-        store = self.object_store()  # a missing obstore is RemoteUnavailable, with the install
-        return _retrying_store_class()(store, location=self)
+        _obstore()  # a missing obstore is RemoteUnavailable, with the install
+        if self.native_http() is not None:  # the native client serves it: obstore's store when needed
+            _client_and_retry(self.storage_options, self.scheme == "http")  # a bad option fails here
+            _metadata.early(self)
+            return _retrying_store_class()(location=self)
+        return _retrying_store_class()(self.object_store(), location=self)
 
 
 _store_class: Any = None
@@ -172,15 +175,51 @@ def _retrying_store_class() -> Any:
     import asyncio
 
     import obstore.exceptions as oe
+    from zarr.abc.store import Store
     from zarr.storage import ObjectStore
 
     class ReadOnlyObjectStore(ObjectStore):
-        def __init__(self, store: Any, *, read_only: bool = True, location: Location | None = None) -> None:
-            super().__init__(store, read_only=True)
+        """Built without its obstore store when ``location`` is given: that is built on first
+        use (4-7 ms each: TLS roots; an OME-Zarr opens a store per level), and reads that the
+        native HTTP client serves never use it."""
+
+        def __init__(self, store: Any = None, *, read_only: bool = True, location: Location | None = None) -> None:
+            if store is not None:
+                super().__init__(store, read_only=True)
+            elif location is not None:
+                Store.__init__(self, read_only=True)  # ObjectStore's own only checks and keeps `store`
+            else:
+                raise ValueError("an obstore store or a location is needed")
             self._gpu_zarr_location = location  # the engine's remote source names this URL
 
+        @property
+        def store(self) -> Any:
+            d = self.__dict__
+            if d.get("_obstore") is None:  # (unpickled: zarr's __setstate__ put it under "store")
+                loc = d.get("_gpu_zarr_location")
+                d["_obstore"] = d.get("store") or (loc.object_store() if loc is not None else None)
+            return d["_obstore"]
+
+        @store.setter
+        def store(self, value: Any) -> None:
+            self.__dict__["_obstore"] = value
+
+        def __eq__(self, other: object) -> bool:
+            if not isinstance(other, ReadOnlyObjectStore):
+                return False
+            mine, theirs = self._gpu_zarr_location, other._gpu_zarr_location
+            if mine is None or theirs is None:
+                return bool(self.store == other.store)
+            return (mine.url, _freeze(mine.storage_options)) == (theirs.url, _freeze(theirs.storage_options))
+
+        __hash__ = None  # type: ignore[assignment]
+
+        def __str__(self) -> str:
+            loc = self._gpu_zarr_location
+            return f"object_store://{loc.url if loc is not None else self.store}"
+
         def with_read_only(self, read_only: bool = False) -> Any:
-            return type(self)(self.store, location=self._gpu_zarr_location)
+            return type(self)(self.__dict__.get("_obstore"), location=self._gpu_zarr_location)
 
         async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
             node, _, name = key.rpartition("/")
@@ -238,6 +277,7 @@ class _MetadataCache:
         self._pending: dict[tuple[Any, str, int], Any] = {}  # (key, loop): the fetch under way
         self._early: dict[tuple[Any, str], tuple[float, Any]] = {}  # key: (started, future)
         self._pool: Any = None
+        self._pool_lock = threading.Lock()
 
     def clear(self) -> None:
         with self._lock:
@@ -262,7 +302,7 @@ class _MetadataCache:
     def _executor(self) -> Any:
         from concurrent.futures import ThreadPoolExecutor
 
-        with self._lock:
+        with self._pool_lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(4, thread_name_prefix="gpu-zarr-metadata")
             return self._pool
@@ -272,38 +312,78 @@ class _MetadataCache:
         HTTP client (nothing where it does not serve ``loc``, or obstore is missing)."""
         import importlib.util
         import time
+        from concurrent.futures import Future
 
         nat = loc.native_http()
         if nat is None or importlib.util.find_spec("obstore") is None:
             return
         key = self._key(loc, "")
         with self._lock:
-            if self._fresh(key) is not None or key in self._early:
-                return
+            if self._fresh(key) is not None or key in self._early or any(p[:2] == key for p in self._pending):
+                return  # kept, or already asked for (an OME reader's prefetch of this node)
             while len(self._early) >= 64:  # never asked for (the open failed): forgotten
                 self._early.pop(next(iter(self._early)))
+            fut: Future[list[Any]] = Future()
+            self._early[key] = (time.monotonic(), fut)
         sending = threading.Event()
-        fut = self._executor().submit(self._native, nat, [""], self.ROOT_CAP, sending)
-        with self._lock:
-            self._early.setdefault(key, (time.monotonic(), fut))
+        self._executor().submit(self._native, nat, [""], METADATA_NAMES, self.ROOT_CAP, [fut], sending)
         # until the requests are out: what comes next (building obstore's store) holds the GIL
         sending.wait(0.05)
 
     @staticmethod
-    def _native(nat: tuple[Any, str], nodes: list[str], cap: int, sending: threading.Event | None = None
-                ) -> list[Any]:
-        """The documents of ``nodes`` (five each, in order) through the native client."""
+    def _native(nat: tuple[Any, str], nodes: list[str], names: tuple[str, ...], cap: int, futs: list[Any],
+                sending: threading.Event | None = None) -> None:
+        """Fetch the documents ``names`` of ``nodes`` through the native client; ``futs[k]``
+        gets node k's (bytes, None or UNANSWERED, in ``METADATA_NAMES`` order; None for those
+        not asked) as soon as they settle the node: its zarr.json is there (zarr-python then
+        reads no v2 document of it: they count as absent), or all asked for are in."""
         from gpu_zarr.engine.native_http import UNANSWERED
 
         client, base = nat
-        urls = [f"{base}/{node}/{n}" if node else f"{base}/{n}" for node in nodes for n in METADATA_NAMES]
+        asked = [METADATA_NAMES.index(m) for m in METADATA_NAMES if m in names]
+        v3 = METADATA_NAMES.index("zarr.json")
+        urls = [f"{base}/{node}/{METADATA_NAMES[m]}" if node else f"{base}/{METADATA_NAMES[m]}" for node in nodes
+                for m in asked]
+        wait = object()
+        got = [[wait if j in asked else None for j in range(len(METADATA_NAMES))] for _ in nodes]
+
+        def each(i: int, value: Any) -> None:
+            k, a = divmod(i, len(asked))
+            m = asked[a]
+            got[k][m] = value
+            if futs[k].done():
+                return
+            if m == v3 and isinstance(value, bytes):
+                futs[k].set_result([value if j == v3 else None for j in range(len(METADATA_NAMES))])
+            elif all(v is not wait for v in got[k]):
+                futs[k].set_result(list(got[k]))
         try:
-            return client.get_small(urls, cap, sending=sending)
+            client.get_small(urls, cap, sending=sending, on_each=each)
         except Exception:  # noqa: BLE001 - obstore asks again, and says what went wrong
-            return [UNANSWERED] * len(urls)
+            pass
         finally:
             if sending is not None:
                 sending.set()
+            for k, f in enumerate(futs):
+                if not f.done():
+                    f.set_result([UNANSWERED if v is wait else v for v in got[k]])
+
+    def _send(self, loc: Location, nodes: list[str], names: tuple[str, ...], cap: int) -> list[Any]:
+        """Per node a future of its documents from the native client (one call for all), or
+        None each where it does not serve ``loc``. Called under the lock."""
+        import time
+        from concurrent.futures import Future
+
+        nat = loc.native_http()
+        if nat is None:
+            return [None] * len(nodes)
+        if nodes == [""] and names == METADATA_NAMES:
+            early = self._early.pop(self._key(loc, ""), None)  # (the caller holds the lock)
+            if early is not None and time.monotonic() - early[0] <= self.EARLY_S:
+                return [early[1]]
+        futs: list[Any] = [Future() for _ in nodes]
+        self._executor().submit(self._native, nat, nodes, names, cap, futs)
+        return futs
 
     async def get(self, store: Any, loc: Location, node: str, name: str) -> bytes | None:
         import asyncio
@@ -312,53 +392,47 @@ class _MetadataCache:
         docs = got if isinstance(got, dict) else await asyncio.shield(got)
         return docs[name]
 
-    async def _fetch(self, store: Any, loc: Location, nodes: list[str], budget: list[int]
-                     ) -> list[dict[str, bytes | None]]:
+    async def _fetch(self, store: Any, loc: Location, node: str, fut: Any, budget: list[int],
+                     names: tuple[str, ...]) -> dict[str, bytes | None]:
+        """``node``'s documents: the native client's (``fut``), obstore's for what it did not answer."""
         import asyncio
-        import time
 
         from zarr.core.buffer import default_buffer_prototype
 
         from gpu_zarr.engine.native_http import UNANSWERED
 
-        n = len(METADATA_NAMES)
-        got: list[Any] = [UNANSWERED] * (len(nodes) * n)
-        nat = loc.native_http()
-        if nat is not None:
-            with self._lock:
-                early = self._early.pop(self._key(loc, ""), None) if nodes == [""] else None
-            if early is not None and time.monotonic() - early[0] <= self.EARLY_S:
-                fut = early[1]
-            else:
-                fut = self._executor().submit(self._native, nat, nodes,
-                                              self.ROOT_CAP if len(nodes) == 1 else self.CHILD_CAP)
-            got = await asyncio.wrap_future(fut)
+        got: list[Any] = [UNANSWERED if m in names else None for m in METADATA_NAMES]
+        if fut is not None:
+            got = list(await asyncio.wrap_future(fut))
         ask = [i for i, g in enumerate(got) if g is UNANSWERED]
         if ask:
             proto = default_buffer_prototype()
-            keys = [f"{node}/{m}" if node else m for node in nodes for m in METADATA_NAMES]
+            keys = [f"{node}/{m}" if node else m for m in METADATA_NAMES]
             res = await asyncio.gather(*(store.get_retried(keys[i], proto) for i in ask), return_exceptions=True)
             for i, g in zip(ask, res):
                 if isinstance(g, BaseException):
                     raise g
                 got[i] = None if g is None else g.to_bytes()
-        out = [dict(zip(METADATA_NAMES, got[k * n:(k + 1) * n])) for k in range(len(nodes))]
+        docs = dict(zip(METADATA_NAMES, got))
         # the nodes an OME-Zarr reader opens next (levels, labels, wells, fields): asked for now,
-        # together, so that they are one more round trip rather than one each
+        # together, so that they are one more round trip rather than one each; only the
+        # documents of this node's format (a zarr hierarchy is all v2 or all v3)
         children: list[str] = []
-        for node, docs in zip(nodes, out):
-            for child in _ome_children(docs):
-                if budget[0] <= 0:  # a big plate: the rest when the reader asks
-                    break
-                budget[0] -= 1
-                children.append(f"{node}/{child}" if node else child)
+        for child in _ome_children(docs):
+            if budget[0] <= 0:  # a big plate: the rest when the reader asks
+                break
+            budget[0] -= 1
+            children.append(f"{node}/{child}" if node else child)
         if children:
-            self._start(store, loc, children, budget)
-        return out
+            self._start(store, loc, children, budget, _V3_NAMES if docs["zarr.json"] is not None else _V2_NAMES,
+                        self.CHILD_CAP)
+        return docs
 
-    def _start(self, store: Any, loc: Location, nodes: list[str], budget: list[int]) -> list[Any]:
+    def _start(self, store: Any, loc: Location, nodes: list[str], budget: list[int],
+               names: tuple[str, ...] = METADATA_NAMES, cap: int = ROOT_CAP) -> list[Any]:
         """Per node its documents (kept) or the task fetching them on this loop; the nodes
-        neither kept nor under way are fetched together, by one new task."""
+        neither kept nor under way are asked for together (one native call), each then
+        settled by a task of its own."""
         import asyncio
 
         loop = asyncio.get_running_loop()
@@ -372,13 +446,14 @@ class _MetadataCache:
                 if task is None:
                     new.append((len(out), node, key))
                 out.append(task)
-            if new:
-                together = loop.create_task(self._fetch(store, loc, [node for _, node, _ in new], budget))
-                for j, (i, _, key) in enumerate(new):
-                    task = loop.create_task(_pick(together, j))
-                    self._pending[(*key, id(loop))] = task
-                    task.add_done_callback(functools.partial(self._done, key, id(loop)))
-                    out[i] = task
+            if not new:
+                return out
+            futs = self._send(loc, [node for _, node, _ in new], names, cap)
+            for (i, node, key), fut in zip(new, futs):
+                task = loop.create_task(self._fetch(store, loc, node, fut, budget, names))
+                self._pending[(*key, id(loop))] = task
+                task.add_done_callback(functools.partial(self._done, key, id(loop)))
+                out[i] = task
         return out
 
     def _done(self, key: tuple[Any, str], loop_id: int, task: Any) -> None:
@@ -393,11 +468,8 @@ class _MetadataCache:
                     self._docs.pop(next(iter(self._docs)))
 
 
-async def _pick(together: Any, j: int) -> Any:
-    """Item ``j`` of what the task ``together`` returns."""
-    import asyncio
-
-    return (await asyncio.shield(together))[j]
+_V3_NAMES = ("zarr.json",)
+_V2_NAMES = (".zarray", ".zattrs", ".zgroup")  # (consolidated .zmetadata: at the root a reader opens)
 
 
 _metadata = _MetadataCache()

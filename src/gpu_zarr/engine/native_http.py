@@ -149,31 +149,39 @@ class HttpClient:
             raise RuntimeError(f"the native HTTP client failed ({rc})")
         return reqs
 
-    def get_small(self, urls: Sequence[str], cap: int, in_flight: int = 64,
-                  sending: threading.Event | None = None) -> list[Any]:
+    def get_small(self, urls: Sequence[str], cap: int, in_flight: int = 64, sending: threading.Event | None = None,
+                  on_each: Callable[[int, Any], None] | None = None) -> list[Any]:
         """GET small whole objects (metadata documents) together, one attempt each.
 
         Returns per URL its body (bytes), None (404: it does not exist), or :data:`UNANSWERED`
         (anything else: a failure, a body over ``cap`` bytes), which the caller asks its
-        other client for: that one retries and explains. ``sending``: as for :meth:`fetch`."""
+        other client for: that one retries and explains. ``sending``: as for :meth:`fetch`.
+        ``on_each(i, value)`` (on this thread; it must not raise) hands each one on as it
+        arrives, the unanswered ones at the end (after a pause when the server said it is busy)."""
         n = len(urls)
         if n == 0:
             return []
         reqs = new_requests(n)
         reqs["end"] = -1
         bufs = [np.empty(cap, np.uint8) for _ in range(n)]
-        replace(self, attempts=1).fetch(urls, reqs, bufs, in_flight, sending=sending)
+        out: list[Any] = [UNANSWERED] * n
+
+        def judge(i: int) -> None:
+            r = reqs[i]
+            st, got, size, curl = int(r["status"]), int(r["got"]), int(r["size"]), int(r["curl"])
+            if curl == 0 and st == 200 and (size < 0 or got == size):
+                out[i] = bufs[i][:got].tobytes()
+            elif curl == 0 and st == 404:
+                out[i] = None
+            if on_each is not None and out[i] is not UNANSWERED:
+                on_each(i, out[i])
+        replace(self, attempts=1).fetch(urls, reqs, bufs, in_flight, judge, sending=sending)
         if any(int(st) == 429 or int(st) >= 500 for st in reqs["status"]):
             time.sleep(self.backoff_s)  # the server is busy: the other client asks after a pause
-        out: list[Any] = []
-        for r, b in zip(reqs, bufs):
-            st, got, size = int(r["status"]), int(r["got"]), int(r["size"])
-            if int(r["curl"]) == 0 and st == 200 and (size < 0 or got == size):
-                out.append(b[:got].tobytes())
-            elif int(r["curl"]) == 0 and st == 404:
-                out.append(None)
-            else:
-                out.append(UNANSWERED)
+        if on_each is not None:
+            for i in range(n):
+                if out[i] is UNANSWERED:
+                    on_each(i, UNANSWERED)
         return out
 
 

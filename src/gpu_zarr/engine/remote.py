@@ -130,7 +130,8 @@ class RemoteSource:
 
     Parameters
     ----------
-    store : obstore store
+    store : obstore store or None
+        None: ``store_of()`` builds it when first needed.
     prefix : str
         Key of the array inside ``store`` ("" at the store's root).
     url : str
@@ -141,11 +142,13 @@ class RemoteSource:
         The native HTTP client for an ``http(s)`` store or an anonymous ``s3://`` one (None: obstore).
     http_url : str, optional
         The HTTPS address of an anonymous ``s3://`` array (default: ``url``).
+    store_of : callable, optional
+        Builds the obstore store (4-7 ms) the first time a request needs it.
     """
 
     def __init__(self, store: Any, prefix: str, url: str, requests: int = 64, http: Any = None,
-                 http_url: str | None = None) -> None:
-        self.store = store
+                 http_url: str | None = None, store_of: Callable[[], Any] | None = None) -> None:
+        self._store, self._store_of = store, store_of
         #: the native HTTP client (:class:`~gpu_zarr.engine.native_http.HttpClient`) serving this
         #: source's requests, or None: obstore serves them (signed s3, gs; no libcurl; a fallback)
         self.http = http
@@ -162,6 +165,14 @@ class RemoteSource:
         self._indexes_nbytes = 0
         self.ranges = True  # False once the server said it answers no byte ranges
         self._whole_pending: dict[str, Any] = {}  # rel -> the whole-object GET under way (on _LOOP)
+
+    @property
+    def store(self) -> Any:
+        """The obstore store (``store``, or built by ``store_of`` on first use: the native
+        client's reads never need it)."""
+        if self._store is None and self._store_of is not None:
+            self._store = self._store_of()
+        return self._store
 
     # -- shard indexes of the open array ---------------------------------------------------------
     def cached_index(self, rel: str) -> tuple[Any, int, int, str] | None:
@@ -641,15 +652,15 @@ def source_of(arr: Any) -> RemoteSource | None:
             except AttributeError:  # a store that takes no attribute: a source per read
                 pass
         src = per.get(path)
-        if src is None or src.store is not store.store or src.requests != max(1, int(requests)):
+        if src is None or src.requests != max(1, int(requests)):
             http, http_url = None, None
             nat = loc.native_http() if loc is not None else None
             if nat is not None:  # http(s), or an anonymous s3:// read (plain HTTPS)
                 http = nat[0]
                 if nat[1] != base:
                     http_url = nat[1] + ("/" + path if path else "")
-            src = per[path] = RemoteSource(store.store, path, base.rstrip("/") + ("/" + path if path else ""),
-                                           requests, http, http_url)
+            src = per[path] = RemoteSource(None, path, base.rstrip("/") + ("/" + path if path else ""), requests,
+                                           http, http_url, store_of=lambda: store.store)
     return src
 
 

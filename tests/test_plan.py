@@ -46,3 +46,27 @@ def test_normalize_selection_matches_numpy(sel):
     box = a[tuple(slice(x, y) for x, y in zip(r.start, r.stop))]
     assert np.array_equal(box[r.post], a[sel])
     assert a[sel].shape == r.out_shape
+
+
+def test_small_plans_in_plain_python_equal_numpys(monkeypatch):
+    """plan_pieces works in plain Python up to SMALL_PLAN pieces (a viewer's plane: faster
+    than two dozen numpy calls) and with numpy above: both give the same pieces, every
+    dimensionality, ragged edges, empty boxes."""
+    from types import SimpleNamespace
+
+    import gpu_zarr.engine.plan as plan
+
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        nd = int(rng.integers(0, 5))
+        shape = tuple(int(x) for x in rng.integers(1, 40, nd))
+        lay = SimpleNamespace(ndim=nd, inner_shape=tuple(int(x) for x in rng.integers(1, 16, nd)))
+        start = tuple(int(rng.integers(0, s)) for s in shape)
+        stop = tuple(int(rng.integers(a, s + 1)) for a, s in zip(start, shape))
+        monkeypatch.setattr(plan, "SMALL_PLAN", 10**9)
+        small = plan.plan_pieces(lay, start, stop)
+        monkeypatch.setattr(plan, "SMALL_PLAN", -1)
+        big = plan.plan_pieces(lay, start, stop)
+        for a, b in ((small.coords, big.coords), (small.table, big.table)):
+            assert a.dtype == b.dtype == np.int64 and a.shape == b.shape
+            np.testing.assert_array_equal(a, b)

@@ -215,8 +215,10 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
     out_nbytes = nbytes_of(box_shape, lay.out_dtype.itemsize)  # Python ints: never wraps
     slots = max(1, opts.slots)
     lanes = max(1, min(slots, opts.lanes)) if device == "gpu" else 1
+    # a remote store on the CPU's host path streams its answers: no batches, no device scratch
+    streams = lay.source is not None and (ops.host_is_device if ops is not None else device == "cpu")
     budget = _budget(opts, device, out_nbytes)
-    batch, scratch = _size_batches(lay, stage, opts, slots, lanes, budget)
+    batch, scratch = (0, 0) if streams else _size_batches(lay, stage, opts, slots, lanes, budget)
     if not region.is_box:
         scratch += out_nbytes  # the box, then the stepped/squeezed copy
     # before anything is planned or allocated: an absurd shape fails here, in microseconds
@@ -228,7 +230,7 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
     pieces = plan_pieces(lay, region.start, region.stop)
     stats["plan_s"] = time.perf_counter() - t0
 
-    if lay.source is not None and (ops.host_is_device or (own_ops and device == "cpu")):
+    if streams:
         # a remote store on the CPU's host path: locate and fetch in one, each answer decoded
         # and placed as it arrives (the transfer overlaps the decode)
         t = time.perf_counter()

@@ -237,3 +237,23 @@ def test_a_shard_deleted_while_its_index_is_known_reads_as_the_fill_value(root, 
         get_runtime().clear_caches()  # decoded chunks gone; the byte cache and the known indexes stay
         got = engine_read(arr, (5,), device="cpu", ops=ops)
         assert (np.asarray(got.data) == 9).all()
+
+
+@pytest.mark.parametrize("rel", ["sharded.zarr", "plain.zarr", "v2.zarr"])
+def test_batches_are_uploaded_from_where_the_answers_landed(root, rel, monkeypatch):
+    """A big read's answers land in the arena (the GPU's pinned staging pool); a batch whose
+    pieces lie in one arena block is uploaded from there, with no copy into staging. The
+    pixels are zarr's whether or not a batch could be (arena answers: native HTTP only)."""
+    from gpu_zarr.engine import native_http
+
+    monkeypatch.setattr(pipeline, "ARENA_PIECES", 4)  # these small arrays' reads count as big
+    ref = _disk(root, rel)
+    _clear()
+    with RangeServer(root, latency=0.003) as srv:
+        arr = open_array(f"{srv.url}/{rel}")
+        res = engine_read(arr, Ellipsis, device="cpu", ops=AsyncCpuOps())
+        np.testing.assert_array_equal(np.asarray(res.data), ref)
+        again = engine_read(arr, (slice(2, 13), slice(5, 60)), device="cpu", ops=AsyncCpuOps())
+        np.testing.assert_array_equal(np.asarray(again.data), ref[2:13, 5:60])
+    if native_http.available():
+        assert res.stats.get("in_place_batches", 0) == res.stats["batches"] >= 1, res.stats

@@ -252,7 +252,7 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
         t = time.perf_counter()
         out = ops.empty(box_shape, lay.out_dtype)
         stats["alloc_s"] = time.perf_counter() - t
-        with _arena(rt, len(pieces)) as arena:
+        with _arena(rt, len(pieces), ops) as arena:
             _run_remote_groups(lay, stage, pieces, out, device, opts, ops, rt, stats, batch, arena)
         result = ops.finish(out, None if region.is_box else region.post)
         ops.sync()
@@ -551,14 +551,18 @@ def _one_home(items: list[tuple[np.ndarray, Any]]) -> np.ndarray | None:
     return home if ok else None
 
 
-def _arena(rt: Runtime, pieces: int) -> Any:
-    """Where a remote read of ``pieces`` pieces lands its answers: a body arena, or (a
-    viewer's few chunks, which go to the byte cache) the runtime's recycled memory."""
+def _arena(rt: Runtime, pieces: int, ops: Ops | None = None) -> Any:
+    """Where a remote read of ``pieces`` pieces lands its answers: a body arena (of ``ops``'s
+    staging memory when it uploads: pinned on the GPU, where the batches are uploaded from
+    the answers themselves), or (a viewer's few chunks, which go to the byte cache) the
+    runtime's recycled memory."""
     if pieces <= ARENA_PIECES:
         return contextlib.nullcontext(rt.recycled)
     from gpu_zarr.engine.remote import BodyArena
 
-    return BodyArena(rt.host_scratch, settings.get("pinned_bytes") // 4)
+    uploads = ops is not None and not ops.host_is_device
+    return BodyArena(rt.host_scratch, settings.get("pinned_bytes") // 4,
+                     (lambda n: ops.host_buffers(n, 1)) if uploads and ops is not None else None)
 
 
 def _run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, ops: Ops, rt: Runtime,
@@ -783,6 +787,8 @@ def _run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
     cap = min(max(min(batch, FEED_BATCH_BYTES), whole_cap(lay)), most)
     per = max(1, min(n, cap // max(1, int(lay.inner_nbytes))))
     nslots = min(max(1, opts.slots), -(-most // cap))
+    # batches uploaded from the arena (pinned on the GPU) where their answers landed
+    homes = stage.decodes and not ops.host_is_device and hasattr(arena, "holds")
     cond = threading.Condition()
     queue: list[Arrived] = []
     state: dict[str, Any] = {"done": False, "error": None, "counts": {}, "stop": False, "groups": 0}
@@ -853,9 +859,30 @@ def _run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any,
         idx = np.asarray(sel, np.int64)
         check_sizes(lay, Located(files, file_id[idx], offset[idx], nbytes[idx], LazyNames(len(idx), name_of_sel(idx)),
                                  np.zeros(len(files), np.int64)))
-        made = make_batches(file_id[idx], offset[idx], nbytes[idx], lay.inner_nbytes, cap)
+        # room for what lies between the pieces in their answers (shard indexes, alignment):
+        # a batch is uploaded from there as one span
+        made = make_batches(file_id[idx], offset[idx], nbytes[idx], lay.inner_nbytes, cap - cap // 8 if homes else cap)
         state["groups"] += 1
-        return [replace(b, pieces=idx[b.pieces]) for b in made], finished
+        return [_at_home(replace(b, pieces=idx[b.pieces])) if homes else replace(b, pieces=idx[b.pieces])
+                for b in made], finished
+
+    def _at_home(b: Batch) -> Batch:
+        """``b`` uploaded from where its answers landed: every piece in one arena block
+        (each answer is a view of it), within ``cap`` bytes; else ``b`` (copied to staging)."""
+        owner, at = None, []
+        for p in b.pieces.tolist():
+            a, j = whose[p]
+            if not arena.holds(a.data) or (owner is not None and a.data.base is not owner):
+                return b
+            owner = a.data.base
+            at.append(a.data.ctypes.data - owner.ctypes.data + int(a.offset[j]))
+        if owner is None or owner.dtype != np.uint8 or owner.ndim != 1:
+            return b
+        starts = np.asarray(at, np.int64)
+        lo, hi = int(starts.min()), int((starts + b.src_sizes).max())
+        if hi - lo > cap:
+            return b
+        return replace(b, src_offsets=starts - lo, staging_bytes=hi - lo, home=owner[lo:hi])
 
     def name_of_sel(idx: np.ndarray) -> Callable[[int], str]:
         return lambda k: name(int(idx[k]))
@@ -1168,11 +1195,16 @@ def _run(lay: Layout, stage: CodecStage, loc: Any, pieces: Pieces, feed: _Feed, 
         b = feed.get(k)  # a remote read's: waits for answers to arrive
         if b is None:
             return None
-        ops.wait(released[s])  # the slot's previous batch has left its read buffer
         t = time.perf_counter()
-        reader.read(loc.files, b, dev_in[s] if direct else host[s])
+        if b.home is None or dev_in is host:
+            ops.wait(released[s])  # the slot's previous batch has left its read buffer
+            if b.home is None:
+                reader.read(loc.files, b, dev_in[s] if direct else host[s])
+            else:  # (the CPU's fast path decodes in its staging)
+                host[s][:b.staging_bytes] = b.home[:b.staging_bytes]
+                b = replace(b, home=None)
         t1 = time.perf_counter()
-        prep = stage.prepare(host[s], b, lay, _names(loc, b.pieces)) if check else None
+        prep = stage.prepare(host[s] if b.home is None else b.home, b, lay, _names(loc, b.pieces)) if check else None
         t2 = time.perf_counter()
         with read_lock:
             timings["read_s"] += t1 - t
@@ -1221,7 +1253,11 @@ def _run(lay: Layout, stage: CodecStage, loc: Any, pieces: Pieces, feed: _Feed, 
                 recent = [*recent[-nslots:], names]
                 t = time.perf_counter()
                 uploaded = None
-                if not direct:
+                if b.home is not None:  # uploaded from where the answers landed (the host slot stays free)
+                    uploaded = ops.upload(b.home, dev_in[s], b.staging_bytes, s, after=consumed[s])
+                    submit(k + ahead)
+                    timings["in_place_batches"] = timings.get("in_place_batches", 0) + 1
+                elif not direct:
                     uploaded = released[s] = ops.upload(host[s], dev_in[s], b.staging_bytes, s, after=consumed[s])
                     submit(k + ahead)  # the host slot is free once its copy is done: read ahead now
                 timings["upload_s"] += time.perf_counter() - t

@@ -251,6 +251,10 @@ class Batch:
         adjacent in one file, fetched by one vectored read.
     staging_bytes : int
         Staging bytes this batch uses.
+    home : host uint8 array or None
+        Where the batch's bytes already are, at ``src_offsets`` (remote answers that landed
+        in pinned memory): uploaded from there, nothing is read into staging. None: read
+        into staging.
     """
 
     pieces: np.ndarray
@@ -260,12 +264,13 @@ class Batch:
     src_sizes: np.ndarray
     runs: np.ndarray
     staging_bytes: int
+    home: Any = None
 
     def one(self, k: int) -> Batch:
         """Piece ``k`` of the batch alone, at the same place in the same staging buffer."""
         return Batch(self.pieces[k:k + 1], self.file_id[k:k + 1], self.file_offset[k:k + 1],
                      self.src_offsets[k:k + 1], self.src_sizes[k:k + 1], np.array([[0, 1]], np.int64),
-                     self.staging_bytes)
+                     self.staging_bytes, self.home)
 
 
 def make_batches(file_id: np.ndarray, offset: np.ndarray, nbytes: np.ndarray, decoded_nbytes: int,

@@ -547,24 +547,37 @@ class Bodies(Protocol):
 
 class BodyArena:
     """Where one big read's answers land: buffers leased from a runtime pool (``host_scratch``:
-    reused, so already touched) and given back by :meth:`close` -- fresh memory for every
+    reused, so already touched; the GPU path's pinned staging pool: the answers are uploaded
+    from where they landed) and given back by :meth:`close` -- fresh memory for every
     answer cost more CPU in page faults than the transfer itself (81 MiB of a 128 MiB array:
     84-130 ms of CPU into fresh buffers, 45-60 into reused ones, on the 2-core machine).
     Nothing carved from it may outlive the read (it is not put in the byte cache). Bounded by
     ``limit``: the answers of bigger reads get buffers of their own, each freed once decoded,
-    so a huge read never holds all its encoded bytes at once."""
+    so a huge read never holds all its encoded bytes at once.
+
+    ``lease(nbytes)``: a context manager giving ``[buffer]`` (default: ``pool.lease`` of
+    ``host_empty`` memory)."""
 
     lasting = False
 
-    def __init__(self, pool: Any, limit: int) -> None:
-        self._pool = pool
+    def __init__(self, pool: Any, limit: int,
+                 lease: Callable[[int], contextlib.AbstractContextManager[list[np.ndarray]]] | None = None) -> None:
+        self._lease = lease or (lambda n: pool.lease(n, 1, host_empty))
         self.limit = int(limit)  # a read whose answers need more gets buffers of their own (freed as decoded)
         self._stack = contextlib.ExitStack()
+        self._owners: dict[int, np.ndarray] = {}  # id -> the arrays owning the memory handed out
 
     def take(self, nbytes: int) -> np.ndarray:
         """A buffer of ``nbytes`` valid until :meth:`close`."""
-        (buf,) = self._stack.enter_context(self._pool.lease(max(1, nbytes), 1, host_empty))
+        (buf,) = self._stack.enter_context(self._lease(max(1, nbytes)))
+        owner = buf if buf.base is None or not isinstance(buf.base, np.ndarray) else buf.base
+        self._owners[id(owner)] = owner
         return buf
+
+    def holds(self, view: Any) -> bool:
+        """``view`` is an array over memory this arena handed out."""
+        base = getattr(view, "base", None)
+        return isinstance(view, np.ndarray) and base is not None and self._owners.get(id(base)) is base
 
     def close(self) -> None:
         self._stack.close()

@@ -156,7 +156,8 @@ team)
 remote)
   # remote stores on the GPU machine: the remote tests (GPU decode of a remote store among them), then
   # `bench --remote` with the engine decoding on the GPU and on the CPU, TensorStore's http kvstore beside
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_remote.py tests/test_remote_groups.py > "$OUT/tests-remote.txt" 2>&1
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_remote.py tests/test_remote_groups.py \
+    tests/test_remote_open.py tests/test_remote_perf.py > "$OUT/tests-remote.txt" 2>&1
   tail -2 "$OUT/tests-remote.txt"
   mkdir -p "$OUT/remote-gpu" "$OUT/remote-cpu"
   timeout 150 python3 -m gpu_zarr.bench --remote --device gpu --readers ours,tensorstore --planes 15 --repeat 3 \

@@ -608,10 +608,10 @@ def test_big_reads_land_in_the_arena_or_in_their_own_buffers(stores, monkeypatch
     they landed) or, past the arena's bound, in buffers of their own; pixels exact either way, and
     nothing of it goes to the byte cache (the block is reused by the next read)."""
     from gpu_zarr import settings
-    from gpu_zarr.engine import pipeline
+    from gpu_zarr.engine import remote_read
     from gpu_zarr.engine.remote import FETCHED
 
-    monkeypatch.setattr(pipeline, "ARENA_PIECES", 4)
+    monkeypatch.setattr(remote_read, "ARENA_PIECES", 4)
     FETCHED.clear()
     with settings.set(pinned_bytes=pinned_mib << 20), RangeServer(stores) as srv:
         arr = open_array(f"{srv.url}/plain.zarr")

@@ -1,4 +1,4 @@
-"""The GPU path for remote stores decodes answers in groups as they arrive (``_run_remote_groups``):
+"""The GPU path for remote stores decodes answers in groups as they arrive (``remote_read.run_remote_groups``):
 on its CPU twin (the same stream, groups, staging reads and batches), and on the GPU."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import zarr
 
 pytest.importorskip("obstore")
 
-import gpu_zarr.engine.pipeline as pipeline  # noqa: E402
+import gpu_zarr.engine.remote_read as remote_read  # noqa: E402
 from gpu_zarr.bench.remote import _clear  # noqa: E402 - one definition: a cold read
 from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
 from gpu_zarr.engine import EngineOptions  # noqa: E402
@@ -60,7 +60,7 @@ def _settled(srv: RangeServer, in_flight: int) -> None:
 @pytest.fixture
 def one_answer_groups(monkeypatch):
     """Every wake-up of the driver decodes what has arrived (groups as small as they come)."""
-    monkeypatch.setattr(pipeline, "GROUP_BYTES", 1)
+    monkeypatch.setattr(remote_read, "GROUP_BYTES", 1)
 
 
 SELS = [Ellipsis, (slice(1, None, 3),), (5, slice(3, 60), slice(10, 50)), (slice(2, 14), slice(None, None, 2))]
@@ -246,7 +246,7 @@ def test_batches_are_uploaded_from_where_the_answers_landed(root, rel, monkeypat
     pixels are zarr's whether or not a batch could be (arena answers: native HTTP only)."""
     from gpu_zarr.engine import native_http
 
-    monkeypatch.setattr(pipeline, "ARENA_PIECES", 4)  # these small arrays' reads count as big
+    monkeypatch.setattr(remote_read, "ARENA_PIECES", 4)  # these small arrays' reads count as big
     ref = _disk(root, rel)
     _clear()
     with RangeServer(root, latency=0.003) as srv:

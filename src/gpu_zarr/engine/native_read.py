@@ -59,7 +59,7 @@ def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.nd
         Its ``host_scratch`` pool lends the per-thread scratch.
     threads : int
     keep : callable with ``wants(k)``, optional
-        The chunk cache's keeper (see ``pipeline._Keep``): wanted chunks are decoded into
+        The chunk cache's keeper (see ``batches.Keep``): wanted chunks are decoded into
         buffers of their own, handed to ``keep(k, buffer)``.
     stats : dict, optional
         Receives counts of the chunks left to numcodecs, as the Blosc parser reports them

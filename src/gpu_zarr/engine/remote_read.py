@@ -289,7 +289,8 @@ def run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
     homes = stage.decodes and not ops.host_is_device and hasattr(arena, "holds")
     cond = threading.Condition()
     queue: list[Arrived] = []
-    state: dict[str, Any] = {"done": False, "error": None, "counts": {}, "stop": False, "groups": 0}
+    state: dict[str, Any] = {"done": False, "error": None, "counts": {}, "stop": False, "groups": 0,
+                             "queued": 0}  # encoded bytes queued since the last group
     t0 = time.perf_counter()
 
     def arrived(a: Arrived) -> None:
@@ -297,6 +298,7 @@ def run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
             if state["stop"]:  # the read failed: raising here cancels the requests still in flight
                 raise ReadCancelled("the read failed: its remaining requests were cancelled")
             queue.append(a)
+            state["queued"] += int(a.nbytes[a.nbytes > 0].sum())
             cond.notify_all()
 
     def fetch_all() -> None:
@@ -313,7 +315,7 @@ def run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
     def ready() -> bool:  # under cond
         if state["done"] or state["stop"]:
             return True
-        return sum(int(a.nbytes[a.nbytes > 0].sum()) for a in queue) >= GROUP_BYTES
+        return bool(state["queued"] >= GROUP_BYTES)
 
     def more() -> tuple[list[Batch], bool]:
         """The next group's batches (waits for answers); True once there are no more."""
@@ -325,6 +327,7 @@ def run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
                 if opts.cancel is not None and opts.cancel.is_set():
                     raise ReadCancelled("read cancelled: the partial result was discarded")
             took, queue[:] = queue[:], []
+            state["queued"] = 0
             finished, error, stop = state["done"], state["error"], state["stop"]
         if error is not None:
             raise error

@@ -262,7 +262,7 @@ class _MetadataCache:
     documents come through it: one native call for the node, one for the OME children it names
     (on warm connections, which the chunks' requests reuse). What it does not answer (a failure,
     a document over its cap) is asked of obstore, which retries and explains. :meth:`early`
-    sends the root's requests before the obstore store is built (building one costs 4-10 ms).
+    sends the root's requests before the obstore store is built (building one costs 4-7 ms).
     """
 
     MAX_NODES = 4096
@@ -312,7 +312,6 @@ class _MetadataCache:
         HTTP client (nothing where it does not serve ``loc``, or obstore is missing)."""
         import importlib.util
         import time
-        from concurrent.futures import Future
 
         nat = loc.native_http()
         if nat is None or importlib.util.find_spec("obstore") is None:
@@ -323,12 +322,20 @@ class _MetadataCache:
                 return  # kept, or already asked for (an OME reader's prefetch of this node)
             while len(self._early) >= 64:  # never asked for (the open failed): forgotten
                 self._early.pop(next(iter(self._early)))
-            fut: Future[list[Any]] = Future()
+            sending = threading.Event()
+            (fut,) = self._submit(nat, [""], METADATA_NAMES, self.ROOT_CAP, sending)
             self._early[key] = (time.monotonic(), fut)
-        sending = threading.Event()
-        self._executor().submit(self._native, nat, [""], METADATA_NAMES, self.ROOT_CAP, [fut], sending)
         # until the requests are out: what comes next (building obstore's store) holds the GIL
         sending.wait(0.05)
+
+    def _submit(self, nat: tuple[Any, str], nodes: list[str], names: tuple[str, ...], cap: int,
+                sending: threading.Event | None = None) -> list[Any]:
+        """Per node a future of its documents, fetched by one native call on the pool."""
+        from concurrent.futures import Future
+
+        futs: list[Any] = [Future() for _ in nodes]
+        self._executor().submit(self._native, nat, nodes, names, cap, futs, sending)
+        return futs
 
     @staticmethod
     def _native(nat: tuple[Any, str], nodes: list[str], names: tuple[str, ...], cap: int, futs: list[Any],
@@ -372,7 +379,6 @@ class _MetadataCache:
         """Per node a future of its documents from the native client (one call for all), or
         None each where it does not serve ``loc``. Called under the lock."""
         import time
-        from concurrent.futures import Future
 
         nat = loc.native_http()
         if nat is None:
@@ -381,9 +387,7 @@ class _MetadataCache:
             early = self._early.pop(self._key(loc, ""), None)  # (the caller holds the lock)
             if early is not None and time.monotonic() - early[0] <= self.EARLY_S:
                 return [early[1]]
-        futs: list[Any] = [Future() for _ in nodes]
-        self._executor().submit(self._native, nat, nodes, names, cap, futs)
-        return futs
+        return self._submit(nat, nodes, names, cap)
 
     async def get(self, store: Any, loc: Location, node: str, name: str) -> bytes | None:
         import asyncio

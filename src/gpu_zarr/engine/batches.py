@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -164,13 +163,11 @@ def _run(lay: Layout, stage: CodecStage, loc: Any, pieces: Pieces, feed: Feed, o
         if b is None:
             return None
         t = time.perf_counter()
-        if b.home is None or dev_in is host:
+        if b.home is None:
             ops.wait(released[s])  # the slot's previous batch has left its read buffer
-            if b.home is None:
-                reader.read(loc.files, b, dev_in[s] if direct else host[s])
-            else:  # (the CPU's fast path decodes in its staging)
-                host[s][:b.staging_bytes] = b.home[:b.staging_bytes]
-                b = replace(b, home=None)
+            reader.read(loc.files, b, dev_in[s] if direct else host[s])
+        else:  # uploaded from where it is: only ops that upload get such batches
+            assert dev_in is not host and not direct
         t1 = time.perf_counter()
         prep = stage.prepare(host[s] if b.home is None else b.home, b, lay, piece_names(loc, b.pieces)) if check else None
         t2 = time.perf_counter()

@@ -37,16 +37,24 @@ ARENA_PIECES = 64
 SMALL_PIECES = 16
 
 
-def _one_home(items: list[tuple[np.ndarray, Any]]) -> np.ndarray | None:
-    """The one buffer (an arena block) every answer of ``items`` is a view of, or None."""
+def _one_home(items: list[tuple[np.ndarray, Any]], arena: Any = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where the pieces of ``items`` (positions in an answer, the answer) lie when every answer
+    is a view of one buffer (an arena block; one of ``arena``'s when given): that buffer and
+    each piece's offset in it, in ``items``' order; else None (they are copied first)."""
     home = None
     for _, a in items:
         d = a.data
         if not isinstance(d, np.ndarray) or d.base is None or (home is not None and d.base is not home):
             return None
+        if arena is not None and not arena.holds(d):
+            return None
         home = d.base
     ok = isinstance(home, np.ndarray) and home.ndim == 1 and home.dtype == np.uint8 and home.flags.c_contiguous
-    return home if ok else None
+    if not ok:
+        return None
+    assert home is not None
+    at = home.ctypes.data
+    return home, np.concatenate([a.offset[pos] + (a.data.ctypes.data - at) for pos, a in items]).astype(np.int64)
 
 
 def arena_for(rt: Runtime, pieces: int, ops: Ops | None = None) -> Any:
@@ -129,11 +137,10 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
             return
         idx = np.concatenate([a.pieces[pos] for pos, a in items])
         sizes = np.concatenate([a.nbytes[pos] for pos, a in items]).astype(np.int64)
-        home = _one_home(items)
-        if home is not None:  # every answer lies in one arena block: decoded where it landed
-            at = home.ctypes.data
-            src_off = np.concatenate([a.offset[pos] + (a.data.ctypes.data - at) for pos, a in items]).astype(np.int64)
-            total = 0
+        landed = _one_home(items)
+        home = landed[0] if landed is not None else None
+        if landed is not None:  # every answer lies in one arena block: decoded where it landed
+            src_off, total = landed[1], 0
         else:
             src_off, total = packed_offsets(sizes)
         m = len(idx)
@@ -370,16 +377,18 @@ def run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
     def _at_home(b: Batch) -> Batch:
         """``b`` uploaded from where its answers landed: every piece in one arena block
         (each answer is a view of it), within ``cap`` bytes; else ``b`` (copied to staging)."""
-        owner, at = None, []
-        for p in b.pieces.tolist():
+        answers: dict[int, tuple[Any, list[int], list[int]]] = {}  # per answer: it, its positions, batch slots
+        for k, p in enumerate(b.pieces.tolist()):
             a, j = whose[p]
-            if not arena.holds(a.data) or (owner is not None and a.data.base is not owner):
-                return b
-            owner = a.data.base
-            at.append(a.data.ctypes.data - owner.ctypes.data + int(a.offset[j]))
-        if owner is None or owner.dtype != np.uint8 or owner.ndim != 1:
+            got = answers.setdefault(id(a), (a, [], []))
+            got[1].append(j)
+            got[2].append(k)
+        landed = _one_home([(np.asarray(pos, np.int64), a) for a, pos, _ in answers.values()], arena)
+        if landed is None:
             return b
-        starts = np.asarray(at, np.int64)
+        owner = landed[0]
+        starts = np.empty(len(b.pieces), np.int64)  # back in the batch's order
+        starts[np.concatenate([np.asarray(ks, np.int64) for _, _, ks in answers.values()])] = landed[1]
         lo, hi = int(starts.min()), int((starts + b.src_sizes).max())
         if hi - lo > cap:
             return b

@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from gpu_zarr.errors import RemoteError, RemoteUnavailable, install_hint
+from gpu_zarr.pending import track
 
 __all__ = ["METADATA_NAMES", "REMOTE_HINT", "REMOTE_SCHEMES", "Location", "RemoteError", "RemoteUnavailable",
            "clear_metadata_cache", "is_url", "network_cause", "path_and_options", "public_http_url", "resolve"]
@@ -454,7 +455,7 @@ class _MetadataCache:
                 return out
             futs = self._send(loc, [node for _, node, _ in new], names, cap)
             for (i, node, key), fut in zip(new, futs):
-                task = loop.create_task(self._fetch(store, loc, node, fut, budget, names))
+                task = track(loop.create_task(self._fetch(store, loc, node, fut, budget, names)))  # (ahead of a reader)
                 self._pending[(*key, id(loop))] = task
                 task.add_done_callback(functools.partial(self._done, key, id(loop)))
                 out[i] = task

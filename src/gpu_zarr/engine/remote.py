@@ -33,6 +33,7 @@ import numpy as np
 from gpu_zarr.engine.runtime import host_empty
 from gpu_zarr.errors import NativeHttpDeclined, RemoteError, ShortAnswer
 from gpu_zarr.location import network_cause
+from gpu_zarr.pending import track
 
 __all__ = ["FETCHED", "BodyArena", "Bodies", "Got", "RemoteBlob", "RemoteSource", "source_of"]
 
@@ -288,7 +289,7 @@ class RemoteSource:
                 self._count(len(data))
                 FETCHED.put((self.url, rel, "whole"), (data, dict(res.meta)))
                 return data, dict(res.meta)
-            task = self._whole_pending[rel] = asyncio.ensure_future(fetch())
+            task = self._whole_pending[rel] = track(asyncio.ensure_future(fetch()))  # (shared: may outlive its askers)
             task.add_done_callback(lambda _t: self._whole_pending.pop(rel, None))
         return await asyncio.shield(task)
 

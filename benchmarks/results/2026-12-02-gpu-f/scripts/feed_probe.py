@@ -4,9 +4,9 @@ end of the transfer) depends on how the last group is cut into batches: FEED_BAT
 Usage: python feed_probe.py WORKDIR [VOLUME_INDEX]"""
 import contextlib
 import json
-import warnings
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import threading
 
 import numpy as np
 import pytest
@@ -54,7 +55,11 @@ def test_libcurl_option_ids_match_the_library():
         assert lib.curl_easy_option_by_name(opt.encode()).contents.id == num, opt
 
 
-def test_whole_ranges_and_suffixes_land_in_place(root):
+AGENTS = pytest.mark.parametrize("agents", [1, 3], ids=["one-thread", "three-threads"])
+
+
+@AGENTS
+def test_whole_ranges_and_suffixes_land_in_place(root, agents):
     data = {k: (root / f"obj{k}").read_bytes() for k in range(40)}
     jobs = [(0, -1), (10, 500), (-300, 0), (0, -1)] * 10
     urls = []
@@ -65,8 +70,15 @@ def test_whole_ranges_and_suffixes_land_in_place(root):
         at = np.concatenate([[0], np.cumsum(caps)])
         dests = [big[at[k]:at[k] + caps[k]] for k in range(40)]
         seen = []
-        r = nh.HttpClient().fetch(urls, _reqs(jobs), dests, 8, seen.append)
-    assert sorted(seen) == list(range(40))
+        caller = threading.get_ident()
+        threads = set()
+
+        def done(i):
+            threads.add(threading.get_ident())
+            seen.append(i)
+        r = nh.HttpClient().fetch(urls, _reqs(jobs), dests, 8, done, agents=agents)
+    assert sorted(seen) == list(range(40))  # each reported once, on the caller's thread
+    assert threads == {caller}
     for k, (a, b) in enumerate(jobs):
         want = data[k] if (a, b) == (0, -1) else data[k][a:b] if b > 0 else data[k][a:]
         assert int(r["got"][k]) == len(want)
@@ -77,12 +89,15 @@ def test_whole_ranges_and_suffixes_land_in_place(root):
     assert big[-64:].sum() == 0  # nothing written past the bodies
 
 
+@AGENTS
 @pytest.mark.parametrize("fault", ["fail_503", "fail_429", "fail_reset", "fail_truncate"])
-def test_injected_failures_are_retried(root, fault):
+def test_injected_failures_are_retried(root, fault, agents):
     with RangeServer(root, seed=3, **{fault: 0.3}) as srv:
         urls = [f"{srv.url}/obj{k}" for k in range(40)]
         dests = [np.zeros(20000, np.uint8) for _ in range(40)]
-        r = nh.HttpClient(backoff_s=0.001).fetch(urls, _reqs([(100, 900)] * 40), dests, 16)
+        seen = []
+        r = nh.HttpClient(backoff_s=0.001).fetch(urls, _reqs([(100, 900)] * 40), dests, 16, seen.append, agents=agents)
+        assert sorted(seen) == list(range(40))
         assert (r["status"] == 206).all() and (r["got"] == 800).all()
         assert r["attempts"].max() > 1  # the faults happened, and were retried
     for k in range(40):
@@ -119,14 +134,26 @@ def test_dead_server_and_callback_errors():
     assert r["status"][0] == -1 and r["curl"][0] == 7 and b"connect" in bytes(r["err"][0]).lower()
 
 
-def test_an_error_in_the_callback_stops_the_rest(root):
+@AGENTS
+def test_an_error_in_the_callback_stops_the_rest(root, agents):
     with RangeServer(root, latency=0.01) as srv:
         urls = [f"{srv.url}/obj{k}" for k in range(40)]
 
         def boom(i):
             raise ValueError(f"stop at {i}")
         with pytest.raises(ValueError, match="stop at"):
-            nh.HttpClient().fetch(urls, _reqs([(0, 100)] * 40), [np.zeros(100, np.uint8) for _ in range(40)], 2, boom)
+            nh.HttpClient().fetch(urls, _reqs([(0, 100)] * 40), [np.zeros(100, np.uint8) for _ in range(40)], 3, boom,
+                                  agents=agents)
+        assert len(srv.log) < 40  # the rest were not asked for
+
+
+def test_threads_for_a_fetch():
+    """One receiving thread per 16 MiB of answers, at most 4 and a quarter of the cores."""
+    assert nh.agents_for(1 << 20, 4, cores=16) == 1  # a viewer's plane
+    assert nh.agents_for(81 << 20, 8, cores=16) == 4  # a sharded level
+    assert nh.agents_for(81 << 20, 2, cores=16) == 2  # no more than the requests
+    assert nh.agents_for(1 << 30, 4096, cores=2) == 1  # the 2-core machine
+    assert nh.agents_for(1 << 30, 4096, cores=64) == nh.MAX_AGENTS
 
 
 def test_status_line():

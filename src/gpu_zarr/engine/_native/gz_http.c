@@ -59,6 +59,7 @@ static struct {
     struct curl_slist *(*slist_append)(struct curl_slist *, const char *);
     void (*slist_free_all)(struct curl_slist *);
     const char *(*version)(void);
+    int (*multi_wakeup)(CURLM *);  /* curl >= 7.68; without it a fetch runs on one thread */
 } C;
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 
@@ -74,6 +75,7 @@ static void curl_load(void) {
     S(multi_setopt, "curl_multi_setopt") S(multi_cleanup, "curl_multi_cleanup") S(slist_append, "curl_slist_append")
     S(slist_free_all, "curl_slist_free_all") S(version, "curl_version")
 #undef S
+    *(void **)&C.multi_wakeup = dlsym(h, "curl_multi_wakeup");
     if (C.global_init(3 /* CURL_GLOBAL_ALL */) != 0) { snprintf(C.why, sizeof C.why, "curl_global_init failed"); return; }
     C.ok = 1;
 }
@@ -108,7 +110,8 @@ typedef void (*gz_http_done_fn)(int64_t i);
 /* multi handles kept between calls with their easy handles: the connection cache, and each easy
  * handle's receive buffer, already touched (fresh buffers cost page faults on every call) */
 typedef struct { CURLM *m; CURL **easy; int n; } agent_t;
-#define POOL 8
+#define POOL 16
+#define MAX_AGENTS 8
 static agent_t pool[POOL];
 static int pooled;
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -213,93 +216,151 @@ static int complete(const gz_http_req *r) {
     return r->range_start == r->start && r->got == r->end - r->start;
 }
 
-/* GET every request, up to in_flight at once, each at most attempts times (backoff_ms, doubled
- * per attempt, at most 5 s); done(i) is called as request i finishes for good (complete, or
- * failed: its status and curl code say how). *cancel != 0 stops the call early. Returns 0, or
- * -1 when libcurl is missing, -3 when cancelled. */
-API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_flight, const char **headers,
-                      int nheaders, int64_t connect_timeout_ms, int64_t low_speed_s, int attempts, int64_t backoff_ms,
-                      gz_http_done_fn done, volatile int32_t *cancel) {
-    pthread_once(&curl_once, curl_load);
-    if (!C.ok) return -1;
-    if (n <= 0) return 0;
-    if (in_flight < 1) in_flight = 1;
-    if (in_flight > n) in_flight = (int)n;
-    if (attempts < 1) attempts = 1;
-    struct curl_slist *hdr = NULL;
-    for (int k = 0; k < nheaders; k++) hdr = C.slist_append(hdr, headers[k]);
-    agent_t agent = take_agent(in_flight);
-    CURLM *m = agent.m;
-    long maxconn = in_flight > 64 ? in_flight : 64;
-    C.multi_setopt(m, M_MAXCONNECTS, maxconn);
-    slot_t *slots = calloc((size_t)in_flight, sizeof *slots);
-    CURL **easy = agent.n >= in_flight ? agent.easy : NULL;
-    int *free_slots = calloc((size_t)in_flight, sizeof *free_slots);
-    int64_t *retry_at = malloc((size_t)n * sizeof *retry_at);  /* -1: not waiting */
-    int64_t *queue = malloc((size_t)n * sizeof *queue);
-    int rc = 0;
-    if (!m || !slots || !easy || !free_slots || !retry_at || !queue) { rc = -4; goto out; }
-    int nfree = in_flight;
-    for (int k = 0; k < in_flight; k++) free_slots[k] = in_flight - 1 - k;
-    int64_t qhead = 0, qn = n, finished = 0, waiting = 0, active = 0;
-    for (int64_t i = 0; i < n; i++) {
-        queue[i] = i; retry_at[i] = -1;
-        reqs[i].attempts = 0; reqs[i].status = -1; reqs[i].curl = 0; reqs[i].got = 0;
-        reqs[i].size = -1; reqs[i].mtime = -1; reqs[i].range_start = -1; reqs[i].etag[0] = 0; reqs[i].err[0] = 0;
+/* One fetch's state shared by its agents (each a thread with a multi handle of its own): one
+ * thread receiving every body was the limit of big reads (81 MiB of shards on the H200 VM: 46 ms
+ * at 20 ms a request with one thread, 32 with four; 31 and 13 ms at 0 ms). Requests are handed
+ * out from one queue as an agent has room, so big and small answers spread by themselves. */
+typedef struct {
+    const char **urls;
+    gz_http_req *reqs;
+    int64_t n;
+    struct curl_slist *hdr;
+    int64_t connect_timeout_ms, low_speed_s, backoff_ms;
+    int attempts;
+    volatile int32_t *cancel;
+    pthread_mutex_t mu;
+    int64_t *queue, qhead, qn;   /* requests to start (a ring of n) */
+    int64_t *retry_at, waiting;  /* per request: when its backoff ends (-1: not waiting); how many wait */
+    int64_t finished;            /* requests finished for good */
+    int64_t *done_q, done_head, done_tail;  /* finished by helpers, reported by the caller's agent */
+    CURLM *caller_m;             /* the caller's multi: woken when a helper finishes a request */
+} fetch_t;
+
+typedef struct {
+    fetch_t *f;
+    agent_t a;
+    int cap;                     /* requests in flight on this agent */
+    int main;                    /* the caller's agent: it reports every request (done) */
+    gz_http_done_fn done;
+    int rc;
+    pthread_t th;
+} runner_t;
+
+static void start_one(runner_t *ag, slot_t *s, CURL *e, int64_t i) {
+    fetch_t *f = ag->f;
+    gz_http_req *r = &f->reqs[i];
+    memset(s, 0, sizeof *s);
+    s->r = r; s->i = i;
+    r->got = 0; r->size = -1; r->range_start = -1; r->etag[0] = 0; r->attempts++;
+    C.easy_setopt(e, O_URL, f->urls[i]);
+    C.easy_setopt(e, O_WRITEFUNCTION, on_body);
+    C.easy_setopt(e, O_WRITEDATA, (void *)s);
+    C.easy_setopt(e, O_HEADERFUNCTION, on_header);
+    C.easy_setopt(e, O_HEADERDATA, (void *)s);
+    C.easy_setopt(e, O_PRIVATE, (void *)s);
+    C.easy_setopt(e, O_ERRORBUFFER, s->err);
+    C.easy_setopt(e, O_FOLLOWLOCATION, 1L);
+    C.easy_setopt(e, O_MAXREDIRS, 10L);
+    C.easy_setopt(e, O_FILETIME, 1L);
+    C.easy_setopt(e, O_NOSIGNAL, 1L);
+    C.easy_setopt(e, O_TCP_NODELAY, 1L);
+    /* libcurl allocates its receive buffer per transfer: 512 KiB for big answers (81 MiB of
+     * whole shards: 16 ms of CPU against 28 with the default 16 KiB, fewer calls), the default
+     * for the rest (a fresh 512 KiB buffer cost ~120 page faults per 512 KiB chunk) */
+    C.easy_setopt(e, O_BUFFERSIZE, r->cap >= (2 << 20) ? 512L * 1024 : 16L * 1024);
+    C.easy_setopt(e, O_CONNECTTIMEOUT_MS, (long)f->connect_timeout_ms);
+    C.easy_setopt(e, O_LOW_SPEED_LIMIT, 1L);           /* under 1 B/s for low_speed_s: timed out */
+    C.easy_setopt(e, O_LOW_SPEED_TIME, (long)f->low_speed_s);
+    C.easy_setopt(e, O_USERAGENT, "gpu-zarr");
+    C.easy_setopt(e, O_HTTPHEADER, f->hdr);
+    if (r->end >= 0 && r->start >= 0) {
+        snprintf(s->range, sizeof s->range, "%lld-%lld", (long long)r->start, (long long)r->end - 1);
+        C.easy_setopt(e, O_RANGE, s->range);
+    } else if (r->start < 0) {
+        snprintf(s->range, sizeof s->range, "-%lld", (long long)-r->start);
+        C.easy_setopt(e, O_RANGE, s->range);
+    } else {
+        C.easy_setopt(e, O_RANGE, (char *)NULL);
     }
-    while (finished < n) {
-        if (cancel && *cancel) { rc = -3; break; }
-        int64_t t = now_ms();
-        /* requests whose backoff is over go back to the queue's end (the queue never holds more than n) */
-        if (waiting) {
-            for (int64_t i = 0; i < n; i++) {
-                if (retry_at[i] >= 0 && retry_at[i] <= t) {
-                    retry_at[i] = -1; waiting--;
-                    queue[(qhead + qn) % n] = i; qn++;
+}
+
+/* a finished transfer: retry it (1) or not (0) */
+static int again_after(int code, const slot_t *s, int attempts) {
+    const gz_http_req *r = s->r;
+    int ranged = r->end >= 0 || r->start < 0;
+    int again;
+    if (code == 0 && complete(r)) again = 0;
+    else if (s->over) again = 0;                          /* longer than asked for: the caller decides */
+    else if (code != 0) again = transient(code, 0);
+    else if (transient(0, r->status)) again = 1;          /* 429, 5xx */
+    else if (r->status == 206 && r->start >= 0 && r->size >= 0 && r->end > r->size) again = 0;  /* shorter now */
+    else if (r->status == 206 || (r->status == 200 && !ranged)) again = 1;  /* cut short or misplaced */
+    else again = 0;                                       /* 404, 403, 416, a 200 to a range: final */
+    return again && r->attempts < attempts;
+}
+
+/* the caller's agent reports what helpers finished (on the caller's thread, in their order) */
+static void report_helpers(runner_t *ag) {
+    fetch_t *f = ag->f;
+    for (;;) {
+        pthread_mutex_lock(&f->mu);
+        int64_t h = f->done_head, t = f->done_tail;
+        f->done_head = t;
+        pthread_mutex_unlock(&f->mu);
+        if (h == t) return;
+        for (int64_t k = h; k < t; k++) if (ag->done) ag->done(f->done_q[k]);
+    }
+}
+
+static void *run_agent(void *p) {
+    runner_t *ag = p;
+    fetch_t *f = ag->f;
+    int cap = ag->cap;
+    CURLM *m = ag->a.m;
+    CURL **easy = ag->a.easy;
+    slot_t *slots = calloc((size_t)cap, sizeof *slots);
+    int *free_slots = calloc((size_t)cap, sizeof *free_slots);
+    int64_t *take = malloc((size_t)cap * sizeof *take);
+    if (!slots || !free_slots || !take) { ag->rc = -4; goto out; }
+    long maxconn = cap > 64 ? cap : 64;
+    C.multi_setopt(m, M_MAXCONNECTS, maxconn);
+    int nfree = cap, active = 0;
+    for (int k = 0; k < cap; k++) free_slots[k] = cap - 1 - k;
+    for (;;) {
+        if (ag->main) report_helpers(ag);
+        if (f->cancel && *f->cancel) { ag->rc = -3; break; }
+        int64_t t = now_ms(), soonest = INT64_MAX;
+        int ntake = 0;
+        pthread_mutex_lock(&f->mu);
+        int64_t finished = f->finished;
+        if (finished < f->n) {
+            /* requests whose backoff is over go back to the queue's end (it never holds more than n) */
+            if (f->waiting) {
+                for (int64_t i = 0; i < f->n; i++) {
+                    if (f->retry_at[i] >= 0 && f->retry_at[i] <= t) {
+                        f->retry_at[i] = -1; f->waiting--;
+                        f->queue[(f->qhead + f->qn) % f->n] = i; f->qn++;
+                    } else if (f->retry_at[i] >= 0 && f->retry_at[i] < soonest) {
+                        soonest = f->retry_at[i];
+                    }
                 }
             }
+            while (f->qn && ntake < nfree) { take[ntake++] = f->queue[f->qhead]; f->qhead = (f->qhead + 1) % f->n; f->qn--; }
         }
-        while (qn && nfree) {
-            int64_t i = queue[qhead]; qhead = (qhead + 1) % n; qn--;
+        int64_t waiting = f->waiting, queued = f->qn;
+        pthread_mutex_unlock(&f->mu);
+        if (finished >= f->n) {
+            if (ag->main) report_helpers(ag);  /* (a helper's last one, pushed before `finished` grew) */
+            break;
+        }
+        /* a helper with nothing in flight and nothing to take leaves; the caller's agent stays
+         * until every request has finished (it takes what helpers leave for a retry) */
+        if (!ag->main && !active && !ntake && !waiting && !queued) break;
+        for (int j = 0; j < ntake; j++) {
             int k = free_slots[--nfree];
-            slot_t *s = &slots[k];
-            gz_http_req *r = &reqs[i];
-            memset(s, 0, sizeof *s);
-            s->r = r; s->i = i;
-            r->got = 0; r->size = -1; r->range_start = -1; r->etag[0] = 0; r->attempts++;
             if (!easy[k]) easy[k] = C.easy_init();
-            CURL *e = easy[k];
-            C.easy_setopt(e, O_URL, urls[i]);
-            C.easy_setopt(e, O_WRITEFUNCTION, on_body);
-            C.easy_setopt(e, O_WRITEDATA, (void *)s);
-            C.easy_setopt(e, O_HEADERFUNCTION, on_header);
-            C.easy_setopt(e, O_HEADERDATA, (void *)s);
-            C.easy_setopt(e, O_PRIVATE, (void *)s);
-            C.easy_setopt(e, O_ERRORBUFFER, s->err);
-            C.easy_setopt(e, O_FOLLOWLOCATION, 1L);
-            C.easy_setopt(e, O_MAXREDIRS, 10L);
-            C.easy_setopt(e, O_FILETIME, 1L);
-            C.easy_setopt(e, O_NOSIGNAL, 1L);
-            C.easy_setopt(e, O_TCP_NODELAY, 1L);
-            /* libcurl allocates its receive buffer per transfer: 512 KiB for big answers (81 MiB of
-             * whole shards: 16 ms of CPU against 28 with the default 16 KiB, fewer calls), the default
-             * for the rest (a fresh 512 KiB buffer cost ~120 page faults per 512 KiB chunk) */
-            C.easy_setopt(e, O_BUFFERSIZE, r->cap >= (2 << 20) ? 512L * 1024 : 16L * 1024);
-            C.easy_setopt(e, O_CONNECTTIMEOUT_MS, (long)connect_timeout_ms);
-            C.easy_setopt(e, O_LOW_SPEED_LIMIT, 1L);           /* under 1 B/s for low_speed_s: timed out */
-            C.easy_setopt(e, O_LOW_SPEED_TIME, (long)low_speed_s);
-            C.easy_setopt(e, O_USERAGENT, "gpu-zarr");
-            C.easy_setopt(e, O_HTTPHEADER, hdr);
-            if (r->end >= 0 && r->start >= 0) {
-                snprintf(s->range, sizeof s->range, "%lld-%lld", (long long)r->start, (long long)r->end - 1);
-                C.easy_setopt(e, O_RANGE, s->range);
-            } else if (r->start < 0) {
-                snprintf(s->range, sizeof s->range, "-%lld", (long long)-r->start);
-                C.easy_setopt(e, O_RANGE, s->range);
-            } else {
-                C.easy_setopt(e, O_RANGE, (char *)NULL);
-            }
-            C.multi_add(m, e);
+            start_one(ag, &slots[k], easy[k], take[j]);
+            C.multi_add(m, easy[k]);
             active++;
         }
         int running = 0;
@@ -322,54 +383,110 @@ API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_fl
             r->curl = code;
             snprintf(r->err, sizeof r->err, "%.127s", code ? (s->err[0] ? s->err : C.easy_strerror(code)) : "");
             r->status = s->over ? -2 : (status ? (int32_t)status : -1);
-            int k = (int)(s - slots);
-            free_slots[nfree++] = k;
-            int ranged = r->end >= 0 || r->start < 0;
-            int again;
-            if (code == 0 && complete(r)) again = 0;
-            else if (s->over) again = 0;                          /* longer than asked for: the caller decides */
-            else if (code != 0) again = transient(code, 0);
-            else if (transient(0, r->status)) again = 1;          /* 429, 5xx */
-            else if (r->status == 206 && r->start >= 0 && r->size >= 0 && r->end > r->size) again = 0;  /* shorter now */
-            else if (r->status == 206 || (r->status == 200 && !ranged)) again = 1;  /* cut short or misplaced */
-            else again = 0;                                       /* 404, 403, 416, a 200 to a range: final */
-            again = again && r->attempts < attempts;
+            free_slots[nfree++] = (int)(s - slots);
+            int again = again_after(code, s, f->attempts);
+            pthread_mutex_lock(&f->mu);
             if (again) {
-                int64_t wait = backoff_ms << (r->attempts - 1 < 7 ? r->attempts - 1 : 7);
-                retry_at[s->i] = now_ms() + (wait < 5000 ? wait : 5000);
-                waiting++;
-                continue;
+                int64_t wait = f->backoff_ms << (r->attempts - 1 < 7 ? r->attempts - 1 : 7);
+                f->retry_at[s->i] = now_ms() + (wait < 5000 ? wait : 5000);
+                f->waiting++;
+            } else if (!ag->main) {
+                f->done_q[f->done_tail++] = s->i;
             }
-            finished++;
-            if (done) done(s->i);
+            if (!again) f->finished++;
+            pthread_mutex_unlock(&f->mu);
+            if (again) continue;
+            if (ag->main) { if (ag->done) ag->done(s->i); }
+            else if (C.multi_wakeup) C.multi_wakeup(f->caller_m);
         }
-        if (finished >= n) break;
         int timeout = 100;
-        if (waiting) {
-            int64_t t2 = now_ms(), soonest = INT64_MAX;
-            for (int64_t i = 0; i < n; i++) if (retry_at[i] >= 0 && retry_at[i] < soonest) soonest = retry_at[i];
-            int64_t d = soonest - t2;
+        if (soonest != INT64_MAX) {
+            int64_t d = soonest - now_ms();
             timeout = d < 0 ? 0 : (d < 100 ? (int)d : 100);
         }
-        if (active) C.multi_poll(m, NULL, 0, timeout, NULL);
+        if (active || (ag->main && C.multi_wakeup)) C.multi_poll(m, NULL, 0, timeout, NULL);  /* (woken by helpers) */
         else if (timeout > 0) { struct timespec ts = {0, (long)timeout * 1000000L}; nanosleep(&ts, NULL); }
     }
 out:
-    if (easy && m) {
-        for (int k = 0; k < in_flight; k++) {
-            if (!easy[k]) continue;
-            C.multi_remove(m, easy[k]);  /* a no-op for handles not in the multi */
-            /* kept for the next call; nothing of this call may stay attached to it */
-            C.easy_setopt(easy[k], O_HTTPHEADER, (void *)NULL);
-            C.easy_setopt(easy[k], O_WRITEDATA, (void *)NULL);
-            C.easy_setopt(easy[k], O_HEADERDATA, (void *)NULL);
-            C.easy_setopt(easy[k], O_PRIVATE, (void *)NULL);
-            C.easy_setopt(easy[k], O_ERRORBUFFER, (char *)NULL);
-        }
+    for (int k = 0; k < ag->a.n; k++) {
+        if (!easy || !easy[k]) continue;
+        C.multi_remove(m, easy[k]);  /* a no-op for handles not in the multi */
+        /* kept for the next call; nothing of this call may stay attached to it */
+        C.easy_setopt(easy[k], O_HTTPHEADER, (void *)NULL);
+        C.easy_setopt(easy[k], O_WRITEDATA, (void *)NULL);
+        C.easy_setopt(easy[k], O_HEADERDATA, (void *)NULL);
+        C.easy_setopt(easy[k], O_PRIVATE, (void *)NULL);
+        C.easy_setopt(easy[k], O_ERRORBUFFER, (char *)NULL);
     }
-    give_agent(agent);
-    if (hdr) C.slist_free_all(hdr);
-    free(slots); free(free_slots); free(retry_at); free(queue);
+    free(slots); free(free_slots); free(take);
+    return NULL;
+}
+
+/* GET every request, up to in_flight at once over `agents` threads (the caller's and
+ * agents - 1 more; 1 where libcurl has no curl_multi_wakeup), each request at most attempts
+ * times (backoff_ms, doubled per attempt, at most 5 s); done(i) is called on the caller's
+ * thread as request i finishes for good (complete, or failed: its status and curl code say
+ * how). *cancel != 0 stops the call early. Returns 0, or -1 when libcurl is missing, -3 when
+ * cancelled, -4 out of memory. */
+API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_flight, const char **headers,
+                      int nheaders, int64_t connect_timeout_ms, int64_t low_speed_s, int attempts, int64_t backoff_ms,
+                      gz_http_done_fn done, volatile int32_t *cancel, int agents) {
+    pthread_once(&curl_once, curl_load);
+    if (!C.ok) return -1;
+    if (n <= 0) return 0;
+    if (in_flight < 1) in_flight = 1;
+    if (in_flight > n) in_flight = (int)n;
+    if (attempts < 1) attempts = 1;
+    if (agents > MAX_AGENTS) agents = MAX_AGENTS;
+    if (agents > in_flight) agents = in_flight;
+    if (agents < 1 || !C.multi_wakeup) agents = 1;
+    fetch_t f;
+    memset(&f, 0, sizeof f);
+    f.urls = urls; f.reqs = reqs; f.n = n; f.connect_timeout_ms = connect_timeout_ms; f.low_speed_s = low_speed_s;
+    f.backoff_ms = backoff_ms; f.attempts = attempts; f.cancel = cancel;
+    for (int k = 0; k < nheaders; k++) f.hdr = C.slist_append(f.hdr, headers[k]);
+    f.queue = malloc((size_t)n * sizeof *f.queue);
+    f.retry_at = malloc((size_t)n * sizeof *f.retry_at);
+    f.done_q = malloc((size_t)n * sizeof *f.done_q);
+    runner_t ag[MAX_AGENTS];
+    memset(ag, 0, sizeof ag);
+    int rc = 0, made = 0;
+    if (!f.queue || !f.retry_at || !f.done_q) { rc = -4; goto out; }
+    pthread_mutex_init(&f.mu, NULL);
+    f.qn = n;
+    for (int64_t i = 0; i < n; i++) {
+        f.queue[i] = i; f.retry_at[i] = -1;
+        reqs[i].attempts = 0; reqs[i].status = -1; reqs[i].curl = 0; reqs[i].got = 0;
+        reqs[i].size = -1; reqs[i].mtime = -1; reqs[i].range_start = -1; reqs[i].etag[0] = 0; reqs[i].err[0] = 0;
+    }
+    for (int k = 0; k < agents; k++) {
+        int cap = in_flight / agents + (k < in_flight % agents);
+        ag[k].f = &f; ag[k].cap = cap; ag[k].main = k == 0; ag[k].done = done;
+        ag[k].a = take_agent(cap);
+        if (!ag[k].a.m || ag[k].a.n < cap) { give_agent(ag[k].a); ag[k].a.m = NULL; break; }
+        made++;
+    }
+    if (!made) { rc = -4; goto out; }  /* (agents that could not be had leave their share to the others) */
+    f.caller_m = ag[0].a.m;
+    int started = 1;
+    for (int k = 1; k < made; k++)
+        if (pthread_create(&ag[k].th, NULL, run_agent, &ag[k]) == 0) started = k + 1; else break;
+    /* agents that could not start leave their share to the others (the queue is shared) */
+    for (int k = started; k < made; k++) { give_agent(ag[k].a); ag[k].a.m = NULL; }
+    run_agent(&ag[0]);
+    if (ag[0].rc == -3) {  /* cancelled: the helpers see it at their next look; wake them now */
+        for (int k = 1; k < started; k++) if (C.multi_wakeup) C.multi_wakeup(ag[k].a.m);
+    }
+    for (int k = 1; k < started; k++) pthread_join(ag[k].th, NULL);
+    for (int k = 0; k < started; k++) {
+        if (ag[k].rc && !rc) rc = ag[k].rc;
+        give_agent(ag[k].a);
+    }
+    if (!rc) report_helpers(&ag[0]);  /* (nothing is left: every request was reported above) */
+    pthread_mutex_destroy(&f.mu);
+out:
+    if (f.hdr) C.slist_free_all(f.hdr);
+    free(f.queue); free(f.retry_at); free(f.done_q);
     return rc;
 }
 

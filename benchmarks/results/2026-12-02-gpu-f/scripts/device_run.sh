@@ -6,10 +6,10 @@ S=benchmarks/results/2026-12-02-gpu-f/scripts
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
 gcc -O3 -shared -fPIC -pthread -fvisibility=hidden src/gpu_zarr/engine/_native/gz_native.c \
   src/gpu_zarr/engine/_native/gz_http.c -o src/gpu_zarr/engine/_native/libgz_native.so -ldl || exit 1
-bash benchmarks/on_gpu_machine.sh tests
+[ -n "$NO_TESTS" ] || bash benchmarks/on_gpu_machine.sh tests
 bash $S/segv_repro.sh "${SEGV_RUNS:-2}"
-timeout 60 python3 $S/fetch_floor.py /tmp/gzr 20 > "$OUT/fetch_floor.txt" 2>&1; tail -11 "$OUT/fetch_floor.txt"
-timeout 100 python3 $S/feed_probe.py /tmp/gzr 1 2>&1 | grep -v Warn > "$OUT/feed_probe.txt"; cat "$OUT/feed_probe.txt"
+timeout 90 python3 $S/fetch_floor.py /tmp/gzr 20 > "$OUT/fetch_floor.txt" 2>&1; tail -16 "$OUT/fetch_floor.txt"
+[ -n "$NO_FEED" ] || timeout 100 python3 $S/feed_probe.py /tmp/gzr 1 2>&1 | grep -v Warn > "$OUT/feed_probe.txt"; cat "$OUT/feed_probe.txt"
 for dev in gpu cpu; do
   mkdir -p "$OUT/remote-$dev"
   timeout 150 python3 -m gpu_zarr.bench --remote --device $dev --readers ours,tensorstore --planes 15 --repeat 3 \

@@ -1,6 +1,6 @@
 """The transfer floor of a whole read of the remote sharded array (8 shards): the native HTTP
 client fetching the shards' bytes into touched buffers, one native call against several calls
-on threads and shards cut into ranges; TensorStore's whole read beside. Nothing decoded.
+on threads, a call's receiving threads (agents), and shards cut into ranges; TensorStore's whole read beside. Nothing decoded.
 Usage: python fetch_floor.py WORKDIR [LATENCY_MS]"""
 import sys
 import time
@@ -26,7 +26,7 @@ cli = HttpClient()
 bufs = [np.ones(s + 1, np.uint8) for s in sizes]
 
 
-def fetch(urls, parts, calls):
+def fetch(urls, parts, calls, agents=None):
     jobs = []  # (url, start, end, dest)
     for u, s, b in zip(urls, sizes, bufs):
         cut = np.linspace(0, s, parts + 1).astype(np.int64)
@@ -38,7 +38,7 @@ def fetch(urls, parts, calls):
         reqs = new_requests(len(g))
         reqs["start"] = [j[1] for j in g]
         reqs["end"] = [j[2] for j in g]
-        cli.fetch([j[0] for j in g], reqs, [j[3] for j in g], 64)
+        cli.fetch([j[0] for j in g], reqs, [j[3] for j in g], 64, agents=agents)
         assert (reqs["status"] == 206).all(), reqs["status"]
     if calls == 1:
         one(groups[0])
@@ -51,14 +51,16 @@ with ServerProcess(wd, latency=lat / 1000) as srv:
     urls = [f"{srv.url}/{p.relative_to(wd).as_posix()}" for p in shards]
     ts = _tensorstore(f"{srv.url}/{rel}")
     _host(ts((0,)))
-    for parts, calls in ((1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (4, 1), (4, 4), (8, 8), (1, 1)):
-        fetch(urls, parts, calls)
+    for parts, calls, agents in ((1, 1, 1), (1, 2, 1), (1, 4, 1), (1, 8, 1), (2, 1, 1), (4, 1, 1), (4, 4, 1), (8, 8, 1),
+                                 (1, 1, 2), (1, 1, 4), (1, 1, 8), (4, 1, 4), (1, 1, None), (1, 1, 1)):
+        fetch(urls, parts, calls, agents)
         ms = []
         for rep in range(7):
             t = time.perf_counter()
-            fetch(urls, parts, calls)
+            fetch(urls, parts, calls, agents)
             ms.append(1e3 * (time.perf_counter() - t))
-        print(f"{lat:.0f} ms: {parts} ranges a shard, {calls} native calls: " + " ".join(f"{m:.0f}" for m in ms)
+        print(f"{lat:.0f} ms: {parts} ranges a shard, {calls} native calls of {agents or 'auto'} threads: "
+              + " ".join(f"{m:.0f}" for m in ms)
               + f" median {np.median(ms):.1f}", flush=True)
     tms = []
     for rep in range(7):

@@ -399,13 +399,21 @@ static void *run_agent(void *p) {
             if (ag->main) { if (ag->done) ag->done(s->i); }
             else if (C.multi_wakeup) C.multi_wakeup(f->caller_m);
         }
+        pthread_mutex_lock(&f->mu);
+        finished = f->finished;
+        waiting = f->waiting;
+        pthread_mutex_unlock(&f->mu);
+        if (finished >= f->n) continue;  /* all in: no wait (the top reports and leaves) */
         int timeout = 100;
         if (soonest != INT64_MAX) {
             int64_t d = soonest - now_ms();
             timeout = d < 0 ? 0 : (d < 100 ? (int)d : 100);
         }
         if (active || (ag->main && C.multi_wakeup)) C.multi_poll(m, NULL, 0, timeout, NULL);  /* (woken by helpers) */
-        else if (timeout > 0) { struct timespec ts = {0, (long)timeout * 1000000L}; nanosleep(&ts, NULL); }
+        else if (waiting && timeout > 0) {  /* only backoffs are left to wait for (else: the top takes or leaves) */
+            struct timespec ts = {0, (long)timeout * 1000000L};
+            nanosleep(&ts, NULL);
+        }
     }
 out:
     for (int k = 0; k < ag->a.n; k++) {

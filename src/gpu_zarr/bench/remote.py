@@ -9,7 +9,9 @@ nothing cached), requests, the most requests in flight at once, and bytes moved.
 
 Readers: ``ours`` (the engine's CPU host path over the native HTTP client:
 :func:`gpu_zarr.engine.read` with ``device="cpu"`` and the array's layout parsed once when it
-is opened, as its viewers read; ``--device gpu`` reads onto the GPU instead), ``zarr`` (zarr-python's
+is opened, as its viewers read; ``--device gpu`` reads onto the GPU through the direct engine's
+backend, as ``read_region`` and the lazy arrays do: a plane is a small read, decoded on CPU threads
+and copied to the GPU once), ``zarr`` (zarr-python's
 FsspecStore over aiohttp: what napari-ome-zarr and ome-zarr-py open URLs with), ``zarr+dask``
 (the same through ``dask.array.from_zarr``, napari-ome-zarr's path), and ``tensorstore``
 (its ``http`` kvstore).
@@ -76,7 +78,14 @@ def _ours(device: str) -> Callable[[str], Any]:
         arr = open_array(url)
         lay = layout_of(arr)  # parsed once, as an open array's viewers do (TensorStore's open parses too)
         if device == "gpu":
-            return lambda sel: read(arr, sel, device="gpu", layout=lay).data
+            from gpu_zarr.backends import EngineBackend
+            from gpu_zarr.engine.plan import normalize_selection
+
+            # the direct engine as read_region and the lazy arrays use it: a small read (a plane)
+            # decodes on CPU threads and is copied to the GPU once (nvCOMP's per-call latency)
+            backend = EngineBackend(lay)
+            return lambda sel: backend.read(arr, normalize_selection(lay.shape, sel), sel, options=None, progress=None,
+                                            cancel=None, where="device")[0]
         from gpu_zarr.engine.ops import CpuOps
         from gpu_zarr.engine.pipeline import EngineOptions
         from gpu_zarr.engine.runtime import get_runtime

@@ -215,3 +215,66 @@ def test_the_obstore_store_is_built_only_when_needed(server, root, monkeypatch):
     assert again == arr.store and again.store is arr.store.store and built == [url]
     assert open_array(f"{server.url}/plain.ome.zarr/1").store != arr.store
     np.testing.assert_array_equal(np.asarray(arr[1]), want[1])
+
+
+# -- the middle plane asked for ahead (napari slices step 0, then the middle) ---------------------
+
+@pytest.fixture(scope="module")
+def thin(tmp_path_factory):
+    """(c, z, y, x) with one z per chunk: planes are chunks of their own."""
+    from gpu_zarr.sample import write_sample_omezarr
+
+    root = tmp_path_factory.mktemp("remote-thin")
+    write_sample_omezarr(root / "t.ome.zarr", version="0.5", shape=(2, 5, 64, 64), levels=2, labels=False,
+                         compressor="zstd", chunks=(1, 1, 32, 32))
+    return root
+
+
+def _chunk_requests(log: list[dict], level: str) -> list[str]:
+    return [e["path"].split("/t.ome.zarr/", 1)[1] for e in log if f"/t.ome.zarr/{level}/c/" in e["path"]]
+
+
+def test_a_read_inside_a_running_prefetch_waits_for_it(thin):
+    from collections import Counter
+
+    from gpu_zarr.lazy import GpuLazyArray
+
+    FETCHED.clear()
+    with RangeServer(thin, latency=0.15) as srv:
+        arr = GpuLazyArray(f"{srv.url}/t.ome.zarr/0")
+        arr._src.prepared()  # (opened: only the prefetch's requests follow)
+        assert arr.prefetch((slice(None), 2))
+        got = np.stack([arr.index_axis(0, c)[2] for c in range(2)])  # each inside the running prefetch
+        want = zarr.open_array(thin / "t.ome.zarr" / "0", mode="r")[:, 2]
+        np.testing.assert_array_equal(got, want)
+        asked = Counter(_chunk_requests(srv.log, "0"))
+    # the plane's 2 x 2 x 2 chunks, each asked for once (by the prefetch), none of another plane
+    assert len(asked) == 8 and set(asked.values()) == {1}, asked
+    assert all(p.split("/")[3] == "2" for p in asked), asked
+
+
+def test_no_prefetch_without_a_chunk_cache(thin):
+    from gpu_zarr.lazy import GpuLazyArray
+
+    with RangeServer(thin) as srv, settings.set(cache_bytes=0):
+        arr = GpuLazyArray(f"{srv.url}/t.ome.zarr/0")
+        assert not arr.prefetch((0, 2))
+
+
+def test_the_napari_reader_asks_for_the_middle_plane_ahead(thin):
+    """napari slices a new viewer's first layer at step 0 and then at the middle step, at the
+    coarsest level: the reader asks for the middle plane of every channel as it returns."""
+    from gpu_zarr.napari_plugin._reader import read_zarr_layers
+
+    FETCHED.clear()
+    clear_metadata_cache()
+    with RangeServer(thin, latency=0.01) as srv:
+        layers = read_zarr_layers(f"{srv.url}/t.ome.zarr")
+        coarsest = layers[0][0][-1]
+        pending = coarsest._src.prefetching
+        assert pending is not None
+        pending.result(timeout=30)
+        asked = _chunk_requests(srv.log, "1")
+    # level 1: (2, 5, 32, 32) in (1, 1, 32, 32) chunks; the middle z of 5 is 2: one chunk per channel
+    assert sorted(asked) == ["1/c/0/2/0/0", "1/c/1/2/0/0"], asked
+    assert not _chunk_requests(srv.log, "0")  # nothing of the full-resolution level

@@ -141,24 +141,46 @@ class _Source:
             if prepared.small_read_bytes(normalize_selection(self.array.shape, ahead)) is not None:
                 return
 
+        self.prefetch(ahead)
+
+    def prefetch(self, key: tuple[int | slice, ...]) -> bool:
+        """Decode ``key`` (a basic selection of the whole level) into the chunk cache on the
+        prefetch thread, unless a prefetch is running already. Returns whether it started."""
+        if not settings.get("cache_bytes"):
+            return False
+        prepared = self.prepared()
+
         def run() -> None:
             try:  # into the chunk cache (host memory for small reads); the result is dropped
-                prepared.read(ahead, where="host", options=EngineOptions(cache="all"))
+                prepared.read(key, where="host", options=EngineOptions(cache="all"))
             except Exception:  # noqa: BLE001 - a failed prefetch only means no head start
                 pass
         with self.lock:
+            if self.prefetching is not None and not self.prefetching.done():
+                return False
             self.prefetching = get_runtime().pool("prefetch", 1).submit(run)
-            self.prefetch_key = ahead
+            self.prefetch_key = key
+        return True
 
     def wait_prefetch(self, key: tuple[int | slice, ...]) -> None:
-        """Wait for the prefetch of ``key`` when one is running (its chunks land in the cache)."""
+        """Wait for the running prefetch when its region holds ``key``'s (its chunks land in
+        the cache: the read that follows copies them rather than fetching them again)."""
         with self.lock:
-            pending = self.prefetching if self.prefetch_key == key else None
-        if pending is not None:
+            pending, ahead = self.prefetching, self.prefetch_key
+        if pending is None or ahead is None or pending.done():
+            return
+        shape = tuple(int(n) for n in self.array.shape)
+        if key != ahead:
             try:
-                pending.result(timeout=30)
-            except Exception:  # noqa: BLE001 - the read below does the work and reports errors
-                pass
+                want, have = normalize_selection(shape, key), normalize_selection(shape, ahead)
+            except (IndexError, TypeError, ValueError):
+                return
+            if not all(h0 <= w0 and w1 <= h1 for w0, w1, h0, h1 in zip(want.start, want.stop, have.start, have.stop)):
+                return
+        try:
+            pending.result(timeout=30)
+        except Exception:  # noqa: BLE001 - the read below does the work and reports errors
+            pass
 
     def prepared(self) -> PreparedArray:
         """The array with its backend chosen and layout parsed, once (not per tile)."""
@@ -291,7 +313,7 @@ class GpuLazyArray:
         if not -n <= index < n:
             raise IndexError(f"index {index} is out of bounds for axis {axis} with size {n}")
         fixed = (*self._fixed, (self._free_axes[axis], index % n))
-        return GpuLazyArray(self._src, _fixed=fixed)
+        return type(self)(self._src, _fixed=fixed)  # (a subclass keeps its kind: napari's levels)
 
     def _full_key(self, sel: tuple[int | slice, ...]) -> tuple[int | slice, ...]:
         """Selection on the base array for a normalised selection on this view."""
@@ -305,6 +327,23 @@ class GpuLazyArray:
         return tuple(full)
 
     # -- reading -------------------------------------------------------------------
+    def prefetch(self, key: Any = Ellipsis) -> bool:
+        """Start decoding ``key`` into the chunk cache in the background, for a viewer about
+        to ask for it: a read of a region inside it then waits for it rather than fetching
+        the same chunks again.
+
+        Returns whether it started: one prefetch runs at a time per level (views share it),
+        and none for a resident level, a key that is not basic indexing, or with the chunk
+        cache off (``settings`` ``cache_bytes`` 0).
+        """
+        sel = normalize_key(key, self._shape)
+        if sel is None or self.is_resident:
+            return False
+        read, _ = _forward(sel)
+        if any(isinstance(s, slice) and _slice_len(s) == 0 for s in read):
+            return False
+        return self._src.prefetch(self._full_key(read))
+
     def _read(self, key: Any, *, gpu: bool):
         sel = normalize_key(key, self._shape)
         if sel is None:

@@ -16,6 +16,8 @@ import zarr
 
 from gpu_zarr.errors import INSTALL_HINT, NotAZarrError
 from gpu_zarr.lazy import GpuLazyArray
+from gpu_zarr.location import is_url
+from gpu_zarr.napari_plugin._window import ViewerLevel
 from gpu_zarr.omezarr import (
     Channel,
     OmeImage,
@@ -180,8 +182,25 @@ def _spatial(img: OmeImage, drop: int | None) -> dict[str, Any]:
 
 def _open_levels(img: OmeImage) -> list[GpuLazyArray]:
     """The image's levels, opened once (each open is a zarr open and a backend choice: ~1 ms
-    apiece; every channel's layer shares them)."""
-    return [GpuLazyArray(img.open_level(i)) for i in range(len(img.levels))]
+    apiece; every channel's layer shares them); a pyramid's as napari's multiscale slicing
+    reads them (:class:`~gpu_zarr.napari_plugin._window.ViewerLevel`)."""
+    kind = ViewerLevel if len(img.levels) > 1 else GpuLazyArray
+    return [kind(img.open_level(i)) for i in range(len(img.levels))]
+
+
+def _middle_ahead(levels: list[GpuLazyArray], channel_axis: int | None) -> None:
+    """A new viewer's first layer is sliced at step 0 and then at the middle of every axis
+    (napari's ``Dims._go_to_center_step``), both at the coarsest level (napari's first data
+    level): the middle plane of every channel is asked for now, beside step 0's, so that a remote
+    store pays one round trip for the two rather than two in a row."""
+    coarsest, full = levels[-1], levels[0].shape
+    key: list[int | slice] = []
+    for ax, (n, n0) in enumerate(zip(coarsest.shape, full)):
+        if ax >= coarsest.ndim - 2 or ax == channel_axis:
+            key.append(slice(None))
+        else:  # napari's middle step (of the full-resolution level) at the coarsest level
+            key.append(min(n - 1, (n0 - 1) // 2 * n // max(1, n0)))
+    coarsest.prefetch(tuple(key))
 
 
 def _levels(levels: list[GpuLazyArray], channel_axis: int | None, index: int | None) -> Any:
@@ -221,6 +240,8 @@ def _image_layers(img: OmeImage) -> list[LayerData]:
     meta = {"path": img.path, "version": img.version}
     layers: list[LayerData] = []
     levels = _open_levels(img)
+    if is_url(img.path):
+        _middle_ahead(levels, c)
     for i in range(n):
         kwargs = _channel_kwargs(img, i, n, common, len(img.levels) > 1, meta, None)
         layers.append((_levels(levels, c, i if c is not None else None), kwargs, "image"))

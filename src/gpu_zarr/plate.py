@@ -118,7 +118,8 @@ class Well:
         """Location of one field's image group."""
         return _join(self.path, self.fields[index])
 
-    def level(self, level: int = 0, *, backend: str = "auto", fill_value: Any = 0) -> TiledArray:
+    def level(self, level: int = 0, *, backend: str = "auto", fill_value: Any = 0,
+              kind: type[TiledArray] | None = None) -> TiledArray:
         """One resolution level as the grid of the well's fields (lazy).
 
         Parameters
@@ -129,6 +130,8 @@ class Well:
             How each field is read.
         fill_value : scalar
             Value of grid cells without a field (or whose field is missing).
+        kind : subclass of TiledArray, optional
+            The class of the result (napari's reader: one that gives napari's tile lazily).
         """
         lv = _check_level(level, len(self.image.levels), self.path)
         ds = self.image.levels[lv]
@@ -137,8 +140,8 @@ class Well:
         for i, f in enumerate(self.fields):
             cells[(i // cols, i % cols)] = _Cell(_join(_join(self.path, f), ds.path),
                                                  storage_options=self.storage_options)
-        return TiledArray(ds.shape, ds.dtype, (rows, cols), cells, backend=backend,
-                          fill_value=fill_value, name=f"{self.path} level {lv}")
+        return (kind or TiledArray)(ds.shape, ds.dtype, (rows, cols), cells, backend=backend,
+                                    fill_value=fill_value, name=f"{self.path} level {lv}")
 
     def views(self, **kwargs: Any) -> list[TiledArray]:
         """Every level as a :class:`TiledArray`, highest resolution first."""
@@ -204,7 +207,7 @@ class Plate:
         raise KeyError(f"no well {name_or_path!r} in {self.path}: wells are {[w.name for w in self.wells]}")
 
     def level(self, level: int = 0, *, field_index: int = 0, acquisition: int | None = None,
-              backend: str = "auto", fill_value: Any = 0) -> TiledArray:
+              backend: str = "auto", fill_value: Any = 0, kind: type[TiledArray] | None = None) -> TiledArray:
         """One resolution level as the plate's grid of wells (lazy).
 
         Each well contributes one field, placed at its row and column; every tile has the
@@ -222,6 +225,8 @@ class Plate:
             How each well's field is read.
         fill_value : scalar
             Value of cells without a well, or whose well or field is missing.
+        kind : subclass of TiledArray, optional
+            The class of the result (napari's reader: one that gives napari's tile lazily).
         """
         assert self.image is not None
         lv = _check_level(level, len(self.image.levels), self.path)
@@ -230,8 +235,8 @@ class Plate:
                                           field_index=field_index, acquisition=acquisition,
                                           storage_options=self.storage_options)
                  for w in self.wells}
-        return TiledArray(ds.shape, ds.dtype, self.grid, cells, backend=backend,
-                          fill_value=fill_value, name=f"{self.path} level {lv}")
+        return (kind or TiledArray)(ds.shape, ds.dtype, self.grid, cells, backend=backend,
+                                    fill_value=fill_value, name=f"{self.path} level {lv}")
 
     def views(self, **kwargs: Any) -> list[TiledArray]:
         """Every level as a :class:`TiledArray`, highest resolution first."""
@@ -583,7 +588,7 @@ class TiledArray:
         n = self._tile_shape[base]
         if not -n <= index < n:
             raise IndexError(f"index {index} is out of bounds for axis {axis} with size {n}")
-        return TiledArray(self._tile_shape, self._dtype, self.grid, self._cells, backend=self.backend,
+        return type(self)(self._tile_shape, self._dtype, self.grid, self._cells, backend=self.backend,
                           fill_value=self.fill_value, name=self.name,
                           _fixed=(*self._fixed, (base, index % n)))
 

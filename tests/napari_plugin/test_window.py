@@ -60,3 +60,29 @@ def test_a_window_indexes_as_numpy(level, inner):
     win = lv[:, 2:5, 10:30]
     got = win[inner]
     np.testing.assert_array_equal(np.asarray(got), data[:, 2:5, 10:30][inner])
+
+
+def test_the_whole_level_as_numpy(level):
+    lv, data = level
+    np.testing.assert_array_equal(np.asarray(lv), data)
+    np.testing.assert_array_equal(np.asarray(lv.index_axis(0, 1)), data[1])
+    np.testing.assert_array_equal(np.asarray(lv[:, 1:3]), data[:, 1:3])
+
+
+def test_a_plate_grid_gives_its_tile_lazily(tmp_path):
+    """A plate's level (wells in a grid), as napari's reader hands it over: the tile napari cuts
+    with every z is read only as the plane it then takes, equal to the plain grid's read."""
+    pytest.importorskip("ome_zarr")
+    from gpu_zarr.napari_plugin._window import ViewerGrid
+    from gpu_zarr.plate import open_plate
+    from plates import write_plate
+
+    path = write_plate(tmp_path / "p.zarr", version="0.5", shape=(2, 3, 64, 48))
+    plate = open_plate(str(path))
+    grid = plate.level(0, kind=ViewerGrid).index_axis(0, 1)
+    plain = plate.level(0).index_axis(0, 1)
+    assert isinstance(grid, ViewerGrid)
+    tile = grid[:, 10:100, 5:120]
+    assert isinstance(tile, Window) and grid.read_counts["tile_reads"] + grid.read_counts["batched_reads"] == 0
+    np.testing.assert_array_equal(np.asarray(tile[2:3]), plain[2:3, 10:100, 5:120])
+    np.testing.assert_array_equal(np.asarray(grid), np.asarray(plain))

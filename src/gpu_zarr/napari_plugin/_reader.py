@@ -17,7 +17,7 @@ import zarr
 from gpu_zarr.errors import INSTALL_HINT, NotAZarrError
 from gpu_zarr.lazy import GpuLazyArray
 from gpu_zarr.location import is_url
-from gpu_zarr.napari_plugin._window import ViewerLevel
+from gpu_zarr.napari_plugin._window import ViewerGrid, ViewerLevel
 from gpu_zarr.omezarr import (
     Channel,
     OmeImage,
@@ -268,7 +268,7 @@ def _plate_layers(plate: Plate) -> list[LayerData]:
     well names as a text overlay (a Points layer with one point at each well's corner)."""
     assert plate.image is not None
     img = plate.image
-    views = plate.views()
+    views = plate.views(kind=ViewerGrid)
     names = [w.name for w in plate.wells]
     meta = {"path": plate.path, "version": plate.version,
             "plate": {"rows": plate.rows, "columns": plate.columns, "wells": names,
@@ -293,7 +293,7 @@ def _plate_layers(plate: Plate) -> list[LayerData]:
 def _well_layers(well: Well) -> list[LayerData]:
     """A well: one image layer per channel, its fields in an almost-square grid."""
     meta = {"path": well.path, "version": well.version, "well": {"fields": well.fields, "grid": list(well.grid)}}
-    return _grid_layers(well.image, well.views(), _name_of(well.path), meta)
+    return _grid_layers(well.image, well.views(kind=ViewerGrid), _name_of(well.path), meta)
 
 
 def _label_layers(img: OmeImage, *, visible: bool) -> list[LayerData]:

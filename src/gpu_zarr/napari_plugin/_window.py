@@ -6,19 +6,22 @@ would do lazily; then the plane (or thick slice) of that tile, materialized with
 ``np.asarray``. A plain :class:`~gpu_zarr.lazy.GpuLazyArray` reads on every ``[]``, so the
 first step read the tile's whole stack: opening a (c, z, y, x) image over HTTP fetched every z
 of the levels napari drew, and a deep stack would fetch all its planes per view. A
-:class:`ViewerLevel` answers a key of step-1 slices alone with a :class:`Window`, which reads
-only when indexed with an integer or materialized.
+:class:`ViewerLevel` (a pyramid's level) or :class:`ViewerGrid` (a plate's or well's) answers
+a key of step-1 slices alone with a :class:`Window`, which reads only when indexed with an
+integer or materialized.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from gpu_zarr.lazy import GpuLazyArray, normalize_key
+from gpu_zarr.plate import TiledArray
 
-__all__ = ["ViewerLevel", "Window"]
+__all__ = ["ViewerGrid", "ViewerLevel", "Window"]
 
 
 def _box(key: Any, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...] | None:
@@ -36,15 +39,29 @@ def _box(key: Any, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...] | None
     return tuple((s.start, max(s.start, s.stop)) for s in sel)  # type: ignore[union-attr]
 
 
-class ViewerLevel(GpuLazyArray):
-    """A :class:`~gpu_zarr.lazy.GpuLazyArray` whose key of step-1 slices alone gives a lazy
-    :class:`Window` (napari's tile), every other key a read, as the base class."""
+class _Windowed:
+    """A key of step-1 slices alone gives a lazy :class:`Window` (napari's tile); every other
+    key, and ``np.asarray``, read as the array class it is mixed into."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
 
     def __getitem__(self, key: Any) -> Any:
         box = _box(key, self.shape)
-        if box is None:
-            return super().__getitem__(key)
-        return Window(self, box)
+        read = super().__getitem__  # type: ignore[misc]
+        return read(key) if box is None else Window(read, box, self.dtype)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        out = super().__getitem__(Ellipsis)  # type: ignore[misc]
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
+class ViewerLevel(_Windowed, GpuLazyArray):
+    """A :class:`~gpu_zarr.lazy.GpuLazyArray` level of a pyramid, as napari slices it."""
+
+
+class ViewerGrid(_Windowed, TiledArray):
+    """A :class:`~gpu_zarr.plate.TiledArray` level of a plate or well grid, as napari slices it."""
 
 
 class Window:
@@ -56,9 +73,10 @@ class Window:
         As the numpy array it reads.
     """
 
-    def __init__(self, level: GpuLazyArray, box: tuple[tuple[int, int], ...]) -> None:
-        self._level = level
+    def __init__(self, read: Callable[[Any], np.ndarray], box: tuple[tuple[int, int], ...], dtype: Any) -> None:
+        self._read = read  # the level's own read of a key (host numpy)
         self._box = box
+        self._dtype = np.dtype(dtype)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -66,7 +84,7 @@ class Window:
 
     @property
     def dtype(self) -> np.dtype:
-        return self._level.dtype
+        return self._dtype
 
     @property
     def ndim(self) -> int:
@@ -80,10 +98,7 @@ class Window:
         return self.shape[0]
 
     def __repr__(self) -> str:
-        return f"Window({self._level!r}, box={self._box})"
-
-    def _read(self, key: tuple[int | slice, ...]) -> np.ndarray:
-        return GpuLazyArray.__getitem__(self._level, key)
+        return f"Window(box={self._box}, dtype={self._dtype})"
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         out = self._read(tuple(slice(a, b) for a, b in self._box))
@@ -92,7 +107,7 @@ class Window:
     def __getitem__(self, key: Any) -> Any:
         inner = _box(key, self.shape)
         if inner is not None:  # still a box: still lazy
-            return Window(self._level, tuple((a + i0, a + i1) for (a, _), (i0, i1) in zip(self._box, inner)))
+            return Window(self._read, tuple((a + i0, a + i1) for (a, _), (i0, i1) in zip(self._box, inner)), self._dtype)
         sel = normalize_key(key, self.shape)
         if sel is None or any(isinstance(s, slice) and s.step < 0 for s in sel):
             return np.asarray(self)[key]  # (not what napari asks for: the box, then numpy's indexing)

@@ -321,7 +321,10 @@ static void *run_agent(void *p) {
     slot_t *slots = calloc((size_t)cap, sizeof *slots);
     int *free_slots = calloc((size_t)cap, sizeof *free_slots);
     int64_t *take = malloc((size_t)cap * sizeof *take);
-    if (!slots || !free_slots || !take) { ag->rc = -4; goto out; }
+    if (!slots || !free_slots || !take) {  /* a helper that cannot start leaves its share to the others */
+        if (ag->main) ag->rc = -4;
+        goto out;
+    }
     long maxconn = cap > 64 ? cap : 64;
     C.multi_setopt(m, M_MAXCONNECTS, maxconn);
     int nfree = cap, active = 0;

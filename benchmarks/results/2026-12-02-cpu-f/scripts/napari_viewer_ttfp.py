@@ -15,9 +15,9 @@ import napari
 from napari.plugins import _initialize_plugins
 
 import gpu_zarr.napari_plugin._reader as reader
-from gpu_zarr.lazy import GpuLazyArray
 from gpu_zarr.bench.remote import _clear
 from gpu_zarr.bench.remote_server import ServerProcess
+from gpu_zarr.lazy import GpuLazyArray
 from gpu_zarr.location import clear_metadata_cache
 from gpu_zarr.sample import write_sample_omezarr
 

@@ -113,6 +113,7 @@ class _Source:
         self.last_key: tuple[int | slice, ...] | None = None
         self.prefetching: Future[None] | None = None
         self.prefetch_key: tuple[int | slice, ...] | None = None
+        self.prefetch_more: tuple[tuple[int | slice, ...], ...] = ()  # read beside prefetch_key
         # when the last plane read ended and what it cost: a prefetch decoded on the CPU only
         # pays off when the viewer leaves it the time (else it takes the request's threads)
         self.last_done: float | None = None
@@ -143,39 +144,51 @@ class _Source:
 
         self.prefetch(ahead)
 
-    def prefetch(self, key: tuple[int | slice, ...]) -> bool:
+    def prefetch(self, key: tuple[int | slice, ...], *more: tuple[int | slice, ...]) -> bool:
         """Decode ``key`` (a basic selection of the whole level) into the chunk cache on the
-        prefetch thread, unless a prefetch is running already. Returns whether it started."""
+        prefetch thread, and each of ``more`` beside it on a thread of its own (regions a
+        viewer asks for one after the other: a remote store answers them in one round trip),
+        unless a prefetch is running already. Returns whether it started."""
         if not settings.get("cache_bytes"):
             return False
         prepared = self.prepared()
 
-        def run() -> None:
+        def one(k: tuple[int | slice, ...]) -> None:
             try:  # into the chunk cache (host memory for small reads); the result is dropped
-                prepared.read(key, where="host", options=EngineOptions(cache="all"))
+                prepared.read(k, where="host", options=EngineOptions(cache="all"))
             except Exception:  # noqa: BLE001 - a failed prefetch only means no head start
                 pass
+
+        def run() -> None:
+            beside = [threading.Thread(target=one, args=(k,), name="gpu-zarr-prefetch", daemon=True) for k in more]
+            for t in beside:
+                t.start()
+            one(key)
+            for t in beside:
+                t.join()
         with self.lock:
             if self.prefetching is not None and not self.prefetching.done():
                 return False
             self.prefetching = get_runtime().pool("prefetch", 1).submit(run)
-            self.prefetch_key = key
+            self.prefetch_key, self.prefetch_more = key, more
         return True
 
     def wait_prefetch(self, key: tuple[int | slice, ...]) -> None:
-        """Wait for the running prefetch when its region holds ``key``'s (its chunks land in
-        the cache: the read that follows copies them rather than fetching them again)."""
+        """Wait for the running prefetch when one of its regions holds ``key``'s (its chunks land
+        in the cache: the read that follows copies them rather than fetching them again)."""
         with self.lock:
-            pending, ahead = self.prefetching, self.prefetch_key
-        if pending is None or ahead is None or pending.done():
+            pending, ahead = self.prefetching, (self.prefetch_key, *self.prefetch_more)
+        if pending is None or ahead[0] is None or pending.done():
             return
-        shape = tuple(int(n) for n in self.array.shape)
-        if key != ahead:
+        if key not in ahead:
+            shape = tuple(int(n) for n in self.array.shape)
             try:
-                want, have = normalize_selection(shape, key), normalize_selection(shape, ahead)
+                want = normalize_selection(shape, key)
+                boxes = [normalize_selection(shape, a) for a in ahead if a is not None]
             except (IndexError, TypeError, ValueError):
                 return
-            if not all(h0 <= w0 and w1 <= h1 for w0, w1, h0, h1 in zip(want.start, want.stop, have.start, have.stop)):
+            if not any(all(h0 <= w0 and w1 <= h1 for w0, w1, h0, h1 in zip(want.start, want.stop, have.start, have.stop))
+                       for have in boxes):
                 return
         try:
             pending.result(timeout=30)
@@ -327,22 +340,27 @@ class GpuLazyArray:
         return tuple(full)
 
     # -- reading -------------------------------------------------------------------
-    def prefetch(self, key: Any = Ellipsis) -> bool:
-        """Start decoding ``key`` into the chunk cache in the background, for a viewer about
-        to ask for it: a read of a region inside it then waits for it rather than fetching
-        the same chunks again.
+    def prefetch(self, key: Any = Ellipsis, *more: Any) -> bool:
+        """Start decoding ``key`` (and each of ``more``, at the same time: regions a viewer
+        asks for one after the other) into the chunk cache in the background, for a viewer
+        about to ask for them: a read of a region inside one then waits for the prefetch
+        rather than fetching the same chunks again.
 
         Returns whether it started: one prefetch runs at a time per level (views share it),
         and none for a resident level, a key that is not basic indexing, or with the chunk
-        cache off (``settings`` ``cache_bytes`` 0).
+        cache off (``settings`` ``cache_bytes`` 0). Empty regions among ``more`` are left out.
         """
-        sel = normalize_key(key, self._shape)
-        if sel is None or self.is_resident:
+        if self.is_resident:
             return False
-        read, _ = _forward(sel)
-        if any(isinstance(s, slice) and _slice_len(s) == 0 for s in read):
-            return False
-        return self._src.prefetch(self._full_key(read))
+        full: list[tuple[int | slice, ...]] = []
+        for k in (key, *more):
+            sel = normalize_key(k, self._shape)
+            if sel is None:
+                return False
+            read, _ = _forward(sel)
+            if not any(isinstance(s, slice) and _slice_len(s) == 0 for s in read) and self._full_key(read) not in full:
+                full.append(self._full_key(read))  # (slices are not hashable before Python 3.12)
+        return bool(full) and self._src.prefetch(*full)
 
     def _read(self, key: Any, *, gpu: bool):
         sel = normalize_key(key, self._shape)

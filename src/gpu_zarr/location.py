@@ -423,7 +423,7 @@ class _MetadataCache:
         # together, so that they are one more round trip rather than one each; only the
         # documents of this node's format (a zarr hierarchy is all v2 or all v3)
         children: list[str] = []
-        for child in _ome_children(docs):
+        for child in _ome_children(docs) + self._label_levels_guessed(loc, node, docs):
             if budget[0] <= 0:  # a big plate: the rest when the reader asks
                 break
             budget[0] -= 1
@@ -432,6 +432,21 @@ class _MetadataCache:
             self._start(store, loc, children, budget, _V3_NAMES if docs["zarr.json"] is not None else _V2_NAMES,
                         self.CHILD_CAP)
         return docs
+
+    def _label_levels_guessed(self, loc: Location, node: str, docs: Mapping[str, bytes | None]) -> list[str]:
+        """For an image's ``labels`` group: each label image's levels, guessed to have the
+        paths of the image's own levels (the writers' habit: ome-zarr-py, bioformats2raw),
+        asked for beside the label images. Else they would be one more round trip, after each
+        label image's attributes name them; a wrong guess costs a request nobody waits for."""
+        if node != "labels" and not node.endswith("/labels"):
+            return []
+        names = _ome_lists(docs).get("labels", [])
+        if not names:
+            return []
+        with self._lock:
+            image = self._fresh(self._key(loc, node.removesuffix("labels").rstrip("/")))
+        paths = _ome_lists(image).get("levels", []) if image is not None else []
+        return [f"{name}/{p}" for name in names for p in paths]
 
     def _start(self, store: Any, loc: Location, nodes: list[str], budget: list[int],
                names: tuple[str, ...] = METADATA_NAMES, cap: int = ROOT_CAP) -> list[Any]:
@@ -485,10 +500,10 @@ def clear_metadata_cache() -> None:
     _metadata.clear()
 
 
-def _ome_children(docs: Mapping[str, bytes | None]) -> list[str]:
-    """Child nodes an OME-NGFF reader opens next, from a node's attributes (0.4 ``.zattrs`` or
-    0.5 ``zarr.json``): multiscale levels (and the image's ``labels`` group), label images,
-    a plate's wells, a well's fields. Anything unreadable gives none."""
+def _ome_lists(docs: Mapping[str, bytes | None]) -> dict[str, list[str]]:
+    """The child paths a node's OME attributes (0.4 ``.zattrs`` or 0.5 ``zarr.json``) name, by
+    kind: ``levels`` (multiscale datasets), ``labels`` (a labels group's label images),
+    ``wells`` (a plate's), ``fields`` (a well's images). Anything unreadable gives none."""
     import json
 
     attrs: Any = {}
@@ -498,19 +513,29 @@ def _ome_children(docs: Mapping[str, bytes | None]) -> list[str]:
         elif docs.get(".zattrs"):
             attrs = json.loads(docs[".zattrs"] or b"{}")
         ome = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
-        out: list[str] = []
-        for ms in ome.get("multiscales", []) or []:
-            out += [str(d["path"]) for d in ms.get("datasets", []) if isinstance(d, dict) and "path" in d]
-        if out:
-            out.append("labels")
-        out += [str(p) for p in ome.get("labels", []) or [] if isinstance(p, str)]
-        out += [str(w["path"]) for w in (ome.get("plate") or {}).get("wells", []) or [] if isinstance(w, dict)
-                and "path" in w]
-        out += [str(i["path"]) for i in (ome.get("well") or {}).get("images", []) or [] if isinstance(i, dict)
-                and "path" in i]
+        out: dict[str, list[str]] = {
+            "levels": [str(d["path"]) for ms in ome.get("multiscales", []) or []
+                       for d in ms.get("datasets", []) if isinstance(d, dict) and "path" in d],
+            "labels": [str(p) for p in ome.get("labels", []) or [] if isinstance(p, str)],
+            "wells": [str(w["path"]) for w in (ome.get("plate") or {}).get("wells", []) or []
+                      if isinstance(w, dict) and "path" in w],
+            "fields": [str(i["path"]) for i in (ome.get("well") or {}).get("images", []) or []
+                       if isinstance(i, dict) and "path" in i],
+        }
     except (ValueError, TypeError, AttributeError, KeyError):
-        return []
-    return [c.strip("/") for c in dict.fromkeys(out) if c and ".." not in c.split("/") and "://" not in c]
+        return {}
+    return {kind: [c.strip("/") for c in dict.fromkeys(paths) if c and ".." not in c.split("/") and "://" not in c]
+            for kind, paths in out.items()}
+
+
+def _ome_children(docs: Mapping[str, bytes | None]) -> list[str]:
+    """Child nodes an OME-NGFF reader opens next, from a node's attributes: multiscale levels
+    (and the image's ``labels`` group), label images, a plate's wells, a well's fields."""
+    kinds = _ome_lists(docs)
+    levels = kinds.get("levels", [])
+    out = [*levels, *(["labels"] if levels else []), *kinds.get("labels", []), *kinds.get("wells", []),
+           *kinds.get("fields", [])]
+    return [c for c in dict.fromkeys(out) if c.strip("/")]
 
 
 def _freeze(v: Any) -> Any:

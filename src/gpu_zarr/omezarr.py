@@ -43,6 +43,7 @@ __all__ = [
     "is_zarr_node",
     "label_images",
     "ome_attrs",
+    "open_labels",
     "open_node",
     "open_ome",
     "read_omezarr",
@@ -557,6 +558,15 @@ def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True,
     if with_labels:
         image.labels = _read_labels(node, p, opts)
     return image
+
+
+def open_labels(image: OmeImage) -> dict[str, OmeImage]:
+    """The label images under ``image``'s ``labels/`` group, by name (what ``open_ome`` puts in
+    ``labels``), for an image opened with ``with_labels=False``. A viewer opens the image's
+    levels and asks for its first planes first: a remote store's label metadata then comes
+    beside those planes, not before them."""
+    node = open_node(image.path, image.storage_options)
+    return _read_labels(node, image.path, image.storage_options) if isinstance(node, zarr.Group) else {}
 
 
 def _read_labels(node: zarr.Group, path: str, opts: Mapping[str, Any]) -> dict[str, OmeImage]:

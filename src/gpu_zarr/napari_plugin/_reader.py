@@ -25,6 +25,7 @@ from gpu_zarr.omezarr import (
     is_ome_zarr,
     label_images,
     ome_attrs,
+    open_labels,
     open_node,
     open_ome,
 )
@@ -99,7 +100,7 @@ def read_zarr_layers(path: str | os.PathLike[str]) -> list[LayerData]:
     if is_well(p):
         return _well_layers(open_well(p))
     if is_ome_zarr(p):
-        img = open_ome(p)
+        img = open_ome(p, with_labels=False)  # (the labels after the image's first planes are asked for)
         if img.is_label:
             return _label_layers(img, visible=True)
         return _image_layers(img)
@@ -188,19 +189,26 @@ def _open_levels(img: OmeImage) -> list[GpuLazyArray]:
     return [kind(img.open_level(i)) for i in range(len(img.levels))]
 
 
-def _middle_ahead(levels: list[GpuLazyArray], channel_axis: int | None) -> None:
+def _planes_ahead(levels: list[GpuLazyArray], channel_axis: int | None) -> None:
     """A new viewer's first layer is sliced at step 0 and then at the middle of every axis
     (napari's ``Dims._go_to_center_step``), both at the coarsest level (napari's first data
-    level): the middle plane of every channel is asked for now, beside step 0's, so that a remote
-    store pays one round trip for the two rather than two in a row."""
+    level): the first channel's plane at step 0 and the middle plane of every channel are asked
+    for now, together, so that a remote store pays one round trip for them (beside the labels'
+    metadata) rather than one each after the reader has returned."""
     coarsest, full = levels[-1], levels[0].shape
-    key: list[int | slice] = []
+    first: list[int | slice] = []
+    middle: list[int | slice] = []
     for ax, (n, n0) in enumerate(zip(coarsest.shape, full)):
-        if ax >= coarsest.ndim - 2 or ax == channel_axis:
-            key.append(slice(None))
+        if ax >= coarsest.ndim - 2:
+            first.append(slice(None))
+            middle.append(slice(None))
+        elif ax == channel_axis:
+            first.append(0)
+            middle.append(slice(None))
         else:  # napari's middle step (of the full-resolution level) at the coarsest level
-            key.append(min(n - 1, (n0 - 1) // 2 * n // max(1, n0)))
-    coarsest.prefetch(tuple(key))
+            first.append(0)
+            middle.append(min(n - 1, (n0 - 1) // 2 * n // max(1, n0)))
+    coarsest.prefetch(tuple(middle), tuple(first))
 
 
 def _levels(levels: list[GpuLazyArray], channel_axis: int | None, index: int | None) -> Any:
@@ -241,10 +249,11 @@ def _image_layers(img: OmeImage) -> list[LayerData]:
     layers: list[LayerData] = []
     levels = _open_levels(img)
     if is_url(img.path):
-        _middle_ahead(levels, c)
+        _planes_ahead(levels, c)
     for i in range(n):
         kwargs = _channel_kwargs(img, i, n, common, len(img.levels) > 1, meta, None)
         layers.append((_levels(levels, c, i if c is not None else None), kwargs, "image"))
+    img.labels = img.labels or open_labels(img)
     for lab in img.labels.values():
         layers.extend(_label_layers(lab, visible=False))
     return layers

@@ -51,7 +51,9 @@ __all__ = [
     "Well",
     "WellRef",
     "is_plate",
+    "is_plate_attrs",
     "is_well",
+    "is_well_attrs",
     "open_plate",
     "open_well",
 ]
@@ -287,7 +289,7 @@ def _group_ome(path: str, key: str, opts: Mapping[str, Any] | None = None) -> tu
         raise NotOmeZarrError(f"expected an OME-Zarr {key} group at {path}, found a zarr array "
                               f"(shape {node.shape}); open its parent group instead")
     ome, version = ome_attrs(node.attrs)
-    if not isinstance(ome.get(key), Mapping):
+    if not (is_plate_attrs if key == "plate" else is_well_attrs)(ome):
         raise NotOmeZarrError(f"expected OME-NGFF '{key}' metadata in {path}, found {sorted(ome) or 'no attributes'}")
     return node, ome, version
 
@@ -299,6 +301,16 @@ def _has(path: str | os.PathLike[str], key: str, storage_options: Mapping[str, A
         return True
     except Exception:  # noqa: BLE001 - sniffing never raises
         return False
+
+
+def is_plate_attrs(ome: Mapping[str, Any]) -> bool:
+    """True when a group's OME attributes (:func:`gpu_zarr.omezarr.ome_attrs`) describe a plate."""
+    return isinstance(ome.get("plate"), Mapping)
+
+
+def is_well_attrs(ome: Mapping[str, Any]) -> bool:
+    """True when a group's OME attributes (:func:`gpu_zarr.omezarr.ome_attrs`) describe a well."""
+    return isinstance(ome.get("well"), Mapping)
 
 
 def is_plate(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> bool:

@@ -29,7 +29,7 @@ from gpu_zarr.omezarr import (
     open_node,
     open_ome,
 )
-from gpu_zarr.plate import Plate, TiledArray, Well, is_plate, is_well, open_plate, open_well
+from gpu_zarr.plate import Plate, TiledArray, Well, is_plate_attrs, is_well_attrs, open_plate, open_well
 from gpu_zarr.store import arrays_of
 
 __all__ = ["napari_get_reader", "read_for_napari", "read_zarr_layers"]
@@ -95,16 +95,17 @@ def read_zarr_layers(path: str | os.PathLike[str]) -> list[LayerData]:
         Not a zarr node, or a group holding nothing displayable.
     """
     p = os.fspath(path)
-    if is_plate(p):
+    node = open_node(p)  # (once: what it holds decides the rest; each open costs ~0.4 ms)
+    ome = ome_attrs(node.attrs)[0] if isinstance(node, zarr.Group) else {}
+    if is_plate_attrs(ome):
         return _plate_layers(open_plate(p))
-    if is_well(p):
+    if is_well_attrs(ome):
         return _well_layers(open_well(p))
-    if is_ome_zarr(p):
+    if "multiscales" in ome or ("bioformats2raw.layout" in ome and is_ome_zarr(p)):
         img = open_ome(p, with_labels=False)  # (the labels after the image's first planes are asked for)
         if img.is_label:
             return _label_layers(img, visible=True)
         return _image_layers(img)
-    node = open_node(p)
     name = _name_of(p)
     if isinstance(node, zarr.Array):
         return [_plain_layer(node, name)]
@@ -181,34 +182,46 @@ def _spatial(img: OmeImage, drop: int | None) -> dict[str, Any]:
     }
 
 
-def _open_levels(img: OmeImage) -> list[GpuLazyArray]:
+def _open_levels(img: OmeImage, *, ahead: bool = False) -> list[GpuLazyArray]:
     """The image's levels, opened once (each open is a zarr open and a backend choice: ~1 ms
     apiece; every channel's layer shares them); a pyramid's as napari's multiscale slicing
-    reads them (:class:`~gpu_zarr.napari_plugin._window.ViewerLevel`)."""
+    reads them (:class:`~gpu_zarr.napari_plugin._window.ViewerLevel`). With ``ahead`` the
+    coarsest level is opened first and the planes a new viewer shows first are asked for
+    before the other levels are opened (:func:`_planes_ahead`)."""
     kind = ViewerLevel if len(img.levels) > 1 else GpuLazyArray
-    return [kind(img.open_level(i)) for i in range(len(img.levels))]
+    coarsest = kind(img.open_level(len(img.levels) - 1))
+    if ahead:
+        _planes_ahead(coarsest, img.levels[0].shape, img.levels[-1].chunks, img.channel_axis)
+    return [kind(img.open_level(i)) for i in range(len(img.levels) - 1)] + [coarsest]
 
 
-def _planes_ahead(levels: list[GpuLazyArray], channel_axis: int | None) -> None:
+def _planes_ahead(coarsest: GpuLazyArray, full: tuple[int, ...], chunks: tuple[int, ...],
+                  channel_axis: int | None) -> None:
     """A new viewer's first layer is sliced at step 0 and then at the middle of every axis
     (napari's ``Dims._go_to_center_step``), both at the coarsest level (napari's first data
     level): the first channel's plane at step 0 and the middle plane of every channel are asked
     for now, together, so that a remote store pays one round trip for them (beside the labels'
-    metadata) rather than one each after the reader has returned."""
-    coarsest, full = levels[-1], levels[0].shape
+    metadata) rather than one each after the reader has returned. Where both lie in the same
+    chunks, one region holding both is asked for (its chunks fetched once)."""
     first: list[int | slice] = []
     middle: list[int | slice] = []
-    for ax, (n, n0) in enumerate(zip(coarsest.shape, full)):
-        if ax >= coarsest.ndim - 2:
-            first.append(slice(None))
+    both: list[int | slice] = []
+    same = True  # step 0 and the middle step in the same chunks
+    for ax, (n, n0, ch) in enumerate(zip(coarsest.shape, full, chunks)):
+        if ax >= coarsest.ndim - 2 or ax == channel_axis:
+            first.append(slice(None) if ax != channel_axis else 0)
             middle.append(slice(None))
-        elif ax == channel_axis:
-            first.append(0)
-            middle.append(slice(None))
+            both.append(slice(None))
         else:  # napari's middle step (of the full-resolution level) at the coarsest level
+            mid = min(n - 1, (n0 - 1) // 2 * n // max(1, n0))
             first.append(0)
-            middle.append(min(n - 1, (n0 - 1) // 2 * n // max(1, n0)))
-    coarsest.prefetch(tuple(middle), tuple(first))
+            middle.append(mid)
+            both.append(slice(0, mid + 1))
+            same = same and mid < ch
+    if same:
+        coarsest.prefetch(tuple(both))
+    else:
+        coarsest.prefetch(tuple(middle), tuple(first))
 
 
 def _levels(levels: list[GpuLazyArray], channel_axis: int | None, index: int | None) -> Any:
@@ -247,9 +260,7 @@ def _image_layers(img: OmeImage) -> list[LayerData]:
     common = _spatial(img, c)
     meta = {"path": img.path, "version": img.version}
     layers: list[LayerData] = []
-    levels = _open_levels(img)
-    if is_url(img.path):
-        _planes_ahead(levels, c)
+    levels = _open_levels(img, ahead=is_url(img.path))
     for i in range(n):
         kwargs = _channel_kwargs(img, i, n, common, len(img.levels) > 1, meta, None)
         layers.append((_levels(levels, c, i if c is not None else None), kwargs, "image"))

@@ -142,6 +142,33 @@ def _agents(log: list[dict], name: str) -> list[str]:
     return [e["headers"].get("user-agent", "") for e in log if e["path"].endswith("/" + name)]
 
 
+def test_children_are_asked_for_as_their_parent_arrives_and_handed_out_once(server, root):
+    """The native client's thread sends a node's OME children's requests as the node's
+    documents arrive (no hop through zarr's event loop): the root's early fetch alone brings the
+    levels, the labels group, the label images and their levels; opening the image then asks
+    for nothing more, and nothing twice."""
+    if not _native_http():
+        pytest.skip("the native HTTP client is not available here (it is in CI's main run)")
+    from gpu_zarr import location
+    from gpu_zarr.omezarr import open_ome
+
+    url = f"{server.url}/labels.ome.zarr"
+    location._metadata.early(location.resolve(url))  # (nobody asks for anything)
+    settled(server)
+    asked = [e["path"].split("/labels.ome.zarr/", 1)[-1] for e in server.log]
+    assert {"0/zarr.json", "2/zarr.json", "labels/zarr.json", "labels/blobs/zarr.json",
+            "labels/blobs/0/zarr.json"} <= set(asked), asked
+    n = len(server.log)
+    img = open_ome(url)
+    assert list(img.labels) == ["blobs"] and len(img.levels) == 3
+    settled(server)
+    again = [e["path"] for e in server.log[n:] if "/c/" not in e["path"]]
+    # (a label image's own labels group and v2 documents of absent nodes may still be asked for)
+    assert not [p for p in again if p.endswith("zarr.json") and "/labels/blobs/labels" not in p], again
+    docs = [e["path"] for e in server.log]
+    assert len(docs) == len(set(docs)), sorted(docs)
+
+
 def test_documents_come_through_the_native_client_and_its_connections(server, root):
     """Where the native HTTP client serves the store, the metadata documents come through it
     (its user agent), the root's and the levels' once each, and the pixels are zarr's."""

@@ -295,9 +295,9 @@ def test_no_prefetch_without_a_chunk_cache(thin):
 
 
 def test_the_napari_reader_asks_for_the_first_and_middle_planes_ahead(thin):
-    """napari slices a new viewer's first layer at step 0 and then at the middle step, at the
-    coarsest level: the reader asks for the first channel's plane at step 0 and the middle
-    plane of every channel as it opens the levels, together."""
+    """napari slices each new layer at step 0 and then the viewer's layers at the middle step,
+    at the coarsest level: the reader asks for every channel's plane at step 0 and at the
+    middle step as it opens the levels, together."""
     from gpu_zarr.napari_plugin._reader import read_zarr_layers
 
     FETCHED.clear()
@@ -312,8 +312,8 @@ def test_the_napari_reader_asks_for_the_first_and_middle_planes_ahead(thin):
         asked = _chunk_requests(srv.log, "1")
     np.testing.assert_array_equal(first, zarr.open_array(thin / "t.ome.zarr" / "1", mode="r")[0, 0])
     # level 1: (2, 5, 32, 32) in (1, 1, 32, 32) chunks; the middle z of 5 is 2: one chunk per
-    # channel; step 0 of channel 0: one chunk
-    assert sorted(asked) == ["1/c/0/0/0/0", "1/c/0/2/0/0", "1/c/1/2/0/0"], asked
+    # channel and step
+    assert sorted(asked) == ["1/c/0/0/0/0", "1/c/0/2/0/0", "1/c/1/0/0/0", "1/c/1/2/0/0"], asked
     assert not _chunk_requests(srv.log, "0")  # nothing of the full-resolution level
 
 

@@ -197,19 +197,19 @@ def _open_levels(img: OmeImage, *, ahead: bool = False) -> list[GpuLazyArray]:
 
 def _planes_ahead(coarsest: GpuLazyArray, full: tuple[int, ...], chunks: tuple[int, ...],
                   channel_axis: int | None) -> None:
-    """A new viewer's first layer is sliced at step 0 and then at the middle of every axis
-    (napari's ``Dims._go_to_center_step``), both at the coarsest level (napari's first data
-    level): the first channel's plane at step 0 and the middle plane of every channel are asked
-    for now, together, so that a remote store pays one round trip for them (beside the labels'
-    metadata) rather than one each after the reader has returned. Where both lie in the same
-    chunks, one region holding both is asked for (its chunks fetched once)."""
+    """napari slices each new layer at step 0 and a new viewer's layers then at the middle of
+    every axis (napari's ``Dims._go_to_center_step``), at the coarsest level (napari's first data
+    level) before the camera settles: the plane at step 0 and the middle plane of every channel
+    are asked for now, together, so that a remote store pays one round trip for them (beside the
+    labels' metadata) rather than one each while napari adds the layers. Where both lie in the
+    same chunks, one region holding both is asked for (its chunks fetched once)."""
     first: list[int | slice] = []
     middle: list[int | slice] = []
     both: list[int | slice] = []
     same = True  # step 0 and the middle step in the same chunks
     for ax, (n, n0, ch) in enumerate(zip(coarsest.shape, full, chunks)):
         if ax >= coarsest.ndim - 2 or ax == channel_axis:
-            first.append(slice(None) if ax != channel_axis else 0)
+            first.append(slice(None))
             middle.append(slice(None))
             both.append(slice(None))
         else:  # napari's middle step (of the full-resolution level) at the coarsest level

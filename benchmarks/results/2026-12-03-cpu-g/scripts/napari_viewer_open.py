@@ -2,7 +2,9 @@
 (2, 16, 512, 512), 128^2 chunks of one plane; with or without labels) at 20 ms a request, the
 server in a process of its own: how long viewer.open takes (napari slices the first layer at
 step 0, then every visible layer at the middle step) and how many requests it made, a new
-server each time. Run it with PYTHONPATH pointing at the code to measure.
+server each time, and how long of it the plugin's reader took (the layers' data and metadata;
+napari then builds the layers and slices them). Run it with PYTHONPATH pointing at the code to
+measure.
 Usage: xvfb-run -a python napari_viewer_open.py {labels|plain} [rounds]"""
 import pathlib
 import statistics
@@ -13,6 +15,7 @@ import time
 import napari
 from napari.plugins import _initialize_plugins
 
+import gpu_zarr.napari_plugin._reader as reader
 from gpu_zarr.bench.remote import _clear
 from gpu_zarr.bench.remote_server import ServerProcess
 from gpu_zarr.location import clear_metadata_cache
@@ -25,6 +28,19 @@ d = pathlib.Path(tempfile.mkdtemp())
 write_sample_omezarr(d / "a.ome.zarr", version="0.5", shape=(2, 16, 512, 512), levels=4, labels=kind == "labels",
                      compressor="zstd", chunks=(1, 1, 128, 128))
 res: list[float] = []
+took: list[float] = []
+read_for_napari = reader.read_for_napari
+
+
+def timed(*a: object) -> object:
+    t0 = time.perf_counter()
+    try:
+        return read_for_napari(*a)  # type: ignore[arg-type]
+    finally:
+        took.append(1e3 * (time.perf_counter() - t0))
+
+
+reader.read_for_napari = timed  # (napari_get_reader binds it when napari asks for a reader)
 reqs = 0
 viewer = napari.Viewer(show=False)
 for it in range(rounds + 1):
@@ -39,9 +55,11 @@ for it in range(rounds + 1):
         time.sleep(0.3)  # (requests asked for ahead and still under way are counted too)
         if it:  # (the first round imports)
             res.append(ms)
+        else:
+            took.clear()
             reqs = srv.requests
         layers = [(layer.name, type(layer).__name__) for layer in viewer.layers]
         viewer.layers.clear()
 viewer.close()
-print(f"{kind}: viewer.open median {statistics.median(res):.1f} ms [{min(res):.1f}-{max(res):.1f}] of {rounds}, "
-      f"{reqs} requests, layers {layers}")
+print(f"{kind}: viewer.open median {statistics.median(res):.1f} ms [{min(res):.1f}-{max(res):.1f}] of {rounds} "
+      f"(the reader {statistics.median(took):.1f} ms [{min(took):.1f}-{max(took):.1f}]), {reqs} requests, layers {layers}")

@@ -344,3 +344,24 @@ def test_label_levels_named_otherwise_than_the_images_open_right(root, tmp_path)
     want = zarr.open_array(blobs / "s0", mode="r")[0, 0]
     np.testing.assert_array_equal(got, want)
     assert "labels/blobs/0/zarr.json" in paths and "labels/blobs/s0/zarr.json" in paths  # guessed, then read
+
+
+def test_the_cascade_asked_for_ahead_is_bounded(tmp_path, monkeypatch):
+    """Nodes asked for ahead of a reader (a plate's wells, their fields, their levels...) are
+    bounded per open (``PREFETCH``): a big plate's rest is asked for when the reader opens it."""
+    if not _native_http():
+        pytest.skip("the native HTTP client is not available here (it is in CI's main run)")
+    pytest.importorskip("ome_zarr")
+    from plates import write_plate  # tests/plates.py
+
+    from gpu_zarr import location
+
+    write_plate(tmp_path / "p.ome.zarr")  # 4 wells listed, 2 fields each, 3 levels each
+    monkeypatch.setattr(location._MetadataCache, "PREFETCH", 5)
+    clear_metadata_cache()
+    with RangeServer(tmp_path) as srv:
+        location._metadata.early(location.resolve(f"{srv.url}/p.ome.zarr"))
+        settled(srv)
+        nodes = {e["path"].split("/p.ome.zarr", 1)[1].rsplit("/", 1)[0] for e in srv.log}
+    # the root, then at most 5 nodes below it (the first wells, nothing deeper than the budget)
+    assert "" in nodes and 1 <= len(nodes - {""}) <= 5, sorted(nodes)

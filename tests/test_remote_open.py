@@ -352,9 +352,8 @@ def test_the_cascade_asked_for_ahead_is_bounded(tmp_path, monkeypatch):
     if not _native_http():
         pytest.skip("the native HTTP client is not available here (it is in CI's main run)")
     pytest.importorskip("ome_zarr")
-    from plates import write_plate  # tests/plates.py
-
     from gpu_zarr import location
+    from plates import write_plate  # tests/plates.py
 
     write_plate(tmp_path / "p.ome.zarr")  # 4 wells listed, 2 fields each, 3 levels each
     monkeypatch.setattr(location._MetadataCache, "PREFETCH", 5)

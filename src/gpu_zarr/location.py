@@ -320,7 +320,7 @@ class _MetadataCache:
             return
         key = self._key(loc, "")
         with self._lock:
-            if self._fresh(key) is not None or key in self._early or any(p[:2] == key for p in self._pending):
+            if self._under_way(key):
                 return  # kept, or already asked for (an OME reader's prefetch of this node)
             self._forget_early(time.monotonic())
             sending = threading.Event()
@@ -357,23 +357,19 @@ class _MetadataCache:
         import time
 
         docs = dict(zip(METADATA_NAMES, got))
-        v3 = isinstance(docs.get("zarr.json"), bytes)
-        if not v3 and not isinstance(docs.get(".zattrs"), bytes):
+        if not isinstance(docs.get("zarr.json"), bytes) and not isinstance(docs.get(".zattrs"), bytes):
             return
-        children = [f"{node}/{c}" if node else c
-                    for c in _ome_children(docs) + self._label_levels_guessed(loc, node, docs)]
+        children, names = self._children(loc, node, docs)
         nat = loc.native_http()
         if nat is None or not children:
             return
         with self._lock:
             keys = [(c, self._key(loc, c)) for c in children]
-            new = [(c, k) for c, k in keys if self._fresh(k) is None and k not in self._early
-                   and not any(p[:2] == k for p in self._pending)][:max(0, budget[0])]
+            new = [(c, k) for c, k in keys if not self._under_way(k)][:max(0, budget[0])]
             self._forget_early(time.monotonic())
             if not new or len(self._early) + len(new) > self.MAX_EARLY:
                 return
             budget[0] -= len(new)
-            names = _V3_NAMES if v3 else _V2_NAMES
             futs = self._submit(nat, [c for c, _ in new], names, self.CHILD_CAP, None, (loc, budget))
             now = time.monotonic()
             for (_, k), fut in zip(new, futs):
@@ -481,16 +477,24 @@ class _MetadataCache:
         # the nodes an OME-Zarr reader opens next (levels, labels, wells, fields): asked for now,
         # together, so that they are one more round trip rather than one each; only the
         # documents of this node's format (a zarr hierarchy is all v2 or all v3)
-        children: list[str] = []
-        for child in _ome_children(docs) + self._label_levels_guessed(loc, node, docs):
-            if budget[0] <= 0:  # a big plate: the rest when the reader asks
-                break
-            budget[0] -= 1
-            children.append(f"{node}/{child}" if node else child)
+        children, names = self._children(loc, node, docs)
+        children = children[:max(0, budget[0])]  # a big plate: the rest when the reader asks
+        budget[0] -= len(children)
         if children:
-            self._start(store, loc, children, budget, _V3_NAMES if docs["zarr.json"] is not None else _V2_NAMES,
-                        self.CHILD_CAP)
+            self._start(store, loc, children, budget, names, self.CHILD_CAP)
         return docs
+
+    def _children(self, loc: Location, node: str, docs: Mapping[str, Any]) -> tuple[list[str], tuple[str, ...]]:
+        """The nodes an OME-Zarr reader opens after ``node`` (levels, labels, wells, fields, the
+        label images' guessed levels), as paths from the root, and the documents to ask of each:
+        only those of ``node``'s format (a zarr hierarchy is all v2 or all v3)."""
+        children = [f"{node}/{c}" if node else c
+                    for c in _ome_children(docs) + self._label_levels_guessed(loc, node, docs)]
+        return children, _V3_NAMES if isinstance(docs.get("zarr.json"), bytes) else _V2_NAMES
+
+    def _under_way(self, key: tuple[Any, str]) -> bool:
+        """``key``'s documents are kept, or asked for already (under the lock)."""
+        return self._fresh(key) is not None or key in self._early or any(p[:2] == key for p in self._pending)
 
     def _label_levels_guessed(self, loc: Location, node: str, docs: Mapping[str, bytes | None]) -> list[str]:
         """For an image's ``labels`` group: each label image's levels, guessed to have the

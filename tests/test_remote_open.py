@@ -320,6 +320,7 @@ def test_the_napari_reader_asks_for_the_first_and_middle_planes_ahead(thin):
 def test_label_levels_named_otherwise_than_the_images_open_right(root, tmp_path):
     """The label images' levels are asked for beside the label images, guessed to have the
     image's level paths; a label image whose levels are named otherwise opens all the same."""
+    pytest.importorskip("napari")  # the label layers' colormap
     import json
     import shutil
 

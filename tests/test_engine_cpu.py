@@ -224,3 +224,27 @@ def test_read_many_names_the_array_of_a_corrupt_chunk(tmp_path):
     parts = [Part(layout_of(a), (0, 0, 0), (37, 50, 23), (0, 50 * i, 0)) for i, a in enumerate(arrs)]
     with pytest.raises(CorruptChunkError, match=r"c/1/1/1 of .*1\.zarr"):
         read_many(parts, (37, 100, 23), device="cpu")
+
+
+@pytest.mark.parametrize("sel", [(3,), (slice(2, 9), 5), (slice(None, None, -3), slice(1, 20), 4), Ellipsis])
+def test_read_places_into_the_box_it_is_given(tmp_path, sel):
+    """``out=``: the selection's box lands in the caller's buffer (page-locked staging on the
+    GPU's small reads); a plane of a box is a view of it, a stepped selection a copy."""
+    from gpu_zarr.engine.plan import normalize_selection
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", chunks=(4, 8, 7), shards=(8, 16, 14))
+    region = normalize_selection(arr.shape, sel)
+    out = np.full(region.box_shape, 77, arr.dtype.newbyteorder("="))
+    got = read(arr, sel, device="cpu", out=out).data
+    np.testing.assert_array_equal(got, _expect(arr, sel))
+    steps = isinstance(sel, tuple) and any(isinstance(s, slice) and s.step not in (None, 1) for s in sel)
+    assert np.shares_memory(got, out) != steps
+    np.testing.assert_array_equal(out[region.post], _expect(arr, sel))
+
+
+def test_read_refuses_an_out_that_is_not_the_box(tmp_path):
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", chunks=(4, 8, 7))
+    for bad in (np.empty((1, 5, 5), arr.dtype), np.empty((1,) + arr.shape[1:], "f8"),
+                np.empty((1, arr.shape[1], 2 * arr.shape[2]), arr.dtype)[:, :, ::2]):
+        with pytest.raises(ValueError, match="out must be a C-contiguous"):
+            read(arr, (3,), device="cpu", out=bad)

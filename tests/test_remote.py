@@ -115,6 +115,22 @@ def test_cpu_small_read_path_equals_zarr(server, stores, rel):
     np.testing.assert_array_equal(engine_read(arr, (1,), device="cpu", ops=ops).data, ref[1])
 
 
+@pytest.mark.parametrize("rel", ["plain.zarr", "sharded.zarr", "v04.ome.zarr/0"])
+def test_remote_small_read_places_into_the_box_it_is_given(server, stores, rel):
+    """``out=`` on the remote stream path (chunks decoded on arrival straight into it)."""
+    from gpu_zarr.engine.ops import CpuOps
+    from gpu_zarr.engine.runtime import get_runtime
+
+    ops = CpuOps(get_runtime().pool("cpu-decode", 4), 4, fast=True)
+    arr = open_array(f"{server.url}/{rel}")
+    ref = _disk(stores, rel)
+    FETCHED.clear()
+    out = np.full((1,) + ref.shape[1:], 3, ref.dtype)
+    got = engine_read(arr, (1,), device="cpu", ops=ops, out=out).data
+    np.testing.assert_array_equal(got, ref[1])
+    assert np.shares_memory(got, out)
+
+
 def test_many_requests_in_flight(stores):
     FETCHED.clear()
     with RangeServer(stores, latency=0.05) as srv:
@@ -403,6 +419,32 @@ def test_gpu_direct_engine_reads_remote(server, stores, rel):
     res = read_zarr(f"{server.url}/{rel}", prefer="kvikio", progress=False)
     assert isinstance(res.data, cupy.ndarray) and res.backend == "kvikio"
     np.testing.assert_array_equal(cupy.asnumpy(res.data), _disk(stores, rel))
+
+
+@pytest.mark.gpu
+def test_gpu_small_remote_reads_copy_from_reused_page_locked_staging(server, stores):
+    """A plane (a small read) is placed in page-locked staging and copied to the GPU; the
+    staging goes back to the runtime's pool and the next plane reuses it, while the first
+    plane's device array keeps its pixels."""
+    import cupy
+
+    from gpu_zarr import zarr_io
+    from gpu_zarr.engine.runtime import get_runtime
+
+    prep = zarr_io.prepare(open_array(f"{server.url}/plain.zarr"), prefer="kvikio")
+    ref = _disk(stores, "plain.zarr")
+    rt = get_runtime()
+    planes, held = [], set()
+    for z in range(4):
+        res = prep.read((z,))
+        assert isinstance(res.data, cupy.ndarray) and res.stats["small_read"], res.reason
+        planes.append(res.data)
+        held.add(rt.pinned.held_bytes)
+    assert len(held) == 1  # the staging is reused, not a new buffer per plane
+    for z, p in enumerate(planes):
+        np.testing.assert_array_equal(cupy.asnumpy(p), ref[z])
+    stepped = prep.read((slice(None, None, 2), 3))  # a copy out of the staging, then uploaded
+    np.testing.assert_array_equal(cupy.asnumpy(stepped.data), ref[::2, 3])
 
 
 def test_bench_remote_runs(tmp_path):

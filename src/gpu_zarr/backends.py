@@ -143,15 +143,20 @@ class EngineBackend:
         # decoded chunkwise on CPU threads; with ``cache`` (viewers) the decoded chunks are kept
         # in the runtime's host chunk cache, so the next planes of thick chunks are copies
         opts = opts.with_(reader="threads", progress=progress, cancel=cancel)
-        ops = CpuOps(self.runtime.pool("cpu-decode", opts.threads), opts.threads, fast=True, runtime=self.runtime)
-        res = engine_read(None, selection, device="cpu", options=opts, layout=self.layout, ops=ops,
-                          runtime=self.runtime)
-        data, stats = res.data, res.stats
+        rt = self.runtime
+        ops = CpuOps(rt.pool("cpu-decode", opts.threads), opts.threads, fast=True, runtime=rt)
         on_gpu = where != "host"
-        if on_gpu:
-            import cupy
-
-            data = cupy.asarray(data)
+        if not on_gpu:
+            res = engine_read(None, selection, device="cpu", options=opts, layout=self.layout, ops=ops, runtime=rt)
+            data, stats = res.data, res.stats
+        else:
+            # placed in page-locked staging and copied to the GPU from there (a 2 MiB plane on the
+            # H200: 0.06 ms, against 0.3-0.7 ms from ordinary memory)
+            dtype = self.layout.out_dtype
+            with rt.pinned.lease(nbytes_of(region.box_shape, dtype), 1, rt.pinned_alloc) as (buf,):
+                res = engine_read(None, selection, device="cpu", options=opts, layout=self.layout, ops=ops,
+                                  runtime=rt, out=buf.view(dtype).reshape(region.box_shape))
+                data, stats = _to_gpu(res.data), res.stats
         stats["small_read"] = True
         return data, stats, (f"; small read ({small / (1 << 20):.1f} MiB of chunks): decoded on {opts.threads} CPU "
                              "threads" + (", one copy to the GPU" if on_gpu else ", returned in host memory"))
@@ -175,6 +180,19 @@ class EngineBackend:
             box = tuple(slice(a, a + b - s) for a, s, b in zip(p.at, p.start, p.stop))
             out[box] = host[box]
         return res.stats, f"; one engine read of {len(parts)} arrays, decoded on the GPU"
+
+
+def _to_gpu(host: np.ndarray) -> Any:
+    """A cupy copy of ``host``, finished before this returns (``host`` may be reused then)."""
+    import cupy
+
+    if host.ndim == 0 or not host.flags.c_contiguous:
+        return cupy.asarray(host)
+    dev = cupy.empty(host.shape, host.dtype)
+    stream = cupy.cuda.get_current_stream()
+    dev.set(host, stream=stream)
+    stream.synchronize()
+    return dev
 
 
 class _ZarrBackend:

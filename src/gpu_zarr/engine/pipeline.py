@@ -88,7 +88,8 @@ def _open(arr: Any) -> Any:
 
 
 def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: EngineOptions | None = None,
-         layout: Layout | None = None, ops: Ops | None = None, runtime: Runtime | None = None) -> EngineResult:
+         layout: Layout | None = None, ops: Ops | None = None, runtime: Runtime | None = None,
+         out: Any = None) -> EngineResult:
     """Read ``arr[selection]`` with the engine.
 
     Parameters
@@ -106,6 +107,11 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
         The device calls (default: :func:`~gpu_zarr.engine.ops.ops_for` ``device``).
     runtime : Runtime, optional
         Owner of pools, streams and staging (default: :func:`get_runtime`).
+    out : array, optional
+        Where the selection's bounding box is placed (an array of ``ops``'s kind: numpy for
+        ``device="cpu"``), C-contiguous, of the box's shape and the array's native-order
+        dtype (e.g. page-locked memory that is copied to the GPU next); ``data`` is then a
+        view of it, or a copy for a stepped selection.
 
     Returns
     -------
@@ -133,7 +139,7 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     lay = layout or layout_of(_open(arr))
     try:
         with faults_as_errors():  # a fault outside the batches' decode (they name their chunks)
-            return _read(lay, selection, device, opts, ops, rt, stats, t0)
+            return _read(lay, selection, device, opts, ops, rt, stats, t0, out)
     except (CorruptChunkError, GPUFault) as exc:
         if str(lay.root) in str(exc):
             raise
@@ -150,7 +156,7 @@ def _refuse_after_fault() -> None:
 
 
 def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Ops | None, rt: Runtime,
-          stats: dict[str, Any], t0: float) -> EngineResult:
+          stats: dict[str, Any], t0: float, given: Any = None) -> EngineResult:
     stage = stage_for(lay)
     region = normalize_selection(lay.shape, selection)
     box_shape = region.box_shape
@@ -166,6 +172,10 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
     # before anything is planned or allocated: an absurd shape fails here, in microseconds
     check_fits(out_nbytes, scratch if device == "gpu" else 0, device=device,
                what=f"reading {box_shape} {lay.out_dtype} of {lay.root}")
+    if given is not None and (tuple(given.shape) != tuple(box_shape) or given.dtype != lay.out_dtype
+                              or not given.flags.c_contiguous):
+        raise ValueError(f"out must be a C-contiguous {lay.out_dtype} array of shape {tuple(box_shape)} "
+                         f"(the selection's box); got {given.dtype} {tuple(given.shape)}")
     stats.update(budget_bytes=budget, planned_device_bytes=scratch, lanes=lanes)
     own_ops = ops is None
     ops = ops or ops_for(device, slots, lanes, rt)
@@ -176,7 +186,7 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
         # a remote store on the CPU's host path: locate and fetch in one, each answer decoded
         # and placed as it arrives (the transfer overlaps the decode)
         t = time.perf_counter()
-        out = ops.empty(box_shape, lay.out_dtype)
+        out = ops.empty(box_shape, lay.out_dtype) if given is None else given
         cache = rt.chunk_cache(device) if opts.cache and stage.decodes and settings.get("cache_bytes") else None
         keep = run_remote_stream(lay, stage, pieces, out, ops, rt, opts, stats, cache)
         result = ops.finish(out, None if region.is_box else region.post)
@@ -192,7 +202,7 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
         # a remote store on the GPU: each answer uploaded, decoded and placed while the rest
         # are still on the way
         t = time.perf_counter()
-        out = ops.empty(box_shape, lay.out_dtype)
+        out = ops.empty(box_shape, lay.out_dtype) if given is None else given
         stats["alloc_s"] = time.perf_counter() - t
         with arena_for(rt, len(pieces), ops) as arena:
             run_remote_groups(lay, stage, pieces, out, device, opts, ops, rt, stats, batch, arena)
@@ -206,7 +216,7 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
     loc = locate(lay, pieces, rt.pool("locate", min(opts.threads, 64)), rt.shard_indexes())
     stats["locate_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    out = ops.empty(box_shape, lay.out_dtype)
+    out = ops.empty(box_shape, lay.out_dtype) if given is None else given
     stats["alloc_s"] = time.perf_counter() - t
     result = _execute(lay, stage, loc, pieces, out, None if region.is_box else region.post, device, opts, ops,
                       own_ops, rt, stats, batch)

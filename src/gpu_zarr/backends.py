@@ -136,7 +136,7 @@ class EngineBackend:
         if small is None:
             if progress is not None or cancel is not None:
                 opts = opts.with_(progress=progress or opts.progress, cancel=cancel or opts.cancel)
-            res = engine_read(None, selection, device="gpu", options=opts, layout=self.layout, runtime=self.runtime)
+            res = engine_read(None, region, device="gpu", options=opts, layout=self.layout, runtime=self.runtime)
             return res.data, res.stats, ""
         from gpu_zarr.engine.ops import CpuOps
 
@@ -147,14 +147,14 @@ class EngineBackend:
         ops = CpuOps(rt.pool("cpu-decode", opts.threads), opts.threads, fast=True, runtime=rt)
         on_gpu = where != "host"
         if not on_gpu:
-            res = engine_read(None, selection, device="cpu", options=opts, layout=self.layout, ops=ops, runtime=rt)
+            res = engine_read(None, region, device="cpu", options=opts, layout=self.layout, ops=ops, runtime=rt)
             data, stats = res.data, res.stats
         else:
             # placed in page-locked staging and copied to the GPU from there (a 2 MiB plane on the
             # H200: 0.06 ms, against 0.3-0.7 ms from ordinary memory)
             dtype = self.layout.out_dtype
             with rt.pinned.lease(nbytes_of(region.box_shape, dtype), 1, rt.pinned_alloc) as (buf,):
-                res = engine_read(None, selection, device="cpu", options=opts, layout=self.layout, ops=ops,
+                res = engine_read(None, region, device="cpu", options=opts, layout=self.layout, ops=ops,
                                   runtime=rt, out=buf.view(dtype).reshape(region.box_shape))
                 data, stats = _to_gpu(res.data), res.stats
         stats["small_read"] = True

@@ -171,7 +171,7 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
         scratch += out_nbytes  # the box, then the stepped/squeezed copy
     # before anything is planned or allocated: an absurd shape fails here, in microseconds
     check_fits(out_nbytes, scratch if device == "gpu" else 0, device=device,
-               what=f"reading {box_shape} {lay.out_dtype} of {lay.root}")
+               what=lambda: f"reading {box_shape} {lay.out_dtype} of {lay.root}")
     if given is not None and (tuple(given.shape) != tuple(box_shape) or given.dtype != lay.out_dtype
                               or not given.flags.c_contiguous):
         raise ValueError(f"out must be a C-contiguous {lay.out_dtype} array of shape {tuple(box_shape)} "

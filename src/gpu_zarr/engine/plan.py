@@ -91,7 +91,12 @@ def normalize_key(shape: tuple[int, ...], key: Any) -> tuple[int | slice, ...]:
 
 
 def normalize_selection(shape: tuple[int, ...], selection: Any = Ellipsis) -> Region:
-    """The :class:`Region` of a basic-indexing selection (see :func:`normalize_key`)."""
+    """The :class:`Region` of a basic-indexing selection (see :func:`normalize_key`); a
+    Region of this shape is returned as it is (a backend's caller normalised it already)."""
+    if isinstance(selection, Region):
+        if len(selection.stop) != len(shape) or any(b > n for b, n in zip(selection.stop, shape)):
+            raise IndexError(f"the region {selection.start}..{selection.stop} lies outside the array's shape {shape}")
+        return selection
     start: list[int] = []
     stop: list[int] = []
     post: list[Any] = []

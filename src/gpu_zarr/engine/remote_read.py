@@ -197,8 +197,12 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
     small = len(pieces) <= SMALL_PIECES
     # a viewer's few chunks: each decoded and placed on a native thread the moment its answer is
     # in (no Python thread between), else (no native decoder) all decoded at once when all are in.
-    # The native set is opened at the first answer: the requests go out first
+    # The native set is opened on a pool thread while the requests are on the way (this thread
+    # keeps the interpreter until the native call that sends them lets it go)
     on_arrival = small and native_read.serves(lay.codec, out)
+    # (a pool of its own: a big read's drains on the decode pool never hold a plane up)
+    opening = (rt.pool("remote-open", 4).submit(_native_arrivals, lay, stage, out, pieces, keep, rt, cores)
+               if on_arrival else None)
     native: list[Any] = []  # the set, once opened
     added: dict[int, tuple[Arrived, int]] = {}
 
@@ -208,7 +212,8 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
             if not len(pos):
                 return
             if not native:
-                native.append(_native_arrivals(lay, stage, out, pieces, keep, rt, cores))
+                assert opening is not None
+                native.append(opening.result())
             data = a.data if isinstance(a.data, np.ndarray) else np.frombuffer(a.data, np.uint8)
             for j in pos.tolist():
                 added[int(a.pieces[j])] = (a, j)
@@ -237,6 +242,8 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
                 running[0] += 1
                 drain()
         finally:
+            if opening is not None and not native and opening.exception() is None:
+                native.append(opening.result())  # opened, and no answer needed it
             if native:  # its workers are done before any buffer they use is let go (also on an error)
                 native[0].close()
             errors = [f.exception() for f in futures]

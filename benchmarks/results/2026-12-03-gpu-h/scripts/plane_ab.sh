@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device call: the wheels (.whl-min: zarr and its codecs; .whl-ts; .whl-remote), the three
+# `bench --remote --size full` volumes, then plane_stages.py on each at 20 ms (and the zstd one
+# at 0 ms) with the code before this session's changes (.ab-old/src, `git archive e23578f src`)
+# and with the working tree's. Results in $OUT/plane_ab.txt.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  $(ls .whl-min/*.whl .whl-ts/*.whl .whl-remote/*.whl 2>/dev/null) 2>&1 | grep -v WARNING | tail -2
+export PYTHONUNBUFFERED=1
+S=benchmarks/results/2026-12-03-gpu-h/scripts
+for src in .ab-old/src src; do
+  gcc -O3 -shared -fPIC -pthread -fvisibility=hidden $src/gpu_zarr/engine/_native/gz_native.c \
+    $src/gpu_zarr/engine/_native/gz_http.c -o $src/gpu_zarr/engine/_native/libgz_native.so -ldl || exit 1
+done
+[ -d /tmp/gzr/remote-full-1 ] || PYTHONPATH=/tmp/site:src python3 $S/write_volumes.py /tmp/gzr
+for round in 1 2; do
+  for src in .ab-old/src src; do
+    echo "== $src (round $round)"
+    for v in remote-full-0 remote-full-2-v2 remote-full-1; do
+      PYTHONPATH=/tmp/site:$src timeout 60 python3 $S/plane_stages.py /tmp/gzr $v 20 ${N:-30} 2>&1 | grep -v "Warn\|2 MiB"
+    done
+    PYTHONPATH=/tmp/site:$src timeout 60 python3 $S/plane_stages.py /tmp/gzr remote-full-0 0 ${N:-30} 2>&1 | grep -v "Warn\|2 MiB"
+  done
+done 2>&1 | tee $OUT/plane_ab.txt

@@ -21,3 +21,6 @@ for round in 1 2; do
     PYTHONPATH=/tmp/site:$src timeout 60 python3 $S/plane_stages.py /tmp/gzr remote-full-0 0 ${N:-30} 2>&1 | grep -v "Warn\|2 MiB"
   done
 done 2>&1 | tee $OUT/plane_ab.txt
+for v in remote-full-0 remote-full-2-v2 remote-full-1; do
+  PYTHONPATH=/tmp/site:src timeout 60 python3 $S/first_plane_stages.py /tmp/gzr $v 20 8 2>&1 | grep -v Warn
+done 2>&1 | tee $OUT/first_plane.txt

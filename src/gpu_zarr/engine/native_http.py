@@ -118,16 +118,17 @@ class HttpClient:
         n = len(urls)
         if n == 0:
             return reqs
-        for i, d in enumerate(dests):
+        for d in dests:
             if not (d.flags.c_contiguous and d.flags.writeable and d.dtype == np.uint8):
                 raise ValueError("each destination must be a writable contiguous uint8 array")
-            reqs["dest"][i] = d.ctypes.data
-            reqs["cap"][i] = d.nbytes
+        caps = [d.nbytes for d in dests]
+        reqs["dest"][:n] = [d.__array_interface__["data"][0] for d in dests]
+        reqs["cap"][:n] = caps
         enc = [u.encode() for u in urls]
         c_urls = (ctypes.c_char_p * n)(*enc)
         hdr = [h.encode() for h in self.headers]
         c_hdr = (ctypes.c_char_p * max(1, len(hdr)))(*hdr)
-        cancel = np.zeros(1, np.int32)
+        cancel = ctypes.c_int32(0)
         failed: list[BaseException] = []
 
         def done(i: int) -> None:
@@ -138,15 +139,15 @@ class HttpClient:
                     on_done(int(i))
             except BaseException as exc:  # noqa: BLE001 - raised below, after the native call returns
                 failed.append(exc)
-                cancel[0] = 1
+                cancel.value = 1
         cb = _DONE(done)
         if sending is not None:
             sending.set()
         if agents is None:
-            agents = agents_for(int(reqs["cap"][:n].sum()), n)
+            agents = agents_for(sum(caps), n)
         rc = lib.gz_http_fetch(c_urls, reqs.ctypes.data, n, max(1, int(in_flight)), c_hdr, len(hdr),
                                int(self.connect_timeout_s * 1000), max(1, int(round(self.stall_s))),
-                               max(1, int(self.attempts)), int(self.backoff_s * 1000), cb, cancel.ctypes.data,
+                               max(1, int(self.attempts)), int(self.backoff_s * 1000), cb, ctypes.addressof(cancel),
                                max(1, int(agents)))
         if failed:
             raise failed[0]

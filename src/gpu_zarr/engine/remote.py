@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -438,24 +439,24 @@ class RemoteSource:
         assert http is not None
         n = len(jobs)
         reqs = nh.new_requests(n)
-        sizes = np.zeros(n, np.int64)
+        # (Python lists, not numpy per element: a plane's few requests leave sooner)
+        starts, ends, sizes = [0] * n, [0] * n, [0] * n
         for i, (_rel, rng) in enumerate(jobs):
             if rng is None:
-                start, end, sizes[i] = 0, -1, int(cap or 0)
+                starts[i], ends[i], sizes[i] = 0, -1, int(cap or 0)
             elif isinstance(rng, dict):
-                start, end, sizes[i] = -int(rng["suffix"]), 0, int(rng["suffix"])
+                starts[i], ends[i], sizes[i] = -int(rng["suffix"]), 0, int(rng["suffix"])
             else:
-                start, end = int(rng[0]), int(rng[1])
-                sizes[i] = end - start
-            reqs["start"][i], reqs["end"][i] = start, end
+                starts[i], ends[i] = int(rng[0]), int(rng[1])
+                sizes[i] = ends[i] - starts[i]
+        reqs["start"], reqs["end"] = starts, ends
         bufs: list[Any]
-        room = (sizes + 63) // 64 * 64
-        at = np.concatenate([[0], np.cumsum(room)])
-        if arena is not None and int(at[-1]) <= arena.limit:  # one lease, carved (64-byte aligned)
-            block = arena.take(int(at[-1]))
-            bufs = [block[int(a):int(a) + int(z)] for a, z in zip(at[:-1], sizes)]
+        at = list(itertools.accumulate(((z + 63) // 64 * 64 for z in sizes), initial=0))
+        if arena is not None and at[-1] <= arena.limit:  # one lease, carved (64-byte aligned)
+            block = arena.take(at[-1])
+            bufs = [block[a:a + z] for a, z in zip(at, sizes)]
         else:
-            bufs = [np.empty(max(int(z), 1), np.uint8) for z in sizes]
+            bufs = [np.empty(max(z, 1), np.uint8) for z in sizes]
         left: list[int] = []
         why: list[str] = []
 

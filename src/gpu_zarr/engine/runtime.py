@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import mmap
 import threading
 import weakref
@@ -198,7 +199,7 @@ class Recycled:
         """Like ``np.empty(shape, dtype)``: C order, contents undefined, owned by the caller."""
         dt = np.dtype(dtype)
         shp = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
-        nbytes = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
+        nbytes = math.prod(shp) * dt.itemsize  # (np.prod on a tuple: ~0.1 ms cold, on every plane's buffers)
         if nbytes < self.MIN_BYTES or nbytes > self.limit or dt.hasobject:
             return np.empty(shp, dt)
         granule = 1 << max(16, nbytes.bit_length() - 4)  # size classes: 1/16 of the next power of two

@@ -4,7 +4,7 @@
 # at 0 ms) with the code before this session's changes (.ab-old/src, `git archive e23578f src`)
 # and with the working tree's. Results in $OUT/plane_ab.txt.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  $(ls .whl-min/*.whl .whl-ts/*.whl .whl-remote/*.whl 2>/dev/null) 2>&1 | grep -v WARNING | tail -2
+  $(ls .whl-min/*.whl .whl-ts/*.whl .whl-remote/*.whl .whl-dask/*.whl 2>/dev/null) 2>&1 | grep -v WARNING | tail -2
 export PYTHONUNBUFFERED=1
 S=benchmarks/results/2026-12-03-gpu-h/scripts
 for src in .ab-old/src src; do

@@ -35,6 +35,7 @@ __all__ = ["ARENA_PIECES", "FEED_BATCH_BYTES", "GROUP_BYTES", "SMALL_PIECES", "a
 #: (reused buffers; a viewer's few chunks get buffers of their own and go to the byte cache)
 ARENA_PIECES = 64
 SMALL_PIECES = 16
+OPEN_AHEAD_CORES = 4  # cores from which a small read's native decode set is opened while its requests travel
 
 
 def _one_home(items: list[tuple[np.ndarray, Any]], arena: Any = None) -> tuple[np.ndarray, np.ndarray] | None:
@@ -197,12 +198,15 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
     small = len(pieces) <= SMALL_PIECES
     # a viewer's few chunks: each decoded and placed on a native thread the moment its answer is
     # in (no Python thread between), else (no native decoder) all decoded at once when all are in.
-    # The native set is opened on a pool thread while the requests are on the way (this thread
-    # keeps the interpreter until the native call that sends them lets it go)
+    # With cores to spare the native set is opened on a pool thread while the requests are on
+    # the way (this thread keeps the interpreter until the native call that sends them lets it
+    # go); on fewer than OPEN_AHEAD_CORES that thread took the CPU from the sending and the
+    # answering (2 cores: the requests reached the server ~0.1 ms later), and the set is opened
+    # at the first answer
     on_arrival = small and native_read.serves(lay.codec, out)
     # (a pool of its own: a big read's drains on the decode pool never hold a plane up)
     opening = (rt.pool("remote-open", 4).submit(_native_arrivals, lay, stage, out, pieces, keep, rt, cores)
-               if on_arrival else None)
+               if on_arrival and cores >= OPEN_AHEAD_CORES else None)
     native: list[Any] = []  # the set, once opened
     added: dict[int, tuple[Arrived, int]] = {}
 
@@ -212,8 +216,8 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
             if not len(pos):
                 return
             if not native:
-                assert opening is not None
-                native.append(opening.result())
+                native.append(opening.result() if opening is not None
+                              else _native_arrivals(lay, stage, out, pieces, keep, rt, cores))
             data = a.data if isinstance(a.data, np.ndarray) else np.frombuffer(a.data, np.uint8)
             for j in pos.tolist():
                 added[int(a.pieces[j])] = (a, j)

@@ -131,6 +131,29 @@ def test_remote_small_read_places_into_the_box_it_is_given(server, stores, rel):
     assert np.shares_memory(got, out)
 
 
+@pytest.mark.parametrize("ahead", [True, False], ids=["set-opened-ahead", "set-opened-at-first-answer"])
+@pytest.mark.parametrize("rel", ["plain.zarr", "sharded.zarr", "v04.ome.zarr/0"])
+def test_small_remote_reads_decode_on_arrival_either_way(server, stores, rel, ahead, monkeypatch):
+    """A small read's native decode set is opened while its requests travel (4+ cores) or at
+    the first answer (fewer): the same pixels, a plane of missing chunks too, and nothing left open."""
+    import gpu_zarr.engine.remote_read as remote_read
+    from gpu_zarr.engine.ops import CpuOps
+    from gpu_zarr.engine.runtime import get_runtime
+
+    monkeypatch.setattr(remote_read, "OPEN_AHEAD_CORES", 1 if ahead else 1 << 20)
+    ops = CpuOps(get_runtime().pool("cpu-decode", 4), 4, fast=True)
+    arr = open_array(f"{server.url}/{rel}")
+    ref = _disk(stores, rel)
+    for z in (1, ref.shape[0] - 1, 1):  # (the last plane of plain.zarr and sharded.zarr: never written)
+        sel = (z,) + (slice(None),) * (ref.ndim - 3) + (slice(0, 32), slice(5, 37))  # a tile: 2-4 chunks
+        FETCHED.clear()
+        get_runtime().clear_caches()
+        res = engine_read(arr, sel, device="cpu", ops=ops)
+        np.testing.assert_array_equal(res.data, ref[sel])
+        written = z < 24 or rel.startswith("v04")
+        assert (res.stats.get("decoded_on_arrival", 0) > 0) == written, res.stats
+
+
 def test_many_requests_in_flight(stores):
     FETCHED.clear()
     with RangeServer(stores, latency=0.05) as srv:

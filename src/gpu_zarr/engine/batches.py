@@ -50,13 +50,16 @@ class Keep:
 
     def __init__(self, keys: list[Any], pieces: Pieces, every: bool) -> None:
         self.keys = keys
-        t = pieces.table
-        # a piece that is the whole chunk: nothing of it is left for a neighbouring read
-        whole = ((t[:, :, 1] == 0) & (t[:, :, 2] == t[:, :, 0])).all(axis=1) if len(t) else np.zeros(0, bool)
-        self._wanted = np.ones(len(t), bool) if every else ~whole
+        self._table, self._every = pieces.table, every
+        self._wanted: np.ndarray | None = None  # worked out at the first question (not before a read's requests leave)
         self.chunks: list[tuple[Any, Any]] = []
 
     def wants(self, k: int) -> bool:
+        if self._wanted is None:
+            t = self._table
+            # a piece that is the whole chunk: nothing of it is left for a neighbouring read
+            whole = ((t[:, :, 1] == 0) & (t[:, :, 2] == t[:, :, 0])).all(axis=1) if len(t) else np.zeros(0, bool)
+            self._wanted = np.ones(len(t), bool) if self._every else ~whole
         return bool(self._wanted[k])
 
     def __call__(self, k: int, chunk: Any) -> None:

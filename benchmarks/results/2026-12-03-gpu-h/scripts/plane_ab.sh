@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: the wheels (.whl-min: zarr and its codecs; .whl-ts; .whl-remote), the three
 # `bench --remote --size full` volumes, then plane_stages.py on each at 20 ms (and the zstd one
-# at 0 ms) with the code before this session's changes (.ab-old/src, `git archive e23578f src`)
+# at 0 ms) with older code (.ab-old/src = `git archive REV src`: e23578f, the code before this
+# session, for at-a34f3a4-ab and at-c3cafa1-ab; c3cafa1 for at-81cbf20-ab)
 # and with the working tree's. Results in $OUT/plane_ab.txt.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
   $(ls .whl-min/*.whl .whl-ts/*.whl .whl-remote/*.whl .whl-dask/*.whl 2>/dev/null) 2>&1 | grep -v WARNING | tail -2

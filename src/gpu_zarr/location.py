@@ -276,7 +276,9 @@ class _MetadataCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._docs: dict[tuple[Any, str], tuple[float, dict[str, bytes | None]]] = {}
-        self._pending: dict[tuple[Any, str, int], Any] = {}  # (key, loop): the fetch under way
+        # key -> {loop: the fetch under way there} (by key first: "is it under way anywhere" is
+        # asked per child of a node, hundreds for a plate, and was a scan of every pending fetch)
+        self._pending: dict[tuple[Any, str], dict[int, Any]] = {}
         self._early: dict[tuple[Any, str], tuple[float, Any, tuple[str, ...]]] = {}  # key: (started, future, names)
         self._pool: Any = None
         self._pool_lock = threading.Lock()
@@ -494,7 +496,7 @@ class _MetadataCache:
 
     def _under_way(self, key: tuple[Any, str]) -> bool:
         """``key``'s documents are kept, or asked for already (under the lock)."""
-        return self._fresh(key) is not None or key in self._early or any(p[:2] == key for p in self._pending)
+        return self._fresh(key) is not None or key in self._early or key in self._pending
 
     def _label_levels_guessed(self, loc: Location, node: str, docs: Mapping[str, bytes | None]) -> list[str]:
         """For an image's ``labels`` group: each label image's levels, guessed to have the
@@ -525,7 +527,7 @@ class _MetadataCache:
             for node in nodes:
                 key = self._key(loc, node)
                 hit = self._fresh(key)
-                task = hit if hit is not None else self._pending.get((*key, id(loop)))
+                task = hit if hit is not None else self._pending.get(key, {}).get(id(loop))
                 if task is None:
                     new.append((len(out), node, key))
                 out.append(task)
@@ -534,7 +536,7 @@ class _MetadataCache:
             futs = self._send(loc, [node for _, node, _ in new], names, cap)
             for (i, node, key), fut in zip(new, futs):
                 task = track(loop.create_task(self._fetch(store, loc, node, fut, budget, names)))  # (ahead of a reader)
-                self._pending[(*key, id(loop))] = task
+                self._pending.setdefault(key, {})[id(loop)] = task
                 task.add_done_callback(functools.partial(self._done, key, id(loop)))
                 out[i] = task
         return out
@@ -543,8 +545,11 @@ class _MetadataCache:
         import time
 
         with self._lock:
-            if self._pending.get((*key, loop_id)) is task:
-                del self._pending[(*key, loop_id)]
+            tasks = self._pending.get(key)
+            if tasks is not None and tasks.get(loop_id) is task:
+                del tasks[loop_id]
+                if not tasks:
+                    del self._pending[key]
             if not task.cancelled() and task.exception() is None:  # kept; used while younger than the TTL
                 self._docs[key] = (time.monotonic(), task.result())
                 while len(self._docs) > self.MAX_NODES:

@@ -158,3 +158,38 @@ def test_threads_for_a_fetch():
 
 def test_status_line():
     assert nh.status().startswith("native (libcurl")
+
+
+def test_bodies_land_in_a_carved_block_and_a_done_may_fetch_again(root):
+    """Destinations carved from one block (``Carved``: a remote read's answers in one lease)
+    get exactly their bodies; a ``done`` that runs a fetch of its own (the callback is one
+    native thunk for the process, dispatching to the innermost fetch of the thread) gets its
+    own answers, and the outer fetch's later ``done`` calls still reach the outer callback."""
+    data = {k: (root / f"obj{k}").read_bytes() for k in range(6)}
+    with RangeServer(root) as srv:
+        urls = [f"{srv.url}/obj{k}" for k in range(6)]
+        caps = [len(data[k]) for k in range(6)]
+        offsets = [sum(-(-c // 64) * 64 for c in caps[:k]) for k in range(6)]
+        block = np.zeros(offsets[-1] + caps[-1] + 64, np.uint8)
+        outer, inner = [], []
+
+        def done(i):
+            outer.append(i)
+            if len(outer) == 1:  # a fetch inside the first report
+                dest = np.zeros(caps[5], np.uint8)
+                r2 = nh.HttpClient().fetch([urls[5]], _reqs([(0, -1)]), [dest], 1, inner.append)
+                assert int(r2["got"][0]) == caps[5] and bytes(dest) == data[5]
+        r = nh.HttpClient().fetch(urls, _reqs([(0, -1)] * 6), nh.Carved(block, offsets, caps), 2, done)
+    assert sorted(outer) == list(range(6)) and inner == [0]
+    for k in range(6):
+        assert int(r["got"][k]) == caps[k]
+        assert bytes(block[offsets[k]:offsets[k] + caps[k]]) == data[k]
+    assert block[-64:].sum() == 0
+
+
+def test_a_carved_destination_outside_its_block_is_refused(root):
+    block = np.zeros(1000, np.uint8)
+    with pytest.raises(ValueError, match="inside the block of 1000 bytes"):
+        nh.HttpClient().fetch(["http://127.0.0.1:9/x"], _reqs([(0, 100)]), nh.Carved(block, [950], [100]), 1)
+    with pytest.raises(ValueError, match="writable contiguous"):
+        nh.HttpClient().fetch(["http://127.0.0.1:9/x"], _reqs([(0, 100)]), nh.Carved(block[::2], [0], [10]), 1)

@@ -18,6 +18,7 @@ holds the chosen backend for its life: a read never changes it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast, get_args
@@ -128,23 +129,24 @@ class EngineBackend:
 
     def read(self, arr: Any, region: Any, selection: Any, *, options: Any, progress: Callable[[int, int], None] | None,
              cancel: Any, where: str) -> tuple[Any, dict[str, Any], str]:
-        from gpu_zarr.engine import EngineOptions
-        from gpu_zarr.engine import read as engine_read
-
-        opts = options or EngineOptions()
+        EngineOptions, engine_read, CpuOps = _engine()
         small = self.small_read_bytes(region)
         if small is None:
+            opts = options or EngineOptions()
             if progress is not None or cancel is not None:
                 opts = opts.with_(progress=progress or opts.progress, cancel=cancel or opts.cancel)
             res = engine_read(None, region, device="gpu", options=opts, layout=self.layout, runtime=self.runtime)
             return res.data, res.stats, ""
-        from gpu_zarr.engine.ops import CpuOps
-
         # decoded chunkwise on CPU threads; with ``cache`` (viewers) the decoded chunks are kept
-        # in the runtime's host chunk cache, so the next planes of thick chunks are copies
-        opts = opts.with_(reader="threads", progress=progress, cancel=cancel)
+        # in the runtime's host chunk cache, so the next planes of thick chunks are copies.
+        # (The options made once, not made and then copied; the CPU ops kept by the runtime: on
+        # a CPU that idled, these steps took ~0.2 ms of a plane's time before its requests left)
+        opts = (EngineOptions(reader="threads", progress=progress, cancel=cancel) if options is None
+                else options.with_(reader="threads", progress=progress, cancel=cancel))
         rt = self.runtime
-        ops = CpuOps(rt.pool("cpu-decode", opts.threads), opts.threads, fast=True, runtime=rt)
+        threads = opts.threads
+        ops = rt.resource(("small-read-ops", threads),
+                          lambda: CpuOps(rt.pool("cpu-decode", threads), threads, fast=True, runtime=rt))
         on_gpu = where != "host"
         if not on_gpu:
             res = engine_read(None, region, device="cpu", options=opts, layout=self.layout, ops=ops, runtime=rt)
@@ -180,6 +182,17 @@ class EngineBackend:
             box = tuple(slice(a, a + b - s) for a, s, b in zip(p.at, p.start, p.stop))
             out[box] = host[box]
         return res.stats, f"; one engine read of {len(parts)} arrays, decoded on the GPU"
+
+
+@functools.cache
+def _engine() -> tuple[Any, Any, Any]:
+    """(EngineOptions, engine.read, CpuOps), imported on first use (an import statement on
+    every read ran importlib's Python for each name)."""
+    from gpu_zarr.engine import EngineOptions
+    from gpu_zarr.engine import read as engine_read
+    from gpu_zarr.engine.ops import CpuOps
+
+    return EngineOptions, engine_read, CpuOps
 
 
 def _to_gpu(host: np.ndarray) -> Any:

@@ -28,7 +28,7 @@ import numpy as np
 
 import gpu_zarr.engine.native as native
 
-__all__ = ["AGENT_BYTES", "MAX_AGENTS", "REQ", "TOO_LONG", "UNANSWERED", "HttpClient", "agents_for", "available",
+__all__ = ["AGENT_BYTES", "MAX_AGENTS", "REQ", "TOO_LONG", "UNANSWERED", "Carved", "HttpClient", "agents_for", "available",
            "client_for", "new_requests", "status"]
 
 #: one request (gz_http_req in gz_http.c)
@@ -76,6 +76,53 @@ def status() -> str:
 
 
 @dataclass(frozen=True)
+class Carved:
+    """Destinations carved from one block: request i's body goes to
+    ``block[offsets[i]:offsets[i] + caps[i]]`` (a remote read's answers in one lease: the
+    block is checked once, not each destination)."""
+
+    block: np.ndarray
+    offsets: Sequence[int]
+    caps: Sequence[int]
+
+    def addresses(self, n: int) -> tuple[list[int], list[int]]:
+        """(address, capacity) of the first ``n`` destinations; raises if one lies outside the block."""
+        b = self.block
+        if not (b.ndim == 1 and b.flags.c_contiguous and b.flags.writeable and b.dtype == np.uint8):
+            raise ValueError("the block must be a writable contiguous 1-d uint8 array")
+        offsets, caps = list(self.offsets[:n]), list(self.caps[:n])
+        if len(offsets) < n or len(caps) < n or any(o < 0 or c < 0 or o + c > b.nbytes for o, c in zip(offsets, caps)):
+            raise ValueError(f"{n} destinations do not all lie inside the block of {b.nbytes} bytes")
+        base = b.ctypes.data
+        return [base + o for o in offsets], caps
+
+
+_local = threading.local()
+
+
+def _calls() -> list[Callable[[int], None]]:
+    """This thread's fetches under way, innermost last (whose ``done`` the thunk calls)."""
+    calls = getattr(_local, "calls", None)
+    if calls is None:
+        calls = _local.calls = []
+    return calls
+
+
+def _dispatch(i: int) -> None:
+    _local.calls[-1](i)
+
+
+_THUNK = _DONE(_dispatch)  # (kept for the process: made per call it cost a few microseconds of every plane)
+
+
+@functools.lru_cache(maxsize=64)
+def _headers(headers: tuple[str, ...]) -> tuple[Any, int]:
+    """The ``"Name: value"`` lines as the C array the native call takes, and their count."""
+    enc = [h.encode() for h in headers]
+    return (ctypes.c_char_p * max(1, len(enc)))(*enc), len(enc)
+
+
+@dataclass(frozen=True)
 class HttpClient:
     """How one store's requests are made: extra headers, timeouts and retries.
 
@@ -99,16 +146,16 @@ class HttpClient:
     attempts: int = 9
     backoff_s: float = 0.05
 
-    def fetch(self, urls: Sequence[str], reqs: np.ndarray, dests: Sequence[np.ndarray], in_flight: int,
+    def fetch(self, urls: Sequence[str], reqs: np.ndarray, dests: Sequence[np.ndarray] | Carved, in_flight: int,
               on_done: Callable[[int], None] | None = None, sending: threading.Event | None = None,
               agents: int | None = None) -> np.ndarray:
         """GET ``reqs[i]`` (fields ``start``, ``end``: see :data:`REQ`) of ``urls[i]`` into
-        ``dests[i]`` (a writable contiguous uint8 array), ``in_flight`` at once; ``on_done(i)``
-        runs (on this thread) as request i finishes for good. Returns ``reqs`` filled in
-        (``got``, ``size``, ``mtime``, ``status``, ``curl``, ``etag``, ``err``). ``sending`` is
-        set as the native call starts (it holds no GIL from then on). ``agents``: threads
-        receiving the answers (this one and ``agents - 1`` more; default :func:`agents_for`
-        the bytes the destinations hold).
+        ``dests[i]`` (a writable contiguous uint8 array; or the i-th span of a :class:`Carved`
+        block), ``in_flight`` at once; ``on_done(i)`` runs (on this thread) as request i
+        finishes for good. Returns ``reqs`` filled in (``got``, ``size``, ``mtime``,
+        ``status``, ``curl``, ``etag``, ``err``). ``sending`` is set as the native call starts
+        (it holds no GIL from then on). ``agents``: threads receiving the answers (this one and
+        ``agents - 1`` more; default :func:`agents_for` the bytes the destinations hold).
 
         An exception raised by ``on_done`` stops the remaining requests and is raised here.
         """
@@ -118,16 +165,17 @@ class HttpClient:
         n = len(urls)
         if n == 0:
             return reqs
-        for d in dests:
-            if not (d.flags.c_contiguous and d.flags.writeable and d.dtype == np.uint8):
-                raise ValueError("each destination must be a writable contiguous uint8 array")
-        caps = [d.nbytes for d in dests]
-        reqs["dest"][:n] = [d.__array_interface__["data"][0] for d in dests]
+        if isinstance(dests, Carved):
+            addrs, caps = dests.addresses(n)
+        else:
+            for d in dests:
+                if not (d.flags.c_contiguous and d.flags.writeable and d.dtype == np.uint8):
+                    raise ValueError("each destination must be a writable contiguous uint8 array")
+            addrs, caps = [d.ctypes.data for d in dests], [d.nbytes for d in dests]
+        reqs["dest"][:n] = addrs
         reqs["cap"][:n] = caps
-        enc = [u.encode() for u in urls]
-        c_urls = (ctypes.c_char_p * n)(*enc)
-        hdr = [h.encode() for h in self.headers]
-        c_hdr = (ctypes.c_char_p * max(1, len(hdr)))(*hdr)
+        c_urls = (ctypes.c_char_p * n)(*[u.encode() for u in urls])
+        c_hdr, nhdr = _headers(self.headers)
         cancel = ctypes.c_int32(0)
         failed: list[BaseException] = []
 
@@ -140,15 +188,21 @@ class HttpClient:
             except BaseException as exc:  # noqa: BLE001 - raised below, after the native call returns
                 failed.append(exc)
                 cancel.value = 1
-        cb = _DONE(done)
         if sending is not None:
             sending.set()
         if agents is None:
             agents = agents_for(sum(caps), n)
-        rc = lib.gz_http_fetch(c_urls, reqs.ctypes.data, n, max(1, int(in_flight)), c_hdr, len(hdr),
-                               int(self.connect_timeout_s * 1000), max(1, int(round(self.stall_s))),
-                               max(1, int(self.attempts)), int(self.backoff_s * 1000), cb, ctypes.addressof(cancel),
-                               max(1, int(agents)))
+        # the callback: one native thunk for every call, dispatching to this call's `done`
+        # (the innermost fetch of this thread: a `done` may run another fetch)
+        calls = _calls()
+        calls.append(done)
+        try:
+            rc = lib.gz_http_fetch(c_urls, reqs.ctypes.data, n, max(1, int(in_flight)), c_hdr, nhdr,
+                                   int(self.connect_timeout_s * 1000), max(1, int(round(self.stall_s))),
+                                   max(1, int(self.attempts)), int(self.backoff_s * 1000), _THUNK,
+                                   ctypes.addressof(cancel), max(1, int(agents)))
+        finally:
+            calls.pop()
         if failed:
             raise failed[0]
         if rc == -4:

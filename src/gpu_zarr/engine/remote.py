@@ -61,6 +61,9 @@ class _Loop:
 _LOOP = _Loop()
 
 
+NOT_KEPT = object()  # _Bytes.get's default: raise KeyError
+
+
 class _Bytes:
     """A bounded LRU of fetched encoded bytes (whole chunks, shard indexes; None: absent)."""
 
@@ -73,12 +76,16 @@ class _Bytes:
     def limit() -> int:
         return int(float(os.environ.get("GPU_ZARR_REMOTE_CACHE_MIB", 256)) * (1 << 20))
 
-    def get(self, key: Any) -> Any:
+    def get(self, key: Any, default: Any = NOT_KEPT) -> Any:
+        """The value kept for ``key`` (None: the object is absent); ``default`` when none is
+        kept, or KeyError without one (a plane's misses took a raise and catch each)."""
         with self._lock:
             if key in self._d:
                 self._d.move_to_end(key)
                 return self._d[key]
-        raise KeyError(key)
+        if default is NOT_KEPT:
+            raise KeyError(key)
+        return default
 
     def put(self, key: Any, value: Any) -> None:
         size = len(value[0]) if value is not None else 0
@@ -451,12 +458,15 @@ class RemoteSource:
                 sizes[i] = ends[i] - starts[i]
         reqs["start"], reqs["end"] = starts, ends
         bufs: list[Any]
+        dests: Any
         at = list(itertools.accumulate(((z + 63) // 64 * 64 for z in sizes), initial=0))
         if arena is not None and at[-1] <= arena.limit:  # one lease, carved (64-byte aligned)
             block = arena.take(at[-1])
             bufs = [block[a:a + z] for a, z in zip(at, sizes)]
+            dests = nh.Carved(block, at, sizes)
         else:
             bufs = [np.empty(max(z, 1), np.uint8) for z in sizes]
+            dests = bufs
         left: list[int] = []
         why: list[str] = []
 
@@ -472,7 +482,7 @@ class RemoteSource:
             if got is not None:
                 self._count(len(got.data))
             on_done(i, got)
-        http.fetch([f"{self.http_url}/{r}" for r, _ in jobs], reqs, bufs, self.requests, done)
+        http.fetch([f"{self.http_url}/{r}" for r, _ in jobs], reqs, dests, self.requests, done)
         if left:
             self.http = None
             logging.getLogger("gpu_zarr.remote").warning(

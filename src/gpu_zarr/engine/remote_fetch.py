@@ -115,11 +115,13 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
                            lambda j: url))
 
     todo = []
+    miss = object()
     for i, k in enumerate(keys):
-        try:
-            hand(i, FETCHED.get((source.url, k)))
-        except KeyError:
+        got = FETCHED.get((source.url, k), miss)
+        if got is miss:
             todo.append(i)
+        else:
+            hand(i, got)
 
     def done(j: int, got: Got | None) -> None:
         i = todo[j]

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device call (ninth session): the wheels (.whl-min: zarr, numcodecs, donfig, google-crc32c,
+# msgspec; .whl-ts; .whl-remote; .whl-dask) into /tmp/site, the three `bench --remote --size full`
+# volumes, then plane_stages.py on each at 20 ms (and the zstd one at 0 ms) with the code before
+# this session (.ab-old/src = `git archive dabf0e6 src`) and the working tree's, two rounds, then
+# the first plane of a new open. Results in $OUT/plane_ab.txt and $OUT/first_plane.txt.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  $(ls .whl-min/*.whl .whl-ts/*.whl .whl-remote/*.whl .whl-dask/*.whl 2>/dev/null) 2>&1 | grep -v WARNING | tail -2
+export PYTHONUNBUFFERED=1
+S=benchmarks/results/2026-12-03-gpu-i/scripts
+H=benchmarks/results/2026-12-03-gpu-h/scripts
+for src in .ab-old/src src; do
+  gcc -O3 -shared -fPIC -pthread -fvisibility=hidden $src/gpu_zarr/engine/_native/gz_native.c \
+    $src/gpu_zarr/engine/_native/gz_http.c -o $src/gpu_zarr/engine/_native/libgz_native.so -ldl || exit 1
+done
+[ -d /tmp/gzr/remote-full-1 ] || PYTHONPATH=/tmp/site:src python3 $H/write_volumes.py /tmp/gzr
+for round in 1 2; do
+  for src in .ab-old/src src; do
+    echo "== $src (round $round)"
+    for v in remote-full-0 remote-full-2-v2 remote-full-1; do
+      PYTHONPATH=/tmp/site:$src timeout 60 python3 $S/plane_stages.py /tmp/gzr $v 20 ${N:-30} 2>&1 | grep -v "Warn\|2 MiB"
+    done
+    PYTHONPATH=/tmp/site:$src timeout 60 python3 $S/plane_stages.py /tmp/gzr remote-full-0 0 ${N:-30} 2>&1 | grep -v "Warn\|2 MiB"
+  done
+done 2>&1 | tee $OUT/plane_ab.txt
+for v in remote-full-0 remote-full-2-v2 remote-full-1; do
+  PYTHONPATH=/tmp/site:src timeout 60 python3 $H/first_plane_stages.py /tmp/gzr $v 20 8 2>&1 | grep -v Warn
+done 2>&1 | tee $OUT/first_plane.txt

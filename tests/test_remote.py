@@ -284,6 +284,26 @@ def test_corrupt_shard_index_is_named(stores, tmp_path):
             engine_read(open_array(f"{srv.url}/bad.zarr"), device="cpu")
 
 
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_uncompressed_chunk_of_the_wrong_size_over_http_is_named_never_data(tmp_path, zarr_format):
+    """An uncompressed chunk's answer must be its decoded size: one cut short (or grown) is a
+    CorruptChunkError naming it, for a plane (decoded as answers arrive) and a whole read."""
+    a = zarr.create_array(tmp_path / "u.zarr", shape=(4, 32, 32), chunks=(1, 32, 32), dtype="<u2",
+                          zarr_format=zarr_format, compressors=None, fill_value=0)
+    a[...] = np.arange(4 * 32 * 32, dtype="<u2").reshape(4, 32, 32)
+    chunk = tmp_path / "u.zarr" / ("2.0.0" if zarr_format == 2 else "c/2/0/0")
+    for cut in (chunk.read_bytes()[:-10], chunk.read_bytes() + b"\0" * 6):
+        chunk.write_bytes(cut)
+        FETCHED.clear()
+        with RangeServer(tmp_path) as srv:
+            arr = open_array(f"{srv.url}/u.zarr")
+            for sel in ((2,), Ellipsis):
+                with pytest.raises(CorruptChunkError, match=r"u\.zarr/(2\.0\.0|c/2/0/0).*uncompressed"):
+                    engine_read(arr, sel, device="cpu")
+                FETCHED.clear()
+            assert np.array_equal(engine_read(arr, (1,), device="cpu").data, a[1])  # the others read right
+
+
 @pytest.mark.parametrize("cname", ["lz4", "blosclz"])  # blosclz: left to c-blosc, parsed first
 @pytest.mark.parametrize("damage", ["flip-table", "truncate", "garbage"])
 def test_corrupt_blosc_chunk_over_http_is_named_never_data(tmp_path, cname, damage):

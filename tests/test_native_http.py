@@ -193,3 +193,71 @@ def test_a_carved_destination_outside_its_block_is_refused(root):
         nh.HttpClient().fetch(["http://127.0.0.1:9/x"], _reqs([(0, 100)]), nh.Carved(block, [950], [100]), 1)
     with pytest.raises(ValueError, match="writable contiguous"):
         nh.HttpClient().fetch(["http://127.0.0.1:9/x"], _reqs([(0, 100)]), nh.Carved(block[::2], [0], [10]), 1)
+
+
+@pytest.mark.parametrize("fault", [None, "fail_truncate", "fail_503"])
+def test_complete_bodies_are_handed_to_the_decode_set_as_they_arrive(tmp_path, fault):
+    """With a sink, each complete whole body goes to its chunk of a native decode set the moment
+    it is in (``added`` 1, decoded and placed before its report comes); a body cut short is
+    retried and only its complete answer is handed; a 404, a request with no chunk (-1) and
+    every answer before the set's handle is in the cell are only reported; a garbage body is
+    handed and fails to decode, never placed; the destinations stay alive with the hand-off."""
+    import numcodecs
+
+    from gpu_zarr.engine import native
+
+    rng = np.random.default_rng(7)
+    n, shape = 8, (40, 48)
+    raw = [rng.integers(0, 200, shape).astype("<u2") for _ in range(n)]
+    for k in range(n):
+        body = numcodecs.Zstd(3).encode(raw[k].tobytes()) if k != 6 else rng.integers(0, 256, 700, np.uint8).tobytes()
+        if k != 5:  # chunk 5 does not exist (404)
+            (tmp_path / f"c{k}").write_bytes(bytes(body))
+    table = np.zeros((n, 2, 4), np.int64)
+    for k in range(n):
+        table[k, 0] = (shape[0], 0, shape[0], k * shape[0])
+        table[k, 1] = (shape[1], 0, shape[1], 0)
+    nb = raw[0].nbytes
+    chunk = np.array([0, 1, 2, -1, 4, 5, 6, 7], np.int64)  # request 3 has no chunk in the set
+    kw = {fault: 0.4} if fault else {}
+    with RangeServer(tmp_path, seed=5, **kw) as srv:
+        urls = [f"{srv.url}/c{k}" for k in range(n)]
+        # the set not open yet (cell 0): every answer is only reported
+        off = nh.Handoff()
+        dests = [np.zeros(nb + 4096, np.uint8) for _ in range(n)]
+        r = nh.HttpClient(backoff_s=0.001).fetch(urls, _reqs([(0, -1)] * n), dests, 8, None,
+                                                 sink=nh.Sink(off, chunk))
+        assert not r["added"].any() and off.alive == [dests]
+        out = np.full((n * 40, 48), 99, np.uint16)
+        with native.Arrivals("zstd", n, nb, table, out, np.dtype("<u2"), None, 3, np.empty(3 * nb, np.uint8)) as arr:
+            off = nh.Handoff()
+            off.cell[0] = arr.handle
+            dests = [np.zeros(nb + 4096, np.uint8) for _ in range(n)]
+            seen = {}
+
+            def done(i):
+                seen[i] = int(arr.status[chunk[i]]) if chunk[i] >= 0 else None
+
+            r = nh.HttpClient(backoff_s=0.001).fetch(urls, _reqs([(0, -1)] * n), dests, 8, done,
+                                                     sink=nh.Sink(off, chunk))
+            del dests  # (the hand-off keeps them until the set is closed)
+        st, _ = arr.close()
+    assert sorted(seen) == list(range(n))
+    handed = [0, 1, 2, 4, 6, 7]
+    assert [int(r["added"][i]) for i in range(n)] == [int(i in handed) for i in range(n)]
+    for i in handed:  # queued (or decoded) before it was reported
+        assert seen[i] != native.Arrivals.NOT_ADDED
+    assert int(r["status"][5]) == 404 and st[5] == native.Arrivals.NOT_ADDED and st[3] == native.Arrivals.NOT_ADDED
+    assert st[6] != native.OK and (out[240:280] == 99).all()  # garbage: handed, failed, never placed
+    for k in (0, 1, 2, 4, 7):
+        assert st[k] == native.OK and np.array_equal(out[k * 40:(k + 1) * 40], raw[k])
+    assert (out[120:160] == 99).all() and (out[200:240] == 99).all()
+    if fault:
+        assert r["attempts"].max() > 1  # the faults happened; only complete answers were handed
+
+
+def test_a_sink_table_shorter_than_the_requests_is_refused(root):
+    with pytest.raises(ValueError, match="one int64 per request"):
+        nh.HttpClient().fetch([f"http://127.0.0.1:9/obj{k}" for k in range(3)], _reqs([(0, -1)] * 3),
+                              [np.zeros(10, np.uint8) for _ in range(3)], 1, None,
+                              sink=nh.Sink(nh.Handoff(), np.zeros(2, np.int64)))

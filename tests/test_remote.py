@@ -154,6 +154,10 @@ def test_small_remote_reads_decode_on_arrival_either_way(server, stores, rel, ah
         written = z < 24 or rel.startswith("v04")
         on_arrival = native.available()  # (GPU_ZARR_NATIVE=0: decoded when all are in, in Python)
         assert (res.stats.get("decoded_on_arrival", 0) > 0) == (written and on_arrival), res.stats
+        # the native HTTP client hands whole chunks to the set itself (a shard's answers: never)
+        assert res.stats.get("handed_natively", 0) <= res.stats.get("decoded_on_arrival", 0)
+        if "sharded" in rel:
+            assert res.stats.get("handed_natively", 0) == 0
 
 
 def test_many_requests_in_flight(stores):
@@ -333,14 +337,20 @@ def test_corrupt_blosc_chunk_over_http_is_named_never_data(tmp_path, cname, dama
 
 
 @pytest.mark.parametrize("cname", ["lz4", "blosclz"])
-def test_plane_is_decoded_as_its_answers_arrive(tmp_path, cname):
+def test_plane_is_decoded_as_its_answers_arrive(tmp_path, cname, monkeypatch):
     """A viewer's few chunks: each decoded and placed on a native thread as its answer arrives
     (Blosc's blosclz, which the native library leaves to numcodecs, once all are in); chunks
-    the plane cuts go to the chunk cache, and reading them again sends no request."""
+    the plane cuts go to the chunk cache, and reading them again sends no request. With the
+    decode set opened at the first answer, the native HTTP client hands the other three to
+    it itself (no Python between an answer and its decode)."""
     import numcodecs
 
+    import gpu_zarr.engine.native_http as nh
+    import gpu_zarr.engine.remote_read as remote_read
     from gpu_zarr.engine import EngineOptions, native
     from gpu_zarr.engine.runtime import get_runtime
+
+    monkeypatch.setattr(remote_read, "OPEN_AHEAD_CORES", 1 << 20)
 
     ref = (np.arange(4 * 96 * 96, dtype="<u2").reshape(4, 96, 96) * 7) % 1009
     a = zarr.create_array(tmp_path / "b.zarr", shape=ref.shape, chunks=(1, 64, 64), dtype="<u2", zarr_format=2,
@@ -355,6 +365,7 @@ def test_plane_is_decoded_as_its_answers_arrive(tmp_path, cname):
         np.testing.assert_array_equal(res.data, ref[sel])
         if native.available():
             assert res.stats["decoded_on_arrival"] == (4 if cname == "lz4" else 0)
+            assert res.stats["handed_natively"] == (3 if nh.available() else 0), res.stats
         srv.reset_counters()
         again = engine_read(arr, sel, device="cpu", options=EngineOptions(cache=True))
         np.testing.assert_array_equal(again.data, ref[sel])

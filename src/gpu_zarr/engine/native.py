@@ -362,6 +362,12 @@ class Arrivals:
         if not self._h:
             raise MemoryError("the native library could not start decoding as answers arrive (out of memory?)")
 
+    @property
+    def handle(self) -> int:
+        """The set's native handle (0 once closed): what the native HTTP client hands complete
+        answers to (:class:`~gpu_zarr.engine.native_http.Sink`)."""
+        return int(self._h or 0)
+
     def add(self, i: int, data: np.ndarray, offset: int, nbytes: int) -> None:
         """Queue chunk ``i``: ``nbytes`` encoded bytes at ``data[offset:]`` (kept alive until close)."""
         if offset < 0 or nbytes < 0 or offset + nbytes > data.nbytes:

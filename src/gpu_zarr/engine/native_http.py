@@ -21,20 +21,20 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 import gpu_zarr.engine.native as native
 
-__all__ = ["AGENT_BYTES", "MAX_AGENTS", "REQ", "TOO_LONG", "UNANSWERED", "Carved", "HttpClient", "agents_for", "available",
-           "client_for", "new_requests", "status"]
+__all__ = ["AGENT_BYTES", "MAX_AGENTS", "REQ", "TOO_LONG", "UNANSWERED", "Carved", "Handoff", "HttpClient", "Sink", "agents_for",
+           "available", "client_for", "new_requests", "status"]
 
 #: one request (gz_http_req in gz_http.c)
 REQ = np.dtype([("start", "<i8"), ("end", "<i8"), ("dest", "<u8"), ("cap", "<i8"), ("got", "<i8"),
                 ("size", "<i8"), ("mtime", "<i8"), ("range_start", "<i8"), ("status", "<i4"), ("curl", "<i4"),
-                ("attempts", "<i4"), ("_pad", "<i4"), ("etag", "S96"), ("err", "S128")])
+                ("attempts", "<i4"), ("added", "<i4"), ("etag", "S96"), ("err", "S128")])
 _DONE = ctypes.CFUNCTYPE(None, ctypes.c_int64)
 TOO_LONG = -2  # status: the body was longer than its buffer
 UNANSWERED = object()  # HttpClient.get_small: ask another client
@@ -57,7 +57,7 @@ def _lib() -> tuple[Any, str, str]:
     lib.gz_http_fetch.restype = ctypes.c_int
     lib.gz_http_fetch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
                                   ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, _DONE,
-                                  ctypes.c_void_p, ctypes.c_int]
+                                  ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     return lib, (ver.value or b"").decode(errors="replace"), ""
 
 
@@ -95,6 +95,38 @@ class Carved:
             raise ValueError(f"{n} destinations do not all lie inside the block of {b.nbytes} bytes")
         base = b.ctypes.data
         return [base + o for o in offsets], caps
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A native decode set (:class:`~gpu_zarr.engine.native.Arrivals`) that fetches hand
+    complete bodies to as they arrive (:class:`Sink`): its handle goes into ``cell[0]`` once
+    it is open (0 before: answers until then are only reported), and ``alive`` gets the
+    destinations of every fetch that fed it. Its owner keeps both until the set is closed
+    (a worker may still be decoding from them after the fetch returned)."""
+
+    cell: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    alive: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Sink:
+    """One fetch's hand-off: request i's complete body goes to chunk ``chunk[i]`` of the
+    set of ``to`` (-1: none) with no Python between. Such a request has ``added`` 1 in its
+    row, and is reported (``on_done``) when nothing else is arriving: its Python runs while
+    the set decodes."""
+
+    to: Handoff
+    chunk: np.ndarray
+
+    def pointers(self, n: int) -> tuple[int, int]:
+        """(address of the cell, address of the chunk table) for a fetch of ``n`` requests."""
+        c, k = self.to.cell, self.chunk
+        if not (c.dtype == np.int64 and c.size >= 1 and c.flags.c_contiguous):
+            raise ValueError("a hand-off's cell is one contiguous int64")
+        if not (k.dtype == np.int64 and k.ndim == 1 and k.size >= n and k.flags.c_contiguous):
+            raise ValueError(f"a sink's chunk table holds one int64 per request ({n}), got {k.shape} {k.dtype}")
+        return c.ctypes.data, k.ctypes.data
 
 
 _local = threading.local()
@@ -148,7 +180,7 @@ class HttpClient:
 
     def fetch(self, urls: Sequence[str], reqs: np.ndarray, dests: Sequence[np.ndarray] | Carved, in_flight: int,
               on_done: Callable[[int], None] | None = None, sending: threading.Event | None = None,
-              agents: int | None = None) -> np.ndarray:
+              agents: int | None = None, sink: Sink | None = None) -> np.ndarray:
         """GET ``reqs[i]`` (fields ``start``, ``end``: see :data:`REQ`) of ``urls[i]`` into
         ``dests[i]`` (a writable contiguous uint8 array; or the i-th span of a :class:`Carved`
         block), ``in_flight`` at once; ``on_done(i)`` runs (on this thread) as request i
@@ -156,6 +188,7 @@ class HttpClient:
         ``status``, ``curl``, ``etag``, ``err``). ``sending`` is set as the native call starts
         (it holds no GIL from then on). ``agents``: threads receiving the answers (this one and
         ``agents - 1`` more; default :func:`agents_for` the bytes the destinations hold).
+        ``sink``: where complete bodies are decoded as they arrive (:class:`Sink`).
 
         An exception raised by ``on_done`` stops the remaining requests and is raised here.
         """
@@ -176,6 +209,10 @@ class HttpClient:
         reqs["cap"][:n] = caps
         c_urls = (ctypes.c_char_p * n)(*[u.encode() for u in urls])
         c_hdr, nhdr = _headers(self.headers)
+        sink_at: tuple[int | None, int | None] = (None, None)
+        if sink is not None:
+            sink_at = sink.pointers(n)
+            sink.to.alive.append(dests)  # (the set may read them after this returns)
         cancel = ctypes.c_int32(0)
         failed: list[BaseException] = []
 
@@ -200,7 +237,7 @@ class HttpClient:
             rc = lib.gz_http_fetch(c_urls, reqs.ctypes.data, n, max(1, int(in_flight)), c_hdr, nhdr,
                                    int(self.connect_timeout_s * 1000), max(1, int(round(self.stall_s))),
                                    max(1, int(self.attempts)), int(self.backoff_s * 1000), _THUNK,
-                                   ctypes.addressof(cancel), max(1, int(agents)))
+                                   ctypes.addressof(cancel), max(1, int(agents)), *sink_at)
         finally:
             calls.pop()
         if failed:

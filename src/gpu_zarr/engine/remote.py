@@ -370,7 +370,7 @@ class RemoteSource:
     # -- whole objects and byte ranges, each handed on as it arrives -----------------------------
     def stream(self, jobs: Sequence[tuple[str, tuple[int, int] | None]],
                on_done: Callable[[int, Got | None], None], cap: int | None = None,
-               arena: Bodies | None = None) -> None:
+               arena: Bodies | None = None, sink: Any = None) -> None:
         """GET every job, up to ``requests`` in flight, and call ``on_done(i, got)`` (on the
         event loop's thread: it must only hand the work on) as each one arrives.
 
@@ -380,13 +380,16 @@ class RemoteSource:
         caller sees that it changed). An answer cut short is retried and never handed on. The first error
         cancels the rest and is raised here. ``cap``: the most bytes a whole object may have
         (the native client needs it for whole-object jobs; without it obstore serves them);
-        ``arena``: where the native client's answers land (else buffers of their own).
+        ``arena``: where the native client's answers land (else buffers of their own);
+        ``sink``: where the native client hands complete whole bodies to be decoded as they
+        arrive (a :class:`~gpu_zarr.engine.native_http.Sink`, one chunk per job; those answers
+        come with ``queued`` set, and obstore's never do).
         """
         if not jobs:
             return
         left = list(range(len(jobs)))
         if self.http is not None and (cap is not None or all(j[1] is not None for j in jobs)):
-            left = self._native(list(jobs), on_done, cap, arena=arena)
+            left = self._native(list(jobs), on_done, cap, arena=arena, sink=sink)
         if left:
             sub = [jobs[j] for j in left]
             _LOOP.run(self._stream(sub, lambda k, got: on_done(left[k], got)))
@@ -433,7 +436,7 @@ class RemoteSource:
 
     # -- the native HTTP client (gpu_zarr.engine.native_http) -----------------------------------
     def _native(self, jobs: list[tuple[str, Any]], on_done: Callable[[int, Got | None], None], cap: int | None, *,
-                missing_ok: bool = False, arena: Bodies | None = None) -> list[int]:
+                missing_ok: bool = False, arena: Bodies | None = None, sink: Any = None) -> list[int]:
         """Run ``jobs`` (``(rel, None | (start, end) | {"suffix": n})``) through the native
         client, ``on_done(i, got)`` as each arrives (None: the object does not exist; for
         ranges only with ``missing_ok``). Each body goes into a buffer of its own (``cap``
@@ -481,8 +484,10 @@ class RemoteSource:
                 return
             if got is not None:
                 self._count(len(got.data))
+                if reqs["added"][i]:  # (handed to the sink's decode set as it arrived)
+                    got = Got(got.data, got.size, got.mtime, got.etag, True)
             on_done(i, got)
-        http.fetch([f"{self.http_url}/{r}" for r, _ in jobs], reqs, dests, self.requests, done)
+        http.fetch([f"{self.http_url}/{r}" for r, _ in jobs], reqs, dests, self.requests, done, sink=sink)
         if left:
             self.http = None
             logging.getLogger("gpu_zarr.remote").warning(
@@ -621,12 +626,15 @@ def _what(rng: Any) -> str:
 
 @dataclass(frozen=True)
 class Got:
-    """One answer: its bytes (a buffer), the object's size, modification time (ns) and etag."""
+    """One answer: its bytes (a buffer), the object's size, modification time (ns) and etag;
+    ``queued``: its bytes were handed to the read's native decode set as they arrived (a
+    :class:`~gpu_zarr.engine.native_http.Sink`), and are being decoded already."""
 
     data: Any
     size: int
     mtime: int
     etag: str
+    queued: bool = False
 
 
 def _etag(meta: Any) -> str:

@@ -30,6 +30,7 @@ import numpy as np
 from gpu_zarr.engine.fetch import read_tasks
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.locate import Located, check_sizes, index_entries
+from gpu_zarr.engine.native_http import Handoff, Sink
 from gpu_zarr.engine.plan import Batch, Pieces
 from gpu_zarr.engine.remote import FETCHED, Bodies, Got, RemoteBlob, RemoteSource
 from gpu_zarr.errors import CorruptChunkError, ShardChanged
@@ -61,6 +62,9 @@ class Arrived:
         Its modification time in ns (cache keys).
     names : callable
         ``names(j)``: the name of piece ``pieces[j]`` for messages.
+    queued : bool
+        Its one piece was handed to the read's native decode set as it arrived (``sink`` of
+        :func:`stream_remote`): it is being decoded and placed already.
     """
 
     pieces: np.ndarray
@@ -71,14 +75,21 @@ class Arrived:
     url: str
     mtime: int
     names: Callable[[int], str]
+    queued: bool = False
 
 
 def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
-                  on_arrived: Callable[[Arrived], None], arena: Bodies | None = None) -> dict[str, int]:
+                  on_arrived: Callable[[Arrived], None], arena: Bodies | None = None,
+                  handoff: Handoff | None = None) -> dict[str, int]:
     """Locate and fetch every piece, calling ``on_arrived`` as each answer arrives (from the
     event loop's thread, or this one for what is already known: it must only hand the work
     on). See the module docstring. Returns counts: ``requests``, ``index_requests``,
     ``whole_shards``.
+
+    ``handoff``: a native decode set of the read's pieces (chunk i = piece i), once open. The
+    native HTTP client hands each whole chunk's complete answer to it as it arrives, and
+    reports it later (``queued``). Unsharded arrays only (a shard's answers hold several
+    pieces, and are checked against their index first).
 
     Raises
     ------
@@ -91,15 +102,15 @@ def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
     if not len(pieces):
         return counts
     if not layout.sharded:
-        return _stream_chunks(layout, pieces, source, on_arrived, counts, arena)
+        return _stream_chunks(layout, pieces, source, on_arrived, counts, arena, handoff)
     return _stream_shards(layout, pieces, source, on_arrived, counts, arena)
 
 
 def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arrived: Callable[[Arrived], None],
-                   counts: dict[str, int], arena: Bodies | None) -> dict[str, int]:
+                   counts: dict[str, int], arena: Bodies | None, handoff: Handoff | None) -> dict[str, int]:
     keys = [layout.chunk_key(tuple(c)) for c in pieces.coords.tolist()]
 
-    def hand(i: int, got: Any) -> None:
+    def hand(i: int, got: Any, queued: bool = False) -> None:
         url = source.url_of(keys[i])
         if got is None:
             on_arrived(Arrived(np.array([i]), None, np.zeros(1, np.int64), np.full(1, -1, np.int64), 0, url, -1,
@@ -113,7 +124,7 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
             check_sizes(layout, Located([url], np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([n], np.int64),
                                         [url], np.array([mtime], np.int64)))
         on_arrived(Arrived(np.array([i]), data, np.zeros(1, np.int64), np.array([n], np.int64), 0, url, mtime,
-                           lambda j: url))
+                           lambda j: url, queued))
 
     todo = []
     miss = object()
@@ -129,9 +140,10 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         value = (got.data, got.mtime) if got is not None else None
         if arena is None or arena.lasting:
             FETCHED.put((source.url, keys[i]), value)
-        hand(i, value)
+        hand(i, value, got is not None and got.queued)
     counts["requests"] += len(todo)
-    source.stream([(keys[i], None) for i in todo], done, whole_cap(layout), arena)
+    sink = Sink(handoff, np.asarray(todo, np.int64)) if handoff is not None else None
+    source.stream([(keys[i], None) for i in todo], done, whole_cap(layout), arena, sink)
     return counts
 
 

@@ -85,6 +85,7 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
     chunks go to the cache once the read is done)."""
     import gpu_zarr.engine.native_read as native_read
     from gpu_zarr.engine.native import available as native_available
+    from gpu_zarr.engine.native_http import Handoff
     from gpu_zarr.engine.ops import CpuOps
     from gpu_zarr.engine.remote_fetch import Arrived, stream_remote
 
@@ -204,20 +205,34 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
     # answering (2 cores: the requests reached the server ~0.1 ms later), and the set is opened
     # at the first answer
     on_arrival = small and native_read.serves(lay.codec, out)
+    # once the set is open the native HTTP client hands each whole chunk to it the moment the
+    # answer is in (its Python comes after, while the set decodes)
+    handoff = Handoff() if on_arrival else None
+
+    def open_set() -> Any:
+        s = _native_arrivals(lay, stage, out, pieces, keep, rt, cores)
+        assert handoff is not None
+        handoff.cell[0] = s.handle
+        return s
     # (a pool of its own: a big read's drains on the decode pool never hold a plane up)
-    opening = (rt.pool("remote-open", 4).submit(_native_arrivals, lay, stage, out, pieces, keep, rt, cores)
-               if on_arrival and cores >= OPEN_AHEAD_CORES else None)
+    opening = (rt.pool("remote-open", 4).submit(open_set) if on_arrival and cores >= OPEN_AHEAD_CORES else None)
     native: list[Any] = []  # the set, once opened
     added: dict[int, tuple[Arrived, int]] = {}
+    handed = [0]  # answers the native HTTP client handed to the set itself
 
     def arrived(a: Arrived) -> None:
         if on_arrival:
+            if not native and (a.queued or a.data is not None):
+                native.append(opening.result() if opening is not None else open_set())
+            if a.queued:  # handed to the set natively: decoding already
+                p = int(a.pieces[0])
+                keys[p] = (a.url, a.base, int(a.nbytes[0]), a.mtime)
+                added[p] = (a, 0)
+                handed[0] += 1
+                return
             pos, a = present(a)
             if not len(pos):
                 return
-            if not native:
-                native.append(opening.result() if opening is not None
-                              else _native_arrivals(lay, stage, out, pieces, keep, rt, cores))
             data = a.data if isinstance(a.data, np.ndarray) else np.frombuffer(a.data, np.uint8)
             for j in pos.tolist():
                 added[int(a.pieces[j])] = (a, j)
@@ -234,11 +249,12 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
     # a big read's answers land in reused buffers, held until every drain is done with them
     with arena_for(rt, len(pieces)) as arena:
         try:
-            counts = stream_remote(lay, pieces, lay.source, arrived, arena)
+            counts = stream_remote(lay, pieces, lay.source, arrived, arena, handoff)
             stats["fetch_s"] = time.perf_counter() - t
             if native:
                 left = _arrivals_done(lay, native[0], added, keep)
                 stats["decoded_on_arrival"] = len(added) - len(left)
+                stats["handed_natively"] = handed[0]
                 if left:  # chunks the native library does not decode (Blosc's blosclz, snappy)
                     decode([(np.array([j for a2, j in left if a2 is a], np.int64), a)
                             for a in {id(a): a for a, _ in left}.values()], ops_for(cores))

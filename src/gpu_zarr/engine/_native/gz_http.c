@@ -100,12 +100,15 @@ typedef struct {
     int32_t status;        /* out: HTTP status of the last attempt; -1 no answer (see curl); -2 body longer than cap */
     int32_t curl;          /* out: libcurl's code of the last attempt (0 ok) */
     int32_t attempts;      /* out */
-    int32_t _pad;
+    int32_t added;         /* out: 1 when the body was handed to the fetch's decode set (gz_http_fetch's sink) */
     char etag[96];         /* out */
     char err[128];         /* out: libcurl's words for a failed last attempt */
 } gz_http_req;
 
 typedef void (*gz_http_done_fn)(int64_t i);
+
+/* gz_native.c (the same library): queue chunk i of a decode set (gz_arrivals_open) */
+int gz_arrivals_add(void *h, int64_t i, const uint8_t *src, int64_t nb);
 
 /* multi handles kept between calls with their easy handles: the connection cache, and each easy
  * handle's receive buffer, already touched (fresh buffers cost page faults on every call) */
@@ -234,6 +237,9 @@ typedef struct {
     int64_t finished;            /* requests finished for good */
     int64_t *done_q, done_head, done_tail;  /* finished by helpers, reported by the caller's agent */
     CURLM *caller_m;             /* the caller's multi: woken when a helper finishes a request */
+    volatile int64_t *sink_set;  /* the decode set complete whole bodies go to (0: not open yet), or NULL */
+    const int64_t *sink;         /* per request: its chunk in that set, -1 none */
+    int64_t *late, nlate;        /* handed to the set by the caller's agent: reported when it has nothing to receive */
 } fetch_t;
 
 typedef struct {
@@ -312,6 +318,29 @@ static void report_helpers(runner_t *ag) {
     }
 }
 
+/* a request finished for good with a complete body: hand it to the fetch's decode set (the
+ * sink) when it has one for it, so decoding starts without a trip through the caller's callback;
+ * 1 when handed (its `added` says so) */
+static int handed(fetch_t *f, int64_t i, int code) {
+    gz_http_req *r = &f->reqs[i];
+    r->added = 0;
+    if (!f->sink_set || !f->sink || f->sink[i] < 0 || code != 0 || r->got <= 0 || !complete(r)) return 0;
+    void *set = (void *)(intptr_t)__atomic_load_n(f->sink_set, __ATOMIC_ACQUIRE);
+    if (!set || gz_arrivals_add(set, f->sink[i], r->dest, r->got) != 0) return 0;
+    r->added = 1;
+    return 1;
+}
+
+/* the caller's agent reports what it handed to the decode set (when nothing else is readable) */
+static void report_late(runner_t *ag) {
+    fetch_t *f = ag->f;
+    for (int64_t k = 0; k < f->nlate; k++) {
+        if (f->cancel && *f->cancel) break;  /* (the caller stopped: what is left goes unreported) */
+        if (ag->done) ag->done(f->late[k]);
+    }
+    f->nlate = 0;
+}
+
 static void *run_agent(void *p) {
     runner_t *ag = p;
     fetch_t *f = ag->f;
@@ -353,7 +382,7 @@ static void *run_agent(void *p) {
         int64_t waiting = f->waiting, queued = f->qn;
         pthread_mutex_unlock(&f->mu);
         if (finished >= f->n) {
-            if (ag->main) report_helpers(ag);  /* (a helper's last one, pushed before `finished` grew) */
+            if (ag->main) { report_helpers(ag); report_late(ag); }  /* (a helper's last one, pushed before `finished` grew) */
             break;
         }
         /* a helper with nothing in flight and nothing to take leaves; the caller's agent stays
@@ -394,11 +423,13 @@ static void *run_agent(void *p) {
                 f->retry_at[s->i] = now_ms() + (wait < 5000 ? wait : 5000);
                 f->waiting++;
             } else if (!ag->main) {
+                handed(f, s->i, code);
                 f->done_q[f->done_tail++] = s->i;
             }
             if (!again) f->finished++;
             pthread_mutex_unlock(&f->mu);
             if (again) continue;
+            if (ag->main && handed(f, s->i, code)) { f->late[f->nlate++] = s->i; continue; }  /* reported later */
             if (ag->main) { if (ag->done) ag->done(s->i); }
             else if (C.multi_wakeup) C.multi_wakeup(f->caller_m);
         }
@@ -411,6 +442,12 @@ static void *run_agent(void *p) {
         if (soonest != INT64_MAX) {
             int64_t d = soonest - now_ms();
             timeout = d < 0 ? 0 : (d < 100 ? (int)d : 100);
+        }
+        if (ag->main && f->nlate) {  /* answers handed to the decode set wait for their report while others arrive */
+            int ready = 0;
+            if (active) C.multi_poll(m, NULL, 0, 0, &ready);
+            if (!ready) report_late(ag);
+            if (ready || (f->cancel && *f->cancel)) continue;
         }
         if (active || (ag->main && C.multi_wakeup)) C.multi_poll(m, NULL, 0, timeout, NULL);  /* (woken by helpers) */
         else if (waiting && timeout > 0) {  /* only backoffs are left to wait for (else: the top takes or leaves) */
@@ -438,10 +475,16 @@ out:
  * times (backoff_ms, doubled per attempt, at most 5 s); done(i) is called on the caller's
  * thread as request i finishes for good (complete, or failed: its status and curl code say
  * how). *cancel != 0 stops the call early. Returns 0, or -1 when libcurl is missing, -3 when
- * cancelled, -4 out of memory. */
+ * cancelled, -4 out of memory.
+ * The sink (both NULL: none): request i's complete body goes to chunk sink[i] (>= 0) of the
+ * decode set whose handle is in *sink_set (gz_arrivals_open; 0 while it is not open, and those
+ * answers are only reported) the moment it is in; such a request has `added` 1, and the caller's
+ * agent reports it when nothing else is readable or at the end (so its callback runs while
+ * the set decodes, not between the answers). The set must stay open until this returns. */
 API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_flight, const char **headers,
                       int nheaders, int64_t connect_timeout_ms, int64_t low_speed_s, int attempts, int64_t backoff_ms,
-                      gz_http_done_fn done, volatile int32_t *cancel, int agents) {
+                      gz_http_done_fn done, volatile int32_t *cancel, int agents, volatile int64_t *sink_set,
+                      const int64_t *sink) {
     pthread_once(&curl_once, curl_load);
     if (!C.ok) return -1;
     if (n <= 0) return 0;
@@ -455,19 +498,21 @@ API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_fl
     memset(&f, 0, sizeof f);
     f.urls = urls; f.reqs = reqs; f.n = n; f.connect_timeout_ms = connect_timeout_ms; f.low_speed_s = low_speed_s;
     f.backoff_ms = backoff_ms; f.attempts = attempts; f.cancel = cancel;
+    if (sink_set && sink) { f.sink_set = sink_set; f.sink = sink; }
     for (int k = 0; k < nheaders; k++) f.hdr = C.slist_append(f.hdr, headers[k]);
     f.queue = malloc((size_t)n * sizeof *f.queue);
     f.retry_at = malloc((size_t)n * sizeof *f.retry_at);
     f.done_q = malloc((size_t)n * sizeof *f.done_q);
+    f.late = malloc((size_t)n * sizeof *f.late);
     runner_t ag[MAX_AGENTS];
     memset(ag, 0, sizeof ag);
     int rc = 0, made = 0;
-    if (!f.queue || !f.retry_at || !f.done_q) { rc = -4; goto out; }
+    if (!f.queue || !f.retry_at || !f.done_q || !f.late) { rc = -4; goto out; }
     pthread_mutex_init(&f.mu, NULL);
     f.qn = n;
     for (int64_t i = 0; i < n; i++) {
         f.queue[i] = i; f.retry_at[i] = -1;
-        reqs[i].attempts = 0; reqs[i].status = -1; reqs[i].curl = 0; reqs[i].got = 0;
+        reqs[i].attempts = 0; reqs[i].status = -1; reqs[i].curl = 0; reqs[i].got = 0; reqs[i].added = 0;
         reqs[i].size = -1; reqs[i].mtime = -1; reqs[i].range_start = -1; reqs[i].etag[0] = 0; reqs[i].err[0] = 0;
     }
     for (int k = 0; k < agents; k++) {
@@ -493,11 +538,11 @@ API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_fl
         if (ag[k].rc && !rc) rc = ag[k].rc;
         give_agent(ag[k].a);
     }
-    if (!rc) report_helpers(&ag[0]);  /* (nothing is left: every request was reported above) */
+    if (!rc) { report_helpers(&ag[0]); report_late(&ag[0]); }  /* (nothing is left: every request was reported above) */
     pthread_mutex_destroy(&f.mu);
 out:
     if (f.hdr) C.slist_free_all(f.hdr);
-    free(f.queue); free(f.retry_at); free(f.done_q);
+    free(f.queue); free(f.retry_at); free(f.done_q); free(f.late);
     return rc;
 }
 

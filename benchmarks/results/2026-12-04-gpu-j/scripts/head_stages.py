@@ -50,6 +50,7 @@ wrap(pl, "stage_for", "stage_for", "stage_for returned")
 wrap(pl, "check_fits", "check_fits", "check_fits returned")
 wrap(pl, "plan_pieces", "plan_pieces", "plan_pieces returned")
 from gpu_zarr.engine.ops import CpuOps  # noqa: E402
+
 wrap(CpuOps, "empty", "ops.empty", "ops.empty returned")
 wrap(pl, "run_remote_stream", "run_remote_stream")
 wrap(rr, "arena_for", "arena_for")

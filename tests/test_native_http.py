@@ -261,3 +261,45 @@ def test_a_sink_table_shorter_than_the_requests_is_refused(root):
         nh.HttpClient().fetch([f"http://127.0.0.1:9/obj{k}" for k in range(3)], _reqs([(0, -1)] * 3),
                               [np.zeros(10, np.uint8) for _ in range(3)], 1, None,
                               sink=nh.Sink(nh.Handoff(), np.zeros(2, np.int64)))
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["kept-connections", "new-connections"])
+def test_on_sent_runs_once_while_the_requests_travel(root, warm):
+    """``on_sent`` runs once, before any answer is taken: on kept connections the requests are
+    already at the server while it runs (the caller's setup overlaps their round trip)."""
+    import time
+
+    with RangeServer(root, latency=0.005) as srv:
+        urls = [f"{srv.url}/obj{k}" for k in range(8)]
+        client = nh.HttpClient()
+        if warm:  # connections kept from an earlier fetch
+            client.fetch(urls, _reqs([(0, 10)] * 8), [np.zeros(10, np.uint8) for _ in range(8)], 8)
+        srv.reset_counters()
+        events: list[tuple[str, float]] = []
+
+        def sent():
+            events.append(("sent", time.monotonic()))
+            time.sleep(0.1)  # (the interpreter's lock is free: the server logs what reaches it)
+            events.append(("setup done", time.monotonic()))
+        r = client.fetch(urls, _reqs([(0, 100)] * 8), [np.zeros(100, np.uint8) for _ in range(8)], 8,
+                         lambda i: events.append((f"done {i}", time.monotonic())), on_sent=sent)
+        assert (r["status"] == 206).all() and (r["got"] == 100).all()
+        names = [e for e, _ in events]
+        assert names[:2] == ["sent", "setup done"] and names.count("sent") == 1
+        assert sorted(names[2:]) == sorted(f"done {i}" for i in range(8))
+        if warm:
+            setup_done = events[1][1]
+            assert len(srv.log) == 8 and all(e["time"] < setup_done for e in srv.log), (srv.log, events)
+
+
+def test_an_error_in_on_sent_stops_the_fetch(root):
+    with RangeServer(root, latency=0.05) as srv:
+        urls = [f"{srv.url}/obj{k}" for k in range(40)]
+        seen: list[int] = []
+
+        def sent():
+            raise RuntimeError("setup failed")
+        with pytest.raises(RuntimeError, match="setup failed"):
+            nh.HttpClient().fetch(urls, _reqs([(0, 100)] * 40), [np.zeros(100, np.uint8) for _ in range(40)], 4,
+                                  seen.append, on_sent=sent)
+        assert seen == [] and len(srv.log) <= 4  # no answer reported, the rest never asked for

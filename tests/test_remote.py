@@ -131,19 +131,25 @@ def test_remote_small_read_places_into_the_box_it_is_given(server, stores, rel):
     assert np.shares_memory(got, out)
 
 
-@pytest.mark.parametrize("ahead", [True, False], ids=["set-opened-ahead", "set-opened-at-first-answer"])
+@pytest.mark.parametrize("client", ["native", "obstore"])
 @pytest.mark.parametrize("rel", ["plain.zarr", "sharded.zarr", "v04.ome.zarr/0"])
-def test_small_remote_reads_decode_on_arrival_either_way(server, stores, rel, ahead, monkeypatch):
-    """A small read's native decode set is opened while its requests travel (4+ cores) or at
-    the first answer (fewer): the same pixels, a plane of missing chunks too, and nothing left open."""
+def test_small_remote_reads_decode_on_arrival_either_way(server, stores, rel, client, monkeypatch):
+    """A small read's native decode set is opened while its requests travel (the native
+    client's ``on_sent``), or before obstore's requests are made: the same pixels, a plane of
+    missing chunks too, and nothing left open."""
     import gpu_zarr.engine.native as native
-    import gpu_zarr.engine.remote_read as remote_read
+    import gpu_zarr.engine.native_http as nh
     from gpu_zarr.engine.ops import CpuOps
+    from gpu_zarr.engine.remote import source_of
     from gpu_zarr.engine.runtime import get_runtime
 
-    monkeypatch.setattr(remote_read, "OPEN_AHEAD_CORES", 1 if ahead else 1 << 20)
     ops = CpuOps(get_runtime().pool("cpu-decode", 4), 4, fast=True)
     arr = open_array(f"{server.url}/{rel}")
+    if client == "obstore":
+        pytest.importorskip("obstore")
+        src = source_of(arr)
+        assert src is not None
+        monkeypatch.setattr(src, "http", None)
     ref = _disk(stores, rel)
     for z in (1, ref.shape[0] - 1, 1):  # (the last plane of plain.zarr and sharded.zarr: never written)
         sel = (z,) + (slice(None),) * (ref.ndim - 3) + (slice(0, 32), slice(5, 37))  # a tile: 2-4 chunks
@@ -154,10 +160,13 @@ def test_small_remote_reads_decode_on_arrival_either_way(server, stores, rel, ah
         written = z < 24 or rel.startswith("v04")
         on_arrival = native.available()  # (GPU_ZARR_NATIVE=0: decoded when all are in, in Python)
         assert (res.stats.get("decoded_on_arrival", 0) > 0) == (written and on_arrival), res.stats
-        # the native HTTP client hands whole chunks to the set itself (a shard's answers: never)
-        assert res.stats.get("handed_natively", 0) <= res.stats.get("decoded_on_arrival", 0)
-        if "sharded" in rel:
-            assert res.stats.get("handed_natively", 0) == 0
+        # the native HTTP client hands whole chunks to the set itself, every one (the set is
+        # open before the first answer is taken); a shard's answers and obstore's: never
+        handed = res.stats.get("handed_natively", 0)
+        if "sharded" in rel or client == "obstore" or not nh.available():
+            assert handed == 0, res.stats
+        elif written and on_arrival:
+            assert handed == res.stats["decoded_on_arrival"] == res.stats["requests"] > 0, res.stats
 
 
 def test_many_requests_in_flight(stores):
@@ -337,20 +346,18 @@ def test_corrupt_blosc_chunk_over_http_is_named_never_data(tmp_path, cname, dama
 
 
 @pytest.mark.parametrize("cname", ["lz4", "blosclz"])
-def test_plane_is_decoded_as_its_answers_arrive(tmp_path, cname, monkeypatch):
+def test_plane_is_decoded_as_its_answers_arrive(tmp_path, cname):
     """A viewer's few chunks: each decoded and placed on a native thread as its answer arrives
     (Blosc's blosclz, which the native library leaves to numcodecs, once all are in); chunks
-    the plane cuts go to the chunk cache, and reading them again sends no request. With the
-    decode set opened at the first answer, the native HTTP client hands the other three to
-    it itself (no Python between an answer and its decode)."""
+    the plane cuts go to the chunk cache, and reading them again sends no request. The decode
+    set is opened while the requests travel, so the native HTTP client hands all four to it
+    itself (no Python between an answer and its decode)."""
     import numcodecs
 
     import gpu_zarr.engine.native_http as nh
-    import gpu_zarr.engine.remote_read as remote_read
     from gpu_zarr.engine import EngineOptions, native
     from gpu_zarr.engine.runtime import get_runtime
 
-    monkeypatch.setattr(remote_read, "OPEN_AHEAD_CORES", 1 << 20)
 
     ref = (np.arange(4 * 96 * 96, dtype="<u2").reshape(4, 96, 96) * 7) % 1009
     a = zarr.create_array(tmp_path / "b.zarr", shape=ref.shape, chunks=(1, 64, 64), dtype="<u2", zarr_format=2,
@@ -365,7 +372,7 @@ def test_plane_is_decoded_as_its_answers_arrive(tmp_path, cname, monkeypatch):
         np.testing.assert_array_equal(res.data, ref[sel])
         if native.available():
             assert res.stats["decoded_on_arrival"] == (4 if cname == "lz4" else 0)
-            assert res.stats["handed_natively"] == (3 if nh.available() else 0), res.stats
+            assert res.stats["handed_natively"] == (4 if nh.available() else 0), res.stats
         srv.reset_counters()
         again = engine_read(arr, sel, device="cpu", options=EngineOptions(cache=True))
         np.testing.assert_array_equal(again.data, ref[sel])

@@ -57,7 +57,7 @@ def _lib() -> tuple[Any, str, str]:
     lib.gz_http_fetch.restype = ctypes.c_int
     lib.gz_http_fetch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
                                   ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, _DONE,
-                                  ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+                                  ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     return lib, (ver.value or b"").decode(errors="replace"), ""
 
 
@@ -180,7 +180,8 @@ class HttpClient:
 
     def fetch(self, urls: Sequence[str], reqs: np.ndarray, dests: Sequence[np.ndarray] | Carved, in_flight: int,
               on_done: Callable[[int], None] | None = None, sending: threading.Event | None = None,
-              agents: int | None = None, sink: Sink | None = None) -> np.ndarray:
+              agents: int | None = None, sink: Sink | None = None,
+              on_sent: Callable[[], None] | None = None) -> np.ndarray:
         """GET ``reqs[i]`` (fields ``start``, ``end``: see :data:`REQ`) of ``urls[i]`` into
         ``dests[i]`` (a writable contiguous uint8 array; or the i-th span of a :class:`Carved`
         block), ``in_flight`` at once; ``on_done(i)`` runs (on this thread) as request i
@@ -189,8 +190,11 @@ class HttpClient:
         (it holds no GIL from then on). ``agents``: threads receiving the answers (this one and
         ``agents - 1`` more; default :func:`agents_for` the bytes the destinations hold).
         ``sink``: where complete bodies are decoded as they arrive (:class:`Sink`).
+        ``on_sent()`` runs (on this thread) once the first requests are written, before any
+        answer is taken: the caller's own setup for the answers overlaps their round trip.
 
-        An exception raised by ``on_done`` stops the remaining requests and is raised here.
+        An exception raised by ``on_done`` or ``on_sent`` stops the remaining requests and is
+        raised here.
         """
         lib = _lib()[0]
         if lib is None:
@@ -220,7 +224,10 @@ class HttpClient:
             if failed:
                 return
             try:
-                if on_done is not None:
+                if i < 0:
+                    if on_sent is not None:
+                        on_sent()
+                elif on_done is not None:
                     on_done(int(i))
             except BaseException as exc:  # noqa: BLE001 - raised below, after the native call returns
                 failed.append(exc)
@@ -237,7 +244,7 @@ class HttpClient:
             rc = lib.gz_http_fetch(c_urls, reqs.ctypes.data, n, max(1, int(in_flight)), c_hdr, nhdr,
                                    int(self.connect_timeout_s * 1000), max(1, int(round(self.stall_s))),
                                    max(1, int(self.attempts)), int(self.backoff_s * 1000), _THUNK,
-                                   ctypes.addressof(cancel), max(1, int(agents)), *sink_at)
+                                   ctypes.addressof(cancel), max(1, int(agents)), *sink_at, int(on_sent is not None))
         finally:
             calls.pop()
         if failed:

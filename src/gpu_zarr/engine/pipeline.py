@@ -185,10 +185,11 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
     if streams:
         # a remote store on the CPU's host path: locate and fetch in one, each answer decoded
         # and placed as it arrives (the transfer overlaps the decode)
+        # (the output is made while the requests travel)
         t = time.perf_counter()
-        out = ops.empty(box_shape, lay.out_dtype) if given is None else given
         cache = rt.chunk_cache(device) if opts.cache and stage.decodes and settings.get("cache_bytes") else None
-        keep = run_remote_stream(lay, stage, pieces, out, ops, rt, opts, stats, cache)
+        out, keep = run_remote_stream(lay, stage, pieces, (lambda: ops.empty(box_shape, lay.out_dtype))
+                                      if given is None else (lambda: given), ops, rt, opts, stats, cache)
         result = ops.finish(out, None if region.is_box else region.post)
         if keep is not None and cache is not None:
             for key, chunk in keep.chunks:

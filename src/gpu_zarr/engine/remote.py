@@ -370,7 +370,7 @@ class RemoteSource:
     # -- whole objects and byte ranges, each handed on as it arrives -----------------------------
     def stream(self, jobs: Sequence[tuple[str, tuple[int, int] | None]],
                on_done: Callable[[int, Got | None], None], cap: int | None = None,
-               arena: Bodies | None = None, sink: Any = None) -> None:
+               arena: Bodies | None = None, sink: Any = None, on_sent: Callable[[], None] | None = None) -> None:
         """GET every job, up to ``requests`` in flight, and call ``on_done(i, got)`` (on the
         event loop's thread: it must only hand the work on) as each one arrives.
 
@@ -383,14 +383,25 @@ class RemoteSource:
         ``arena``: where the native client's answers land (else buffers of their own);
         ``sink``: where the native client hands complete whole bodies to be decoded as they
         arrive (a :class:`~gpu_zarr.engine.native_http.Sink`, one chunk per job; those answers
-        come with ``queued`` set, and obstore's never do).
+        come with ``queued`` set, and obstore's never do). ``on_sent()`` runs once, on this
+        thread, before any ``on_done``: as soon as the native client's first requests are
+        written (the caller's setup for the answers then overlaps their round trip), else
+        before obstore's are made.
         """
         if not jobs:
             return
+        told = [on_sent is None]
+
+        def sent() -> None:
+            if not told[0]:
+                told[0] = True
+                assert on_sent is not None
+                on_sent()
         left = list(range(len(jobs)))
         if self.http is not None and (cap is not None or all(j[1] is not None for j in jobs)):
-            left = self._native(list(jobs), on_done, cap, arena=arena, sink=sink)
+            left = self._native(list(jobs), on_done, cap, arena=arena, sink=sink, on_sent=sent)
         if left:
+            sent()
             sub = [jobs[j] for j in left]
             _LOOP.run(self._stream(sub, lambda k, got: on_done(left[k], got)))
 
@@ -436,7 +447,8 @@ class RemoteSource:
 
     # -- the native HTTP client (gpu_zarr.engine.native_http) -----------------------------------
     def _native(self, jobs: list[tuple[str, Any]], on_done: Callable[[int, Got | None], None], cap: int | None, *,
-                missing_ok: bool = False, arena: Bodies | None = None, sink: Any = None) -> list[int]:
+                missing_ok: bool = False, arena: Bodies | None = None, sink: Any = None,
+                on_sent: Callable[[], None] | None = None) -> list[int]:
         """Run ``jobs`` (``(rel, None | (start, end) | {"suffix": n})``) through the native
         client, ``on_done(i, got)`` as each arrives (None: the object does not exist; for
         ranges only with ``missing_ok``). Each body goes into a buffer of its own (``cap``
@@ -484,10 +496,9 @@ class RemoteSource:
                 return
             if got is not None:
                 self._count(len(got.data))
-                if reqs["added"][i]:  # (handed to the sink's decode set as it arrived)
-                    got = Got(got.data, got.size, got.mtime, got.etag, True)
             on_done(i, got)
-        http.fetch([f"{self.http_url}/{r}" for r, _ in jobs], reqs, dests, self.requests, done, sink=sink)
+        http.fetch([f"{self.http_url}/{r}" for r, _ in jobs], reqs, dests, self.requests, done, sink=sink,
+                   on_sent=on_sent)
         if left:
             self.http = None
             logging.getLogger("gpu_zarr.remote").warning(
@@ -495,7 +506,8 @@ class RemoteSource:
         return sorted(left)
 
     def _judge(self, rel: str, rng: Any, r: Any, buf: np.ndarray, missing_ok: bool) -> Got | None:
-        """One finished native request: its answer, None (missing), or a clear error."""
+        """One finished native request: its answer (``queued`` when the native client handed it to
+        the fetch's decode set: its row's ``added``), None (missing), or a clear error."""
         import gpu_zarr.engine.native_http as nh
 
         st, code = int(r["status"]), int(r["curl"])
@@ -505,7 +517,7 @@ class RemoteSource:
         if code == 0:
             if rng is None:
                 if st == 200 and (size < 0 or got_n == size):
-                    return Got(buf[:got_n], got_n, mtime, etag)
+                    return Got(buf[:got_n], got_n, mtime, etag, bool(r["added"]))
                 if st == 404:
                     return None
             else:

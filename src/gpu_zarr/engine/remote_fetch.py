@@ -80,7 +80,7 @@ class Arrived:
 
 def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
                   on_arrived: Callable[[Arrived], None], arena: Bodies | None = None,
-                  handoff: Handoff | None = None) -> dict[str, int]:
+                  handoff: Handoff | None = None, on_sent: Callable[[], None] | None = None) -> dict[str, int]:
     """Locate and fetch every piece, calling ``on_arrived`` as each answer arrives (from the
     event loop's thread, or this one for what is already known: it must only hand the work
     on). See the module docstring. Returns counts: ``requests``, ``index_requests``,
@@ -89,7 +89,8 @@ def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
     ``handoff``: a native decode set of the read's pieces (chunk i = piece i), once open. The
     native HTTP client hands each whole chunk's complete answer to it as it arrives, and
     reports it later (``queued``). Unsharded arrays only (a shard's answers hold several
-    pieces, and are checked against their index first).
+    pieces, and are checked against their index first). ``on_sent()``: see
+    :meth:`RemoteSource.stream` (the chunks' requests; a sharded read's after its indexes).
 
     Raises
     ------
@@ -102,12 +103,13 @@ def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
     if not len(pieces):
         return counts
     if not layout.sharded:
-        return _stream_chunks(layout, pieces, source, on_arrived, counts, arena, handoff)
-    return _stream_shards(layout, pieces, source, on_arrived, counts, arena)
+        return _stream_chunks(layout, pieces, source, on_arrived, counts, arena, handoff, on_sent)
+    return _stream_shards(layout, pieces, source, on_arrived, counts, arena, on_sent)
 
 
 def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arrived: Callable[[Arrived], None],
-                   counts: dict[str, int], arena: Bodies | None, handoff: Handoff | None) -> dict[str, int]:
+                   counts: dict[str, int], arena: Bodies | None, handoff: Handoff | None,
+                   on_sent: Callable[[], None] | None) -> dict[str, int]:
     keys = [layout.chunk_key(tuple(c)) for c in pieces.coords.tolist()]
 
     def hand(i: int, got: Any, queued: bool = False) -> None:
@@ -143,12 +145,13 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         hand(i, value, got is not None and got.queued)
     counts["requests"] += len(todo)
     sink = Sink(handoff, np.asarray(todo, np.int64)) if handoff is not None else None
-    source.stream([(keys[i], None) for i in todo], done, whole_cap(layout), arena, sink)
+    source.stream([(keys[i], None) for i in todo], done, whole_cap(layout), arena, sink, on_sent)
     return counts
 
 
 def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arrived: Callable[[Arrived], None],
-                   counts: dict[str, int], arena: Bodies | None) -> dict[str, int]:
+                   counts: dict[str, int], arena: Bodies | None,
+                   on_sent: Callable[[], None] | None = None) -> dict[str, int]:
     per = np.asarray(layout.inner_per_shard, np.int64)
     shard_coords, inner_coords = pieces.coords // per, pieces.coords % per
     inner_lin = np.asarray(np.ravel_multi_index(inner_coords.T, tuple(per)), np.int64)
@@ -250,7 +253,7 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
     counts["requests"] += len(jobs)
     counts["whole_shards"] += len(whole)
     try:
-        source.stream(jobs, done, shard_cap, arena)
+        source.stream(jobs, done, shard_cap, arena, on_sent=on_sent)
     except ShardChanged:
         # a shard changed since its index was fetched: nothing of it was handed on. Forget every
         # index of this read and read again (pieces of unchanged shards are placed twice, alike)
@@ -260,7 +263,7 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         counts["stale"] = counts.get("stale", 0) + 1
         if counts["stale"] > 2:
             raise CorruptChunkError(f"the shards of {source.url} keep changing while read; try again later") from None
-        return _stream_shards(layout, pieces, source, on_arrived, counts, arena)
+        return _stream_shards(layout, pieces, source, on_arrived, counts, arena)  # (on_sent ran, or no job was sent)
     return counts
 
 

@@ -21,7 +21,8 @@ from gpu_zarr.engine.codecs import CodecStage
 from gpu_zarr.engine.fit import nbytes_of
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.locate import Located, check_sizes
-from gpu_zarr.engine.ops import Ops
+from gpu_zarr.engine.native import available as native_available
+from gpu_zarr.engine.ops import CpuOps, Ops
 from gpu_zarr.engine.options import EngineOptions
 from gpu_zarr.engine.plan import Batch, LazyNames, Pieces, make_batches
 from gpu_zarr.engine.runtime import Runtime, host_empty
@@ -36,7 +37,6 @@ __all__ = ["ARENA_PIECES", "FEED_BATCH_BYTES", "GROUP_BYTES", "SMALL_PIECES", "a
 ARENA_PIECES = 64
 SMALL_PIECES = 16
 CORES = os.cpu_count() or 2  # (asked once: ~0.08 ms of every plane's time before its requests left, cold)
-OPEN_AHEAD_CORES = 4  # cores from which a small read's native decode set is opened while its requests travel
 
 
 def _one_home(items: list[tuple[np.ndarray, Any]], arena: Any = None) -> tuple[np.ndarray, np.ndarray] | None:
@@ -73,38 +73,35 @@ def arena_for(rt: Runtime, pieces: int, ops: Ops | None = None) -> Any:
                      (lambda n: ops.host_buffers(n, 1)) if uploads and ops is not None else None)
 
 
-def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, ops: Ops, rt: Runtime,
-                      opts: EngineOptions, stats: dict[str, Any], cache: Any) -> Keep | None:
+def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: Callable[[], Any], ops: Ops,
+                      rt: Runtime, opts: EngineOptions, stats: dict[str, Any], cache: Any) -> tuple[Any, Keep | None]:
     """The CPU's host path for a remote array: :func:`~gpu_zarr.engine.remote_fetch.stream_remote`
     requests every object at once and hands each answer on as it arrives; answers queue up,
     and a few drain tasks on the decode pool take whatever has arrived: missing pieces
     filled, cached ones placed, the rest decoded with one native call (where they landed when
     one arena block holds them all, else packed into one staging buffer first) and placed with
     another (no Python per chunk: with hundreds of small answers the interpreter, not the
-    decoder, was the limit); that call gets the cores shared among the drains decoding then. Returns the chunk cache's keeper (its
-    chunks go to the cache once the read is done)."""
+    decoder, was the limit); that call gets the cores shared among the drains decoding then.
+
+    The requests leave first: what the answers need -- the output (``new_out()``), the
+    decode pool, a small read's native decode set -- is set up while they travel (the
+    fetch's ``on_sent``; else at the first answer, or at the end when none came). Returns
+    the output and the chunk cache's keeper (its chunks go to the cache once the read is done)."""
     import gpu_zarr.engine.native_read as native_read
-    from gpu_zarr.engine.native import available as native_available
     from gpu_zarr.engine.native_http import Handoff
-    from gpu_zarr.engine.ops import CpuOps
     from gpu_zarr.engine.remote_fetch import Arrived, stream_remote
 
     assert lay.source is not None
-    # decode is CPU work: the drains running at once share the cores between their native calls
-    # (4 drains of 8 threads each on a 2-core machine spent more time switching than decoding;
-    # a plane's chunks, arriving together, are one drain's take and get every core)
     cores = CORES
     drains = max(2, min(4, opts.threads, cores))
-    pool = rt.pool("remote-decode", drains)
-
-    def ops_for(share: int) -> Any:  # (kept by the runtime: made once, not per read; keyed by the library's state)
-        return rt.resource(("remote-decode-ops", share, native_available()),
-                           lambda: CpuOps(fast=True, runtime=rt, native_threads=share))
-    one_ops = ops_for(1)
-    check = needs_host_check(stage, one_ops)
-    stride = decoded_stride(lay)
-    keys: list[Any] = [None] * len(pieces)
-    keep = Keep(keys, pieces, every=opts.cache == "all") if cache is not None else None
+    small = len(pieces) <= SMALL_PIECES
+    # a viewer's few chunks: each decoded and placed on a native thread the moment its answer is
+    # in (no Python thread between), else (no native decoder) all decoded at once when all are in.
+    # Once the set is open the native HTTP client hands each whole chunk to it the moment the
+    # answer is in (its Python comes after, while the set decodes). The set is opened while the
+    # requests travel: on a pool thread (before the native call) it took the CPU from the
+    # sending on 2 cores, and at the first answer it held that answer's decode up
+    handoff = Handoff() if small and native_read.native_codec(lay.codec) is not None else None
     lock = threading.Lock()
     queue: list[Arrived] = []
     futures: list[Any] = []
@@ -112,6 +109,43 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
     busy = [0]  # drains decoding a take now
     hits = [0]
     spent = [0.0, 0.0, 0.0]  # copy, decode, place: seconds summed over the drains
+    keys: list[Any] = [None] * len(pieces)
+    native: list[Any] = []  # the set, once opened
+    added: dict[int, tuple[Arrived, int]] = {}
+    handed = [0]  # answers the native HTTP client handed to the set itself
+    # set up by ready(), while the requests travel
+    out: Any = None
+    keep: Keep | None = None
+    pool: Any = None
+    one_ops: Any = None
+    check = on_arrival = False
+    stride = 0
+
+    def ops_for(share: int) -> Any:  # (kept by the runtime: made once, not per read; keyed by the library's state)
+        return rt.resource(("remote-decode-ops", share, native_available()),
+                           lambda: CpuOps(fast=True, runtime=rt, native_threads=share))
+
+    def ready() -> None:
+        """What the answers need, once (the fetch's ``on_sent``, the first answer, or the end)."""
+        nonlocal out, keep, pool, one_ops, check, on_arrival, stride
+        if out is not None:
+            return
+        o = new_out()
+        # decode is CPU work: the drains running at once share the cores between their native calls
+        # (4 drains of 8 threads each on a 2-core machine spent more time switching than decoding;
+        # a plane's chunks, arriving together, are one drain's take and get every core)
+        pool = rt.pool("remote-decode", drains)
+        one_ops = ops_for(1)
+        check = needs_host_check(stage, one_ops)
+        stride = decoded_stride(lay)
+        keep = Keep(keys, pieces, every=opts.cache == "all") if cache is not None else None
+        on_arrival = handoff is not None and native_read.serves(lay.codec, o)
+        out = o
+        if on_arrival:
+            s = _native_arrivals(lay, stage, out, pieces, keep, rt, cores)
+            native.append(s)
+            assert handoff is not None
+            handoff.cell[0] = s.handle  # from now on complete answers go to the set natively
 
     def present(a: Arrived) -> tuple[np.ndarray, Arrived]:
         """Fill a's missing pieces, place its cached ones; the positions left to decode."""
@@ -196,34 +230,9 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
                 with lock:
                     busy[0] -= 1
 
-    small = len(pieces) <= SMALL_PIECES
-    # a viewer's few chunks: each decoded and placed on a native thread the moment its answer is
-    # in (no Python thread between), else (no native decoder) all decoded at once when all are in.
-    # With cores to spare the native set is opened on a pool thread while the requests are on
-    # the way (this thread keeps the interpreter until the native call that sends them lets it
-    # go); on fewer than OPEN_AHEAD_CORES that thread took the CPU from the sending and the
-    # answering (2 cores: the requests reached the server ~0.1 ms later), and the set is opened
-    # at the first answer
-    on_arrival = small and native_read.serves(lay.codec, out)
-    # once the set is open the native HTTP client hands each whole chunk to it the moment the
-    # answer is in (its Python comes after, while the set decodes)
-    handoff = Handoff() if on_arrival else None
-
-    def open_set() -> Any:
-        s = _native_arrivals(lay, stage, out, pieces, keep, rt, cores)
-        assert handoff is not None
-        handoff.cell[0] = s.handle
-        return s
-    # (a pool of its own: a big read's drains on the decode pool never hold a plane up)
-    opening = (rt.pool("remote-open", 4).submit(open_set) if on_arrival and cores >= OPEN_AHEAD_CORES else None)
-    native: list[Any] = []  # the set, once opened
-    added: dict[int, tuple[Arrived, int]] = {}
-    handed = [0]  # answers the native HTTP client handed to the set itself
-
     def arrived(a: Arrived) -> None:
+        ready()  # (answers already known, or obstore's: before any on_sent)
         if on_arrival:
-            if not native and (a.queued or a.data is not None):
-                native.append(opening.result() if opening is not None else open_set())
             if a.queued:  # handed to the set natively: decoding already
                 p = int(a.pieces[0])
                 keys[p] = (a.url, a.base, int(a.nbytes[0]), a.mtime)
@@ -249,8 +258,9 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
     # a big read's answers land in reused buffers, held until every drain is done with them
     with arena_for(rt, len(pieces)) as arena:
         try:
-            counts = stream_remote(lay, pieces, lay.source, arrived, arena, handoff)
+            counts = stream_remote(lay, pieces, lay.source, arrived, arena, handoff, ready)
             stats["fetch_s"] = time.perf_counter() - t
+            ready()  # (nothing was requested: every piece was known)
             if native:
                 left = _arrivals_done(lay, native[0], added, keep)
                 stats["decoded_on_arrival"] = len(added) - len(left)
@@ -262,8 +272,6 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
                 running[0] += 1
                 drain()
         finally:
-            if opening is not None and not native and opening.exception() is None:
-                native.append(opening.result())  # opened, and no answer needed it
             if native:  # its workers are done before any buffer they use is let go (also on an error)
                 native[0].close()
             errors = [f.exception() for f in futures]
@@ -275,7 +283,7 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
     stats.update(drain_copy_s=spent[0], drain_decode_s=spent[1], drain_place_s=spent[2], drains=drains)
     stats.update(counts, codec=lay.codec, pieces=len(pieces), cache_hits=hits[0],
                  reader=f"remote ({lay.source.requests} requests in flight, decoded as they arrive)")
-    return keep
+    return out, keep
 
 
 GROUP_BYTES = 8 << 20  # encoded bytes that start a decode while more answers are on the way

@@ -240,6 +240,7 @@ typedef struct {
     volatile int64_t *sink_set;  /* the decode set complete whole bodies go to (0: not open yet), or NULL */
     const int64_t *sink;         /* per request: its chunk in that set, -1 none */
     int64_t *late, nlate;        /* handed to the set by the caller's agent: reported when it has nothing to receive */
+    int tell_sent;               /* the caller's agent calls done(-1) once its first requests are on their way */
 } fetch_t;
 
 typedef struct {
@@ -397,6 +398,13 @@ static void *run_agent(void *p) {
         }
         int running = 0;
         C.multi_perform(m, &running);
+        if (ag->main && f->tell_sent) {
+            /* its first requests are written (on kept connections: one perform sends them):
+             * the caller sets up what it needs for the answers while they travel */
+            f->tell_sent = 0;
+            if (ag->done) ag->done(-1);
+            if (f->cancel && *f->cancel) { ag->rc = -3; break; }
+        }
         CURLMsg *msg;
         int left;
         while ((msg = C.multi_info_read(m, &left))) {
@@ -480,11 +488,13 @@ out:
  * decode set whose handle is in *sink_set (gz_arrivals_open; 0 while it is not open, and those
  * answers are only reported) the moment it is in; such a request has `added` 1, and the caller's
  * agent reports it when nothing else is readable or at the end (so its callback runs while
- * the set decodes, not between the answers). The set must stay open until this returns. */
+ * the set decodes, not between the answers). The set must stay open until this returns.
+ * tell_sent != 0: done(-1) is called once, on the caller's thread, right after its agent's first
+ * requests are written, before any answer is taken (the caller's setup overlaps the round trip). */
 API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_flight, const char **headers,
                       int nheaders, int64_t connect_timeout_ms, int64_t low_speed_s, int attempts, int64_t backoff_ms,
                       gz_http_done_fn done, volatile int32_t *cancel, int agents, volatile int64_t *sink_set,
-                      const int64_t *sink) {
+                      const int64_t *sink, int tell_sent) {
     pthread_once(&curl_once, curl_load);
     if (!C.ok) return -1;
     if (n <= 0) return 0;
@@ -499,6 +509,7 @@ API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_fl
     f.urls = urls; f.reqs = reqs; f.n = n; f.connect_timeout_ms = connect_timeout_ms; f.low_speed_s = low_speed_s;
     f.backoff_ms = backoff_ms; f.attempts = attempts; f.cancel = cancel;
     if (sink_set && sink) { f.sink_set = sink_set; f.sink = sink; }
+    f.tell_sent = tell_sent != 0;
     for (int k = 0; k < nheaders; k++) f.hdr = C.slist_append(f.hdr, headers[k]);
     f.queue = malloc((size_t)n * sizeof *f.queue);
     f.retry_at = malloc((size_t)n * sizeof *f.retry_at);

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+import gpu_zarr.engine.native_read as native_read
 from gpu_zarr import settings
 from gpu_zarr.engine.batches import Feed, Keep, decoded_stride, needs_host_check, run_feed
 from gpu_zarr.engine.binary import packed_offsets
@@ -22,6 +23,7 @@ from gpu_zarr.engine.fit import nbytes_of
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.locate import Located, check_sizes
 from gpu_zarr.engine.native import available as native_available
+from gpu_zarr.engine.native_http import Handoff
 from gpu_zarr.engine.ops import CpuOps, Ops
 from gpu_zarr.engine.options import EngineOptions
 from gpu_zarr.engine.plan import Batch, LazyNames, Pieces, make_batches
@@ -87,9 +89,7 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: C
     decode pool, a small read's native decode set -- is set up while they travel (the
     fetch's ``on_sent``; else at the first answer, or at the end when none came). Returns
     the output and the chunk cache's keeper (its chunks go to the cache once the read is done)."""
-    import gpu_zarr.engine.native_read as native_read
-    from gpu_zarr.engine.native_http import Handoff
-    from gpu_zarr.engine.remote_fetch import Arrived, stream_remote
+    from gpu_zarr.engine.remote_fetch import Arrived, stream_remote  # (asyncio and obstore's side: lazily)
 
     assert lay.source is not None
     cores = CORES

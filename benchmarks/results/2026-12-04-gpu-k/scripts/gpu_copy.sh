@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A device call (eleventh session): the GPU wheels (.whl) into /tmp/site, the `bench --remote`
+# A device call (eleventh session): the GPU wheels (.whl) and obstore (.whl-remote) into /tmp/site, the `bench --remote`
 # volumes, then gpu_copy_stages.py on the two unsharded volumes. Results in $OUT.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl .whl-remote/*.whl \
   2>&1 | grep -v WARNING | tail -2
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:src
 gcc -O3 -shared -fPIC -pthread -fvisibility=hidden src/gpu_zarr/engine/_native/gz_native.c \

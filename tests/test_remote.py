@@ -490,15 +490,21 @@ def test_gpu_direct_engine_reads_remote(server, stores, rel):
 
 
 @pytest.mark.gpu
-def test_gpu_small_remote_reads_copy_from_reused_page_locked_staging(server, stores):
-    """A plane (a small read) is placed in page-locked staging and copied to the GPU; the
-    staging goes back to the runtime's pool and the next plane reuses it, while the first
-    plane's device array keeps its pixels."""
+def test_gpu_small_remote_reads_copy_from_reused_page_locked_staging(server, stores, monkeypatch):
+    """A plane (a small read) is placed in page-locked staging and copied to the GPU (its GPU
+    array and the copy set up while the requests travel); the staging goes back to the
+    runtime's pool and the next plane reuses it, while the first plane's device array keeps
+    its pixels. A stepped selection is copied out of the staging first, then uploaded."""
     import cupy
 
+    import gpu_zarr.backends as backends
     from gpu_zarr import zarr_io
     from gpu_zarr.engine.runtime import get_runtime
 
+    ran: list[bool] = []
+    real_run = backends._Upload.run
+    monkeypatch.setattr(backends._Upload, "run",
+                        lambda self, data: ran.append(data is self.host) or real_run(self, data))
     prep = zarr_io.prepare(open_array(f"{server.url}/plain.zarr"), prefer="kvikio")
     ref = _disk(stores, "plain.zarr")
     rt = get_runtime()
@@ -509,10 +515,43 @@ def test_gpu_small_remote_reads_copy_from_reused_page_locked_staging(server, sto
         planes.append(res.data)
         held.add(rt.pinned.held_bytes)
     assert len(held) == 1  # the staging is reused, not a new buffer per plane
+    assert ran == [True] * 4  # every plane's upload was set up while its requests travelled
     for z, p in enumerate(planes):
         np.testing.assert_array_equal(cupy.asnumpy(p), ref[z])
     stepped = prep.read((slice(None, None, 2), 3))  # a copy out of the staging, then uploaded
     np.testing.assert_array_equal(cupy.asnumpy(stepped.data), ref[::2, 3])
+    assert ran == [True] * 4
+
+
+@pytest.mark.parametrize("rel", ["plain.zarr", "sharded.zarr"])
+def test_on_sent_runs_once_while_a_remote_reads_requests_travel(tmp_path, stores, rel):
+    """``EngineOptions.on_sent`` runs once per remote read on the host path, after the
+    requests left and before any answer is placed; not for local reads. An error there stops
+    the read (no result), and the next read is exact."""
+    from gpu_zarr.engine import EngineOptions
+
+    ref = _disk(stores, rel)
+    with RangeServer(stores, latency=0.02) as srv:
+        arr = open_array(f"{srv.url}/{rel}")
+        seen: list[int] = []
+        sel = (2, slice(0, 40), slice(0, 40))
+        FETCHED.clear()
+        res = engine_read(arr, sel, device="cpu",
+                          options=EngineOptions(on_sent=lambda: seen.append(len(srv.log))))
+        np.testing.assert_array_equal(res.data, ref[sel])
+        assert len(seen) == 1 and seen[0] >= 1  # once, with requests already at the server
+        assert res.data.shape == ref[sel].shape
+
+        def boom():
+            raise RuntimeError("setup failed")
+        FETCHED.clear()
+        with pytest.raises(RuntimeError, match="setup failed"):
+            engine_read(arr, sel, device="cpu", options=EngineOptions(on_sent=boom))
+        FETCHED.clear()
+        np.testing.assert_array_equal(engine_read(arr, sel, device="cpu").data, ref[sel])
+    local: list[int] = []
+    engine_read(open_array(stores / rel), sel, device="cpu", options=EngineOptions(on_sent=lambda: local.append(1)))
+    assert local == []
 
 
 def test_bench_remote_runs(tmp_path):

@@ -56,6 +56,11 @@ class EngineOptions:
         ``progress(done_bytes, total_bytes)`` after each batch (decoded bytes).
     cancel : object with ``is_set()``, optional
         Checked between batches; raises :class:`~gpu_zarr.errors.ReadCancelled`.
+    on_sent : callable, optional
+        ``on_sent()`` runs once, on the reading thread, while a remote read's requests travel
+        (the host path: after they are written, before any answer is taken): the caller's
+        own setup for the result overlaps the round trip (the engine backend makes the GPU
+        array a plane is copied to). Not called by other reads; an exception stops the read.
     """
 
     batch_bytes: int = field(default_factory=_setting("batch_bytes"))
@@ -69,6 +74,7 @@ class EngineOptions:
     cache: bool | str = False
     progress: Callable[[int, int], None] | None = None
     cancel: Any = None
+    on_sent: Callable[[], None] | None = None
 
     def with_(self, **changes: Any) -> EngineOptions:
         """A copy with some fields changed."""

@@ -87,7 +87,8 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: C
 
     The requests leave first: what the answers need -- the output (``new_out()``), the
     decode pool, a small read's native decode set -- is set up while they travel (the
-    fetch's ``on_sent``; else at the first answer, or at the end when none came). Returns
+    fetch's ``on_sent``; else at the first answer, or at the end when none came), then the
+    caller's ``opts.on_sent``. Returns
     the output and the chunk cache's keeper (its chunks go to the cache once the read is done)."""
     from gpu_zarr.engine.remote_fetch import Arrived, stream_remote  # (asyncio and obstore's side: lazily)
 
@@ -146,6 +147,8 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: C
             native.append(s)
             assert handoff is not None
             handoff.cell[0] = s.handle  # from now on complete answers go to the set natively
+        if opts.on_sent is not None:  # (the caller's setup, after the decoders are ready)
+            opts.on_sent()
 
     def present(a: Arrived) -> tuple[np.ndarray, Arrived]:
         """Fill a's missing pieces, place its cached ones; the positions left to decode."""

@@ -6,7 +6,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   .whl/*.whl .whl-remote/*.whl 2>&1 | grep -v WARNING | tail -2
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:src
 timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_remote.py tests/test_remote_groups.py \
-  tests/test_remote_open.py tests/test_remote_options.py tests/test_remote_perf.py tests/test_backends.py \
+  tests/test_remote_open.py tests/test_remote_options.py tests/test_remote_perf.py tests/test_lazy.py tests/test_zarr_io.py \
   > $OUT/tests-remote-gpu.txt 2>&1
 tail -3 $OUT/tests-remote-gpu.txt
 for v in remote-full-0 remote-full-2-v2; do

@@ -504,7 +504,7 @@ def test_gpu_small_remote_reads_copy_from_reused_page_locked_staging(server, sto
     ran: list[bool] = []
     real_run = backends._Upload.run
     monkeypatch.setattr(backends._Upload, "run",
-                        lambda self, data: ran.append(data is self.host) or real_run(self, data))
+                        lambda self, data: ran.append(np.shares_memory(data, self.host)) or real_run(self, data))
     prep = zarr_io.prepare(open_array(f"{server.url}/plain.zarr"), prefer="kvikio")
     ref = _disk(stores, "plain.zarr")
     rt = get_runtime()

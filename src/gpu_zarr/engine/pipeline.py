@@ -138,6 +138,8 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
     t0 = time.perf_counter()
     lay = layout or layout_of(_open(arr))
     try:
+        if device != "gpu":  # (no CUDA, no fault to translate: a plane's requests leave sooner)
+            return _read(lay, selection, device, opts, ops, rt, stats, t0, out)
         with faults_as_errors():  # a fault outside the batches' decode (they name their chunks)
             return _read(lay, selection, device, opts, ops, rt, stats, t0, out)
     except (CorruptChunkError, GPUFault) as exc:

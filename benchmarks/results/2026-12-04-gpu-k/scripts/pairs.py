@@ -24,15 +24,17 @@ for path in sys.argv[1:]:
             m = re.match(r"\s+(ts-gpu|ts|ours-host|ours-gpu)\s+(.*)", line)
             if not (m and src):
                 continue
-            cur[m.group(1)] = [float(x) for x in m.group(2).split("|")]
-            if m.group(1) != "ts-gpu":
-                continue
-            res[(vol, src, "ours on the host - ts")].append(cur["ours-host"][-1] - cur["ts"][-1])
-            res[(vol, src, "ours on the GPU - ts")].append(cur["ours-gpu"][-1] - cur["ts"][-1])
-            res[(vol, src, "ts copied to the GPU - ours on the GPU")].append(cur["ts-gpu"][-1] - cur["ours-gpu"][-1])
-            res[(vol, src, "ours: first request at the server")] += [cur["ours-host"][1], cur["ours-gpu"][1]]
-            res[(vol, src, "ts: first request at the server")].append(cur["ts"][1])
-            res[(vol, src, "ours: native call")] += [cur["ours-host"][0], cur["ours-gpu"][0]]
+            who = m.group(1)
+            cur[who] = [float(x) for x in m.group(2).split("|")]
+            if who == "ts":
+                res[(vol, src, "ts: first request at the server")].append(cur["ts"][1])
+            elif who == "ts-gpu":
+                res[(vol, src, "ts copied to the GPU - ours on the GPU")].append(cur["ts-gpu"][-1] - cur["ours-gpu"][-1])
+            else:  # ours-host, ours-gpu (the machine without a GPU has no GPU rows)
+                where = "host" if who == "ours-host" else "GPU"
+                res[(vol, src, f"ours on the {where} - ts")].append(cur[who][-1] - cur["ts"][-1])
+                res[(vol, src, "ours: first request at the server")].append(cur[who][1])
+                res[(vol, src, "ours: native call")].append(cur[who][0])
 for k in sorted(res):
     v = res[k]
     print(f"{k[0]:9s} {k[1]:6s} {k[2]:40s} {min(v):+.2f} .. {max(v):+.2f}  mean {sum(v) / len(v):+.2f}  (n={len(v)})")

@@ -25,6 +25,7 @@ import numpy as np
 
 __all__ = [
     "CODECS",
+    "address",
     "checksums",
     "OK",
     "SHORT",
@@ -171,8 +172,18 @@ def describe(code: int, detail: int = 0) -> str:
     return text
 
 
+def address(a: np.ndarray) -> int:
+    """Where ``a``'s first element lies in memory. A writable array's address comes through
+    the buffer protocol (``a.ctypes.data`` builds a Python helper object each call: ~70 us
+    cold against ~30, four times before a plane's requests left)."""
+    try:  # (a writable C-contiguous array of at least one byte)
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):  # read-only, empty or strided: numpy says
+        return int(a.ctypes.data)
+
+
 def _ptr(a: Any) -> int:
-    return int(a.ctypes.data) if isinstance(a, np.ndarray) else int(a)
+    return address(a) if isinstance(a, np.ndarray) else int(a)
 
 
 def _i64a(v: Any) -> np.ndarray:

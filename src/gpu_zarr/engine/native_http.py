@@ -15,6 +15,7 @@ when it loads (libcurl.so.4, found with dlopen at run time); otherwise, for sign
 
 from __future__ import annotations
 
+import array
 import ctypes
 import functools
 import os
@@ -93,7 +94,7 @@ class Carved:
         offsets, caps = list(self.offsets[:n]), list(self.caps[:n])
         if len(offsets) < n or len(caps) < n or any(o < 0 or c < 0 or o + c > b.nbytes for o, c in zip(offsets, caps)):
             raise ValueError(f"{n} destinations do not all lie inside the block of {b.nbytes} bytes")
-        base = b.ctypes.data
+        base = native.address(b)
         return [base + o for o in offsets], caps
 
 
@@ -105,7 +106,9 @@ class Handoff:
     destinations of every fetch that fed it. Its owner keeps both until the set is closed
     (a worker may still be decoding from them after the fetch returned)."""
 
-    cell: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    # (array.array, not numpy: made before a plane's requests leave, where a numpy call and
+    # its address cost ~0.07 ms cold)
+    cell: array.array = field(default_factory=lambda: array.array("q", [0]))
     alive: list[Any] = field(default_factory=list)
 
 
@@ -114,19 +117,27 @@ class Sink:
     """One fetch's hand-off: request i's complete body goes to chunk ``chunk[i]`` of the
     set of ``to`` (-1: none) with no Python between. Such a request has ``added`` 1 in its
     row, and is reported (``on_done``) when nothing else is arriving: its Python runs while
-    the set decodes."""
+    the set decodes. ``chunk``: int64s (an ``array.array("q")`` or a numpy int64 array)."""
 
     to: Handoff
-    chunk: np.ndarray
+    chunk: Any
 
     def pointers(self, n: int) -> tuple[int, int]:
         """(address of the cell, address of the chunk table) for a fetch of ``n`` requests."""
-        c, k = self.to.cell, self.chunk
-        if not (c.dtype == np.int64 and c.size >= 1 and c.flags.c_contiguous):
-            raise ValueError("a hand-off's cell is one contiguous int64")
-        if not (k.dtype == np.int64 and k.ndim == 1 and k.size >= n and k.flags.c_contiguous):
-            raise ValueError(f"a sink's chunk table holds one int64 per request ({n}), got {k.shape} {k.dtype}")
-        return c.ctypes.data, k.ctypes.data
+        return _int64s(self.to.cell, 1, "a hand-off's cell is one contiguous int64"), _int64s(
+            self.chunk, n, f"a sink's chunk table holds one int64 per request ({n})")
+
+
+def _int64s(v: Any, n: int, what: str) -> int:
+    """The address of at least ``n`` contiguous int64s in ``v`` (an ``array.array("q")`` or a
+    numpy array); else ValueError saying ``what``."""
+    if isinstance(v, array.array):
+        if v.typecode == "q" and v.itemsize == 8 and len(v) >= n:
+            return int(v.buffer_info()[0])
+    elif isinstance(v, np.ndarray) and v.dtype == np.int64 and v.ndim == 1 and v.size >= n and v.flags.c_contiguous:
+        return native.address(v)
+    raise ValueError(f"{what}, got {getattr(v, 'shape', len(v) if hasattr(v, '__len__') else v)} "
+                     f"{getattr(v, 'dtype', getattr(v, 'typecode', type(v).__name__))}")
 
 
 _local = threading.local()
@@ -208,9 +219,10 @@ class HttpClient:
             for d in dests:
                 if not (d.flags.c_contiguous and d.flags.writeable and d.dtype == np.uint8):
                     raise ValueError("each destination must be a writable contiguous uint8 array")
-            addrs, caps = [d.ctypes.data for d in dests], [d.nbytes for d in dests]
+            addrs, caps = [native.address(d) for d in dests], [d.nbytes for d in dests]
         reqs["dest"][:n] = addrs
         reqs["cap"][:n] = caps
+        table = native.address(reqs)
         c_urls = (ctypes.c_char_p * n)(*[u.encode() for u in urls])
         c_hdr, nhdr = _headers(self.headers)
         sink_at: tuple[int | None, int | None] = (None, None)
@@ -241,7 +253,7 @@ class HttpClient:
         calls = _calls()
         calls.append(done)
         try:
-            rc = lib.gz_http_fetch(c_urls, reqs.ctypes.data, n, max(1, int(in_flight)), c_hdr, nhdr,
+            rc = lib.gz_http_fetch(c_urls, table, n, max(1, int(in_flight)), c_hdr, nhdr,
                                    int(self.connect_timeout_s * 1000), max(1, int(round(self.stall_s))),
                                    max(1, int(self.attempts)), int(self.backoff_s * 1000), _THUNK,
                                    ctypes.addressof(cancel), max(1, int(agents)), *sink_at, int(on_sent is not None))

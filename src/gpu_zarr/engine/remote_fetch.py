@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import array
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -110,7 +111,7 @@ def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
 def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arrived: Callable[[Arrived], None],
                    counts: dict[str, int], arena: Bodies | None, handoff: Handoff | None,
                    on_sent: Callable[[], None] | None) -> dict[str, int]:
-    keys = [layout.chunk_key(tuple(c)) for c in pieces.coords.tolist()]
+    keys = [layout.chunk_key(c) for c in pieces.cells]
 
     def hand(i: int, got: Any, queued: bool = False) -> None:
         url = source.url_of(keys[i])
@@ -144,7 +145,7 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
             FETCHED.put((source.url, keys[i]), value)
         hand(i, value, got is not None and got.queued)
     counts["requests"] += len(todo)
-    sink = Sink(handoff, np.asarray(todo, np.int64)) if handoff is not None else None
+    sink = Sink(handoff, array.array("q", todo)) if handoff is not None else None
     source.stream([(keys[i], None) for i in todo], done, whole_cap(layout), arena, sink, on_sent)
     return counts
 

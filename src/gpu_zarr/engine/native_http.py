@@ -89,7 +89,8 @@ class Carved:
     def addresses(self, n: int) -> tuple[list[int], list[int]]:
         """(address, capacity) of the first ``n`` destinations; raises if one lies outside the block."""
         b = self.block
-        if not (b.ndim == 1 and b.flags.c_contiguous and b.flags.writeable and b.dtype == np.uint8):
+        f = b.flags
+        if not (b.ndim == 1 and f.c_contiguous and f.writeable and b.dtype == np.uint8):
             raise ValueError("the block must be a writable contiguous 1-d uint8 array")
         offsets, caps = list(self.offsets[:n]), list(self.caps[:n])
         if len(offsets) < n or len(caps) < n or any(o < 0 or c < 0 or o + c > b.nbytes for o, c in zip(offsets, caps)):

@@ -472,12 +472,11 @@ class RemoteSource:
                 starts[i], ends[i] = int(rng[0]), int(rng[1])
                 sizes[i] = ends[i] - starts[i]
         reqs["start"], reqs["end"] = starts, ends
-        bufs: list[Any]
+        bufs: list[Any] | None = None  # (carved from one block: each answer's view made as it is done)
         dests: Any
         at = list(itertools.accumulate(((z + 63) // 64 * 64 for z in sizes), initial=0))
         if arena is not None and at[-1] <= arena.limit:  # one lease, carved (64-byte aligned)
             block = arena.take(at[-1])
-            bufs = [block[a:a + z] for a, z in zip(at, sizes)]
             dests = nh.Carved(block, at, sizes)
         else:
             bufs = [np.empty(max(z, 1), np.uint8) for z in sizes]
@@ -487,7 +486,10 @@ class RemoteSource:
 
         def done(i: int) -> None:
             rel, rng = jobs[i]
-            buf, bufs[i] = bufs[i], None  # finished: only the answer's consumer keeps it alive
+            if bufs is None:
+                buf = block[at[i]:at[i] + sizes[i]]
+            else:
+                buf, bufs[i] = bufs[i], None  # finished: only the answer's consumer keeps it alive
             try:
                 got = self._judge(rel, rng, reqs[i], buf, missing_ok)
             except NativeHttpDeclined as exc:

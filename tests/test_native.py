@@ -565,3 +565,13 @@ def _decode_in_child(threads: int) -> bool:
     st, _ = native.decode("zstd", src, offs, sizes, dst, np.arange(len(raws)) * 65536, [65536] * len(raws),
                           threads)
     return bool((st == 0).all()) and np.array_equal(dst, np.concatenate(raws))
+
+
+def test_address_is_numpys_for_every_kind_of_array():
+    """native.address takes a writable contiguous array's address through the buffer protocol
+    (cheaper than .ctypes.data); read-only, empty and strided arrays fall back to numpy's."""
+    base = np.zeros((6, 8), np.float32)
+    arrays = [base, base[2:], base[1:3], base[:, 2], base.T, np.zeros(0, np.uint8),
+              np.frombuffer(b"abcdef", np.uint8), np.zeros(3, np.int64)[::-1], np.zeros(1, [("a", "<i8"), ("b", "S4")])]
+    for a in arrays:
+        assert native.address(a) == a.ctypes.data

@@ -39,13 +39,25 @@ def test_batches_cover_every_present_piece_once_with_contiguous_runs(batch_bytes
 
 
 @pytest.mark.parametrize("sel", [Ellipsis, 3, -1, slice(None, None, -1), (slice(2, 9, 3), 4), (Ellipsis, 0),
-                                 (slice(8, 2, -2), slice(None)), (slice(100, 200),)])
+                                 (slice(8, 2, -2), slice(None)), (slice(100, 200),), (3,), (-2, 5), (), (4, -6),
+                                 (np.int64(2),), (True,)])
 def test_normalize_selection_matches_numpy(sel):
     a = np.arange(10 * 6).reshape(10, 6)
+    if sel == (True,):  # a boolean is not an integer index here (numpy would add an axis)
+        with pytest.raises(TypeError, match="only integers, slices and Ellipsis"):
+            normalize_selection(a.shape, sel)
+        return
     r = normalize_selection(a.shape, sel)
     box = a[tuple(slice(x, y) for x, y in zip(r.start, r.stop))]
     assert np.array_equal(box[r.post], a[sel])
     assert a[sel].shape == r.out_shape
+
+
+@pytest.mark.parametrize("sel", [(10,), (-11,), (0, 6), (1, 2, 3)])
+def test_integer_selections_out_of_range_say_so(sel):
+    """A plane's integers take a shorter path; out of range, or too many, they still fail as numpy's do."""
+    with pytest.raises(IndexError, match="out of bounds|too many indices"):
+        normalize_selection((10, 6), sel)
 
 
 def test_small_plans_in_plain_python_equal_numpys(monkeypatch):
@@ -67,6 +79,8 @@ def test_small_plans_in_plain_python_equal_numpys(monkeypatch):
         small = plan.plan_pieces(lay, start, stop)
         monkeypatch.setattr(plan, "SMALL_PLAN", -1)
         big = plan.plan_pieces(lay, start, stop)
+        # (the small plan's keys come from Python ints, its arrays when first asked for)
+        assert len(small) == len(big) and small.cells == [tuple(c) for c in big.coords.tolist()]
         for a, b in ((small.coords, big.coords), (small.table, big.table)):
             assert a.dtype == b.dtype == np.int64 and a.shape == b.shape
             np.testing.assert_array_equal(a, b)

@@ -324,6 +324,17 @@ def test_recycled_memory_comes_back_only_when_every_view_is_gone():
     assert rec.free_bytes > 0
     c = rec.empty((512, 1024), np.uint16)  # an earlier block, reused
     assert rec.reused == 1 and c.ctypes.data in (addr, c.ctypes.data)
+    # a remote read's landing (take): bytes, recycled the same way
+    t = rec.take(600_000)
+    assert t.shape == (600_000,) and t.dtype == np.uint8 and t.flags.writeable
+    held = rec.free_bytes
+    part = t[100:200]
+    del t
+    gc.collect()
+    assert rec.free_bytes == held  # a view of it is alive
+    del part
+    gc.collect()
+    assert rec.free_bytes > held
     rt.close()
     assert rec.free_bytes == 0
 

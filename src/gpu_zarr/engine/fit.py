@@ -19,7 +19,7 @@ def nbytes_of(shape: Iterable[int], itemsize: int = 1) -> int:
     """Bytes of an array of ``shape``, in Python integers: never wraps (``np.prod(...,
     dtype=np.int64)`` wraps to 0 or a negative number for shapes like ``[2**32, 2**32]``, and a
     wrapped size passes every fit check). Negative extents count as 0."""
-    return math.prod(max(int(s), 0) for s in shape) * int(itemsize)
+    return math.prod([max(int(s), 0) for s in shape]) * int(itemsize)
 
 
 def headroom_bytes(total: int) -> int:

@@ -93,7 +93,7 @@ class Carved:
         if not (b.ndim == 1 and f.c_contiguous and f.writeable and b.dtype == np.uint8):
             raise ValueError("the block must be a writable contiguous 1-d uint8 array")
         offsets, caps = list(self.offsets[:n]), list(self.caps[:n])
-        if len(offsets) < n or len(caps) < n or any(o < 0 or c < 0 or o + c > b.nbytes for o, c in zip(offsets, caps)):
+        if len(offsets) < n or len(caps) < n or any([o < 0 or c < 0 or o + c > b.nbytes for o, c in zip(offsets, caps)]):
             raise ValueError(f"{n} destinations do not all lie inside the block of {b.nbytes} bytes")
         base = native.address(b)
         return [base + o for o in offsets], caps

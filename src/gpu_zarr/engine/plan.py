@@ -21,6 +21,9 @@ __all__ = ["Batch", "LazyNames", "Part", "Pieces", "Region", "make_batches", "me
            "normalize_selection", "plan_pieces"]
 
 
+_WHOLE = slice(None)
+
+
 @dataclass(frozen=True)
 class Region:
     """A numpy basic-indexing selection, as a step-1 box plus what to apply to it.
@@ -42,12 +45,12 @@ class Region:
 
     @property
     def box_shape(self) -> tuple[int, ...]:
-        return tuple(b - a for a, b in zip(self.start, self.stop))
+        return tuple([b - a for a, b in zip(self.start, self.stop)])
 
     @property
     def is_box(self) -> bool:
         """True when the result is the box itself (no steps, no dropped dimensions)."""
-        return all(p == slice(None) for p in self.post)
+        return all([p == _WHOLE for p in self.post])
 
 
 def normalize_key(shape: tuple[int, ...], key: Any) -> tuple[int | slice, ...]:
@@ -99,15 +102,18 @@ def normalize_selection(shape: tuple[int, ...], selection: Any = Ellipsis) -> Re
             raise IndexError(f"the region {selection.start}..{selection.stop} lies outside the array's shape {shape}")
         return selection
     sel = (selection,) if type(selection) is int else selection
-    if (type(sel) is tuple and len(sel) <= len(shape)
-            and all(type(s) is int and -n <= s < n for s, n in zip(sel, shape))):
-        # a viewer's plane (integers, then whole axes): no loop per axis (it ran cold before
-        # every plane's requests left)
-        k = len(sel)
-        at = tuple(s % n for s, n in zip(sel, shape))
-        rest = shape[k:]
-        return Region(at + (0,) * len(rest), tuple(i + 1 for i in at) + tuple(rest),
-                      (0,) * k + (slice(None),) * len(rest), tuple(rest))
+    if type(sel) is tuple and len(sel) <= len(shape):
+        # a viewer's plane (integers, then whole axes) in one step: it ran cold before every
+        # plane's requests left (no generator expressions here: each step of one was a call)
+        at = []
+        for s, n in zip(sel, shape):
+            if type(s) is not int or not -n <= s < n:
+                break
+            at.append(s % n)
+        else:
+            rest = tuple(shape[len(at):])
+            return Region(tuple(at) + (0,) * len(rest), tuple([i + 1 for i in at]) + rest,
+                          (0,) * len(at) + (slice(None),) * len(rest), rest)
     start: list[int] = []
     stop: list[int] = []
     post: list[Any] = []
@@ -203,11 +209,11 @@ SMALL_PLAN = 64  # pieces up to which plan_pieces works in plain Python
 def plan_pieces(layout: Layout, start: tuple[int, ...], stop: tuple[int, ...]) -> Pieces:
     """Every (inner) chunk that intersects the box ``[start, stop)``, with its placement."""
     ndim = layout.ndim
-    if any(b <= a for a, b in zip(start, stop)):
+    if any([b <= a for a, b in zip(start, stop)]):
         return Pieces(np.zeros((0, ndim), np.int64), np.zeros((0, ndim, 4), np.int64))
-    shape = tuple(int(c) for c in layout.inner_shape)
+    shape = tuple([int(c) for c in layout.inner_shape])
     spans = [range(a // c, (b - 1) // c + 1) for a, b, c in zip(start, stop, shape)]
-    count = math.prod(len(r) for r in spans)
+    count = math.prod([len(r) for r in spans])
     if count <= SMALL_PLAN:
         # a viewer's plane or tile: plain Python (two dozen numpy calls on tiny arrays took
         # 0.18 ms of a plane's time before its requests left, cold)

@@ -474,7 +474,7 @@ class RemoteSource:
         reqs["start"], reqs["end"] = starts, ends
         bufs: list[Any] | None = None  # (carved from one block: each answer's view made as it is done)
         dests: Any
-        at = list(itertools.accumulate(((z + 63) // 64 * 64 for z in sizes), initial=0))
+        at = list(itertools.accumulate([(z + 63) // 64 * 64 for z in sizes], initial=0))
         if arena is not None and at[-1] <= arena.limit:  # one lease, carved (64-byte aligned)
             block = arena.take(at[-1])
             dests = nh.Carved(block, at, sizes)

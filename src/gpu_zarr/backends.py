@@ -145,11 +145,11 @@ class EngineBackend:
         # the page-locked box a plane is placed in, then (a remote plane, on the GPU) its copy to
         # the GPU set up while the requests travel: after the answers cupy's steps ran cold (the
         # copy took 0.23 ms of a plane's time on the H200, 0.05 of it copying)
-        staged: list[Any] = []
         sent = options.on_sent if options is not None else None
+        staged = _Staged(region.out_shape, after=sent)
         if on_gpu and all(isinstance(p, int) or p == slice(None) for p in region.post):
             # (the result is the whole box, its integer axes dropped: a plane of a volume)
-            sent = _then(sent, lambda: staged.append(_Upload(staged[0], region.out_shape)))
+            sent = staged.prepare
         opts = (EngineOptions(reader="threads", progress=progress, cancel=cancel, on_sent=sent) if options is None
                 else options.with_(reader="threads", progress=progress, cancel=cancel, on_sent=sent))
         rt = self.runtime
@@ -164,10 +164,10 @@ class EngineBackend:
             # H200: 0.06 ms, against 0.3-0.7 ms from ordinary memory)
             dtype = self.layout.out_dtype
             with rt.pinned.lease(nbytes_of(region.box_shape, dtype), 1, rt.pinned_alloc) as (buf,):
-                staged.append(buf.view(dtype).reshape(region.box_shape))
+                staged.box = buf.view(dtype).reshape(region.box_shape)
                 res = engine_read(None, region, device="cpu", options=opts, layout=self.layout, ops=ops, runtime=rt,
-                                  out=staged[0])
-                data = staged[1].run(res.data) if len(staged) > 1 else _to_gpu(res.data)
+                                  out=staged.box)
+                data = staged.to_gpu(res.data)
                 stats = res.stats
         stats["small_read"] = True
         return data, stats, (f"; small read ({small / (1 << 20):.1f} MiB of chunks): decoded on {opts.threads} CPU "
@@ -205,15 +205,27 @@ def _engine() -> tuple[Any, Any, Any]:
     return EngineOptions, engine_read, CpuOps
 
 
-def _then(first: Callable[[], None] | None, second: Callable[[], None]) -> Callable[[], None]:
-    """``second``, after ``first`` when there is one (a caller's ``on_sent`` is kept)."""
-    if first is None:
-        return second
+class _Staged:
+    """A small GPU read's page-locked ``box`` (set by the reader) and its copy to the GPU:
+    :meth:`prepare` (the read's ``on_sent``: while a remote read's requests travel) runs
+    ``after`` (the caller's own ``on_sent``), then sets the copy up (:class:`_Upload`) as the
+    result of ``out_shape``; :meth:`to_gpu` runs it, or copies as :func:`_to_gpu` does when it
+    was not set up (a local read: no ``on_sent``)."""
 
-    def both() -> None:
-        first()
-        second()
-    return both
+    def __init__(self, out_shape: tuple[int, ...], after: Callable[[], None] | None = None) -> None:
+        self.box: np.ndarray | None = None
+        self.upload: _Upload | None = None
+        self._out_shape = out_shape
+        self._after = after
+
+    def prepare(self) -> None:
+        if self._after is not None:
+            self._after()
+        if self.box is not None:
+            self.upload = _Upload(self.box, self._out_shape)
+
+    def to_gpu(self, data: np.ndarray) -> Any:
+        return self.upload.run(data) if self.upload is not None else _to_gpu(data)
 
 
 class _Upload:

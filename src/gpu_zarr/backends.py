@@ -146,8 +146,8 @@ class EngineBackend:
         # the GPU set up while the requests travel: after the answers cupy's steps ran cold (the
         # copy took 0.23 ms of a plane's time on the H200, 0.05 of it copying)
         sent = options.on_sent if options is not None else None
-        staged = _Staged(region.out_shape, after=sent)
-        if on_gpu and all(isinstance(p, int) or p == slice(None) for p in region.post):
+        staged = _Staged(region.out_shape, after=sent) if on_gpu else None
+        if staged is not None and all([isinstance(p, int) or p == _WHOLE for p in region.post]):
             # (the result is the whole box, its integer axes dropped: a plane of a volume)
             sent = staged.prepare
         opts = (EngineOptions(reader="threads", progress=progress, cancel=cancel, on_sent=sent) if options is None
@@ -163,6 +163,7 @@ class EngineBackend:
             # placed in page-locked staging and copied to the GPU from there (a 2 MiB plane on the
             # H200: 0.06 ms, against 0.3-0.7 ms from ordinary memory)
             dtype = self.layout.out_dtype
+            assert staged is not None
             with rt.pinned.lease(nbytes_of(region.box_shape, dtype), 1, rt.pinned_alloc) as (buf,):
                 staged.box = buf.view(dtype).reshape(region.box_shape)
                 res = engine_read(None, region, device="cpu", options=opts, layout=self.layout, ops=ops, runtime=rt,
@@ -205,6 +206,9 @@ def _engine() -> tuple[Any, Any, Any]:
     return EngineOptions, engine_read, CpuOps
 
 
+_WHOLE = slice(None)
+
+
 class _Staged:
     """A small GPU read's page-locked ``box`` (set by the reader) and its copy to the GPU:
     :meth:`prepare` (the read's ``on_sent``: while a remote read's requests travel) runs
@@ -236,12 +240,15 @@ class _Upload:
     def __init__(self, host: np.ndarray, shape: tuple[int, ...]) -> None:
         import cupy
 
+        from gpu_zarr.engine.native import address
+
         self.host = host
         self.dev = cupy.empty(shape, host.dtype)
         if self.dev.nbytes != host.nbytes:
             raise ValueError(f"a {host.shape} box cannot be uploaded as {shape}")
         self.stream = cupy.cuda.get_current_stream()
-        self.src, self.dst = host.__array_interface__["data"][0], self.dev.data.ptr
+        self._address = address  # (imported here, while the requests travel, not after the answers)
+        self.src, self.dst = address(host), self.dev.data.ptr
 
     def run(self, data: np.ndarray) -> Any:
         """The GPU copy of ``data``: ``host`` seen in ``shape`` (a view of all of it, as a
@@ -249,7 +256,7 @@ class _Upload:
         import cupy
 
         if not (data.shape == self.dev.shape and data.dtype == self.host.dtype and data.flags.c_contiguous
-                and data.__array_interface__["data"][0] == self.src):
+                and self._address(data) == self.src):
             return _to_gpu(data)
         cupy.cuda.runtime.memcpyAsync(self.dst, self.src, self.host.nbytes, cupy.cuda.runtime.memcpyHostToDevice,
                                       self.stream.ptr)

@@ -137,8 +137,8 @@ def _int64s(v: Any, n: int, what: str) -> int:
             return int(v.buffer_info()[0])
     elif isinstance(v, np.ndarray) and v.dtype == np.int64 and v.ndim == 1 and v.size >= n and v.flags.c_contiguous:
         return native.address(v)
-    raise ValueError(f"{what}, got {getattr(v, 'shape', len(v) if hasattr(v, '__len__') else v)} "
-                     f"{getattr(v, 'dtype', getattr(v, 'typecode', type(v).__name__))}")
+    raise ValueError(f"{what}, got a {type(v).__name__} of {np.size(v)} "
+                     f"{getattr(v, 'dtype', getattr(v, 'typecode', ''))}")
 
 
 _local = threading.local()

@@ -113,7 +113,7 @@ def normalize_selection(shape: tuple[int, ...], selection: Any = Ellipsis) -> Re
         else:
             rest = tuple(shape[len(at):])
             return Region(tuple(at) + (0,) * len(rest), tuple([i + 1 for i in at]) + rest,
-                          (0,) * len(at) + (slice(None),) * len(rest), rest)
+                          (0,) * len(at) + (_WHOLE,) * len(rest), rest)
     start: list[int] = []
     stop: list[int] = []
     post: list[Any] = []

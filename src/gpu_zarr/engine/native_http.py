@@ -29,8 +29,8 @@ import numpy as np
 
 import gpu_zarr.engine.native as native
 
-__all__ = ["AGENT_BYTES", "MAX_AGENTS", "REQ", "TOO_LONG", "UNANSWERED", "Carved", "Handoff", "HttpClient", "Sink", "agents_for",
-           "available", "client_for", "new_requests", "status"]
+__all__ = ["AGENT_BYTES", "MAX_AGENTS", "REQ", "TOO_LONG", "UNANSWERED", "Carved", "Handoff", "HttpClient", "Landing", "Sink",
+           "agents_for", "available", "client_for", "new_requests", "status"]
 
 #: one request (gz_http_req in gz_http.c)
 REQ = np.dtype([("start", "<i8"), ("end", "<i8"), ("dest", "<u8"), ("cap", "<i8"), ("got", "<i8"),
@@ -97,6 +97,31 @@ class Carved:
             raise ValueError(f"{n} destinations do not all lie inside the block of {b.nbytes} bytes")
         base = native.address(b)
         return [base + o for o in offsets], caps
+
+
+@dataclass(frozen=True)
+class Landing:
+    """Destinations made once the requests are written (:meth:`HttpClient.fetch`'s ``dests``):
+    ``make()`` gives them (arrays, or a :class:`Carved` block), request i's holding at least
+    ``caps[i]`` bytes, and no body is written before they are there (one that comes sooner
+    waits, paused). So a small read's requests leave before its buffers are set up (taking
+    and carving a plane's block cost ~0.1 ms cold, before every plane). A fetch that spreads
+    its answers over several threads makes them before its requests leave."""
+
+    caps: Sequence[int]
+    make: Callable[[], Sequence[np.ndarray] | Carved]
+
+
+def _places(dests: Sequence[np.ndarray] | Carved, n: int) -> tuple[list[int], list[int]]:
+    """(address, capacity) of the first ``n`` destinations, each checked."""
+    if isinstance(dests, Carved):
+        return dests.addresses(n)
+    if len(dests) < n:
+        raise ValueError(f"{n} requests need {n} destinations, got {len(dests)}")
+    for d in dests[:n]:
+        if not (d.flags.c_contiguous and d.flags.writeable and d.dtype == np.uint8):
+            raise ValueError("each destination must be a writable contiguous uint8 array")
+    return [native.address(d) for d in dests[:n]], [d.nbytes for d in dests[:n]]
 
 
 @dataclass(frozen=True)
@@ -190,13 +215,13 @@ class HttpClient:
     attempts: int = 9
     backoff_s: float = 0.05
 
-    def fetch(self, urls: Sequence[str], reqs: np.ndarray, dests: Sequence[np.ndarray] | Carved, in_flight: int,
+    def fetch(self, urls: Sequence[str], reqs: np.ndarray, dests: Sequence[np.ndarray] | Carved | Landing, in_flight: int,
               on_done: Callable[[int], None] | None = None, sending: threading.Event | None = None,
               agents: int | None = None, sink: Sink | None = None,
               on_sent: Callable[[], None] | None = None) -> np.ndarray:
         """GET ``reqs[i]`` (fields ``start``, ``end``: see :data:`REQ`) of ``urls[i]`` into
         ``dests[i]`` (a writable contiguous uint8 array; or the i-th span of a :class:`Carved`
-        block), ``in_flight`` at once; ``on_done(i)`` runs (on this thread) as request i
+        block; or a :class:`Landing`: made once the requests are written), ``in_flight`` at once; ``on_done(i)`` runs (on this thread) as request i
         finishes for good. Returns ``reqs`` filled in (``got``, ``size``, ``mtime``,
         ``status``, ``curl``, ``etag``, ``err``). ``sending`` is set as the native call starts
         (it holds no GIL from then on). ``agents``: threads receiving the answers (this one and
@@ -205,8 +230,8 @@ class HttpClient:
         ``on_sent()`` runs (on this thread) once the first requests are written, before any
         answer is taken: the caller's own setup for the answers overlaps their round trip.
 
-        An exception raised by ``on_done`` or ``on_sent`` stops the remaining requests and is
-        raised here.
+        An exception raised by ``on_done``, ``on_sent`` or a landing's ``make`` stops the remaining
+        requests and is raised here.
         """
         lib = _lib()[0]
         if lib is None:
@@ -214,14 +239,19 @@ class HttpClient:
         n = len(urls)
         if n == 0:
             return reqs
-        if isinstance(dests, Carved):
-            addrs, caps = dests.addresses(n)
-        else:
-            for d in dests:
-                if not (d.flags.c_contiguous and d.flags.writeable and d.dtype == np.uint8):
-                    raise ValueError("each destination must be a writable contiguous uint8 array")
-            addrs, caps = [native.address(d) for d in dests], [d.nbytes for d in dests]
-        reqs["dest"][:n] = addrs
+        landing = dests if isinstance(dests, Landing) else None
+        if landing is not None:
+            caps = list(landing.caps[:n])
+            if len(caps) < n or min(caps) < 0:
+                raise ValueError(f"{n} requests need {n} capacities >= 0, got {landing.caps!r}")
+            if agents is None:
+                agents = agents_for(sum(caps), n)
+            if agents > 1:  # (several threads receive from the start: the destinations first)
+                dests, landing = landing.make(), None
+        if landing is None:
+            assert not isinstance(dests, Landing)
+            addrs, caps = _places(dests, n)
+            reqs["dest"][:n] = addrs
         reqs["cap"][:n] = caps
         table = native.address(reqs)
         c_urls = (ctypes.c_char_p * n)(*[u.encode() for u in urls])
@@ -229,15 +259,27 @@ class HttpClient:
         sink_at: tuple[int | None, int | None] = (None, None)
         if sink is not None:
             sink_at = sink.pointers(n)
-            sink.to.alive.append(dests)  # (the set may read them after this returns)
+            if landing is None:
+                sink.to.alive.append(dests)  # (the set may read them after this returns)
         cancel = ctypes.c_int32(0)
         failed: list[BaseException] = []
+
+        def land(landing: Landing) -> None:
+            made = landing.make()
+            addrs, have = _places(made, n)
+            if any([h < c for h, c in zip(have, caps)]):
+                raise ValueError(f"the destinations made hold {have} bytes; the requests need {caps}")
+            reqs["dest"][:n] = addrs
+            if sink is not None:
+                sink.to.alive.append(made)
 
         def done(i: int) -> None:
             if failed:
                 return
             try:
                 if i < 0:
+                    if landing is not None:
+                        land(landing)
                     if on_sent is not None:
                         on_sent()
                 elif on_done is not None:
@@ -257,7 +299,8 @@ class HttpClient:
             rc = lib.gz_http_fetch(c_urls, table, n, max(1, int(in_flight)), c_hdr, nhdr,
                                    int(self.connect_timeout_s * 1000), max(1, int(round(self.stall_s))),
                                    max(1, int(self.attempts)), int(self.backoff_s * 1000), _THUNK,
-                                   ctypes.addressof(cancel), max(1, int(agents)), *sink_at, int(on_sent is not None))
+                                   ctypes.addressof(cancel), max(1, int(agents)), *sink_at,
+                                   2 if landing is not None else int(on_sent is not None))
         finally:
             calls.pop()
         if failed:

@@ -472,21 +472,27 @@ class RemoteSource:
                 starts[i], ends[i] = int(rng[0]), int(rng[1])
                 sizes[i] = ends[i] - starts[i]
         reqs["start"], reqs["end"] = starts, ends
-        bufs: list[Any] | None = None  # (carved from one block: each answer's view made as it is done)
-        dests: Any
-        at = list(itertools.accumulate([(z + 63) // 64 * 64 for z in sizes], initial=0))
-        if arena is not None and at[-1] <= arena.limit:  # one lease, carved (64-byte aligned)
-            block = arena.take(at[-1])
-            dests = nh.Carved(block, at, sizes)
-        else:
-            bufs = [np.empty(max(z, 1), np.uint8) for z in sizes]
-            dests = bufs
+        # where the answers land, made once the requests are written (they travel meanwhile):
+        # one lease carved (64-byte aligned; each answer's view made as it is done), else
+        # buffers of their own
+        block: Any = None
+        at: list[int] = []
+        bufs: list[Any] = []
+
+        def land() -> Any:
+            nonlocal block, at
+            at = list(itertools.accumulate([(z + 63) // 64 * 64 for z in sizes], initial=0))
+            if arena is not None and at[-1] <= arena.limit:
+                block = arena.take(at[-1])
+                return nh.Carved(block, at, sizes)
+            bufs.extend([np.empty(max(z, 1), np.uint8) for z in sizes])
+            return bufs
         left: list[int] = []
         why: list[str] = []
 
         def done(i: int) -> None:
             rel, rng = jobs[i]
-            if bufs is None:
+            if block is not None:
                 buf = block[at[i]:at[i] + sizes[i]]
             else:
                 buf, bufs[i] = bufs[i], None  # finished: only the answer's consumer keeps it alive
@@ -499,8 +505,8 @@ class RemoteSource:
             if got is not None:
                 self._count(len(got.data))
             on_done(i, got)
-        http.fetch([f"{self.http_url}/{r}" for r, _ in jobs], reqs, dests, self.requests, done, sink=sink,
-                   on_sent=on_sent)
+        http.fetch([f"{self.http_url}/{r}" for r, _ in jobs], reqs, nh.Landing(sizes, land), self.requests, done,
+                   sink=sink, on_sent=on_sent)
         if left:
             self.http = None
             logging.getLogger("gpu_zarr.remote").warning(

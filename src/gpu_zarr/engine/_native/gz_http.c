@@ -59,6 +59,7 @@ static struct {
     struct curl_slist *(*slist_append)(struct curl_slist *, const char *);
     void (*slist_free_all)(struct curl_slist *);
     const char *(*version)(void);
+    int (*easy_pause)(CURL *, int);
     int (*multi_wakeup)(CURLM *);  /* curl >= 7.68; without it a fetch runs on one thread */
 } C;
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -73,7 +74,7 @@ static void curl_load(void) {
     S(multi_init, "curl_multi_init") S(multi_add, "curl_multi_add_handle") S(multi_remove, "curl_multi_remove_handle")
     S(multi_perform, "curl_multi_perform") S(multi_poll, "curl_multi_poll") S(multi_info_read, "curl_multi_info_read")
     S(multi_setopt, "curl_multi_setopt") S(multi_cleanup, "curl_multi_cleanup") S(slist_append, "curl_slist_append")
-    S(slist_free_all, "curl_slist_free_all") S(version, "curl_version")
+    S(slist_free_all, "curl_slist_free_all") S(version, "curl_version") S(easy_pause, "curl_easy_pause")
 #undef S
     *(void **)&C.multi_wakeup = dlsym(h, "curl_multi_wakeup");
     if (C.global_init(3 /* CURL_GLOBAL_ALL */) != 0) { snprintf(C.why, sizeof C.why, "curl_global_init failed"); return; }
@@ -152,13 +153,18 @@ typedef struct {
     gz_http_req *r;
     int64_t i;
     int over;          /* the body ran past cap */
+    const int *armed;  /* 0 while the destinations are not set: a body that comes sooner waits (paused) */
+    int paused;
     char range[64];
     char err[256];
 } slot_t;
 
+#define WRITEFUNC_PAUSE 0x10000001  /* CURL_WRITEFUNC_PAUSE: libcurl keeps the data and gives it again once unpaused */
+
 static size_t on_body(char *p, size_t sz, size_t n, void *u) {
     slot_t *s = u;
     size_t len = sz * n;
+    if (!*s->armed) { s->paused = 1; return WRITEFUNC_PAUSE; }
     if (s->r->got + (int64_t)len > s->r->cap) { s->over = 1; return 0; }
     memcpy(s->r->dest + s->r->got, p, len);
     s->r->got += (int64_t)len;
@@ -241,6 +247,7 @@ typedef struct {
     const int64_t *sink;         /* per request: its chunk in that set, -1 none */
     int64_t *late, nlate;        /* handed to the set by the caller's agent: reported when it has nothing to receive */
     int tell_sent;               /* the caller's agent calls done(-1) once its first requests are on their way */
+    int armed;                   /* the destinations are set (0 until done(-1) returns, for tell_sent 2) */
 } fetch_t;
 
 typedef struct {
@@ -257,7 +264,7 @@ static void start_one(runner_t *ag, slot_t *s, CURL *e, int64_t i) {
     fetch_t *f = ag->f;
     gz_http_req *r = &f->reqs[i];
     memset(s, 0, sizeof *s);
-    s->r = r; s->i = i;
+    s->r = r; s->i = i; s->armed = &f->armed;
     r->got = 0; r->size = -1; r->range_start = -1; r->etag[0] = 0; r->attempts++;
     C.easy_setopt(e, O_URL, f->urls[i]);
     C.easy_setopt(e, O_WRITEFUNCTION, on_body);
@@ -404,6 +411,11 @@ static void *run_agent(void *p) {
             f->tell_sent = 0;
             if (ag->done) ag->done(-1);
             if (f->cancel && *f->cancel) { ag->rc = -3; break; }
+            if (!f->armed) {  /* the destinations are set now: a body that came during the first perform goes on */
+                f->armed = 1;
+                for (int k = 0; k < cap; k++)
+                    if (slots[k].paused) { slots[k].paused = 0; C.easy_pause(easy[k], 0 /* CURLPAUSE_CONT */); }
+            }
         }
         CURLMsg *msg;
         int left;
@@ -420,6 +432,7 @@ static void *run_agent(void *p) {
             if (C.easy_getinfo(e, I_FILETIME_T, &ft) == 0) r->mtime = ft;
             C.multi_remove(m, e);
             active--;
+            s->paused = 0;
             r->curl = code;
             snprintf(r->err, sizeof r->err, "%.127s", code ? (s->err[0] ? s->err : C.easy_strerror(code)) : "");
             r->status = s->over ? -2 : (status ? (int32_t)status : -1);
@@ -490,7 +503,9 @@ out:
  * agent reports it when nothing else is readable or at the end (so its callback runs while
  * the set decodes, not between the answers). The set must stay open until this returns.
  * tell_sent != 0: done(-1) is called once, on the caller's thread, right after its agent's first
- * requests are written, before any answer is taken (the caller's setup overlaps the round trip). */
+ * requests are written, before any answer is taken (the caller's setup overlaps the round trip).
+ * tell_sent == 2: besides, the destinations (each request's dest) are set by done(-1): no body is
+ * written before it returns (one that comes sooner is paused until then), and one agent runs. */
 API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_flight, const char **headers,
                       int nheaders, int64_t connect_timeout_ms, int64_t low_speed_s, int attempts, int64_t backoff_ms,
                       gz_http_done_fn done, volatile int32_t *cancel, int agents, volatile int64_t *sink_set,
@@ -503,13 +518,14 @@ API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_fl
     if (attempts < 1) attempts = 1;
     if (agents > MAX_AGENTS) agents = MAX_AGENTS;
     if (agents > in_flight) agents = in_flight;
-    if (agents < 1 || !C.multi_wakeup) agents = 1;
+    if (agents < 1 || !C.multi_wakeup || tell_sent == 2) agents = 1;
     fetch_t f;
     memset(&f, 0, sizeof f);
     f.urls = urls; f.reqs = reqs; f.n = n; f.connect_timeout_ms = connect_timeout_ms; f.low_speed_s = low_speed_s;
     f.backoff_ms = backoff_ms; f.attempts = attempts; f.cancel = cancel;
     if (sink_set && sink) { f.sink_set = sink_set; f.sink = sink; }
     f.tell_sent = tell_sent != 0;
+    f.armed = tell_sent != 2;
     for (int k = 0; k < nheaders; k++) f.hdr = C.slist_append(f.hdr, headers[k]);
     f.queue = malloc((size_t)n * sizeof *f.queue);
     f.retry_at = malloc((size_t)n * sizeof *f.retry_at);

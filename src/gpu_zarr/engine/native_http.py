@@ -219,16 +219,17 @@ class HttpClient:
               on_done: Callable[[int], None] | None = None, sending: threading.Event | None = None,
               agents: int | None = None, sink: Sink | None = None,
               on_sent: Callable[[], None] | None = None) -> np.ndarray:
-        """GET ``reqs[i]`` (fields ``start``, ``end``: see :data:`REQ`) of ``urls[i]`` into
-        ``dests[i]`` (a writable contiguous uint8 array; or the i-th span of a :class:`Carved`
-        block; or a :class:`Landing`: made once the requests are written), ``in_flight`` at once; ``on_done(i)`` runs (on this thread) as request i
-        finishes for good. Returns ``reqs`` filled in (``got``, ``size``, ``mtime``,
-        ``status``, ``curl``, ``etag``, ``err``). ``sending`` is set as the native call starts
-        (it holds no GIL from then on). ``agents``: threads receiving the answers (this one and
-        ``agents - 1`` more; default :func:`agents_for` the bytes the destinations hold).
-        ``sink``: where complete bodies are decoded as they arrive (:class:`Sink`).
-        ``on_sent()`` runs (on this thread) once the first requests are written, before any
-        answer is taken: the caller's own setup for the answers overlaps their round trip.
+        """GET ``reqs[i]`` (a table of :func:`new_requests`: fields ``start``, ``end``) of
+        ``urls[i]`` into ``dests[i]`` (a writable contiguous uint8 array; or the i-th span of a
+        :class:`Carved` block; or a :class:`Landing`: made once the requests are written),
+        ``in_flight`` at once; ``on_done(i)`` runs (on this thread) as request i finishes for good.
+        Returns ``reqs`` filled in (``got``, ``size``, ``mtime``, ``status``, ``curl``, ``etag``,
+        ``err``). ``sending`` is set as the native call starts (it holds no GIL from then on).
+        ``agents``: threads receiving the answers (this one and ``agents - 1`` more; default
+        :func:`agents_for` the bytes the destinations hold). ``sink``: where complete bodies
+        are decoded as they arrive (:class:`Sink`). ``on_sent()`` runs (on this thread) once
+        the first requests are written, before any answer is taken: the caller's own setup for
+        the answers overlaps their round trip.
 
         An exception raised by ``on_done``, ``on_sent`` or a landing's ``make`` stops the remaining
         requests and is raised here.
@@ -251,9 +252,13 @@ class HttpClient:
         if landing is None:
             assert not isinstance(dests, Landing)
             addrs, caps = _places(dests, n)
-            reqs["dest"][:n] = addrs
-        reqs["cap"][:n] = caps
-        table = native.address(reqs)
+        raw = _raw(reqs)  # (a table of new_requests: checked by that)
+        if len(reqs) < n or (raw is None and (reqs.dtype != REQ or not (reqs.flags.c_contiguous and reqs.flags.writeable))):
+            raise ValueError(f"reqs must be a writable request table (new_requests) of at least {n} rows")
+        if landing is None:
+            _set(raw, reqs, "dest", n, addrs)
+        _set(raw, reqs, "cap", n, caps)
+        table = raw.buffer_info()[0] if raw is not None else native.address(reqs)
         c_urls = (ctypes.c_char_p * n)(*[u.encode() for u in urls])
         c_hdr, nhdr = _headers(self.headers)
         sink_at: tuple[int | None, int | None] = (None, None)
@@ -269,7 +274,7 @@ class HttpClient:
             addrs, have = _places(made, n)
             if any([h < c for h, c in zip(have, caps)]):
                 raise ValueError(f"the destinations made hold {have} bytes; the requests need {caps}")
-            reqs["dest"][:n] = addrs
+            _set(raw, reqs, "dest", n, addrs)
             if sink is not None:
                 sink.to.alive.append(made)
 
@@ -323,8 +328,7 @@ class HttpClient:
         n = len(urls)
         if n == 0:
             return []
-        reqs = new_requests(n)
-        reqs["end"] = -1
+        reqs = new_requests(n, ends=[-1] * n)
         bufs = [np.empty(cap, np.uint8) for _ in range(n)]
         out: list[Any] = [UNANSWERED] * n
 
@@ -379,6 +383,34 @@ def _seconds(v: Any) -> float:
     return float(v.total_seconds()) if hasattr(v, "total_seconds") else float(v)
 
 
-def new_requests(n: int) -> np.ndarray:
-    """A zeroed request table of ``n`` rows."""
-    return np.zeros(n, REQ)
+_ROW = REQ.itemsize // 8  # int64s per row
+_AT = {f: REQ.fields[f][1] // 8 for f in ("start", "end", "dest", "cap")}  # a field's int64 in its row
+
+
+def new_requests(n: int, starts: Sequence[int] | None = None, ends: Sequence[int] | None = None) -> np.ndarray:
+    """A zeroed request table of ``n`` rows (:data:`REQ`), with ``start`` and ``end`` set when given.
+
+    Its memory is an ``array.array`` of int64s: the fields a fetch sets before its requests
+    leave are set there, and its address taken, with no numpy call (a numpy table, its fields
+    set and its address taken cost ~0.05 ms cold before every plane's requests)."""
+    raw = array.array("q", bytes(n * REQ.itemsize))
+    for name, values in (("start", starts), ("end", ends)):
+        if values is not None:
+            _set(raw, None, name, n, values)
+    return np.frombuffer(raw, REQ)
+
+
+def _raw(reqs: np.ndarray) -> array.array | None:
+    """The int64s under a table of :func:`new_requests` (None for another array)."""
+    o = getattr(reqs.base, "obj", None)
+    return o if isinstance(o, array.array) and o.typecode == "q" and len(o) == len(reqs) * _ROW else None
+
+
+def _set(raw: array.array | None, reqs: np.ndarray | None, name: str, n: int, values: Sequence[int]) -> None:
+    """Field ``name`` of the first ``n`` rows = ``values`` (in ``raw`` when there is one)."""
+    if raw is not None:
+        at = _AT[name]
+        raw[at:at + n * _ROW:_ROW] = array.array("q", values)
+    else:
+        assert reqs is not None
+        reqs[name][:n] = values

@@ -460,7 +460,6 @@ class RemoteSource:
         http = self.http
         assert http is not None
         n = len(jobs)
-        reqs = nh.new_requests(n)
         # (Python lists, not numpy per element: a plane's few requests leave sooner)
         starts, ends, sizes = [0] * n, [0] * n, [0] * n
         for i, (_rel, rng) in enumerate(jobs):
@@ -471,7 +470,7 @@ class RemoteSource:
             else:
                 starts[i], ends[i] = int(rng[0]), int(rng[1])
                 sizes[i] = ends[i] - starts[i]
-        reqs["start"], reqs["end"] = starts, ends
+        reqs = nh.new_requests(n, starts, ends)
         # where the answers land, made once the requests are written (they travel meanwhile):
         # one lease carved (64-byte aligned; each answer's view made as it is done), else
         # buffers of their own

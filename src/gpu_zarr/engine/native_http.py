@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -124,7 +124,6 @@ def _places(dests: Sequence[np.ndarray] | Carved, n: int) -> tuple[list[int], li
     return [native.address(d) for d in dests[:n]], [d.nbytes for d in dests[:n]]
 
 
-@dataclass(frozen=True)
 class Handoff:
     """A native decode set (:class:`~gpu_zarr.engine.native.Arrivals`) that fetches hand
     complete bodies to as they arrive (:class:`Sink`): its handle goes into ``cell[0]`` once
@@ -132,10 +131,13 @@ class Handoff:
     destinations of every fetch that fed it. Its owner keeps both until the set is closed
     (a worker may still be decoding from them after the fetch returned)."""
 
-    # (array.array, not numpy: made before a plane's requests leave, where a numpy call and
-    # its address cost ~0.07 ms cold)
-    cell: array.array = field(default_factory=lambda: array.array("q", [0]))
-    alive: list[Any] = field(default_factory=list)
+    # (a plain class and an array.array, not a dataclass and numpy: made before a plane's
+    # requests leave, where a numpy call and its address cost ~0.07 ms cold)
+    __slots__ = ("alive", "cell")
+
+    def __init__(self) -> None:
+        self.cell = array.array("q", [0])
+        self.alive: list[Any] = []
 
 
 @dataclass(frozen=True)

@@ -157,26 +157,27 @@ class Pieces:
     cells : list of tuple of int
         ``coords`` as Python ints (what chunk keys are made from).
 
-    A small plan (:meth:`small`) keeps Python lists and makes the arrays when first asked
-    for: a remote plane's requests leave before any numpy call (each cost ~0.04 ms cold
-    there), and its table is made while they travel.
+    A small plan (:meth:`small`) keeps Python lists and makes its table and arrays when
+    first asked for: a remote plane's requests leave before any numpy call (each cost
+    ~0.04 ms cold there), and its table is made while they travel.
     """
 
-    __slots__ = ("_coords", "_table", "_cells", "_flat", "_ndim")
+    __slots__ = ("_box", "_cells", "_coords", "_ndim", "_table")
 
     def __init__(self, coords: np.ndarray, table: np.ndarray) -> None:
         self._coords: np.ndarray | None = coords
         self._table: np.ndarray | None = table
         self._cells: list[tuple[int, ...]] | None = None
-        self._flat: list[int] | None = None
+        self._box: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
         self._ndim = int(coords.shape[1]) if coords.ndim == 2 else 0
 
     @classmethod
-    def small(cls, cells: list[tuple[int, ...]], flat: list[int], ndim: int) -> Pieces:
-        """Pieces from ``cells`` (coordinates) and ``flat`` (the table, row after row)."""
+    def small(cls, cells: list[tuple[int, ...]], shape: tuple[int, ...], start: tuple[int, ...],
+              stop: tuple[int, ...]) -> Pieces:
+        """Pieces from ``cells`` (coordinates) of chunks of ``shape`` meeting the box ``[start, stop)``."""
         p = cls.__new__(cls)
         p._coords = p._table = None
-        p._cells, p._flat, p._ndim = cells, flat, ndim
+        p._cells, p._box, p._ndim = cells, (shape, start, stop), len(shape)
         return p
 
     @property
@@ -189,8 +190,17 @@ class Pieces:
     @property
     def table(self) -> np.ndarray:
         if self._table is None:
-            assert self._flat is not None and self._cells is not None
-            self._table = np.array(self._flat, np.int64).reshape(len(self._cells), self._ndim, 4)
+            assert self._box is not None and self._cells is not None
+            shape, start, stop = self._box
+            # (one flat list: nested lists and min/max per value took twice as long)
+            flat: list[int] = []
+            for co in self._cells:
+                for c, a, b, i in zip(shape, start, stop, co):
+                    o = i * c
+                    p = o if o > a else a
+                    e = o + c if o + c < b else b
+                    flat += (c, p - o, e - p, p - a)
+            self._table = np.array(flat, np.int64).reshape(len(self._cells), self._ndim, 4)
         return self._table
 
     @property
@@ -216,17 +226,8 @@ def plan_pieces(layout: Layout, start: tuple[int, ...], stop: tuple[int, ...]) -
     count = math.prod([len(r) for r in spans])
     if count <= SMALL_PLAN:
         # a viewer's plane or tile: plain Python (two dozen numpy calls on tiny arrays took
-        # 0.18 ms of a plane's time before its requests left, cold)
-        # (one flat list each: nested lists and min/max per value took twice as long)
-        cells = list(itertools.product(*spans))
-        flat: list[int] = []
-        for co in cells:
-            for c, a, b, i in zip(shape, start, stop, co):
-                o = i * c
-                p = o if o > a else a
-                e = o + c if o + c < b else b
-                flat += (c, p - o, e - p, p - a)
-        return Pieces.small(cells, flat, ndim)
+        # 0.18 ms of a plane's time before its requests left, cold), the table made when asked for
+        return Pieces.small(list(itertools.product(*spans)), shape, tuple(start), tuple(stop))
     inner = np.asarray(shape, dtype=np.int64)
     ranges = [np.arange(r.start, r.stop, dtype=np.int64) for r in spans]
     grids = np.meshgrid(*ranges, indexing="ij")

@@ -102,7 +102,7 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: C
     # answer is in (its Python comes after, while the set decodes). The set is opened while the
     # requests travel: on a pool thread (before the native call) it took the CPU from the
     # sending on 2 cores, and at the first answer it held that answer's decode up
-    handoff = Handoff() if small and native_read.native_codec(lay.codec) is not None else None
+    handoff = Handoff() if small and stage.native is not None else None  # (the stage's native codec)
     lock = threading.Lock()
     queue: list[Arrived] = []
     futures: list[Any] = []

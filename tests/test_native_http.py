@@ -187,6 +187,99 @@ def test_bodies_land_in_a_carved_block_and_a_done_may_fetch_again(root):
     assert block[-64:].sum() == 0
 
 
+@AGENTS
+def test_a_landing_is_made_once_the_requests_are_written(root, agents):
+    """``Landing``: the destinations are made after the requests left (one thread: at
+    ``on_sent``, before it and before any answer is reported; several threads receiving: before
+    the requests leave), once, and every body lands exactly in them."""
+    data = {k: (root / f"obj{k}").read_bytes() for k in range(12)}
+    events: list[str] = []
+    with RangeServer(root) as srv:
+        urls = [f"{srv.url}/obj{k}" for k in range(12)]
+        caps = [len(data[k]) for k in range(12)]
+        made: list[np.ndarray] = []
+
+        def make():
+            events.append("make")
+            made.extend(np.zeros(c, np.uint8) for c in caps)
+            return made
+        r = nh.HttpClient().fetch(urls, _reqs([(0, -1)] * 12), nh.Landing(caps, make), 4,
+                                  lambda i: events.append("done"), agents=agents,
+                                  on_sent=lambda: events.append("sent"))
+    assert events.count("make") == 1 and events[:2] == ["make", "sent"] and events.count("done") == 12
+    for k in range(12):
+        assert int(r["status"][k]) == 200 and int(r["got"][k]) == caps[k]
+        assert bytes(made[k]) == data[k]
+
+
+def test_an_answer_already_there_waits_for_its_landing():
+    """A server that answers before it reads the request (the answer is in the socket when
+    libcurl first looks): the body waits (paused) until the landing is made, then lands whole."""
+    import socket
+    import time
+
+    body = bytes(range(256)) * 64
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(16)
+
+    def serve():
+        while True:
+            try:
+                c, _ = ls.accept()
+            except OSError:
+                return
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+            try:
+                c.settimeout(1)
+                c.recv(65536)
+            except OSError:
+                pass
+            c.close()
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    try:
+        for _ in range(5):
+            made: list[np.ndarray] = []
+
+            def make():
+                time.sleep(0.02)  # (the answer is in long before)
+                made.append(np.zeros(len(body), np.uint8))
+                return made
+            r = nh.HttpClient(attempts=1).fetch([f"http://127.0.0.1:{ls.getsockname()[1]}/x"], _reqs([(0, -1)]),
+                                                nh.Landing([len(body)], make), 1)
+            assert int(r["status"][0]) == 200 and int(r["got"][0]) == len(body) and bytes(made[0]) == body
+    finally:
+        ls.close()
+
+
+def test_a_landing_that_fails_or_is_too_small_stops_the_fetch(root):
+    """What a landing's ``make`` raises is raised by the fetch, and destinations smaller than
+    the capacities given are refused: nothing is written anywhere."""
+    with RangeServer(root) as srv:
+        url = f"{srv.url}/obj3"
+
+        def boom():
+            raise MemoryError("no room for the answers")
+        with pytest.raises(MemoryError, match="no room"):
+            nh.HttpClient().fetch([url], _reqs([(0, 100)]), nh.Landing([100], boom), 1)
+        small = np.zeros(50, np.uint8)
+        with pytest.raises(ValueError, match="hold \\[50\\] bytes; the requests need \\[100\\]"):
+            nh.HttpClient().fetch([url], _reqs([(0, 100)]), nh.Landing([100], lambda: [small]), 1)
+        assert not small.any()
+    with pytest.raises(ValueError, match="2 requests need 2 capacities"):
+        nh.HttpClient().fetch(["http://127.0.0.1:9/x"] * 2, _reqs([(0, 1)] * 2), nh.Landing([1], lambda: []), 1)
+    with pytest.raises(ValueError, match="request table"):
+        nh.HttpClient().fetch(["http://127.0.0.1:9/x"] * 2, _reqs([(0, 1)]), [np.zeros(1, np.uint8)] * 2, 1)
+
+
+def test_a_request_table_sets_its_ranges_without_numpy():
+    r = nh.new_requests(3, [1, 2, 3], [4, 5, -1])
+    assert r.dtype == nh.REQ and r.flags.writeable and r["start"].tolist() == [1, 2, 3]
+    assert r["end"].tolist() == [4, 5, -1] and not r["cap"].any() and not r["dest"].any()
+    assert len(nh.new_requests(0)) == 0
+
+
 def test_a_carved_destination_outside_its_block_is_refused(root):
     block = np.zeros(1000, np.uint8)
     with pytest.raises(ValueError, match="inside the block of 1000 bytes"):

@@ -386,7 +386,7 @@ def _seconds(v: Any) -> float:
 
 
 _ROW = REQ.itemsize // 8  # int64s per row
-_AT = {f: REQ.fields[f][1] // 8 for f in ("start", "end", "dest", "cap")}  # a field's int64 in its row
+_AT = {f: REQ.fields[f][1] // 8 for f in ("start", "end", "dest", "cap")} if REQ.fields else {}  # a field's int64
 
 
 def new_requests(n: int, starts: Sequence[int] | None = None, ends: Sequence[int] | None = None) -> np.ndarray:

@@ -76,6 +76,16 @@ class _Bytes:
     def limit() -> int:
         return int(float(os.environ.get("GPU_ZARR_REMOTE_CACHE_MIB", 256)) * (1 << 20))
 
+    def find(self, keys: Sequence[Any], default: Any) -> list[Any]:
+        """What is kept for each of ``keys`` (``default`` where nothing is), under one lock."""
+        with self._lock:
+            d = self._d
+            found = [d.get(k, default) for k in keys]
+            for k, v in zip(keys, found):
+                if v is not default:
+                    d.move_to_end(k)
+        return found
+
     def get(self, key: Any, default: Any = NOT_KEPT) -> Any:
         """The value kept for ``key`` (None: the object is absent); ``default`` when none is
         kept, or KeyError without one (a plane's misses took a raise and catch each)."""
@@ -461,11 +471,12 @@ class RemoteSource:
         assert http is not None
         n = len(jobs)
         # (Python lists, not numpy per element: a plane's few requests leave sooner)
-        starts, ends, sizes = [0] * n, [0] * n, [0] * n
+        whole = int(cap or 0)
+        starts, ends, sizes = [0] * n, [-1] * n, [whole] * n  # (whole objects: a plane's chunks)
         for i, (_rel, rng) in enumerate(jobs):
             if rng is None:
-                starts[i], ends[i], sizes[i] = 0, -1, int(cap or 0)
-            elif isinstance(rng, dict):
+                continue
+            if isinstance(rng, dict):
                 starts[i], ends[i], sizes[i] = -int(rng["suffix"]), 0, int(rng["suffix"])
             else:
                 starts[i], ends[i] = int(rng[0]), int(rng[1])

@@ -131,8 +131,8 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
 
     todo = []
     miss = object()
-    for i, k in enumerate(keys):
-        got = FETCHED.get((source.url, k), miss)
+    u = source.url
+    for i, got in enumerate(FETCHED.find([(u, k) for k in keys], miss)):
         if got is miss:
             todo.append(i)
         else:

@@ -273,6 +273,14 @@ def test_a_landing_that_fails_or_is_too_small_stops_the_fetch(root):
         nh.HttpClient().fetch(["http://127.0.0.1:9/x"] * 2, _reqs([(0, 1)]), [np.zeros(1, np.uint8)] * 2, 1)
 
 
+def test_a_url_with_a_nul_character_is_refused():
+    """The URLs go to the native call as one buffer of NUL-terminated strings: one holding a NUL
+    would shift every request after it, so the call refuses them all."""
+    with pytest.raises(ValueError, match="holds a NUL character"):
+        nh.HttpClient().fetch(["http://127.0.0.1:9/a\0b", "http://127.0.0.1:9/c"], _reqs([(0, 1)] * 2),
+                              [np.zeros(1, np.uint8)] * 2, 1)
+
+
 def test_a_request_table_sets_its_ranges_without_numpy():
     r = nh.new_requests(3, [1, 2, 3], [4, 5, -1])
     assert r.dtype == nh.REQ and r.flags.writeable and r["start"].tolist() == [1, 2, 3]

@@ -56,7 +56,8 @@ def _lib() -> tuple[Any, str, str]:
     if not lib.gz_http_available(ctypes.byref(why), ctypes.byref(ver)):
         return None, "", f"libcurl did not load ({(why.value or b'').decode(errors='replace')}); install libcurl4"
     lib.gz_http_fetch.restype = ctypes.c_int
-    lib.gz_http_fetch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
+    lib.gz_http_fetch.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
+                                  ctypes.c_void_p,
                                   ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, _DONE,
                                   ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     return lib, (ver.value or b"").decode(errors="replace"), ""
@@ -261,7 +262,8 @@ class HttpClient:
             _set(raw, reqs, "dest", n, addrs)
         _set(raw, reqs, "cap", n, caps)
         table = raw.buffer_info()[0] if raw is not None else native.address(reqs)
-        c_urls = (ctypes.c_char_p * n)(*[u.encode() for u in urls])
+        # (one buffer of NUL-terminated URLs: a ctypes array of n pointers cost ~0.02 ms cold)
+        c_urls = ("\0".join(urls) + "\0").encode()
         c_hdr, nhdr = _headers(self.headers)
         sink_at: tuple[int | None, int | None] = (None, None)
         if sink is not None:
@@ -303,7 +305,7 @@ class HttpClient:
         calls = _calls()
         calls.append(done)
         try:
-            rc = lib.gz_http_fetch(c_urls, table, n, max(1, int(in_flight)), c_hdr, nhdr,
+            rc = lib.gz_http_fetch(c_urls, len(c_urls), table, n, max(1, int(in_flight)), c_hdr, nhdr,
                                    int(self.connect_timeout_s * 1000), max(1, int(round(self.stall_s))),
                                    max(1, int(self.attempts)), int(self.backoff_s * 1000), _THUNK,
                                    ctypes.addressof(cancel), max(1, int(agents)), *sink_at,
@@ -314,6 +316,8 @@ class HttpClient:
             raise failed[0]
         if rc == -4:
             raise MemoryError("the native HTTP client could not allocate its request table")
+        if rc == -5:
+            raise ValueError(f"{n} URLs of which one holds a NUL character: {[u for u in urls if chr(0) in u][:1]!r}")
         if rc < 0 and rc != -3:
             raise RuntimeError(f"the native HTTP client failed ({rc})")
         return reqs

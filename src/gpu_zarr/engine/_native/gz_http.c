@@ -491,12 +491,13 @@ out:
     return NULL;
 }
 
-/* GET every request, up to in_flight at once over `agents` threads (the caller's and
- * agents - 1 more; 1 where libcurl has no curl_multi_wakeup), each request at most attempts
+/* GET every request (request i of the i-th of the n NUL-terminated strings in urls, urls_len
+ * bytes in all: one buffer, not an array of pointers made per call), up to in_flight at once
+ * over `agents` threads (the caller's and agents - 1 more; 1 where libcurl has no curl_multi_wakeup), each request at most attempts
  * times (backoff_ms, doubled per attempt, at most 5 s); done(i) is called on the caller's
  * thread as request i finishes for good (complete, or failed: its status and curl code say
  * how). *cancel != 0 stops the call early. Returns 0, or -1 when libcurl is missing, -3 when
- * cancelled, -4 out of memory.
+ * cancelled, -4 out of memory, -5 urls that are not n strings.
  * The sink (both NULL: none): request i's complete body goes to chunk sink[i] (>= 0) of the
  * decode set whose handle is in *sink_set (gz_arrivals_open; 0 while it is not open, and those
  * answers are only reported) the moment it is in; such a request has `added` 1, and the caller's
@@ -506,7 +507,7 @@ out:
  * requests are written, before any answer is taken (the caller's setup overlaps the round trip).
  * tell_sent == 2: besides, the destinations (each request's dest) are set by done(-1): no body is
  * written before it returns (one that comes sooner is paused until then), and one agent runs. */
-API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_flight, const char **headers,
+API int gz_http_fetch(const char *urls, int64_t urls_len, gz_http_req *reqs, int64_t n, int in_flight, const char **headers,
                       int nheaders, int64_t connect_timeout_ms, int64_t low_speed_s, int attempts, int64_t backoff_ms,
                       gz_http_done_fn done, volatile int32_t *cancel, int agents, volatile int64_t *sink_set,
                       const int64_t *sink, int tell_sent) {
@@ -521,7 +522,7 @@ API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_fl
     if (agents < 1 || !C.multi_wakeup || tell_sent == 2) agents = 1;
     fetch_t f;
     memset(&f, 0, sizeof f);
-    f.urls = urls; f.reqs = reqs; f.n = n; f.connect_timeout_ms = connect_timeout_ms; f.low_speed_s = low_speed_s;
+    f.reqs = reqs; f.n = n; f.connect_timeout_ms = connect_timeout_ms; f.low_speed_s = low_speed_s;
     f.backoff_ms = backoff_ms; f.attempts = attempts; f.cancel = cancel;
     if (sink_set && sink) { f.sink_set = sink_set; f.sink = sink; }
     f.tell_sent = tell_sent != 0;
@@ -531,10 +532,21 @@ API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_fl
     f.retry_at = malloc((size_t)n * sizeof *f.retry_at);
     f.done_q = malloc((size_t)n * sizeof *f.done_q);
     f.late = malloc((size_t)n * sizeof *f.late);
+    f.urls = malloc((size_t)n * sizeof *f.urls);
     runner_t ag[MAX_AGENTS];
     memset(ag, 0, sizeof ag);
     int rc = 0, made = 0;
-    if (!f.queue || !f.retry_at || !f.done_q || !f.late) { rc = -4; goto out; }
+    if (!f.queue || !f.retry_at || !f.done_q || !f.late || !f.urls) { rc = -4; goto out; }
+    {  /* the URLs: n NUL-terminated strings back to back, urls_len bytes in all, nothing left over */
+        const char *p = urls, *end = urls + urls_len;
+        for (int64_t i = 0; i < n; i++) {
+            const char *z = p < end ? memchr(p, 0, (size_t)(end - p)) : NULL;
+            if (!z) { rc = -5; goto out; }
+            f.urls[i] = p;
+            p = z + 1;
+        }
+        if (p != end) { rc = -5; goto out; }
+    }
     pthread_mutex_init(&f.mu, NULL);
     f.qn = n;
     for (int64_t i = 0; i < n; i++) {
@@ -569,7 +581,7 @@ API int gz_http_fetch(const char **urls, gz_http_req *reqs, int64_t n, int in_fl
     pthread_mutex_destroy(&f.mu);
 out:
     if (f.hdr) C.slist_free_all(f.hdr);
-    free(f.queue); free(f.retry_at); free(f.done_q); free(f.late);
+    free(f.queue); free(f.retry_at); free(f.done_q); free(f.late); free((void *)f.urls);
     return rc;
 }
 

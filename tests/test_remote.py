@@ -563,6 +563,21 @@ def test_bench_remote_runs(tmp_path):
     assert "| ours |" in table(rows)
 
 
+def test_bench_remote_warms_its_server_with_every_object(tmp_path):
+    """Before anything is timed a plain client GETs every object of the volume once (a fresh
+    server process's first answers are slower, and they fell on whichever reader ran first)."""
+    from gpu_zarr.bench.remote import _volumes, _warm, _write
+    from gpu_zarr.bench.remote_server import ServerProcess
+
+    spec = next(iter(_volumes("tiny").values()))
+    _write(tmp_path / "v", spec)
+    files = [p for p in (tmp_path / "v").rglob("*") if p.is_file()]
+    with ServerProcess(tmp_path) as srv:
+        srv.reset_counters()
+        _warm(srv.url, tmp_path, "v")
+        assert srv.requests == len(files) and srv.bytes_sent == sum(p.stat().st_size for p in files)
+
+
 @pytest.mark.parametrize("entry", [["-m", "gpu_zarr.bench"], ["-m", "gpu_zarr.cli", "bench"]])
 def test_bench_remote_cli_entries(tmp_path, entry):
     """``python -m gpu_zarr.bench --remote`` and ``gpu-zarr bench --remote`` run (argv from sys.argv)."""

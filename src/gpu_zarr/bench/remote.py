@@ -2,10 +2,12 @@
 
 A :class:`~gpu_zarr.bench.remote_server.ServerProcess` (a loopback server in its own process, as a
 real server is) serves synthetic volumes (written once to
-``--workdir``) with the latency added to every request. For each volume and latency, each
-reader reads the whole array and single planes; reported: ms (best of ``--repeat`` for the
-whole array, median over planes), time to the first plane (open + metadata + one plane, from
-nothing cached), requests, the most requests in flight at once, and bytes moved.
+``--workdir``) with the latency added to every request. For each volume and latency, a plain
+client first GETs every object once (untimed: a fresh server process is slower at first); each
+reader opens the array and reads its first plane, then the readers take turns reading the whole
+array (``--repeat`` rounds) and single planes; reported: ms (best of ``--repeat`` for the whole
+array, median over planes), time to the first plane (open + metadata + one plane, from nothing
+cached), requests, the most requests in flight at once, and bytes moved.
 
 Readers: ``ours`` (the engine's CPU host path over the native HTTP client:
 :func:`gpu_zarr.engine.read` with ``device="cpu"`` and the array's layout parsed once when it
@@ -130,6 +132,23 @@ def _host(x: Any) -> np.ndarray:
     return np.asarray(x.get() if hasattr(x, "get") else x)
 
 
+def _warm(base: str, workdir: Path, rel: str) -> None:
+    """GET every object of the volume once, from a plain client (urllib, 32 at once), before
+    anything is timed: a server process's first answers (its code, its files) are slower, and
+    they fell on whichever reader ran first."""
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = workdir / rel
+    paths = [p.relative_to(workdir).as_posix() for p in sorted(root.rglob("*")) if p.is_file()]
+
+    def get(path: str) -> None:
+        with urllib.request.urlopen(f"{base}/{path}", timeout=120) as r:
+            r.read()
+    with ThreadPoolExecutor(32) as ex:
+        list(ex.map(get, paths))
+
+
 def _clear() -> None:
     from gpu_zarr.engine.remote import FETCHED
     from gpu_zarr.engine.runtime import get_runtime
@@ -162,36 +181,50 @@ def run(workdir: Path, *, size: str = "full", latencies: Sequence[float] = (0, 2
         for lat in latencies:
             with ServerProcess(workdir, latency=lat / 1000) as srv:
                 url = f"{srv.url}/{rel}"
+                _warm(srv.url, workdir, rel)
+                # each reader opens the array and reads its first plane, from nothing cached; then
+                # the whole array and the planes, the readers taking turns (a reader that ran all
+                # its reads first, on a server process nobody had used, was 10-20 % slower)
+                opened, ttfp = {}, {}
                 for name in readers:
                     _clear()
-                    srv.reset_counters()
                     t = time.perf_counter()
                     read = makers[name](url)
                     first = _host(read((0,)))
-                    ttfp = time.perf_counter() - t
-                    whole = []
-                    for _ in range(repeat):
+                    ttfp[name] = time.perf_counter() - t
+                    assert first.shape == check.shape
+                    opened[name] = read
+                whole: dict[str, list[float]] = {name: [] for name in readers}
+                counts: dict[str, tuple[int, int, int]] = {}
+                for _ in range(repeat):
+                    for name in readers:
                         _clear()
                         srv.reset_counters()
                         t = time.perf_counter()
-                        out = read(Ellipsis)
-                        whole.append(time.perf_counter() - t)
-                    reqs, moved, inflight = srv.requests, srv.bytes_sent, srv.max_in_flight
-                    got = _host(out[spec["shape"][0] // 2])
-                    assert np.array_equal(got, check), f"{name} read wrong pixels"
-                    assert first.shape == check.shape
-                    pl = []
-                    srv.reset_counters()
-                    for k in range(planes):
+                        out = opened[name](Ellipsis)
+                        whole[name].append(time.perf_counter() - t)
+                        counts[name] = (srv.requests, srv.bytes_sent, srv.max_in_flight)
+                        got = _host(out[spec["shape"][0] // 2])
+                        assert np.array_equal(got, check), f"{name} read wrong pixels"
+                        del out
+                pl: dict[str, list[float]] = {name: [] for name in readers}
+                plane_reqs = dict.fromkeys(readers, 0)
+                for k in range(planes):
+                    z = (7 * k + 3) % spec["shape"][0]
+                    for name in readers:
                         _clear()
-                        z = (7 * k + 3) % spec["shape"][0]
+                        srv.reset_counters()
                         t = time.perf_counter()
-                        read((z,))
-                        pl.append(time.perf_counter() - t)
-                    row = dict(volume=vname, latency_ms=lat, reader=name, whole_ms=min(whole) * 1e3,
-                               whole_mib_s=nbytes / MiB / min(whole), plane_ms=statistics.median(pl) * 1e3,
-                               first_plane_ms=ttfp * 1e3, requests=reqs, max_in_flight=inflight,
-                               moved_mib=moved / MiB, plane_requests=srv.requests / planes)
+                        opened[name]((z,))
+                        pl[name].append(time.perf_counter() - t)
+                        plane_reqs[name] += srv.requests
+                for name in readers:
+                    reqs, moved, inflight = counts[name]
+                    best = min(whole[name])
+                    row = dict(volume=vname, latency_ms=lat, reader=name, whole_ms=best * 1e3,
+                               whole_mib_s=nbytes / MiB / best, plane_ms=statistics.median(pl[name]) * 1e3,
+                               first_plane_ms=ttfp[name] * 1e3, requests=reqs, max_in_flight=inflight,
+                               moved_mib=moved / MiB, plane_requests=plane_reqs[name] / planes)
                     rows.append(row)
                     log(f"{vname:30s} {lat:3.0f} ms {name:12s} whole {row['whole_ms']:8.0f} ms  plane "
                         f"{row['plane_ms']:6.1f} ms  first plane {row['first_plane_ms']:6.0f} ms  "

@@ -329,13 +329,77 @@ def test_arrivals_sets_in_many_threads_at_once():
 
     def one(_):
         out = np.zeros_like(want)
-        with native.Arrivals("blosc", 8, nb, table, out, np.dtype("<u2"), None, 3, np.empty(3 * nb, np.uint8)) as arr:
+        with native.Arrivals("blosc", 8, nb, table, out, np.dtype("<u2"), None, 3, np.empty(3 * nb, np.uint8),
+                             split=3) as arr:
             for k in range(8):
                 arr.add(k, enc[k], 0, len(enc[k]))
         st, _ = arr.close()
         return bool((st == native.OK).all() and np.array_equal(out, want))
     with ThreadPoolExecutor(8) as pool:
         assert all(pool.map(one, range(64)))
+
+
+def _big_tiles(enc, dtype, n, seed):
+    """n tiles of 512 x 256 (several Blosc blocks each), Blosc-encoded by ``enc``, and their table."""
+    rng = np.random.default_rng(seed)
+    raw = [(np.arange(512 * 256).reshape(512, 256) % (300 + k) + rng.integers(0, 4, (512, 256))).astype(dtype)
+           for k in range(n)]
+    table = np.zeros((n, 2, 4), np.int64)
+    for k in range(n):
+        table[k, 0] = (512, 0, 512, 512 * k)
+        table[k, 1] = (256, 0, 256, 0)
+    return raw, [bytearray(enc.encode(r)) for r in raw], table
+
+
+@needs_native
+@pytest.mark.parametrize("split", [1, 3, 8])
+@pytest.mark.parametrize("enc,dtype", [(numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE, 8192), "<u2"),
+                                       (numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE, 8192), "<f8"),
+                                       (numcodecs.Blosc("zstd", 3, numcodecs.Blosc.BITSHUFFLE, 8192), "<u2"),
+                                       (numcodecs.Blosc("zlib", 1, numcodecs.Blosc.NOSHUFFLE, 65536), "<i4")],
+                         ids=["lz4-shuffle-u2", "lz4-shuffle-f8", "zstd-bitshuffle", "zlib-noshuffle"])
+def test_arrivals_split_a_blosc_chunk_over_workers(enc, dtype, split):
+    """``split``: the blocks of one Blosc chunk (4 to 32 here) are decoded by several workers at
+    once, a run of blocks each, and the chunk is placed once, whole: equal to numcodecs."""
+    raw, encoded, table = _big_tiles(enc, dtype, 5, 7)
+    assert all(int.from_bytes(e[8:12], "little") < raw[0].nbytes for e in encoded)  # (several blocks)
+    nb = raw[0].nbytes
+    out = np.zeros((512 * 5, 256), np.dtype(dtype).newbyteorder("="))
+    keep = [np.empty(nb, np.uint8) if k == 2 else None for k in range(5)]
+    with native.Arrivals("blosc", 5, nb, table, out, np.dtype(dtype), None, 8, np.empty(5 * nb, np.uint8), keep,
+                         split=split) as arr:
+        for k in (3, 0, 4, 2, 1):
+            e = np.frombuffer(bytes(encoded[k]), np.uint8)
+            arr.add(k, e, 0, len(e))
+    st, _ = arr.close()
+    assert (st == native.OK).all()
+    np.testing.assert_array_equal(out, np.concatenate(raw))
+    assert keep[2].tobytes() == raw[2].tobytes()
+
+
+@needs_native
+def test_arrivals_split_chunk_with_a_corrupt_block_fails_whole_and_is_not_placed():
+    """A Blosc chunk decoded by several workers (a run of blocks each): one corrupt block in the
+    middle fails the chunk (its status says so) and nothing of it is placed; a block table
+    pointing outside the chunk fails it too; the other chunk lands."""
+    raw, enc, table = _big_tiles(numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE, 8192), "<u2", 3, 6)
+    nblocks = -(-raw[0].nbytes // int.from_bytes(enc[0][8:12], "little"))
+    assert nblocks == 4 and all(not e[2] & 0x02 for e in enc)  # (compressed: a block table, not one copy)
+    # chunk 1: its 3rd block's first stream says it is longer than the block
+    b = int.from_bytes(enc[1][16 + 4 * 2:20 + 4 * 2], "little")
+    enc[1][b:b + 4] = (10**6).to_bytes(4, "little")
+    # chunk 2: its last block starts past the end
+    enc[2][16 + 4 * 3:20 + 4 * 3] = (len(enc[2]) + 100).to_bytes(4, "little")
+    out = np.full((512 * 3, 256), 7, np.uint16)
+    nb = raw[0].nbytes
+    with native.Arrivals("blosc", 3, nb, table, out, np.dtype("<u2"), None, 4, np.empty(3 * nb, np.uint8),
+                         split=4) as arr:
+        for k in range(3):
+            e = np.frombuffer(bytes(enc[k]), np.uint8)
+            arr.add(k, e, 0, len(e))
+    st, _ = arr.close()
+    assert st[0] == native.OK and np.array_equal(out[:512], raw[0])
+    assert st[1] != native.OK and st[2] != native.OK and (out[512:] == 7).all()
 
 
 # ---------------------------------------------------------------- engine

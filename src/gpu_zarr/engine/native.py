@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 LIBNAME = "libgz_native.so"
-VERSION = 3  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
+VERSION = 4  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
 CODECS = {"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6}
 OK, OPEN, SHORT, IO, BOUNDS = 0, 1, 2, 3, 4
 UNSUPPORTED = frozenset(range(20, 25))
@@ -124,7 +124,7 @@ def _load() -> tuple[Any, NativeStatus]:
                              _i64, _vp, _vp, _i64, _int, _i32p, _i64p]
     lib.gz_arrivals_open.restype = _vp
     lib.gz_arrivals_open.argtypes = [_int, _i64, _i64, _i64p, _int, _i64p, _int, _int, _vp, _i64, _vp, _vp, _int,
-                                     _i32p, _i64p]
+                                     _int, _i32p, _i64p]
     lib.gz_arrivals_add.restype = _int
     lib.gz_arrivals_add.argtypes = [_vp, _i64, _vp, _i64]
     lib.gz_arrivals_close.restype = _i64
@@ -345,8 +345,13 @@ class Arrivals:
     table, out, disk_dtype, perm
         As for :func:`place`.
     threads : int
+        Workers at most on the set at once (the library's, kept between sets).
     scratch : ndarray of uint8
-        At least ``threads * chunk_nbytes`` bytes.
+        At least ``min(threads, n) * chunk_nbytes`` bytes.
+    split : int
+        Workers at most on one Blosc chunk of several blocks (a run of its blocks each): the
+        last chunk of a read to arrive is not decoded by one thread while the others wait.
+        1 (the default): one worker a chunk.
     keep : list, optional
         Per chunk a buffer of ``chunk_nbytes`` bytes to decode into and keep, or None.
     """
@@ -355,11 +360,11 @@ class Arrivals:
 
     def __init__(self, codec: str, n: int, chunk_nbytes: int, table: np.ndarray, out: np.ndarray,
                  disk_dtype: np.dtype, perm: tuple[int, ...] | None, threads: int, scratch: np.ndarray,
-                 keep: list[np.ndarray | None] | None = None) -> None:
+                 keep: list[np.ndarray | None] | None = None, split: int = 1) -> None:
         _check_buffer(out, "out")
-        threads = max(1, min(int(threads), n, 64))
-        if scratch.nbytes < threads * chunk_nbytes:
-            raise ValueError(f"scratch has {scratch.nbytes} bytes, {threads * chunk_nbytes} needed")
+        threads = max(1, min(int(threads), 64))
+        if scratch.nbytes < min(threads, n) * chunk_nbytes:
+            raise ValueError(f"scratch has {scratch.nbytes} bytes, {min(threads, n) * chunk_nbytes} needed")
         self.status, self.detail = np.empty(n, np.int32), np.empty(n, np.int64)
         tab, strides, unit, swap = _geometry(table, out, np.dtype(disk_dtype), perm)
         self._keep_arr = _pointers(keep)
@@ -369,7 +374,7 @@ class Arrivals:
         self._h = library().gz_arrivals_open(CODECS[codec], n, int(chunk_nbytes), tab, tab.shape[1], strides, unit,
                                              swap, _ptr(out), out.nbytes,
                                              None if self._keep_arr is None else _ptr(self._keep_arr), _ptr(scratch),
-                                             threads, self.status, self.detail)
+                                             threads, max(1, int(split)), self.status, self.detail)
         if not self._h:
             raise MemoryError("the native library could not start decoding as answers arrive (out of memory?)")
 

@@ -139,7 +139,7 @@ API const char *gz_library_error(int k) {
     return (k >= 0 && k < 4) ? L.why[k] : "";
 }
 
-API int gz_version(void) { return 3; }
+API int gz_version(void) { return 4; }
 
 /* ---------------------------------------------------------------- decoder contexts
  * One per worker for the call's duration, taken from and returned to a small global pool
@@ -293,7 +293,14 @@ static void unshuffle_bits(const uint8_t *s, uint8_t *d, int64_t size, int ts) {
     memcpy(d + n * ts, s + n * ts, (size_t)(size - n * ts));
 }
 
-static int dec_blosc(Ctx *c, const uint8_t *s, int64_t n, uint8_t *d, int64_t cap, int64_t *detail) {
+/* a Blosc 1.x chunk's header, checked against the chunk's n bytes and its decoded size cap */
+typedef struct {
+    int ts, flags, comp, memcpyed;
+    int64_t nbytes, block, cbytes, nblocks, leftover;
+} BloscHdr;
+
+static int blosc_hdr(const uint8_t *s, int64_t n, int64_t cap, BloscHdr *h, int64_t *detail) {
+    memset(h, 0, sizeof *h);
     if (n < 16) return S_HEADER;
     int version = s[0], flags = s[2], ts = s[3];
     int64_t nbytes = rd32(s + 4), block = rd32(s + 8), cbytes = rd32(s + 12);
@@ -302,25 +309,36 @@ static int dec_blosc(Ctx *c, const uint8_t *s, int64_t n, uint8_t *d, int64_t ca
     if (nbytes != cap) { *detail = nbytes; return S_SIZE; }
     if (cbytes < 16 || cbytes > n) return S_HEADER;
     if (ts < 1) return S_HEADER; /* c-blosc refuses typesize 0 for every chunk, memcpyed ones too */
+    h->ts = ts; h->flags = flags; h->nbytes = nbytes; h->block = block; h->cbytes = cbytes;
     if (flags & 0x02) { /* memcpyed */
         if (cbytes != nbytes + 16) return S_HEADER;
-        memcpy(d, s + 16, (size_t)nbytes);
+        h->memcpyed = 1;
         return S_OK;
     }
     int comp = flags >> 5;
     if (comp == 0) return S_UNSUP_BLOSCLZ;
     if (comp == 2) return S_UNSUP_SNAPPY;
     if (comp != 1 && comp != 3 && comp != 4) return S_HEADER;
-    if (ts < 1 || block < 1) return S_HEADER;
-    int64_t nblocks = (nbytes + block - 1) / block, leftover = nbytes % block;
-    if (16 + 4 * nblocks > cbytes) return S_BLOCKS;
+    if (block < 1) return S_HEADER;
+    h->comp = comp;
+    h->nblocks = (nbytes + block - 1) / block;
+    h->leftover = nbytes % block;
+    if (16 + 4 * h->nblocks > cbytes) return S_BLOCKS;
+    return S_OK;
+}
+
+/* blocks [j0, j1) of a chunk whose header h checked (not memcpyed) into d (the whole chunk's
+ * nbytes): blocks are independent, so one chunk's may be decoded by several workers at once */
+static int blosc_blocks(Ctx *c, const BloscHdr *h, const uint8_t *s, uint8_t *d, int64_t j0, int64_t j1) {
+    int flags = h->flags, ts = h->ts, comp = h->comp;
+    int64_t nbytes = h->nbytes, block = h->block, cbytes = h->cbytes, nblocks = h->nblocks, leftover = h->leftover;
     int byte_sh = (flags & 0x01) && ts > 1, bit_sh = (flags & 0x04) != 0;
     uint8_t *tmp = NULL;
     if (byte_sh || bit_sh) {
         tmp = ctx_tmp(c, (size_t)(block < nbytes ? block : nbytes));
         if (!tmp && nbytes) return S_MEMORY;
     }
-    for (int64_t j = 0; j < nblocks; j++) {
+    for (int64_t j = j0; j < j1; j++) {
         int64_t bstart = rd32(s + 16 + 4 * j);
         if (bstart < 16 + 4 * nblocks || bstart + 4 > cbytes) return S_BLOCKS;
         int last = (j == nblocks - 1) && leftover > 0;
@@ -350,6 +368,17 @@ static int dec_blosc(Ctx *c, const uint8_t *s, int64_t n, uint8_t *d, int64_t ca
         else if (mode == 2) unshuffle_bits(tmp, d + j * block, bsize, ts);
     }
     return S_OK;
+}
+
+static int dec_blosc(Ctx *c, const uint8_t *s, int64_t n, uint8_t *d, int64_t cap, int64_t *detail) {
+    BloscHdr h;
+    int st = blosc_hdr(s, n, cap, &h, detail);
+    if (st != S_OK) return st;
+    if (h.memcpyed) {
+        memcpy(d, s + 16, (size_t)h.nbytes);
+        return S_OK;
+    }
+    return blosc_blocks(c, &h, s, d, 0, h.nblocks);
 }
 
 static int decode_one(Ctx *c, int codec, const uint8_t *s, int64_t n, uint8_t *d, int64_t cap, int64_t *detail) {
@@ -762,107 +791,240 @@ API int64_t gz_fused(int codec, const char *const *paths, int64_t npaths, int64_
 }
 
 /* ---------------------------------------------------------------- decode + place as answers arrive
- * A remote read's chunks arrive one answer at a time. gz_arrivals_open starts `threads` workers
- * for a set of n chunks; gz_arrivals_add queues chunk i (its encoded bytes, valid until close),
- * and a worker decodes it (into keep[i], or its slot of scratch) and places it into out while
- * the rest are still on the way; gz_arrivals_close waits for the queue to drain and the workers
- * to end, then frees the set. Each chunk is added at most once; one never added keeps the
- * status S_NOT_ADDED. */
-typedef struct {
+ * A remote read's chunks arrive one answer at a time. gz_arrivals_open makes a set of n chunks;
+ * gz_arrivals_add queues chunk i (its encoded bytes, valid until close), and a worker decodes it
+ * (into keep[i], or a slot of scratch) and places it into out while the rest are still on the
+ * way; gz_arrivals_close waits until every chunk added is placed (or failed), then frees the
+ * set. Each chunk is added at most once; one never added keeps the status S_NOT_ADDED.
+ * The workers are the library's, kept between sets (waiting on a condition variable): making
+ * and joining a set's own threads cost ~0.1-0.15 ms after the last chunk of a viewer's plane
+ * on the 2-core machine, cold -- the plane's tail. At most `threads` of them work on one set.
+ * A Blosc chunk of several blocks is decoded by several workers at once, a run of its blocks
+ * each (blocks are independent), and placed by the one that finishes last: the last chunk of a
+ * plane to arrive was decoded by one thread while the others waited. A chunk holds one slot of
+ * scratch from its first part's start to its place; a worker starts a chunk only once every
+ * part of the chunks before it was taken (those still held are being decoded or placed by the
+ * set's other workers), so at most min(threads, n) chunks hold slots at once.
+ * One lock (the pool's) guards every set's queue and counters. */
+typedef struct Arrivals {
     int codec; int64_t n, chunk_len;
     PlaceGeom g; const int64_t *table;
     uint8_t *const *keep; uint8_t *scratch;
     int32_t *status; int64_t *detail;
-    pthread_mutex_t m; pthread_cond_t more;
-    int64_t *qi, *qn; const uint8_t **qs; int64_t head, tail; int closing;
-    int nth; int64_t next_slot; pthread_t th[64];
+    /* chunk k (in the order added): its index, bytes, header, parts left, where it is decoded */
+    int64_t *qi, *qn; const uint8_t **qs; BloscHdr *hdr; int32_t *left, *kst, *kslot; int64_t *kdet;
+    uint8_t **dest; int64_t tail;
+    /* the parts to run: chunk k, part p of parts[k] (blocks [p*nb/parts, (p+1)*nb/parts)) */
+    int64_t *pk; int32_t *pp, *parts; int64_t phead, ptail;
+    int32_t *free_slot; int nfree, slots;
+    int limit, active;           /* workers allowed on the set at once; working on it now */
+    int64_t finished;            /* chunks placed or failed */
+    int closing, split;          /* split: the most parts a Blosc chunk is split into (runs of its blocks) */
+    pthread_cond_t idle;         /* close() waits on it */
+    struct Arrivals *next;       /* the pool's open sets */
 } Arrivals;
 
-static void *arrivals_worker(void *p) {
-    Arrivals *a = p;
-    Ctx *c = ctx_get();
-    int64_t slot = __atomic_fetch_add(&a->next_slot, 1, __ATOMIC_RELAXED);
-    for (;;) {
-        pthread_mutex_lock(&a->m);
-        while (a->head == a->tail && !a->closing) pthread_cond_wait(&a->more, &a->m);
-        if (a->head == a->tail) { pthread_mutex_unlock(&a->m); break; }
-        int64_t k = a->head++;
-        pthread_mutex_unlock(&a->m);
-        int64_t i = a->qi[k], nb = a->qn[k];
-        const uint8_t *src = a->qs[k];
-        a->detail[i] = 0;
-        if (!c) { a->status[i] = S_MEMORY; continue; }
-        const uint8_t *dec = src;
-        if (a->codec != C_RAW) {
-            uint8_t *d = a->keep && a->keep[i] ? a->keep[i] : a->scratch + slot * a->chunk_len;
-            int st = decode_one(c, a->codec, src, nb, d, a->chunk_len, &a->detail[i]);
-            if (st != S_OK) { a->status[i] = st; continue; }
-            dec = d;
-        } else {
-            if (nb != a->chunk_len) { a->detail[i] = nb; a->status[i] = S_SIZE; continue; }
-            if (a->keep && a->keep[i]) memcpy(a->keep[i], src, (size_t)nb);
-        }
-        a->status[i] = place_one(&a->g, dec, a->chunk_len, a->table + i * 4 * a->g.ndim);
-    }
-    ctx_put(c);
+static struct {
+    pthread_mutex_t m;
+    pthread_cond_t more;         /* parts were queued */
+    Arrivals *sets;              /* open sets, oldest first */
+    int size;                    /* workers started */
+} ap = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0};
+
+/* after fork() only the forking thread exists in the child: no workers, no sets there */
+static void ap_after_fork_child(void) {
+    pthread_mutex_init(&ap.m, NULL);
+    pthread_cond_init(&ap.more, NULL);
+    ap.sets = NULL;
+    ap.size = 0;
+}
+
+/* a set with a part to run and room for another worker (under ap.m), or NULL */
+static Arrivals *ap_pick(void) {
+    for (Arrivals *a = ap.sets; a; a = a->next)
+        if (a->phead < a->ptail && a->active < a->limit) return a;
     return NULL;
 }
 
-/* scratch: `threads` slots of chunk_len bytes (the decoded chunk before it is placed) */
+/* run one part of set a (under ap.m; released while decoding and placing): decode it (its run
+ * of blocks, or the whole chunk), and if it was the chunk's last, place the chunk */
+static void ap_run_part(Arrivals *a, Ctx *c) {
+    int64_t e = a->phead++, k = a->pk[e];
+    int32_t part = a->pp[e];
+    int64_t i = a->qi[k];
+    if (!a->dest[k] && a->codec != C_RAW) {  /* the chunk's first part: where it is decoded */
+        if (a->keep && a->keep[i]) a->dest[k] = a->keep[i];
+        else if (a->nfree > 0) {  /* (never empty: see above; else the chunk fails, S_MEMORY) */
+            a->kslot[k] = a->free_slot[--a->nfree];
+            a->dest[k] = a->scratch + a->kslot[k] * a->chunk_len;
+        }
+    }
+    a->active++;
+    pthread_mutex_unlock(&ap.m);
+    int64_t nb = a->qn[k];
+    const uint8_t *src = a->qs[k];
+    uint8_t *d = a->dest[k];
+    int st = S_OK;
+    int64_t det = 0;
+    if (!c || (!d && a->codec != C_RAW)) st = S_MEMORY;
+    else if (a->codec == C_RAW) {
+        if (nb != a->chunk_len) { det = nb; st = S_SIZE; }
+        else if (a->keep && a->keep[i]) memcpy(a->keep[i], src, (size_t)nb);
+    } else if (a->parts[k] == 1) {
+        st = decode_one(c, a->codec, src, nb, d, a->chunk_len, &det);
+    } else {
+        const BloscHdr *h = &a->hdr[k];
+        int32_t np = a->parts[k];
+        st = blosc_blocks(c, h, src, d, h->nblocks * part / np, h->nblocks * (part + 1) / np);
+    }
+    pthread_mutex_lock(&ap.m);
+    if (st != S_OK && a->kst[k] == S_OK) { a->kst[k] = st; a->kdet[k] = det; }
+    if (--a->left[k] == 0) {
+        int kst = a->kst[k];
+        a->detail[i] = a->kdet[k];
+        pthread_mutex_unlock(&ap.m);
+        int placed = kst != S_OK ? kst
+                                 : place_one(&a->g, a->codec == C_RAW ? src : d, a->chunk_len, a->table + i * 4 * a->g.ndim);
+        pthread_mutex_lock(&ap.m);
+        a->status[i] = placed;
+        if (a->kslot[k] >= 0) a->free_slot[a->nfree++] = a->kslot[k];
+        a->finished++;
+    }
+    a->active--;
+    if (a->closing && a->active == 0 && a->finished == a->tail) pthread_cond_broadcast(&a->idle);
+}
+
+static void *ap_main(void *unused) {
+    (void)unused;
+    Ctx *c = ctx_get();
+    pthread_mutex_lock(&ap.m);
+    for (;;) {
+        Arrivals *a = ap_pick();
+        if (!a) { pthread_cond_wait(&ap.more, &ap.m); continue; }
+        ap_run_part(a, c);
+    }
+    return NULL;
+}
+
+static pthread_once_t ap_once = PTHREAD_ONCE_INIT;
+static void ap_init(void) { pthread_atfork(NULL, NULL, ap_after_fork_child); }
+
+/* at least `want` workers (at most 64), started once and kept (detached); the workers there are */
+static int ap_grow(int want) {
+    pthread_once(&ap_once, ap_init);
+    if (want > 64) want = 64;
+    pthread_mutex_lock(&ap.m);
+    if (ap.size < want) {
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 1 << 20);
+        while (ap.size < want) {
+            pthread_t t;
+            if (pthread_create(&t, &attr, ap_main, NULL) != 0) break;
+            ap.size++;
+        }
+        pthread_attr_destroy(&attr);
+    }
+    int size = ap.size;
+    pthread_mutex_unlock(&ap.m);
+    return size;
+}
+
+static void arrivals_free(Arrivals *a) {
+    free(a->qi); free(a->qn); free(a->qs); free(a->hdr); free(a->left); free(a->kst); free(a->kslot);
+    free(a->kdet); free(a->dest); free(a->pk); free(a->pp); free(a->parts); free(a->free_slot); free(a);
+}
+
+/* threads: workers at most on the set at once; split: workers at most on one Blosc chunk (its
+ * blocks; 1: a chunk is one worker's); scratch: min(threads, n) slots of chunk_len bytes (a
+ * chunk decoded before it is placed) */
 API void *gz_arrivals_open(int codec, int64_t n, int64_t chunk_len, const int64_t *table, int ndim,
                            const int64_t *ostride, int unit, int swap, uint8_t *out, int64_t out_len,
-                           uint8_t *const *keep, uint8_t *scratch, int threads, int32_t *status, int64_t *detail) {
+                           uint8_t *const *keep, uint8_t *scratch, int threads, int split, int32_t *status,
+                           int64_t *detail) {
     pthread_once(&once, load);
     if (n < 1 || chunk_len < 0) return NULL;
-    if (threads > n) threads = (int)n;
     if (threads > 64) threads = 64;
     if (threads < 1) threads = 1;
     Arrivals *a = calloc(1, sizeof *a);
     if (!a) return NULL;
-    a->qi = malloc((size_t)n * sizeof *a->qi);
-    a->qn = malloc((size_t)n * sizeof *a->qn);
-    a->qs = malloc((size_t)n * sizeof *a->qs);
-    if (!a->qi || !a->qn || !a->qs) { free(a->qi); free(a->qn); free(a->qs); free(a); return NULL; }
+    size_t nn = (size_t)n;
+    a->slots = threads < n ? threads : (int)n;
+    a->qi = malloc(nn * sizeof *a->qi); a->qn = malloc(nn * sizeof *a->qn); a->qs = malloc(nn * sizeof *a->qs);
+    a->hdr = malloc(nn * sizeof *a->hdr); a->left = malloc(nn * sizeof *a->left); a->kst = malloc(nn * sizeof *a->kst);
+    a->kslot = malloc(nn * sizeof *a->kslot); a->kdet = malloc(nn * sizeof *a->kdet);
+    a->dest = calloc(nn, sizeof *a->dest); a->parts = malloc(nn * sizeof *a->parts);
+    a->pk = malloc(nn * (size_t)threads * sizeof *a->pk); a->pp = malloc(nn * (size_t)threads * sizeof *a->pp);
+    a->free_slot = malloc((size_t)a->slots * sizeof *a->free_slot);
+    if (!a->qi || !a->qn || !a->qs || !a->hdr || !a->left || !a->kst || !a->kslot || !a->kdet || !a->dest || !a->parts
+        || !a->pk || !a->pp || !a->free_slot) { arrivals_free(a); return NULL; }
     a->codec = codec; a->n = n; a->chunk_len = chunk_len;
     a->g = (PlaceGeom){ndim, unit, swap, ostride, out, out_len};
     a->table = table; a->keep = keep; a->scratch = scratch; a->status = status; a->detail = detail;
     for (int64_t i = 0; i < n; i++) { status[i] = S_NOT_ADDED; detail[i] = 0; }
-    pthread_mutex_init(&a->m, NULL);
-    pthread_cond_init(&a->more, NULL);
-    for (int k = 0; k < threads; k++)
-        if (pthread_create(&a->th[a->nth], NULL, arrivals_worker, a) == 0) a->nth++;
-    return a; /* no thread started (nth 0): close() decodes on the caller's */
+    for (int k = 0; k < a->slots; k++) a->free_slot[k] = a->slots - 1 - k;
+    a->nfree = a->slots;
+    pthread_cond_init(&a->idle, NULL);
+    /* (more workers than chunks help only with a chunk's blocks) */
+    if (split < 1 || codec != C_BLOSC) split = 1;
+    int want = split > 1 ? threads : a->slots;
+    int have = ap_grow(want);
+    a->limit = have < want ? have : want;  /* (0: no worker could start; close() decodes on the caller's thread) */
+    a->split = split < a->limit ? split : a->limit;
+    pthread_mutex_lock(&ap.m);
+    Arrivals **at = &ap.sets;
+    while (*at) at = &(*at)->next;
+    *at = a;
+    pthread_mutex_unlock(&ap.m);
+    return a;
 }
 
 /* queue chunk i (nb encoded bytes at src); 0, or S_BOUNDS for a bad index or one added before */
 API int gz_arrivals_add(void *h, int64_t i, const uint8_t *src, int64_t nb) {
     Arrivals *a = h;
     if (!a || i < 0 || i >= a->n || nb < 0 || (nb > 0 && !src)) return S_BOUNDS;
-    pthread_mutex_lock(&a->m);
-    if (a->status[i] != S_NOT_ADDED || a->tail >= a->n || a->closing) { pthread_mutex_unlock(&a->m); return S_BOUNDS; }
-    a->status[i] = S_MEMORY; /* queued: overwritten by its worker */
-    a->qi[a->tail] = i; a->qn[a->tail] = nb; a->qs[a->tail] = src;
-    a->tail++;
-    pthread_mutex_unlock(&a->m);
-    pthread_cond_signal(&a->more); /* after the unlock: the woken worker finds the lock free */
+    /* a Blosc chunk of several blocks is split into runs of blocks (its header checked here, once) */
+    BloscHdr hd;
+    int64_t det = 0;
+    int32_t parts = 1;
+    if (a->split > 1 && blosc_hdr(src, nb, a->chunk_len, &hd, &det) == S_OK && !hd.memcpyed && hd.nblocks > 1)
+        parts = (int32_t)(hd.nblocks < a->split ? hd.nblocks : a->split);
+    pthread_mutex_lock(&ap.m);
+    if (a->status[i] != S_NOT_ADDED || a->tail >= a->n || a->closing) { pthread_mutex_unlock(&ap.m); return S_BOUNDS; }
+    a->status[i] = S_MEMORY; /* queued: overwritten once placed or failed */
+    int64_t k = a->tail++;
+    a->qi[k] = i; a->qn[k] = nb; a->qs[k] = src; a->parts[k] = parts; a->left[k] = parts;
+    a->kst[k] = S_OK; a->kdet[k] = 0; a->kslot[k] = -1; a->dest[k] = NULL;
+    if (parts > 1) a->hdr[k] = hd;
+    for (int32_t p = 0; p < parts; p++) { a->pk[a->ptail] = k; a->pp[a->ptail] = p; a->ptail++; }
+    pthread_mutex_unlock(&ap.m);
+    /* after the unlock: the woken workers find the lock free */
+    if (parts > 1) pthread_cond_broadcast(&ap.more); else pthread_cond_signal(&ap.more);
     return S_OK;
 }
 
-/* wait for every queued chunk, end the workers, free the set; returns the chunks added that failed */
+/* wait until every chunk added is placed or failed (the caller's thread runs what is left if no
+ * worker could start), then free the set: no worker touches the caller's buffers after this
+ * returns; returns the chunks added that failed */
 API int64_t gz_arrivals_close(void *h) {
     Arrivals *a = h;
     if (!a) return -1;
-    pthread_mutex_lock(&a->m);
+    Ctx *c = a->limit == 0 ? ctx_get() : NULL;
+    pthread_mutex_lock(&ap.m);
     a->closing = 1;
-    pthread_cond_broadcast(&a->more);
-    pthread_mutex_unlock(&a->m);
-    if (a->nth == 0) arrivals_worker(a); /* no thread could start: the caller decodes what is queued */
-    for (int k = 0; k < a->nth; k++) pthread_join(a->th[k], NULL);
+    if (a->limit == 0)
+        while (a->phead < a->ptail) ap_run_part(a, c);
+    while (a->finished < a->tail || a->active > 0) pthread_cond_wait(&a->idle, &ap.m);
+    Arrivals **at = &ap.sets;
+    while (*at != a) at = &(*at)->next;
+    *at = a->next;
+    pthread_mutex_unlock(&ap.m);
+    ctx_put(c);
     int64_t bad = 0;
     for (int64_t i = 0; i < a->n; i++) bad += a->status[i] != S_OK && a->status[i] != S_NOT_ADDED;
-    pthread_cond_destroy(&a->more);
-    pthread_mutex_destroy(&a->m);
-    free(a->qi); free(a->qn); free(a->qs); free(a);
+    pthread_cond_destroy(&a->idle);
+    arrivals_free(a);
     return bad;
 }
 

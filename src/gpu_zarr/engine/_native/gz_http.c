@@ -480,6 +480,11 @@ out:
     for (int k = 0; k < ag->a.n; k++) {
         if (!easy || !easy[k]) continue;
         C.multi_remove(m, easy[k]);  /* a no-op for handles not in the multi */
+        if (slots && k < cap && slots[k].paused) {  /* (stopped while paused: not kept, no state carried over) */
+            C.easy_cleanup(easy[k]);
+            easy[k] = NULL;
+            continue;
+        }
         /* kept for the next call; nothing of this call may stay attached to it */
         C.easy_setopt(easy[k], O_HTTPHEADER, (void *)NULL);
         C.easy_setopt(easy[k], O_WRITEDATA, (void *)NULL);
@@ -493,8 +498,9 @@ out:
 
 /* GET every request (request i of the i-th of the n NUL-terminated strings in urls, urls_len
  * bytes in all: one buffer, not an array of pointers made per call), up to in_flight at once
- * over `agents` threads (the caller's and agents - 1 more; 1 where libcurl has no curl_multi_wakeup), each request at most attempts
- * times (backoff_ms, doubled per attempt, at most 5 s); done(i) is called on the caller's
+ * over `agents` threads (the caller's and agents - 1 more; 1 where libcurl has no
+ * curl_multi_wakeup), each request at most attempts times (backoff_ms, doubled per attempt, at
+ * most 5 s); done(i) is called on the caller's
  * thread as request i finishes for good (complete, or failed: its status and curl code say
  * how). *cancel != 0 stops the call early. Returns 0, or -1 when libcurl is missing, -3 when
  * cancelled, -4 out of memory, -5 urls that are not n strings.

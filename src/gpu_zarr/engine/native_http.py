@@ -255,13 +255,13 @@ class HttpClient:
         if landing is None:
             assert not isinstance(dests, Landing)
             addrs, caps = _places(dests, n)
-        raw = _raw(reqs)  # (a table of new_requests: checked by that)
-        if len(reqs) < n or (raw is None and (reqs.dtype != REQ or not (reqs.flags.c_contiguous and reqs.flags.writeable))):
-            raise ValueError(f"reqs must be a writable request table (new_requests) of at least {n} rows")
+        raw = _raw(reqs)
+        if raw is None or len(reqs) < n:
+            raise ValueError(f"reqs must be a request table of new_requests with at least {n} rows")
         if landing is None:
-            _set(raw, reqs, "dest", n, addrs)
-        _set(raw, reqs, "cap", n, caps)
-        table = raw.buffer_info()[0] if raw is not None else native.address(reqs)
+            _set(raw, "dest", n, addrs)
+        _set(raw, "cap", n, caps)
+        table = raw.buffer_info()[0]
         # (one buffer of NUL-terminated URLs: a ctypes array of n pointers cost ~0.02 ms cold)
         c_urls = ("\0".join(urls) + "\0").encode()
         c_hdr, nhdr = _headers(self.headers)
@@ -278,7 +278,7 @@ class HttpClient:
             addrs, have = _places(made, n)
             if any([h < c for h, c in zip(have, caps)]):
                 raise ValueError(f"the destinations made hold {have} bytes; the requests need {caps}")
-            _set(raw, reqs, "dest", n, addrs)
+            _set(raw, "dest", n, addrs)
             if sink is not None:
                 sink.to.alive.append(made)
 
@@ -402,21 +402,18 @@ def new_requests(n: int, starts: Sequence[int] | None = None, ends: Sequence[int
     raw = array.array("q", bytes(n * REQ.itemsize))
     for name, values in (("start", starts), ("end", ends)):
         if values is not None:
-            _set(raw, None, name, n, values)
+            _set(raw, name, n, values)
     return np.frombuffer(raw, REQ)
 
 
 def _raw(reqs: np.ndarray) -> array.array | None:
-    """The int64s under a table of :func:`new_requests` (None for another array)."""
+    """The int64s under a whole table of :func:`new_requests` (None for any other array)."""
     o = getattr(reqs.base, "obj", None)
-    return o if isinstance(o, array.array) and o.typecode == "q" and len(o) == len(reqs) * _ROW else None
+    ok = isinstance(o, array.array) and o.typecode == "q" and reqs.dtype == REQ and len(o) == len(reqs) * _ROW
+    return o if ok else None
 
 
-def _set(raw: array.array | None, reqs: np.ndarray | None, name: str, n: int, values: Sequence[int]) -> None:
-    """Field ``name`` of the first ``n`` rows = ``values`` (in ``raw`` when there is one)."""
-    if raw is not None:
-        at = _AT[name]
-        raw[at:at + n * _ROW:_ROW] = array.array("q", values)
-    else:
-        assert reqs is not None
-        reqs[name][:n] = values
+def _set(raw: array.array, name: str, n: int, values: Sequence[int]) -> None:
+    """Field ``name`` of the first ``n`` rows of the table over ``raw`` = ``values``."""
+    at = _AT[name]
+    raw[at:at + n * _ROW:_ROW] = array.array("q", values)

@@ -29,8 +29,8 @@ import numpy as np
 
 import gpu_zarr.engine.native as native
 
-__all__ = ["AGENT_BYTES", "MAX_AGENTS", "REQ", "TOO_LONG", "UNANSWERED", "Carved", "Handoff", "HttpClient", "Landing", "Sink",
-           "agents_for", "available", "client_for", "new_requests", "status"]
+__all__ = ["AGENT_BYTES", "CHANGED", "MAX_AGENTS", "REQ", "TOO_LONG", "UNANSWERED", "Carved", "Handoff", "HttpClient",
+           "Landing", "Parts", "Sink", "agents_for", "available", "client_for", "new_requests", "status"]
 
 #: one request (gz_http_req in gz_http.c)
 REQ = np.dtype([("start", "<i8"), ("end", "<i8"), ("dest", "<u8"), ("cap", "<i8"), ("got", "<i8"),
@@ -38,6 +38,7 @@ REQ = np.dtype([("start", "<i8"), ("end", "<i8"), ("dest", "<u8"), ("cap", "<i8"
                 ("attempts", "<i4"), ("added", "<i4"), ("etag", "S96"), ("err", "S128")])
 _DONE = ctypes.CFUNCTYPE(None, ctypes.c_int64)
 TOO_LONG = -2  # status: the body was longer than its buffer
+CHANGED = -6  # status: a retry brought another object after some of its parts were handed (Parts)
 UNANSWERED = object()  # HttpClient.get_small: ask another client
 
 
@@ -59,7 +60,8 @@ def _lib() -> tuple[Any, str, str]:
     lib.gz_http_fetch.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
                                   ctypes.c_void_p,
                                   ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, _DONE,
-                                  ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+                                  ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                  ctypes.c_void_p]
     return lib, (ver.value or b"").decode(errors="replace"), ""
 
 
@@ -157,6 +159,72 @@ class Sink:
             self.chunk, n, f"a sink's chunk table holds one int64 per request ({n})")
 
 
+class _PartsC(ctypes.Structure):
+    _fields_ = [("at", ctypes.c_void_p), ("rows", ctypes.c_void_p), ("expect", ctypes.c_void_p),
+                ("etags", ctypes.c_void_p)]
+
+
+class Parts:
+    """Pieces of whole-object answers handed to a :class:`Sink`'s decode set as the body's
+    bytes pass each one's end, before the answer is complete (a whole shard whose index is
+    known: its inner chunks decode while the rest of it arrives).
+
+    They are handed only when the answer is the object the offsets were read from: a 200 of
+    the expected size, Last-Modified and ETag (those :meth:`expect` names). A request's row
+    says how many were handed (``added``: the first ones, in the order given); the rest are
+    the caller's when the request is reported. A retry that brings another object after some
+    were handed ends with status :data:`CHANGED`, nothing of it written over them.
+
+    ``n``: the fetch's requests."""
+
+    __slots__ = ("_at", "_c", "_etags", "_expect", "_next", "_rows", "n")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._at = array.array("q", bytes(8 * (n + 1)))
+        self._rows = array.array("q")
+        self._expect = array.array("q", [-1, -1] * n)
+        self._etags = ctypes.create_string_buffer(96 * max(1, n))
+        self._c: Any = None
+        self._next = 0  # requests before this one are set (or have none)
+
+    def set(self, i: int, chunks: Sequence[int], offsets: Sequence[int], sizes: Sequence[int], size: int,
+            mtime_s: int, etag: str = "") -> None:
+        """Request i's parts: chunk ``chunks[k]`` of the set is ``sizes[k]`` bytes at
+        ``offsets[k]`` of the body, in the order of their ends (``offsets + sizes``, ascending).
+        Handed only from an object of ``size`` bytes, Last-Modified ``mtime_s`` (seconds; -1:
+        none) and ETag ``etag`` (empty: not compared). Requests must be set in order (0, 1, ...),
+        each at most once."""
+        if not (len(chunks) == len(offsets) == len(sizes)):
+            raise ValueError("chunks, offsets and sizes must be as long as each other")
+        ends = [o + z for o, z in zip(offsets, sizes)]
+        if any(o < 0 or z < 0 or e > size for o, z, e in zip(offsets, sizes, ends)) or ends != sorted(ends):
+            raise ValueError(f"request {i}: parts must lie inside the object ({size} bytes) in the order of their ends")
+        if not self._next <= i < self.n:
+            raise ValueError(f"request {i}: parts are set once per request, in order, for requests 0..{self.n - 1}")
+        for k in range(self._next + 1, i + 1):  # (the requests between have none)
+            self._at[k] = len(self._rows) // 3
+        for c, o, z in zip(chunks, offsets, sizes):
+            self._rows.extend((int(c), int(o), int(z)))
+        self._at[i + 1] = len(self._rows) // 3
+        self._next = i + 1
+        self._expect[2 * i], self._expect[2 * i + 1] = int(size), int(mtime_s)
+        tag = etag.encode()[:95]
+        self._etags[96 * i:96 * i + len(tag) + 1] = tag + b"\0"
+
+    def pointer(self, n: int) -> int:
+        """The address of the native description for a fetch of ``n`` requests (kept alive by this object)."""
+        if n != self.n:
+            raise ValueError(f"parts for {self.n} requests, the fetch has {n}")
+        for k in range(self._next + 1, n + 1):  # (the requests after the last set have none)
+            self._at[k] = len(self._rows) // 3
+        if not self._rows:
+            self._rows.append(0)  # (an address to give, never read: every request has no parts)
+        self._c = _PartsC(self._at.buffer_info()[0], self._rows.buffer_info()[0], self._expect.buffer_info()[0],
+                          ctypes.addressof(self._etags))
+        return ctypes.addressof(self._c)
+
+
 def _int64s(v: Any, n: int, what: str) -> int:
     """The address of at least ``n`` contiguous int64s in ``v`` (an ``array.array("q")`` or a
     numpy array); else ValueError saying ``what``."""
@@ -221,7 +289,7 @@ class HttpClient:
     def fetch(self, urls: Sequence[str], reqs: np.ndarray, dests: Sequence[np.ndarray] | Carved | Landing, in_flight: int,
               on_done: Callable[[int], None] | None = None, sending: threading.Event | None = None,
               agents: int | None = None, sink: Sink | None = None,
-              on_sent: Callable[[], None] | None = None) -> np.ndarray:
+              on_sent: Callable[[], None] | None = None, parts: Parts | None = None) -> np.ndarray:
         """GET ``reqs[i]`` (a table of :func:`new_requests`: fields ``start``, ``end``) of
         ``urls[i]`` into ``dests[i]`` (a writable contiguous uint8 array; or the i-th span of a
         :class:`Carved` block; or a :class:`Landing`: made once the requests are written),
@@ -230,7 +298,9 @@ class HttpClient:
         ``err``). ``sending`` is set as the native call starts (it holds no GIL from then on).
         ``agents``: threads receiving the answers (this one and ``agents - 1`` more; default
         :func:`agents_for` the bytes the destinations hold). ``sink``: where complete bodies
-        are decoded as they arrive (:class:`Sink`). ``on_sent()`` runs (on this thread) once
+        are decoded as they arrive (:class:`Sink`); ``parts``: pieces of whole answers handed to
+        that sink's set before they are complete (:class:`Parts`; a request with parts has
+        sink chunk -1). ``on_sent()`` runs (on this thread) once
         the first requests are written, before any answer is taken: the caller's own setup for
         the answers overlaps their round trip.
 
@@ -266,6 +336,9 @@ class HttpClient:
         c_urls = ("\0".join(urls) + "\0").encode()
         c_hdr, nhdr = _headers(self.headers)
         sink_at: tuple[int | None, int | None] = (None, None)
+        if parts is not None and sink is None:
+            raise ValueError("parts are handed to a sink's decode set: give the sink too")
+        parts_at = parts.pointer(n) if parts is not None else None
         if sink is not None:
             sink_at = sink.pointers(n)
             if landing is None:
@@ -309,7 +382,7 @@ class HttpClient:
                                    int(self.connect_timeout_s * 1000), max(1, int(round(self.stall_s))),
                                    max(1, int(self.attempts)), int(self.backoff_s * 1000), _THUNK,
                                    ctypes.addressof(cancel), max(1, int(agents)), *sink_at,
-                                   2 if landing is not None else int(on_sent is not None))
+                                   2 if landing is not None else int(on_sent is not None), parts_at)
         finally:
             calls.pop()
         if failed:

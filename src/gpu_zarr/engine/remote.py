@@ -380,7 +380,8 @@ class RemoteSource:
     # -- whole objects and byte ranges, each handed on as it arrives -----------------------------
     def stream(self, jobs: Sequence[tuple[str, tuple[int, int] | None]],
                on_done: Callable[[int, Got | None], None], cap: int | None = None,
-               arena: Bodies | None = None, sink: Any = None, on_sent: Callable[[], None] | None = None) -> None:
+               arena: Bodies | None = None, sink: Any = None, on_sent: Callable[[], None] | None = None,
+               parts: Any = None) -> None:
         """GET every job, up to ``requests`` in flight, and call ``on_done(i, got)`` (on the
         event loop's thread: it must only hand the work on) as each one arrives.
 
@@ -393,7 +394,9 @@ class RemoteSource:
         ``arena``: where the native client's answers land (else buffers of their own);
         ``sink``: where the native client hands complete whole bodies to be decoded as they
         arrive (a :class:`~gpu_zarr.engine.native_http.Sink`, one chunk per job; those answers
-        come with ``queued`` set, and obstore's never do). ``on_sent()`` runs once, on this
+        come with ``handed`` 1, and obstore's never do); ``parts``: pieces of whole answers
+        handed to that sink's set as their bytes arrive (a
+        :class:`~gpu_zarr.engine.native_http.Parts`; ``handed`` counts them). ``on_sent()`` runs once, on this
         thread, before any ``on_done``: as soon as the native client's first requests are
         written (the caller's setup for the answers then overlaps their round trip), else
         before obstore's are made.
@@ -409,7 +412,7 @@ class RemoteSource:
                 on_sent()
         left = list(range(len(jobs)))
         if self.http is not None and (cap is not None or all(j[1] is not None for j in jobs)):
-            left = self._native(list(jobs), on_done, cap, arena=arena, sink=sink, on_sent=sent)
+            left = self._native(list(jobs), on_done, cap, arena=arena, sink=sink, on_sent=sent, parts=parts)
         if left:
             sent()
             sub = [jobs[j] for j in left]
@@ -458,7 +461,7 @@ class RemoteSource:
     # -- the native HTTP client (gpu_zarr.engine.native_http) -----------------------------------
     def _native(self, jobs: list[tuple[str, Any]], on_done: Callable[[int, Got | None], None], cap: int | None, *,
                 missing_ok: bool = False, arena: Bodies | None = None, sink: Any = None,
-                on_sent: Callable[[], None] | None = None) -> list[int]:
+                on_sent: Callable[[], None] | None = None, parts: Any = None) -> list[int]:
         """Run ``jobs`` (``(rel, None | (start, end) | {"suffix": n})``) through the native
         client, ``on_done(i, got)`` as each arrives (None: the object does not exist; for
         ranges only with ``missing_ok``). Each body goes into a buffer of its own (``cap``
@@ -516,7 +519,7 @@ class RemoteSource:
                 self._count(len(got.data))
             on_done(i, got)
         http.fetch([f"{self.http_url}/{r}" for r, _ in jobs], reqs, nh.Landing(sizes, land), self.requests, done,
-                   sink=sink, on_sent=on_sent)
+                   sink=sink, on_sent=on_sent, parts=parts)
         if left:
             self.http = None
             logging.getLogger("gpu_zarr.remote").warning(
@@ -524,8 +527,8 @@ class RemoteSource:
         return sorted(left)
 
     def _judge(self, rel: str, rng: Any, r: Any, buf: np.ndarray, missing_ok: bool) -> Got | None:
-        """One finished native request: its answer (``queued`` when the native client handed it to
-        the fetch's decode set: its row's ``added``), None (missing), or a clear error."""
+        """One finished native request: its answer (``handed``: what the native client handed to
+        the fetch's decode set, its row's ``added``), None (missing), or a clear error."""
         import gpu_zarr.engine.native_http as nh
 
         st, code = int(r["status"]), int(r["curl"])
@@ -535,7 +538,7 @@ class RemoteSource:
         if code == 0:
             if rng is None:
                 if st == 200 and (size < 0 or got_n == size):
-                    return Got(buf[:got_n], got_n, mtime, etag, bool(r["added"]))
+                    return Got(buf[:got_n], got_n, mtime, etag, int(r["added"]))
                 if st == 404:
                     return None
             else:
@@ -556,6 +559,10 @@ class RemoteSource:
                         return Got(b"", size, mtime, etag)  # shorter now: it changed
         if st == nh.TOO_LONG:
             raise NativeHttpDeclined("an answer was longer than expected")
+        if st == nh.CHANGED:
+            raise RemoteError(f"{self.url_of(rel)} changed while it was read (a retry after a failed transfer brought "
+                              "another version of it than the part already decoded). Nothing was returned; read "
+                              "again once the store is no longer being written.")
         if self.http_url != self.url:  # an s3:// store: obstore says what went wrong, in S3's terms
             raise NativeHttpDeclined(f"HTTP {st}" if code == 0 else bytes(r["err"]).decode(errors="replace"))
         url, what = self.url_of(rel), _what(rng)
@@ -657,14 +664,15 @@ def _what(rng: Any) -> str:
 @dataclass(frozen=True)
 class Got:
     """One answer: its bytes (a buffer), the object's size, modification time (ns) and etag;
-    ``queued``: its bytes were handed to the read's native decode set as they arrived (a
-    :class:`~gpu_zarr.engine.native_http.Sink`), and are being decoded already."""
+    ``handed``: what of it was handed to the read's native decode set as it arrived (a
+    :class:`~gpu_zarr.engine.native_http.Sink`: 1, the whole body; with
+    :class:`~gpu_zarr.engine.native_http.Parts`: that many of its parts), being decoded already."""
 
     data: Any
     size: int
     mtime: int
     etag: str
-    queued: bool = False
+    handed: int = 0
 
 
 def _etag(meta: Any) -> str:

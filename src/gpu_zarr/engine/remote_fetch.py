@@ -6,7 +6,9 @@
   GET whole (a 404 is the fill value, as zarr reads it). A shard the read needs at least half
   of (and no bigger than ``WHOLE_SHARD_BYTES`` decoded) is GET whole, its index taken from its
   own bytes: one round trip, no index request (a shard the read needs all of is GET whole
-  even when its index is known: one request instead of a ranged GET per part). Other shards
+  even when its index is known: one request instead of a ranged GET per part; with a native
+  decode set, its inner chunks are handed to it as the shard's bytes pass each one's end, and
+  decode while the rest of it arrives). Other shards
   need their index: known from an earlier read of the open array
   (:meth:`RemoteSource.cached_index`), or fetched for all of them in one wave of suffix-range
   GETs; then one ranged GET per run of inner chunks closer than ``GAP_BYTES``
@@ -31,10 +33,10 @@ import numpy as np
 from gpu_zarr.engine.fetch import read_tasks
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.locate import Located, check_sizes, index_entries
-from gpu_zarr.engine.native_http import Handoff, Sink
+from gpu_zarr.engine.native_http import Handoff, Parts, Sink
 from gpu_zarr.engine.plan import Batch, Pieces
 from gpu_zarr.engine.remote import FETCHED, Bodies, Got, RemoteBlob, RemoteSource
-from gpu_zarr.errors import CorruptChunkError, ShardChanged
+from gpu_zarr.errors import CorruptChunkError, RemoteError, ShardChanged
 
 __all__ = ["GAP_BYTES", "PART_BYTES", "WHOLE_SHARD_BYTES", "Arrived", "RemoteReader", "stream_remote", "whole_cap"]
 
@@ -63,9 +65,9 @@ class Arrived:
         Its modification time in ns (cache keys).
     names : callable
         ``names(j)``: the name of piece ``pieces[j]`` for messages.
-    queued : bool
-        Its one piece was handed to the read's native decode set as it arrived (``sink`` of
-        :func:`stream_remote`): it is being decoded and placed already.
+    handed : int
+        Its first ``handed`` pieces were handed to the read's native decode set as they
+        arrived (``handoff`` of :func:`stream_remote`): they are being decoded and placed already.
     """
 
     pieces: np.ndarray
@@ -76,7 +78,7 @@ class Arrived:
     url: str
     mtime: int
     names: Callable[[int], str]
-    queued: bool = False
+    handed: int = 0
 
 
 def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
@@ -89,8 +91,9 @@ def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
 
     ``handoff``: a native decode set of the read's pieces (chunk i = piece i), once open. The
     native HTTP client hands each whole chunk's complete answer to it as it arrives, and
-    reports it later (``queued``). Unsharded arrays only (a shard's answers hold several
-    pieces, and are checked against their index first). ``on_sent()``: see
+    reports it later (``handed``); of a whole shard whose index is known, each inner chunk as
+    the shard's bytes pass its end (when the answer is the object that index belongs to: its
+    size, Last-Modified and ETag). ``on_sent()``: see
     :meth:`RemoteSource.stream` (the chunks' requests; a sharded read's after its indexes).
 
     Raises
@@ -105,7 +108,7 @@ def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
         return counts
     if not layout.sharded:
         return _stream_chunks(layout, pieces, source, on_arrived, counts, arena, handoff, on_sent)
-    return _stream_shards(layout, pieces, source, on_arrived, counts, arena, on_sent)
+    return _stream_shards(layout, pieces, source, on_arrived, counts, arena, on_sent, handoff)
 
 
 def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arrived: Callable[[Arrived], None],
@@ -113,7 +116,7 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
                    on_sent: Callable[[], None] | None) -> dict[str, int]:
     keys = [layout.chunk_key(c) for c in pieces.cells]
 
-    def hand(i: int, got: Any, queued: bool = False) -> None:
+    def hand(i: int, got: Any, handed: int = 0) -> None:
         url = source.url_of(keys[i])
         if got is None:
             on_arrived(Arrived(np.array([i]), None, np.zeros(1, np.int64), np.full(1, -1, np.int64), 0, url, -1,
@@ -127,7 +130,7 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
             check_sizes(layout, Located([url], np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([n], np.int64),
                                         [url], np.array([mtime], np.int64)))
         on_arrived(Arrived(np.array([i]), data, np.zeros(1, np.int64), np.array([n], np.int64), 0, url, mtime,
-                           lambda j: url, queued))
+                           lambda j: url, handed))
 
     todo = []
     miss = object()
@@ -143,7 +146,7 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         value = (got.data, got.mtime) if got is not None else None
         if arena is None or arena.lasting:
             FETCHED.put((source.url, keys[i]), value)
-        hand(i, value, got is not None and got.queued)
+        hand(i, value, got.handed if got is not None else 0)
     counts["requests"] += len(todo)
     sink = Sink(handoff, array.array("q", todo)) if handoff is not None else None
     source.stream([(keys[i], None) for i in todo], done, whole_cap(layout), arena, sink, on_sent)
@@ -152,7 +155,7 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
 
 def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arrived: Callable[[Arrived], None],
                    counts: dict[str, int], arena: Bodies | None,
-                   on_sent: Callable[[], None] | None = None) -> dict[str, int]:
+                   on_sent: Callable[[], None] | None = None, handoff: Handoff | None = None) -> dict[str, int]:
     per = np.asarray(layout.inner_per_shard, np.int64)
     shard_coords, inner_coords = pieces.coords // per, pieces.coords % per
     inner_lin = np.asarray(np.ravel_multi_index(inner_coords.T, tuple(per)), np.int64)
@@ -177,18 +180,24 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         on_arrived(Arrived(sel, None, np.zeros(len(sel), np.int64), np.full(len(sel), -1, np.int64), 0,
                            source.url_of(keys[s]), -1, name_of(s)))
 
-    def from_whole(s: int, got: Got) -> None:
-        """A whole shard: its index from its own bytes, then its pieces."""
+    def from_whole(s: int, got: Got, order: np.ndarray | None, raw: bytes | None) -> None:
+        """A whole shard: its index from its own bytes, then its pieces (``order``: theirs when
+        it had parts, the first ``got.handed`` of them handed already; ``raw``: the index they
+        were cut by)."""
         data = got.data
         url = source.url_of(keys[s])
         index = _whole_shard_index(layout, source, keys[s], data, got.mtime, got.etag)
-        sel = members[s]
+        if got.handed and source.cached_index(keys[s])[0] != raw:  # (kept just now, from these bytes)
+            raise RemoteError(f"{url} changed while it was read: its size, Last-Modified and ETag are those of the "
+                              "version whose index cut it, its bytes are not. Nothing was returned; read again once "
+                              "the store is no longer being written.")
+        sel = members[s] if order is None else order
         entries = index[inner_lin[sel]]
         ok = entries[:, 0] != np.uint64(2**64 - 1)
         offset = np.where(ok, entries[:, 0], 0).astype(np.int64)
         nbytes = np.where(ok, entries[:, 1], 0).astype(np.int64)
         nbytes[~ok] = -1
-        on_arrived(Arrived(sel, data, offset, nbytes, 0, url, got.mtime, name_of(s)))
+        on_arrived(Arrived(sel, data, offset, nbytes, 0, url, got.mtime, _namer(url, sel), got.handed))
 
     # which shards come whole, which by ranges (their indexes known or fetched in one wave)
     whole: list[int] = []
@@ -237,13 +246,35 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
             jobs.append((keys[s], (start, end)))
             what.append((s, sel[a], offs[a] - start, sizes[a], start))
 
+    # whole shards whose index is known: their inner chunks go to the read's decode set as the
+    # shard's bytes pass each one's end (the set opens while the requests travel)
+    cut: dict[int, tuple[np.ndarray, bytes]] = {}  # per such job: its pieces' order, the index that cut them
+    parts = Parts(len(jobs)) if handoff is not None and whole else None
+    for j, s in enumerate(whole if parts is not None else ()):
+        got_idx = source.cached_index(keys[s])
+        if got_idx is None or len(got_idx[0]) != index_size:
+            continue
+        raw, fsize, mtime, etag = got_idx
+        sel = members[s]
+        entries = index_entries(layout, source.url_of(keys[s]), raw, fsize)[inner_lin[sel]]
+        ok = entries[:, 0] != np.uint64(2**64 - 1)
+        offs, sizes = entries[:, 0].astype(np.int64), entries[:, 1].astype(np.int64)
+        order = np.lexsort((offs, np.where(ok, offs + sizes, -1)))  # missing first, then by their ends
+        first = int((~ok).sum())
+        assert parts is not None
+        parts.set(j, sel[order[first:]].tolist(), offs[order[first:]].tolist(), sizes[order[first:]].tolist(), fsize,
+                  mtime // 10**9 if mtime > 0 else -1, etag)
+        cut[j] = (np.concatenate([sel[order[first:]], sel[order[:first]]]), raw)
+    sink = Sink(handoff, array.array("q", [-1]) * len(jobs)) if parts is not None and cut else None
+
     def done(j: int, got: Got | None) -> None:
         s, sel, offs, sizes, start = what[j]
         if got is None:  # a whole shard that does not exist
             missing(s)
             return
         if start < 0:
-            from_whole(s, got)
+            order, raw = cut.get(j, (None, None))
+            from_whole(s, got, order, raw)
             return
         _fs, _fsize, mtime, etag = known[s]
         if got.size != _fsize or got.mtime != mtime or (etag and got.etag and got.etag != etag):
@@ -254,7 +285,7 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
     counts["requests"] += len(jobs)
     counts["whole_shards"] += len(whole)
     try:
-        source.stream(jobs, done, shard_cap, arena, on_sent=on_sent)
+        source.stream(jobs, done, shard_cap, arena, sink, on_sent=on_sent, parts=parts if sink is not None else None)
     except ShardChanged:
         # a shard changed since its index was fetched: nothing of it was handed on. Forget every
         # index of this read and read again (pieces of unchanged shards are placed twice, alike)
@@ -264,7 +295,8 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         counts["stale"] = counts.get("stale", 0) + 1
         if counts["stale"] > 2:
             raise CorruptChunkError(f"the shards of {source.url} keep changing while read; try again later") from None
-        return _stream_shards(layout, pieces, source, on_arrived, counts, arena)  # (on_sent ran, or no job was sent)
+        # (on_sent ran, or no job was sent; no parts: what was handed is not handed again)
+        return _stream_shards(layout, pieces, source, on_arrived, counts, arena)
     return counts
 
 

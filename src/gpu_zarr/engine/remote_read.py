@@ -101,8 +101,11 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: C
     # Once the set is open the native HTTP client hands each whole chunk to it the moment the
     # answer is in (its Python comes after, while the set decodes). The set is opened while the
     # requests travel: on a pool thread (before the native call) it took the CPU from the
-    # sending on 2 cores, and at the first answer it held that answer's decode up
-    handoff = Handoff() if small and stage.native is not None else None  # (the stage's native codec)
+    # sending on 2 cores, and at the first answer it held that answer's decode up.
+    # A sharded read's pieces go to such a set too: the inner chunks of a whole shard whose
+    # index is known are handed to it as the shard's bytes arrive (before, a shard was decoded
+    # once all of it was in, and the answers of a whole read come together at its end)
+    handoff = Handoff() if (small or lay.sharded) and stage.native is not None else None  # (its native codec)
     lock = threading.Lock()
     queue: list[Arrived] = []
     futures: list[Any] = []
@@ -150,12 +153,14 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: C
         if opts.on_sent is not None:  # (the caller's setup, after the decoders are ready)
             opts.on_sent()
 
-    def present(a: Arrived) -> tuple[np.ndarray, Arrived]:
-        """Fill a's missing pieces, place its cached ones; the positions left to decode."""
+    def present(a: Arrived, first: int = 0) -> tuple[np.ndarray, Arrived]:
+        """Fill a's missing pieces, place its cached ones; the positions left to decode (of
+        those from ``first`` on: the ones before were handed to the native set)."""
         miss = a.nbytes < 0
+        miss[:first] = False
         if miss.any():
             ops.fill(out, pieces.table[a.pieces[miss]], lay.fill_value)
-        pos = np.flatnonzero(~miss)
+        pos = np.flatnonzero(~miss)[first:] if first else np.flatnonzero(~miss)
         for j in pos.tolist():
             keys[int(a.pieces[j])] = (a.url, a.base + int(a.offset[j]), int(a.nbytes[j]), a.mtime)
         if cache is not None and len(pos):
@@ -236,13 +241,17 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: C
     def arrived(a: Arrived) -> None:
         ready()  # (answers already known, or obstore's: before any on_sent)
         if on_arrival:
-            if a.queued:  # handed to the set natively: decoding already
-                p = int(a.pieces[0])
-                keys[p] = (a.url, a.base, int(a.nbytes[0]), a.mtime)
-                added[p] = (a, 0)
-                handed[0] += 1
+            k = a.handed  # its first k pieces were handed to the set natively: decoding already
+            for j in range(k):
+                p = int(a.pieces[j])
+                keys[p] = (a.url, a.base + int(a.offset[j]), int(a.nbytes[j]), a.mtime)
+                added[p] = (a, j)
+            handed[0] += k
+            if k == len(a.pieces):
                 return
-            pos, a = present(a)
+            pos, a = present(a, k)
+            # (a shard read again after another changed: what the set has is not added again)
+            pos = np.array([j for j in pos.tolist() if int(a.pieces[j]) not in added], np.int64)
             if not len(pos):
                 return
             data = a.data if isinstance(a.data, np.ndarray) else np.frombuffer(a.data, np.uint8)

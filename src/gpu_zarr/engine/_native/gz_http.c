@@ -3,7 +3,9 @@
  *   gz_http_fetch   GET whole objects, byte ranges or suffixes of many URLs, each body
  *                   written straight into its caller-given buffer; retries with backoff
  *                   (429, 5xx, resets, timeouts, answers cut short); a callback per
- *                   finished request so the caller decodes while the rest arrive.
+ *                   finished request so the caller decodes while the rest arrive; a whole
+ *                   shard's inner chunks can be handed to a decode set as its bytes pass
+ *                   each one's end (its index known before: gz_http_parts).
  *
  * libcurl is loaded at run time with dlopen (libcurl.so.4: no -dev package needed); when it
  * is missing, gz_http_available() says why and the Python side uses obstore instead.
@@ -61,6 +63,7 @@ static struct {
     const char *(*version)(void);
     int (*easy_pause)(CURL *, int);
     int (*multi_wakeup)(CURLM *);  /* curl >= 7.68; without it a fetch runs on one thread */
+    long (*getdate)(const char *, const long *);  /* curl_getdate: Last-Modified; without it no parts are handed */
 } C;
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 
@@ -77,6 +80,7 @@ static void curl_load(void) {
     S(slist_free_all, "curl_slist_free_all") S(version, "curl_version") S(easy_pause, "curl_easy_pause")
 #undef S
     *(void **)&C.multi_wakeup = dlsym(h, "curl_multi_wakeup");
+    *(void **)&C.getdate = dlsym(h, "curl_getdate");
     if (C.global_init(3 /* CURL_GLOBAL_ALL */) != 0) { snprintf(C.why, sizeof C.why, "curl_global_init failed"); return; }
     C.ok = 1;
 }
@@ -101,12 +105,29 @@ typedef struct {
     int32_t status;        /* out: HTTP status of the last attempt; -1 no answer (see curl); -2 body longer than cap */
     int32_t curl;          /* out: libcurl's code of the last attempt (0 ok) */
     int32_t attempts;      /* out */
-    int32_t added;         /* out: 1 when the body was handed to the fetch's decode set (gz_http_fetch's sink) */
+    int32_t added;         /* out: 1 when the body was handed to the fetch's decode set (gz_http_fetch's sink);
+                              with parts: how many of its parts were handed (the first ones, in their order) */
     char etag[96];         /* out */
     char err[128];         /* out: libcurl's words for a failed last attempt */
 } gz_http_req;
 
 typedef void (*gz_http_done_fn)(int64_t i);
+
+/* Parts of whole-object requests handed to the fetch's decode set (the sink's) as the body's
+ * bytes pass each part's end, before the body is complete: a whole shard whose index is known.
+ * Request i's parts are rows at[i] .. at[i+1]-1 of `rows` (chunk in the set, offset in the
+ * body, bytes), in the order of their ends. They are handed only when the answer is the object
+ * the index belongs to: a 200 whose size, Last-Modified (seconds) and ETag are expect[2i],
+ * expect[2i+1] (-1: the answer must have none) and etags[96i..] (empty: not compared, as when
+ * the answer has none). A retry after parts were handed must be that object too, else the
+ * request ends with status CHANGED and nothing more is written into its destination. */
+typedef struct {
+    const int64_t *at;
+    const int64_t *rows;
+    const int64_t *expect;
+    const char *etags;
+} gz_http_parts;
+#define CHANGED (-6)
 
 /* gz_native.c (the same library): queue chunk i of a decode set (gz_arrivals_open) */
 int gz_arrivals_add(void *h, int64_t i, const uint8_t *src, int64_t nb);
@@ -152,6 +173,12 @@ static void give_agent(agent_t a) {
 typedef struct {
     gz_http_req *r;
     int64_t i;
+    const gz_http_parts *parts;   /* this request's parts (NULL: none) */
+    volatile int64_t *set;        /* the decode set they go to (its handle; 0: not open yet) */
+    int http;          /* the status line's code */
+    int64_t lm;        /* Last-Modified, seconds (-1 none, -2 not understood) */
+    int valid;         /* parts: -1 not judged yet (headers still coming), 1 the expected object, 0 not */
+    int changed;       /* a retry brought another object after parts were handed: stopped */
     int over;          /* the body ran past cap */
     const int *armed;  /* 0 while the destinations are not set: a body that comes sooner waits (paused) */
     int paused;
@@ -161,13 +188,55 @@ typedef struct {
 
 #define WRITEFUNC_PAUSE 0x10000001  /* CURL_WRITEFUNC_PAUSE: libcurl keeps the data and gives it again once unpaused */
 
+/* worth another attempt: connection trouble, a timeout, a body cut short, 429 and 5xx */
+static int transient(int code, int status) {
+    switch (code) {
+    case 7: case 16: case 18: case 28: case 52: case 55: case 56: case 92: return 1;
+    case 0: return status == 429 || status == 500 || status == 502 || status == 503 || status == 504;
+    }
+    return 0;
+}
+
+/* the answer is the object the parts' index belongs to (judged once its headers are in) */
+static int expected(const slot_t *s) {
+    const gz_http_parts *P = s->parts;
+    int64_t i = s->i;
+    if (s->http != 200 || s->r->size != P->expect[2 * i] || s->lm == -2) return 0;
+    if (s->lm != P->expect[2 * i + 1]) return 0;
+    const char *want = P->etags + 96 * i;
+    return !want[0] || !s->r->etag[0] || strncmp(want, s->r->etag, 95) == 0;
+}
+
+/* hand the parts whose bytes are all in (the first ones not handed yet, in order) */
+static void hand_parts(slot_t *s) {
+    gz_http_req *r = s->r;
+    void *set = (void *)(intptr_t)__atomic_load_n(s->set, __ATOMIC_ACQUIRE);
+    if (!set || s->valid != 1) return;
+    const gz_http_parts *P = s->parts;
+    for (int64_t k = P->at[s->i] + r->added; k < P->at[s->i + 1]; k++) {
+        const int64_t *row = P->rows + 3 * k;
+        if (row[1] + row[2] > r->got) return;
+        if (gz_arrivals_add(set, row[0], r->dest + row[1], row[2]) != 0) { s->valid = 0; return; }
+        r->added++;
+    }
+}
+
 static size_t on_body(char *p, size_t sz, size_t n, void *u) {
     slot_t *s = u;
     size_t len = sz * n;
     if (!*s->armed) { s->paused = 1; return WRITEFUNC_PAUSE; }
+    if (s->parts && s->valid < 0) s->valid = expected(s);
+    if (s->parts && !s->valid && s->r->added > 0) {
+        /* parts of an earlier attempt are being decoded from this destination: nothing else is
+         * written over them. A busy server's answer is dropped (and retried); another object stops */
+        if (transient(0, s->http)) return len;
+        s->changed = 1;
+        return 0;
+    }
     if (s->r->got + (int64_t)len > s->r->cap) { s->over = 1; return 0; }
     memcpy(s->r->dest + s->r->got, p, len);
     s->r->got += (int64_t)len;
+    if (s->parts) hand_parts(s);
     return len;
 }
 
@@ -186,6 +255,14 @@ static size_t on_header(char *p, size_t sz, size_t n, void *u) {
     while (m && (buf[m - 1] == '\r' || buf[m - 1] == '\n')) buf[--m] = 0;
     if (starts(buf, m, "HTTP/")) {  /* a new answer (after a redirect or a 100): forget the last one's */
         s->r->size = -1; s->r->range_start = -1; s->r->etag[0] = 0; s->r->got = 0; s->over = 0;
+        s->lm = -1; s->valid = -1; s->http = 0;
+        const char *v = memchr(buf, ' ', m);
+        if (v) s->http = atoi(v + 1);
+    } else if (starts(buf, m, "last-modified:")) {
+        const char *v = buf + 14;
+        while (*v == ' ') v++;
+        long t = C.getdate ? C.getdate(v, NULL) : -1;
+        s->lm = t >= 0 ? (int64_t)t : -2;
     } else if (starts(buf, m, "content-range:")) {
         long long a = -1, b = -1, t = -1;
         const char *v = buf + 14;
@@ -208,14 +285,6 @@ static int64_t now_ms(void) {
     return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-/* worth another attempt: connection trouble, a timeout, a body cut short, 429 and 5xx */
-static int transient(int code, int status) {
-    switch (code) {
-    case 7: case 16: case 18: case 28: case 52: case 55: case 56: case 92: return 1;
-    case 0: return status == 429 || status == 500 || status == 502 || status == 503 || status == 504;
-    }
-    return 0;
-}
 
 /* a finished answer is complete: its status and length are what was asked for */
 static int complete(const gz_http_req *r) {
@@ -248,6 +317,7 @@ typedef struct {
     int64_t *late, nlate;        /* handed to the set by the caller's agent: reported when it has nothing to receive */
     int tell_sent;               /* the caller's agent calls done(-1) once its first requests are on their way */
     int armed;                   /* the destinations are set (0 until done(-1) returns, for tell_sent 2) */
+    const gz_http_parts *parts;  /* parts handed to the sink's set as bodies arrive, or NULL */
 } fetch_t;
 
 typedef struct {
@@ -264,7 +334,8 @@ static void start_one(runner_t *ag, slot_t *s, CURL *e, int64_t i) {
     fetch_t *f = ag->f;
     gz_http_req *r = &f->reqs[i];
     memset(s, 0, sizeof *s);
-    s->r = r; s->i = i; s->armed = &f->armed;
+    s->r = r; s->i = i; s->armed = &f->armed; s->lm = -1; s->valid = -1;
+    if (f->parts && f->sink_set && f->parts->at[i + 1] > f->parts->at[i]) { s->parts = f->parts; s->set = f->sink_set; }
     r->got = 0; r->size = -1; r->range_start = -1; r->etag[0] = 0; r->attempts++;
     C.easy_setopt(e, O_URL, f->urls[i]);
     C.easy_setopt(e, O_WRITEFUNCTION, on_body);
@@ -304,7 +375,7 @@ static int again_after(int code, const slot_t *s, int attempts) {
     int ranged = r->end >= 0 || r->start < 0;
     int again;
     if (code == 0 && complete(r)) again = 0;
-    else if (s->over) again = 0;                          /* longer than asked for: the caller decides */
+    else if (s->over || s->changed) again = 0;                          /* longer than asked for: the caller decides */
     else if (code != 0) again = transient(code, 0);
     else if (transient(0, r->status)) again = 1;          /* 429, 5xx */
     else if (r->status == 206 && r->start >= 0 && r->size >= 0 && r->end > r->size) again = 0;  /* shorter now */
@@ -331,8 +402,9 @@ static void report_helpers(runner_t *ag) {
  * 1 when handed (its `added` says so) */
 static int handed(fetch_t *f, int64_t i, int code) {
     gz_http_req *r = &f->reqs[i];
+    if (!f->sink_set || !f->sink || f->sink[i] < 0) return 0;  /* (a request with parts keeps its count) */
     r->added = 0;
-    if (!f->sink_set || !f->sink || f->sink[i] < 0 || code != 0 || r->got <= 0 || !complete(r)) return 0;
+    if (code != 0 || r->got <= 0 || !complete(r)) return 0;
     void *set = (void *)(intptr_t)__atomic_load_n(f->sink_set, __ATOMIC_ACQUIRE);
     if (!set || gz_arrivals_add(set, f->sink[i], r->dest, r->got) != 0) return 0;
     r->added = 1;
@@ -435,7 +507,7 @@ static void *run_agent(void *p) {
             s->paused = 0;
             r->curl = code;
             snprintf(r->err, sizeof r->err, "%.127s", code ? (s->err[0] ? s->err : C.easy_strerror(code)) : "");
-            r->status = s->over ? -2 : (status ? (int32_t)status : -1);
+            r->status = s->changed ? CHANGED : s->over ? -2 : (status ? (int32_t)status : -1);
             free_slots[nfree++] = (int)(s - slots);
             int again = again_after(code, s, f->attempts);
             pthread_mutex_lock(&f->mu);
@@ -512,11 +584,13 @@ out:
  * tell_sent != 0: done(-1) is called once, on the caller's thread, right after its agent's first
  * requests are written, before any answer is taken (the caller's setup overlaps the round trip).
  * tell_sent == 2: besides, the destinations (each request's dest) are set by done(-1): no body is
- * written before it returns (one that comes sooner is paused until then), and one agent runs. */
+ * written before it returns (one that comes sooner is paused until then), and one agent runs.
+ * parts (NULL: none; needs the sink's set): see gz_http_parts; such a request's sink entry is -1,
+ * its `added` counts the parts handed, and it is reported as usual when it finishes. */
 API int gz_http_fetch(const char *urls, int64_t urls_len, gz_http_req *reqs, int64_t n, int in_flight, const char **headers,
                       int nheaders, int64_t connect_timeout_ms, int64_t low_speed_s, int attempts, int64_t backoff_ms,
                       gz_http_done_fn done, volatile int32_t *cancel, int agents, volatile int64_t *sink_set,
-                      const int64_t *sink, int tell_sent) {
+                      const int64_t *sink, int tell_sent, const gz_http_parts *parts) {
     pthread_once(&curl_once, curl_load);
     if (!C.ok) return -1;
     if (n <= 0) return 0;
@@ -530,7 +604,7 @@ API int gz_http_fetch(const char *urls, int64_t urls_len, gz_http_req *reqs, int
     memset(&f, 0, sizeof f);
     f.reqs = reqs; f.n = n; f.connect_timeout_ms = connect_timeout_ms; f.low_speed_s = low_speed_s;
     f.backoff_ms = backoff_ms; f.attempts = attempts; f.cancel = cancel;
-    if (sink_set && sink) { f.sink_set = sink_set; f.sink = sink; }
+    if (sink_set && sink) { f.sink_set = sink_set; f.sink = sink; f.parts = parts; }
     f.tell_sent = tell_sent != 0;
     f.armed = tell_sent != 2;
     for (int k = 0; k < nheaders; k++) f.hdr = C.slist_append(f.hdr, headers[k]);

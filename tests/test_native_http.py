@@ -404,3 +404,131 @@ def test_an_error_in_on_sent_stops_the_fetch(root):
             nh.HttpClient().fetch(urls, _reqs([(0, 100)] * 40), [np.zeros(100, np.uint8) for _ in range(40)], 4,
                                   seen.append, on_sent=sent)
         assert seen == [] and len(srv.log) <= 4  # no answer reported, the rest never asked for
+
+
+def _shard_like(tmp_path, name, rng, k, shape):
+    """An object of ``k`` zstd chunks back to back and a tail (as a shard and its index): the
+    chunks, and each one's (offset, size)."""
+    import numcodecs
+
+    raw = [rng.integers(0, 200, shape).astype("<u2") for _ in range(k)]
+    enc = [bytes(numcodecs.Zstd(1).encode(r.tobytes())) for r in raw]
+    offs = np.cumsum([0] + [len(e) for e in enc])[:-1]
+    (tmp_path / name).write_bytes(b"".join(enc) + bytes(64))
+    return raw, [(int(o), len(e)) for o, e in zip(offs, enc)]
+
+
+def _placed(n, shape):
+    table = np.zeros((n, 2, 4), np.int64)
+    for c in range(n):
+        table[c, 0] = (shape[0], 0, shape[0], c * shape[0])
+        table[c, 1] = (shape[1], 0, shape[1], 0)
+    return table
+
+
+@pytest.mark.parametrize("fault", [None, "fail_truncate", "fail_503", "fail_reset"])
+def test_parts_of_a_whole_answer_are_handed_as_its_bytes_arrive(tmp_path, fault):
+    """Parts (a whole shard's inner chunks, its index known) go to the decode set as the body's
+    bytes pass each one's end -- each decoded and placed before the answer is reported -- when
+    the answer is the object they were cut from (size and Last-Modified as expected; an ETag the
+    server does not send is not compared). An answer of another size or Last-Modified hands
+    nothing; its body still lands whole for the caller. Cut-short answers and 503s are retried
+    and the parts handed once."""
+    import os
+
+    from gpu_zarr.engine import native
+
+    rng = np.random.default_rng(3)
+    k, shape = 12, (32, 64)
+    raw_a, at_a = _shard_like(tmp_path, "a", rng, k, shape)
+    raw_b, at_b = _shard_like(tmp_path, "b", rng, k, shape)
+    size_a, size_b = (tmp_path / "a").stat().st_size, (tmp_path / "b").stat().st_size
+    mtime = int(os.stat(tmp_path / "a").st_mtime)
+    n = 2 * k
+    nb = raw_a[0].nbytes
+    out = np.full((n * shape[0], shape[1]), 99, np.uint16)
+    kw = {fault: 0.5} if fault else {}
+    with RangeServer(tmp_path, seed=2, **kw) as srv:
+        urls = [f"{srv.url}/a", f"{srv.url}/b", f"{srv.url}/a", f"{srv.url}/a"]
+        parts = nh.Parts(4)
+        parts.set(0, range(k), [o for o, _ in at_a], [z for _, z in at_a], size_a, mtime, '"no-etag-sent"')
+        parts.set(1, range(k, n), [o for o, _ in at_b], [z for _, z in at_b], size_b + 1, mtime)  # another size
+        parts.set(3, [0], [at_a[0][0]], [at_a[0][1]], size_a, mtime + 5)  # another Last-Modified
+        seen = {}
+        with native.Arrivals("zstd", n, nb, _placed(n, shape), out, np.dtype("<u2"), None, 4,
+                             np.empty(4 * nb, np.uint8)) as arr:
+            off = nh.Handoff()
+            off.cell[0] = arr.handle
+
+            def done(i):
+                seen[i] = [int(arr.status[c]) for c in range(n)]
+            dests = [np.zeros(size_b + size_a, np.uint8) for _ in range(4)]
+            r = nh.HttpClient(backoff_s=0.001).fetch(urls, _reqs([(0, -1)] * 4), dests, 4, done,
+                                                     sink=nh.Sink(off, np.full(4, -1, np.int64)), parts=parts)
+        st, _ = arr.close()
+    assert [int(x) for x in r["status"]] == [200] * 4 and [int(x) for x in r["added"]] == [k, 0, 0, 0]
+    assert all(s != native.Arrivals.NOT_ADDED for s in seen[0][:k])  # handed before the answer was reported
+    for c in range(k):
+        assert st[c] == native.OK and np.array_equal(out[c * shape[0]:(c + 1) * shape[0]], raw_a[c])
+    assert (st[k:] == native.Arrivals.NOT_ADDED).all() and (out[k * shape[0]:] == 99).all()
+    assert bytes(dests[1][:int(r["got"][1])]) == (tmp_path / "b").read_bytes()  # the caller's, whole
+    if fault:
+        assert r["attempts"].max() > 1
+
+
+def test_a_retry_that_brings_another_object_after_parts_were_handed_stops(tmp_path):
+    """The first answer is cut short after some parts were handed; the object is rewritten
+    (another size) before the retry: the request ends with status CHANGED, the parts handed
+    are decoded from the first object's bytes, and nothing of the second is written over them."""
+    import os
+    import time
+
+    from gpu_zarr.engine import native
+
+    rng = np.random.default_rng(4)
+    k, shape = 16, (64, 64)
+    raw, at = _shard_like(tmp_path, "s", rng, k, shape)
+    size, mtime = (tmp_path / "s").stat().st_size, int(os.stat(tmp_path / "s").st_mtime)
+    first = (tmp_path / "s").read_bytes()
+    nb = raw[0].nbytes
+    out = np.full((k * shape[0], shape[1]), 99, np.uint16)
+    with RangeServer(tmp_path, fail_truncate=1.0) as srv:
+        def rewrite():  # once the first answer was served, before its retry
+            while not any("end" in e for e in list(srv.log)):
+                time.sleep(0.005)
+            (tmp_path / "s").write_bytes(b"x" * (size + 100))
+        t = threading.Thread(target=rewrite)
+        t.start()
+        parts = nh.Parts(1)
+        parts.set(0, range(k), [o for o, _ in at], [z for _, z in at], size, mtime)
+        with native.Arrivals("zstd", k, nb, _placed(k, shape), out, np.dtype("<u2"), None, 2,
+                             np.empty(2 * nb, np.uint8)) as arr:
+            off = nh.Handoff()
+            off.cell[0] = arr.handle
+            dest = np.zeros(size + 200, np.uint8)
+            r = nh.HttpClient(backoff_s=0.3).fetch([f"{srv.url}/s"], _reqs([(0, -1)]), [dest], 1, None,
+                                                   sink=nh.Sink(off, np.full(1, -1, np.int64)), parts=parts)
+        st, _ = arr.close()
+        t.join()
+    handed = int(r["added"][0])
+    assert int(r["status"][0]) == nh.CHANGED and int(r["attempts"][0]) == 2
+    assert 0 < handed < k  # half of the first body came: the parts inside it
+    for c in range(handed):
+        assert st[c] == native.OK and np.array_equal(out[c * shape[0]:(c + 1) * shape[0]], raw[c])
+    assert (st[handed:] == native.Arrivals.NOT_ADDED).all()
+    end = at[handed - 1][0] + at[handed - 1][1]
+    assert bytes(dest[:end]) == first[:end]
+
+
+def test_parts_are_checked_when_set():
+    p = nh.Parts(3)
+    with pytest.raises(ValueError, match="order of their ends"):
+        p.set(0, [0, 1], [100, 0], [10, 10], 200, -1)
+    with pytest.raises(ValueError, match="inside the object"):
+        p.set(0, [0], [0], [300], 200, -1)
+    p.set(1, [0], [0], [10], 200, -1)
+    with pytest.raises(ValueError, match="once per request, in order"):
+        p.set(0, [1], [0], [10], 200, -1)
+    with pytest.raises(ValueError, match="give the sink too"):
+        nh.HttpClient().fetch(["http://127.0.0.1:9/x"] * 3, _reqs([(0, -1)] * 3), [np.zeros(10, np.uint8)] * 3, 1,
+                              parts=p)

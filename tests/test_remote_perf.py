@@ -170,3 +170,39 @@ def test_stale_shard_index_is_not_used(server, root, tmp_path):
     _clear()
     got = _cpu(arr, (0,))
     np.testing.assert_array_equal(got, new[0])
+
+
+@pytest.mark.parametrize("fault", [None, "fail_truncate"])
+def test_whole_shards_with_known_indexes_decode_as_their_bytes_arrive(root, tmp_path, fault):
+    """Once the open array knows the shards' indexes, a whole read hands each inner chunk to
+    the native decode set as the shard's bytes pass its end (every piece, none left for after
+    the answers); pixels equal zarr's, also with answers cut short and retried. A shard
+    rewritten since its index was read (another size) hands nothing: it is read from its own
+    bytes, and the pixels are the new ones."""
+    import shutil
+
+    from gpu_zarr.engine import native_http as nh
+    from gpu_zarr.engine import native_read
+
+    if not (nh.available() and native_read.native_codec("zstd")):
+        pytest.skip("the native HTTP client or native zstd is not here")
+    dst = tmp_path / "s.zarr"
+    shutil.copytree(root[0] / "sharded.zarr", dst)
+    kw = {fault: 0.3} if fault else {}
+    with RangeServer(tmp_path, latency=0.005, seed=1, **kw) as srv:
+        _clear()
+        arr = open_array(f"{srv.url}/s.zarr")
+        first = engine_read(arr, Ellipsis, device="cpu")  # indexes unknown: each from its shard's bytes
+        np.testing.assert_array_equal(np.asarray(first.data), root[1])
+        assert first.stats["handed_natively"] == 0
+        _clear()
+        res = engine_read(arr, Ellipsis, device="cpu")
+        np.testing.assert_array_equal(np.asarray(res.data), root[1])
+        assert res.stats["handed_natively"] == res.stats["pieces"] == 256, res.stats
+        new = root[1].copy()
+        new[:8, :32] = np.random.default_rng(0).integers(0, 60000, (8, 32, 64), dtype="<u2")  # shard (0, 0, 0)
+        zarr.open_array(dst, mode="r+")[:8, :32] = new[:8, :32]
+        _clear()
+        res = engine_read(arr, Ellipsis, device="cpu")
+        np.testing.assert_array_equal(np.asarray(res.data), new)
+        assert res.stats["handed_natively"] == 256 - 64, res.stats

@@ -209,8 +209,8 @@ class Parts:
         self._at[i + 1] = len(self._rows) // 3
         self._next = i + 1
         self._expect[2 * i], self._expect[2 * i + 1] = int(size), int(mtime_s)
-        tag = etag.encode()[:95]
-        self._etags[96 * i:96 * i + len(tag) + 1] = tag + b"\0"
+        tag = etag.encode()[:95] + b"\0"
+        ctypes.memmove(ctypes.addressof(self._etags) + 96 * i, tag, len(tag))
 
     def pointer(self, n: int) -> int:
         """The address of the native description for a fetch of ``n`` requests (kept alive by this object)."""

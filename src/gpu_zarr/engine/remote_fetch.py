@@ -187,7 +187,8 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         data = got.data
         url = source.url_of(keys[s])
         index = _whole_shard_index(layout, source, keys[s], data, got.mtime, got.etag)
-        if got.handed and source.cached_index(keys[s])[0] != raw:  # (kept just now, from these bytes)
+        kept = source.cached_index(keys[s])  # (kept just now, from these bytes)
+        if got.handed and (kept is None or kept[0] != raw):
             raise RemoteError(f"{url} changed while it was read: its size, Last-Modified and ETag are those of the "
                               "version whose index cut it, its bytes are not. Nothing was returned; read again once "
                               "the store is no longer being written.")
@@ -265,7 +266,7 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         parts.set(j, sel[order[first:]].tolist(), offs[order[first:]].tolist(), sizes[order[first:]].tolist(), fsize,
                   mtime // 10**9 if mtime > 0 else -1, etag)
         cut[j] = (np.concatenate([sel[order[first:]], sel[order[:first]]]), raw)
-    sink = Sink(handoff, array.array("q", [-1]) * len(jobs)) if parts is not None and cut else None
+    sink = Sink(handoff, array.array("q", [-1]) * len(jobs)) if handoff is not None and cut else None
 
     def done(j: int, got: Got | None) -> None:
         s, sel, offs, sizes, start = what[j]

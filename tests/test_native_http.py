@@ -532,3 +532,47 @@ def test_parts_are_checked_when_set():
     with pytest.raises(ValueError, match="give the sink too"):
         nh.HttpClient().fetch(["http://127.0.0.1:9/x"] * 3, _reqs([(0, -1)] * 3), [np.zeros(10, np.uint8)] * 3, 1,
                               parts=p)
+
+
+@pytest.mark.parametrize("fault", [None, "fail_reset"])
+def test_parts_published_while_the_fetch_runs_are_handed_from_then_on(tmp_path, fault):
+    """A whole object and its tail (a shard and its index) in one fetch: once the tail is in,
+    the parts are published for the whole request from its ``on_done``, and the bytes that
+    arrive after (and those already in) hand them -- the body comes slowly here, so most are
+    handed before it is complete; every part handed once and decoded right."""
+    import os
+
+    from gpu_zarr.engine import native
+
+    rng = np.random.default_rng(5)
+    k, shape = 24, (32, 64)
+    raw, at = _shard_like(tmp_path, "s", rng, k, shape)
+    size, mtime = (tmp_path / "s").stat().st_size, int(os.stat(tmp_path / "s").st_mtime)
+    nb = raw[0].nbytes
+    out = np.full((k * shape[0], shape[1]), 99, np.uint16)
+    kw = {fault: 0.3} if fault else {}
+    with RangeServer(tmp_path, trickle=(2048, 0.002), seed=4, **kw) as srv:
+        parts = nh.Parts(2, late=True)
+        with native.Arrivals("zstd", k, nb, _placed(k, shape), out, np.dtype("<u2"), None, 2,
+                             np.empty(2 * nb, np.uint8)) as arr:
+            off = nh.Handoff()
+            off.cell[0] = arr.handle
+            reqs = _reqs([(0, -1), (-64, 0)])
+
+            def done(i):
+                if i == 1:  # the tail: the parts of request 0 are known now
+                    parts.publish(0, range(k), [o for o, _ in at], [z for _, z in at], size, mtime)
+                    with pytest.raises(ValueError, match="published once"):
+                        parts.publish(0, [0], [0], [1], size, mtime)
+            dests = [np.zeros(size + 64, np.uint8), np.zeros(64, np.uint8)]
+            nh.HttpClient(backoff_s=0.001).fetch([f"{srv.url}/s"] * 2, reqs, dests, 2, done,
+                                                 sink=nh.Sink(off, np.full(2, -1, np.int64)), parts=parts, agents=1)
+        st, _ = arr.close()
+    assert [int(x) for x in reqs["status"]] == [200, 206]
+    assert 0 < int(reqs["added"][0]) <= k and int(reqs["added"][1]) == 0
+    handed = int(reqs["added"][0])
+    for c in range(handed):
+        assert st[c] == native.OK and np.array_equal(out[c * shape[0]:(c + 1) * shape[0]], raw[c])
+    assert (st[handed:] == native.Arrivals.NOT_ADDED).all()
+    with pytest.raises(ValueError, match="late=True"):
+        nh.Parts(1).publish(0, [0], [0], [1], 10, -1)

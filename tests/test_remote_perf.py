@@ -58,15 +58,28 @@ def _cpu(arr, sel):
 
 
 def test_whole_sharded_read_is_one_get_per_shard(server, root):
+    """A whole shard is one GET. With the native HTTP client and decoder, each shard's index
+    is asked for beside it, in the same wave (its inner chunks then decode as the shard's
+    bytes arrive): one round trip all the same. Read again, the indexes are known: GETs only."""
+    from gpu_zarr.engine import native_http as nh
+    from gpu_zarr.engine import native_read
+
+    beside = nh.available() and native_read.native_codec("zstd") is not None
     _clear()
     arr = open_array(f"{server.url}/sharded.zarr")
     server.take()
     got = _cpu(arr, Ellipsis)
     np.testing.assert_array_equal(got, root[1])
     log = server.take()
-    shards = sorted(p for p, _ in log)
-    assert shards == sorted(f"/sharded.zarr/c/{z}/{y}/0" for z in range(2) for y in range(2))
-    assert all(r is None for _, r in log), "whole shards are one GET each, no index or range requests"
+    shards = sorted(f"/sharded.zarr/c/{z}/{y}/0" for z in range(2) for y in range(2))
+    assert sorted(p for p, r in log if r is None) == shards, "whole shards are one GET each"
+    indexes = sorted(p for p, r in log if r is not None)
+    assert indexes == (shards if beside else []) and all(r.startswith("bytes=-") for _, r in log if r is not None)
+    starts, ends = [a for a, _ in server.spans.values()], [b for _, b in server.spans.values()]
+    assert max(starts) < min(ends), "one wave: every request was sent before any was answered"
+    _clear()
+    np.testing.assert_array_equal(_cpu(arr, Ellipsis), root[1])
+    assert all(r is None for _, r in server.take()), "indexes known: whole GETs only"
 
 
 @pytest.mark.parametrize("ops", ["twin", "cpu"])
@@ -192,13 +205,14 @@ def test_whole_shards_with_known_indexes_decode_as_their_bytes_arrive(root, tmp_
     with RangeServer(tmp_path, latency=0.005, seed=1, **kw) as srv:
         _clear()
         arr = open_array(f"{srv.url}/s.zarr")
-        first = engine_read(arr, Ellipsis, device="cpu")  # indexes unknown: each from its shard's bytes
+        first = engine_read(arr, Ellipsis, device="cpu")  # indexes unknown: asked for beside the shards
         np.testing.assert_array_equal(np.asarray(first.data), root[1])
-        assert first.stats["handed_natively"] == 0
+        assert first.stats["index_requests"] == 4
         _clear()
         res = engine_read(arr, Ellipsis, device="cpu")
         np.testing.assert_array_equal(np.asarray(res.data), root[1])
         assert res.stats["handed_natively"] == res.stats["pieces"] == 256, res.stats
+        assert res.stats["index_requests"] == 0
         new = root[1].copy()
         new[:8, :32] = np.random.default_rng(0).integers(0, 60000, (8, 32, 64), dtype="<u2")  # shard (0, 0, 0)
         zarr.open_array(dst, mode="r+")[:8, :32] = new[:8, :32]
@@ -206,3 +220,19 @@ def test_whole_shards_with_known_indexes_decode_as_their_bytes_arrive(root, tmp_
         res = engine_read(arr, Ellipsis, device="cpu")
         np.testing.assert_array_equal(np.asarray(res.data), new)
         assert res.stats["handed_natively"] == 256 - 64, res.stats
+
+
+def test_a_first_whole_read_decodes_shards_as_they_arrive_once_their_indexes_come(root, tmp_path):
+    """A new open array knows no index: each shard's is asked for beside it (same wave), and
+    from the moment it is in, the shard's inner chunks are handed to the decode set as its
+    bytes arrive (the bodies come slowly here: most of each is still on the way then)."""
+    from gpu_zarr.engine import native_http as nh
+    from gpu_zarr.engine import native_read
+
+    if not (nh.available() and native_read.native_codec("zstd")):
+        pytest.skip("the native HTTP client or native zstd is not here")
+    with RangeServer(root[0], latency=0.005, trickle=(1024, 0.002)) as srv:
+        _clear()
+        res = engine_read(open_array(f"{srv.url}/sharded.zarr"), Ellipsis, device="cpu")
+        np.testing.assert_array_equal(np.asarray(res.data), root[1])
+        assert res.stats["index_requests"] == 4 and res.stats["handed_natively"] > 0, res.stats

@@ -166,7 +166,12 @@ class _Handler(BaseHTTPRequestHandler):
         if fate == "truncate":
             body = body[: len(body) // 2]
             self.close_connection = True
-        self.wfile.write(body)
+        step, pause = getattr(srv, "trickle", None) or (len(body) or 1, 0.0)
+        for k in range(0, len(body), step):
+            if k:
+                self.wfile.flush()
+                time.sleep(pause)
+            self.wfile.write(body[k:k + step])
         with srv.lock:
             srv.bytes_sent += len(body)
         if fate == "truncate":
@@ -246,6 +251,9 @@ class RangeServer:
     ranges : bool
         False: Range headers are ignored (200 and the whole object), as python's ``http.server``
         and some static hosts do.
+    trickle : (int, float), optional
+        Bodies are sent ``trickle[0]`` bytes at a time, ``trickle[1]`` seconds apart (a slow
+        link: a reader sees a body arrive in parts).
 
     Attributes
     ----------
@@ -257,8 +265,10 @@ class RangeServer:
 
     def __init__(self, root: str | os.PathLike[str], *, latency: float = 0.0, fail_503: float = 0.0,
                  fail_429: float = 0.0, fail_reset: float = 0.0, fail_truncate: float = 0.0, stall: float = 0.0,
-                 forbidden: tuple[str, ...] = (), seed: int = 0, control: bool = False, ranges: bool = True) -> None:
+                 forbidden: tuple[str, ...] = (), seed: int = 0, control: bool = False, ranges: bool = True,
+                 trickle: tuple[int, float] | None = None) -> None:
         self.root = Path(root).resolve()
+        self.trickle = trickle
         self.ranges = ranges
         self.control = control  # answer ServerProcess's counter requests
         self.latency = latency

@@ -62,6 +62,8 @@ def _lib() -> tuple[Any, str, str]:
                                   ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, _DONE,
                                   ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                   ctypes.c_void_p]
+    lib.gz_http_publish.restype = None
+    lib.gz_http_publish.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     return lib, (ver.value or b"").decode(errors="replace"), ""
 
 
@@ -161,7 +163,7 @@ class Sink:
 
 class _PartsC(ctypes.Structure):
     _fields_ = [("at", ctypes.c_void_p), ("rows", ctypes.c_void_p), ("expect", ctypes.c_void_p),
-                ("etags", ctypes.c_void_p)]
+                ("etags", ctypes.c_void_p), ("late", ctypes.c_void_p)]
 
 
 class Parts:
@@ -175,12 +177,15 @@ class Parts:
     the caller's when the request is reported. A retry that brings another object after some
     were handed ends with status :data:`CHANGED`, nothing of it written over them.
 
-    ``n``: the fetch's requests."""
+    ``n``: the fetch's requests. ``late``: parts may also be given while the fetch runs
+    (:meth:`publish`: a shard whose index comes in another request of the same fetch)."""
 
-    __slots__ = ("_at", "_c", "_etags", "_expect", "_next", "_rows", "n")
+    __slots__ = ("_at", "_c", "_etags", "_expect", "_late", "_next", "_published", "_rows", "n")
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, late: bool = False) -> None:
         self.n = n
+        self._late = array.array("q", bytes(8 * n)) if late else None
+        self._published: list[Parts] = []  # (alive until the fetch is done: the native side reads them)
         self._at = array.array("q", bytes(8 * (n + 1)))
         self._rows = array.array("q")
         self._expect = array.array("q", [-1, -1] * n)
@@ -220,9 +225,27 @@ class Parts:
             self._at[k] = len(self._rows) // 3
         if not self._rows:
             self._rows.append(0)  # (an address to give, never read: every request has no parts)
+        late = self._late.buffer_info()[0] if self._late is not None else None
         self._c = _PartsC(self._at.buffer_info()[0], self._rows.buffer_info()[0], self._expect.buffer_info()[0],
-                          ctypes.addressof(self._etags))
+                          ctypes.addressof(self._etags), late)
         return ctypes.addressof(self._c)
+
+    def publish(self, i: int, chunks: Sequence[int], offsets: Sequence[int], sizes: Sequence[int], size: int,
+                mtime_s: int, etag: str = "") -> None:
+        """Request i's parts (as for :meth:`set`), given while the fetch runs (from its
+        ``on_done``, on the fetching thread): the bytes of request i that arrive from now on
+        hand them (those already in first), when the answer is that object. Once per request,
+        for a request given no parts by :meth:`set`; needs ``late``."""
+        if self._late is None:
+            raise ValueError("these parts were made without late=True: nothing can be published")
+        if not 0 <= i < self.n or self._late[i] or self._at[i + 1] > self._at[i]:
+            raise ValueError(f"request {i}: parts are published once, for a request with none set")
+        one = Parts(1)
+        one.set(0, chunks, offsets, sizes, size, mtime_s, etag)
+        at = one.pointer(1)
+        self._published.append(one)
+        lib = _lib()[0]
+        lib.gz_http_publish(self._late.buffer_info()[0] + 8 * i, at)
 
 
 def _int64s(v: Any, n: int, what: str) -> int:

@@ -36,7 +36,10 @@ from gpu_zarr.errors import NativeHttpDeclined, RemoteError, ShortAnswer
 from gpu_zarr.location import network_cause
 from gpu_zarr.pending import track
 
-__all__ = ["FETCHED", "BodyArena", "Bodies", "Got", "RemoteBlob", "RemoteSource", "source_of"]
+__all__ = ["FETCHED", "BodyArena", "Bodies", "Got", "RemoteBlob", "RemoteSource", "Span", "source_of"]
+
+#: what a job GETs: the whole object (None), a byte range (start, end), or its last n bytes ({"suffix": n})
+Span = tuple[int, int] | dict[str, int] | None
 
 _ATTEMPTS = 4  # our own retries of answers that ended early (obstore retries the rest)
 T = TypeVar("T")
@@ -378,14 +381,15 @@ class RemoteSource:
                 raise
 
     # -- whole objects and byte ranges, each handed on as it arrives -----------------------------
-    def stream(self, jobs: Sequence[tuple[str, tuple[int, int] | None]],
+    def stream(self, jobs: Sequence[tuple[str, Span]],
                on_done: Callable[[int, Got | None], None], cap: int | None = None,
                arena: Bodies | None = None, sink: Any = None, on_sent: Callable[[], None] | None = None,
                parts: Any = None) -> None:
         """GET every job, up to ``requests`` in flight, and call ``on_done(i, got)`` (on the
         event loop's thread: it must only hand the work on) as each one arrives.
 
-        A job is ``(rel, None)`` for the whole object (``got`` None: it does not exist) or
+        A job is ``(rel, None)`` for the whole object (``got`` None: it does not exist),
+        ``(rel, {"suffix": n})`` for its last n bytes, or
         ``(rel, (start, end))`` for a byte range (an object that is gone, or shorter than the
         range now, is handed on as a ``Got`` with no data and its new size, -1 when gone: the
         caller sees that it changed). An answer cut short is retried and never handed on. The first error
@@ -418,17 +422,17 @@ class RemoteSource:
             sub = [jobs[j] for j in left]
             _LOOP.run(self._stream(sub, lambda k, got: on_done(left[k], got)))
 
-    async def _stream(self, jobs: Sequence[tuple[str, tuple[int, int] | None]],
+    async def _stream(self, jobs: Sequence[tuple[str, Span]],
                       on_done: Callable[[int, Got | None], None]) -> None:
         sem = asyncio.Semaphore(self.requests)
 
-        async def one(i: int, rel: str, rng: tuple[int, int] | None) -> None:
+        async def one(i: int, rel: str, rng: Span) -> None:
             async with sem:
                 got = await self._get(rel, rng)
             on_done(i, got)
         await _all([one(i, *j) for i, j in enumerate(jobs)])
 
-    async def _get(self, rel: str, rng: tuple[int, int] | None) -> Got | None:
+    async def _get(self, rel: str, rng: Span) -> Got | None:
         import obstore
         import obstore.exceptions as oe
 
@@ -449,9 +453,10 @@ class RemoteSource:
                     return Got(b"", -1, 0, "")  # the object is shorter now: the caller sees it changed
                 raise
             size = int(meta["size"])
-            if rng is not None and size < rng[1]:
+            if isinstance(rng, tuple) and size < rng[1]:
                 return Got(b"", size, _mtime(meta), _etag(meta))  # shorter now: it changed
-            want = size if rng is None else rng[1] - rng[0]
+            # (a dict: its last n bytes)
+            want = size if rng is None else min(size, int(rng["suffix"])) if isinstance(rng, dict) else rng[1] - rng[0]
             if len(data) != want:
                 raise ShortAnswer(f"expected {want} bytes, got {len(data)}")
             self._count(len(data))

@@ -35,7 +35,7 @@ from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.locate import Located, check_sizes, index_entries
 from gpu_zarr.engine.native_http import Handoff, Parts, Sink
 from gpu_zarr.engine.plan import Batch, Pieces
-from gpu_zarr.engine.remote import FETCHED, Bodies, Got, RemoteBlob, RemoteSource
+from gpu_zarr.engine.remote import FETCHED, Bodies, Got, RemoteBlob, RemoteSource, Span
 from gpu_zarr.errors import CorruptChunkError, RemoteError, ShardChanged
 
 __all__ = ["GAP_BYTES", "PART_BYTES", "WHOLE_SHARD_BYTES", "Arrived", "RemoteReader", "stream_remote", "whole_cap"]
@@ -226,7 +226,7 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
             known[s] = (index_entries(layout, source.url_of(keys[s]), raw, fsize), fsize, mtime,
                         cached[3] if cached is not None else "")
 
-    jobs: list[tuple[str, tuple[int, int] | None]] = []
+    jobs: list[tuple[str, Span]] = []
     what: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, int]] = []  # shard, pieces, offsets, sizes, start
     shard_cap = n_inner * whole_cap(layout) + index_size
     for s in whole:
@@ -247,29 +247,62 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
             jobs.append((keys[s], (start, end)))
             what.append((s, sel[a], offs[a] - start, sizes[a], start))
 
-    # whole shards whose index is known: their inner chunks go to the read's decode set as the
-    # shard's bytes pass each one's end (the set opens while the requests travel)
+    # whole shards: their inner chunks go to the read's decode set as the shard's bytes pass
+    # each one's end (the set opens while the requests travel). Their index known, from the
+    # start; else it is fetched beside the shard, in the same wave (a suffix GET: the same round
+    # trip), and the bytes that come after it hand them (native HTTP only: obstore's answers
+    # come whole)
+    cold = [j for j, s in enumerate(whole) if source.cached_index(keys[s]) is None] \
+        if handoff is not None and getattr(source, "http", None) is not None else []
+    index_of: dict[int, int] = {}  # an index job -> its shard's whole job
+    for j in cold:
+        index_of[len(jobs)] = j
+        jobs.append((keys[whole[j]], {"suffix": index_size} if layout.index_at_end else (0, index_size)))
+        what.append((whole[j], members[whole[j]], np.zeros(0, np.int64), np.zeros(0, np.int64), -2))
+    counts["index_requests"] += len(cold)
     cut: dict[int, tuple[np.ndarray, bytes]] = {}  # per such job: its pieces' order, the index that cut them
-    parts = Parts(len(jobs)) if handoff is not None and whole else None
-    for j, s in enumerate(whole if parts is not None else ()):
-        got_idx = source.cached_index(keys[s])
-        if got_idx is None or len(got_idx[0]) != index_size:
-            continue
-        raw, fsize, mtime, etag = got_idx
+    parts = Parts(len(jobs), late=bool(cold)) if handoff is not None and whole else None
+
+    def cut_by(j: int, raw: bytes, fsize: int, mtime: int, etag: str) -> tuple[Any, ...] | None:
+        """Whole job j's parts by the index ``raw``, as :meth:`Parts.set` takes them after j
+        (None when it is not a valid index)."""
+        s = whole[j]
         sel = members[s]
-        entries = index_entries(layout, source.url_of(keys[s]), raw, fsize)[inner_lin[sel]]
+        try:
+            entries = index_entries(layout, source.url_of(keys[s]), raw, fsize)[inner_lin[sel]]
+        except CorruptChunkError:
+            return None  # (the shard's own bytes say so when it comes)
         ok = entries[:, 0] != np.uint64(2**64 - 1)
         offs, sizes = entries[:, 0].astype(np.int64), entries[:, 1].astype(np.int64)
         order = np.lexsort((offs, np.where(ok, offs + sizes, -1)))  # missing first, then by their ends
         first = int((~ok).sum())
-        assert parts is not None
-        parts.set(j, sel[order[first:]].tolist(), offs[order[first:]].tolist(), sizes[order[first:]].tolist(), fsize,
-                  mtime // 10**9 if mtime > 0 else -1, etag)
         cut[j] = (np.concatenate([sel[order[first:]], sel[order[:first]]]), raw)
-    sink = Sink(handoff, array.array("q", [-1]) * len(jobs)) if handoff is not None and cut else None
+        return (sel[order[first:]].tolist(), offs[order[first:]].tolist(), sizes[order[first:]].tolist(), fsize,
+                mtime // 10**9 if mtime > 0 else -1, etag)
+
+    for j, s in enumerate(whole if parts is not None else ()):
+        got_idx = source.cached_index(keys[s])
+        if got_idx is None or len(got_idx[0]) != index_size:
+            continue
+        made = cut_by(j, *got_idx)
+        if made is not None:
+            assert parts is not None
+            parts.set(j, *made)
+    sink = Sink(handoff, array.array("q", [-1]) * len(jobs)) if handoff is not None and (cut or cold) else None
+
+    def index_came(j: int, got: Got | None) -> None:
+        """Whole job j's index, fetched beside it: its parts are handed from now on."""
+        if got is None or got.size < 0 or len(got.data) != index_size or parts is None:
+            return  # (gone, or shorter than its index: the shard's own answer says what it is)
+        made = cut_by(j, bytes(got.data), got.size, got.mtime, got.etag)
+        if made is not None:
+            parts.publish(j, *made)
 
     def done(j: int, got: Got | None) -> None:
         s, sel, offs, sizes, start = what[j]
+        if j in index_of:
+            index_came(index_of[j], got)
+            return
         if got is None:  # a whole shard that does not exist
             missing(s)
             return

@@ -120,12 +120,17 @@ typedef void (*gz_http_done_fn)(int64_t i);
  * the index belongs to: a 200 whose size, Last-Modified (seconds) and ETag are expect[2i],
  * expect[2i+1] (-1: the answer must have none) and etags[96i..] (empty: not compared, as when
  * the answer has none). A retry after parts were handed must be that object too, else the
- * request ends with status CHANGED and nothing more is written into its destination. */
-typedef struct {
+ * request ends with status CHANGED and nothing more is written into its destination.
+ * late (NULL: none): per request a slot where the caller publishes, while the fetch runs, the
+ * address of a gz_http_parts of that one request (as its request 0; gz_http_publish) once it
+ * knows them (a shard whose index comes in a request of the same fetch): from then on its
+ * bytes hand them, those already in first. */
+typedef struct gz_http_parts {
     const int64_t *at;
     const int64_t *rows;
     const int64_t *expect;
     const char *etags;
+    volatile int64_t *late;
 } gz_http_parts;
 #define CHANGED (-6)
 
@@ -174,6 +179,8 @@ typedef struct {
     gz_http_req *r;
     int64_t i;
     const gz_http_parts *parts;   /* this request's parts (NULL: none) */
+    int64_t pi;                   /* this request's row in them (its own index, or 0 for late parts) */
+    const gz_http_parts *all;     /* the fetch's parts (their late slots), or NULL */
     volatile int64_t *set;        /* the decode set they go to (its handle; 0: not open yet) */
     int http;          /* the status line's code */
     int64_t lm;        /* Last-Modified, seconds (-1 none, -2 not understood) */
@@ -200,7 +207,7 @@ static int transient(int code, int status) {
 /* the answer is the object the parts' index belongs to (judged once its headers are in) */
 static int expected(const slot_t *s) {
     const gz_http_parts *P = s->parts;
-    int64_t i = s->i;
+    int64_t i = s->pi;
     if (s->http != 200 || s->r->size != P->expect[2 * i] || s->lm == -2) return 0;
     if (s->lm != P->expect[2 * i + 1]) return 0;
     const char *want = P->etags + 96 * i;
@@ -213,7 +220,7 @@ static void hand_parts(slot_t *s) {
     void *set = (void *)(intptr_t)__atomic_load_n(s->set, __ATOMIC_ACQUIRE);
     if (!set || s->valid != 1) return;
     const gz_http_parts *P = s->parts;
-    for (int64_t k = P->at[s->i] + r->added; k < P->at[s->i + 1]; k++) {
+    for (int64_t k = P->at[s->pi] + r->added; k < P->at[s->pi + 1]; k++) {
         const int64_t *row = P->rows + 3 * k;
         if (row[1] + row[2] > r->got) return;
         if (gz_arrivals_add(set, row[0], r->dest + row[1], row[2]) != 0) { s->valid = 0; return; }
@@ -225,6 +232,10 @@ static size_t on_body(char *p, size_t sz, size_t n, void *u) {
     slot_t *s = u;
     size_t len = sz * n;
     if (!*s->armed) { s->paused = 1; return WRITEFUNC_PAUSE; }
+    if (!s->parts && s->all && s->all->late) {  /* parts published since: taken from now on */
+        int64_t p = __atomic_load_n(&s->all->late[s->i], __ATOMIC_ACQUIRE);
+        if (p) { s->parts = (const gz_http_parts *)(intptr_t)p; s->pi = 0; s->valid = -1; }
+    }
     if (s->parts && s->valid < 0) s->valid = expected(s);
     if (s->parts && !s->valid && s->r->added > 0) {
         /* parts of an earlier attempt are being decoded from this destination: nothing else is
@@ -335,7 +346,10 @@ static void start_one(runner_t *ag, slot_t *s, CURL *e, int64_t i) {
     gz_http_req *r = &f->reqs[i];
     memset(s, 0, sizeof *s);
     s->r = r; s->i = i; s->armed = &f->armed; s->lm = -1; s->valid = -1;
-    if (f->parts && f->sink_set && f->parts->at[i + 1] > f->parts->at[i]) { s->parts = f->parts; s->set = f->sink_set; }
+    if (f->parts && f->sink_set) {
+        s->all = f->parts; s->set = f->sink_set;
+        if (f->parts->at[i + 1] > f->parts->at[i]) { s->parts = f->parts; s->pi = i; }
+    }
     r->got = 0; r->size = -1; r->range_start = -1; r->etag[0] = 0; r->attempts++;
     C.easy_setopt(e, O_URL, f->urls[i]);
     C.easy_setopt(e, O_WRITEFUNCTION, on_body);
@@ -664,6 +678,9 @@ out:
     free(f.queue); free(f.retry_at); free(f.done_q); free(f.late); free((void *)f.urls);
     return rc;
 }
+
+/* *slot = value, released: a receiving thread that reads the slot sees what value points to */
+API void gz_http_publish(volatile int64_t *slot, int64_t value) { __atomic_store_n(slot, value, __ATOMIC_RELEASE); }
 
 API const char *gz_http_strerror(int code) {
     pthread_once(&curl_once, curl_load);

@@ -375,3 +375,27 @@ def test_read_region_emits_no_warning(tmp_path, backend):
             got = fn(str(tmp_path / "a.zarr"), (slice(0, 3), Ellipsis), backend=backend)
             got = got.get() if hasattr(got, "get") else got
             np.testing.assert_array_equal(got, vals[0:3])
+
+
+def test_remote_reads_decode_on_the_host_up_to_their_own_bound(tmp_path, fake_gpu):
+    """A remote store's reads touching up to ``remote_host_read`` take the host path (decoded
+    as the answers arrive, one copy to the GPU); local stores keep ``small_read``; 0 leaves
+    remote stores at ``small_read``."""
+    from gpu_zarr import settings
+    from gpu_zarr.bench.remote_server import RangeServer
+    from gpu_zarr.engine.plan import normalize_selection
+    from gpu_zarr.store import open_array
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", shape=(40, 32, 28), chunks=(4, 8, 7))
+    chunk = 4 * 8 * 7 * arr.dtype.itemsize
+    whole = normalize_selection(arr.shape, Ellipsis)  # 10 x 4 x 4 chunks
+    with RangeServer(tmp_path) as srv:
+        remote = zarr_io.prepare(open_array(f"{srv.url}/a.zarr"))
+        local = zarr_io.prepare(arr)
+        with settings.set(small_read=16 * chunk, remote_host_read=160 * chunk):
+            assert remote.small_read_bytes(whole) == 160 * chunk
+            assert local.small_read_bytes(whole) is None
+        with settings.set(small_read=16 * chunk, remote_host_read=160 * chunk - 1):
+            assert remote.small_read_bytes(whole) is None
+        with settings.set(small_read=160 * chunk, remote_host_read=0):
+            assert remote.small_read_bytes(whole) == local.small_read_bytes(whole) == 160 * chunk

@@ -98,7 +98,10 @@ class EngineBackend:
 
     Reads that touch little data (a viewer's plane: ``settings`` ``small_read``) decode on
     CPU threads instead, where nvCOMP's per-call latency would cost more than it saves; they
-    return host memory when the caller wants it (``where="host"``).
+    return host memory when the caller wants it (``where="host"``). So do a remote store's
+    reads up to ``remote_host_read``: the host decodes each chunk as its bytes arrive (128 MiB
+    of shards at 20 ms a request on the H200: 49-53 ms, against 54-58 in nvCOMP batches that
+    wait for whole answers).
     """
 
     name = "kvikio"
@@ -117,6 +120,8 @@ class EngineBackend:
 
     def small_read_bytes(self, region: Any) -> int | None:
         lay, limit = self.layout, settings.get("small_read")
+        if lay.source is not None:  # a remote store: the host decodes as the answers arrive
+            limit = max(limit, settings.get("remote_host_read"))
         if lay.codec == "raw" or not limit:
             return None
         chunks = 1
@@ -171,7 +176,8 @@ class EngineBackend:
                 data = staged.to_gpu(res.data)
                 stats = res.stats
         stats["small_read"] = True
-        return data, stats, (f"; small read ({small / (1 << 20):.1f} MiB of chunks): decoded on {opts.threads} CPU "
+        kind = "small read" if small <= settings.get("small_read") else "remote read, decoded as the answers arrived,"
+        return data, stats, (f"; {kind} ({small / (1 << 20):.1f} MiB of chunks): decoded on {opts.threads} CPU "
                              "threads" + (", one copy to the GPU" if on_gpu else ", returned in host memory"))
 
 

@@ -41,6 +41,16 @@ small_read     ``GPU_ZARR_SMALL_READ_MIB`` compressed reads touching at most thi
                                            costs 5-16 ms a call whatever its size);
                                            default 6 MiB per core, at most 128 MiB;
                                            0 turns it off
+remote_host_read ``GPU_ZARR_REMOTE_HOST_READ_MIB`` the same for remote stores
+                                           (at least ``small_read``): their reads
+                                           touching at most this many decoded bytes
+                                           decode on CPU threads as the answers
+                                           arrive (a shard's inner chunks as its bytes
+                                           come), one copy to the GPU; the network,
+                                           not the decoder, is the limit there, and
+                                           nvCOMP waits for whole answers; default
+                                           8 MiB per core, at most 1024 MiB; 0: only
+                                           ``small_read``
 metadata_ttl   ``GPU_ZARR_METADATA_TTL_S`` seconds a remote store's metadata documents
                                            (zarr.json, .zarray, .zattrs, .zgroup,
                                            .zmetadata) are reused by later opens of
@@ -87,6 +97,8 @@ def _defaults() -> dict[str, Any]:
         "headroom_bytes": _env_int("GPU_ZARR_HEADROOM_MIB", 0, MiB),  # 0: automatic
         "cache_bytes": _env_int("GPU_ZARR_CACHE_MIB", 1024 * MiB, MiB),
         "small_read": _env_int("GPU_ZARR_SMALL_READ_MIB", min(128, 6 * (os.cpu_count() or 1)) * MiB, MiB),
+        "remote_host_read": _env_int("GPU_ZARR_REMOTE_HOST_READ_MIB", min(1024, 8 * (os.cpu_count() or 1)) * MiB,
+                                     MiB),
         "metadata_ttl": _env_int("GPU_ZARR_METADATA_TTL_S", 10),
     }
 
@@ -102,6 +114,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "pinned_bytes": lambda v: isinstance(v, int) and v >= 0,
     "headroom_bytes": lambda v: isinstance(v, int) and v >= 0,
     "small_read": lambda v: isinstance(v, int) and v >= 0,
+    "remote_host_read": lambda v: isinstance(v, int) and v >= 0,
     "cache_bytes": lambda v: isinstance(v, int) and v >= 0,
     "metadata_ttl": lambda v: isinstance(v, (int, float)) and v >= 0,
 }

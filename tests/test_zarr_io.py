@@ -381,6 +381,7 @@ def test_remote_reads_decode_on_the_host_up_to_their_own_bound(tmp_path, fake_gp
     """A remote store's reads touching up to ``remote_host_read`` take the host path (decoded
     as the answers arrive, one copy to the GPU); local stores keep ``small_read``; 0 leaves
     remote stores at ``small_read``."""
+    pytest.importorskip("obstore")  # (a remote store: the remote extra)
     from gpu_zarr import settings
     from gpu_zarr.bench.remote_server import RangeServer
     from gpu_zarr.engine.plan import normalize_selection

@@ -172,7 +172,7 @@ class Parts:
     known: its inner chunks decode while the rest of it arrives).
 
     They are handed only when the answer is the object the offsets were read from: a 200 of
-    the expected size, Last-Modified and ETag (those :meth:`expect` names). A request's row
+    the expected size, Last-Modified and ETag (those :meth:`set` is given). A request's row
     says how many were handed (``added``: the first ones, in the order given); the rest are
     the caller's when the request is reported. A retry that brings another object after some
     were handed ends with status :data:`CHANGED`, nothing of it written over them.
@@ -199,18 +199,18 @@ class Parts:
         ``offsets[k]`` of the body, in the order of their ends (``offsets + sizes``, ascending).
         Handed only from an object of ``size`` bytes, Last-Modified ``mtime_s`` (seconds; -1:
         none) and ETag ``etag`` (empty: not compared). Requests must be set in order (0, 1, ...),
-        each at most once."""
-        if not (len(chunks) == len(offsets) == len(sizes)):
+        each at most once. (Arrays: a whole shard's parts in one step, not a Python step each.)"""
+        c, o, z = (np.asarray(v, np.int64).reshape(-1) for v in (chunks, offsets, sizes))
+        if not (len(c) == len(o) == len(z)):
             raise ValueError("chunks, offsets and sizes must be as long as each other")
-        ends = [o + z for o, z in zip(offsets, sizes)]
-        if any(o < 0 or z < 0 or e > size for o, z, e in zip(offsets, sizes, ends)) or ends != sorted(ends):
+        ends = o + z
+        if len(o) and (int(o.min()) < 0 or int(z.min()) < 0 or int(ends.max()) > size or bool((np.diff(ends) < 0).any())):
             raise ValueError(f"request {i}: parts must lie inside the object ({size} bytes) in the order of their ends")
         if not self._next <= i < self.n:
             raise ValueError(f"request {i}: parts are set once per request, in order, for requests 0..{self.n - 1}")
         for k in range(self._next + 1, i + 1):  # (the requests between have none)
             self._at[k] = len(self._rows) // 3
-        for c, o, z in zip(chunks, offsets, sizes):
-            self._rows.extend((int(c), int(o), int(z)))
+        self._rows.frombytes(np.stack([c, o, z], axis=1).astype("<i8").tobytes())
         self._at[i + 1] = len(self._rows) // 3
         self._next = i + 1
         self._expect[2 * i], self._expect[2 * i + 1] = int(size), int(mtime_s)

@@ -36,7 +36,8 @@ from gpu_zarr.errors import NativeHttpDeclined, RemoteError, ShortAnswer
 from gpu_zarr.location import network_cause
 from gpu_zarr.pending import track
 
-__all__ = ["FETCHED", "BodyArena", "Bodies", "Got", "RemoteBlob", "RemoteSource", "Span", "source_of"]
+__all__ = ["FETCHED", "BodyArena", "Bodies", "Got", "RemoteBlob", "RemoteSource", "Span", "changed_while_read",
+           "source_of"]
 
 #: what a job GETs: the whole object (None), a byte range (start, end), or its last n bytes ({"suffix": n})
 Span = tuple[int, int] | dict[str, int] | None
@@ -565,9 +566,8 @@ class RemoteSource:
         if st == nh.TOO_LONG:
             raise NativeHttpDeclined("an answer was longer than expected")
         if st == nh.CHANGED:
-            raise RemoteError(f"{self.url_of(rel)} changed while it was read (a retry after a failed transfer brought "
-                              "another version of it than the part already decoded). Nothing was returned; read "
-                              "again once the store is no longer being written.")
+            raise changed_while_read(self.url_of(rel), "a retry after a failed transfer brought another version of it "
+                                                        "than the part already decoded")
         if self.http_url != self.url:  # an s3:// store: obstore says what went wrong, in S3's terms
             raise NativeHttpDeclined(f"HTTP {st}" if code == 0 else bytes(r["err"]).decode(errors="replace"))
         url, what = self.url_of(rel), _what(rng)
@@ -655,6 +655,13 @@ _MISSING = "it was not found (404) although the store's index points to it: the 
 
 def _denied(credentials: str) -> str:
     return f"the server refused access (403/401): check the URL, and for a private store the credentials ({credentials})"
+
+
+def changed_while_read(url: str, how: str) -> RemoteError:
+    """The error for an object that changed while part of it was being decoded already (its
+    inner chunks handed on as its bytes came): not read again, said."""
+    return RemoteError(f"{url} changed while it was read ({how}). Nothing was returned; read again once the store "
+                       "is no longer being written.")
 
 
 def _what(rng: Any) -> str:

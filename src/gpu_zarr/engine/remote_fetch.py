@@ -35,8 +35,8 @@ from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.locate import Located, check_sizes, index_entries
 from gpu_zarr.engine.native_http import Handoff, Parts, Sink
 from gpu_zarr.engine.plan import Batch, Pieces
-from gpu_zarr.engine.remote import FETCHED, Bodies, Got, RemoteBlob, RemoteSource, Span
-from gpu_zarr.errors import CorruptChunkError, RemoteError, ShardChanged
+from gpu_zarr.engine.remote import FETCHED, Bodies, Got, RemoteBlob, RemoteSource, Span, changed_while_read
+from gpu_zarr.errors import CorruptChunkError, ShardChanged
 
 __all__ = ["GAP_BYTES", "PART_BYTES", "WHOLE_SHARD_BYTES", "Arrived", "RemoteReader", "stream_remote", "whole_cap"]
 
@@ -189,9 +189,8 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         index = _whole_shard_index(layout, source, keys[s], data, got.mtime, got.etag)
         kept = source.cached_index(keys[s])  # (kept just now, from these bytes)
         if got.handed and (kept is None or kept[0] != raw):
-            raise RemoteError(f"{url} changed while it was read: its size, Last-Modified and ETag are those of the "
-                              "version whose index cut it, its bytes are not. Nothing was returned; read again once "
-                              "the store is no longer being written.")
+            raise changed_while_read(url, "its size, Last-Modified and ETag are those of the version whose index cut "
+                                          "it, its bytes are not")
         sel = members[s] if order is None else order
         entries = index[inner_lin[sel]]
         ok = entries[:, 0] != np.uint64(2**64 - 1)
@@ -277,7 +276,7 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         order = np.lexsort((offs, np.where(ok, offs + sizes, -1)))  # missing first, then by their ends
         first = int((~ok).sum())
         cut[j] = (np.concatenate([sel[order[first:]], sel[order[:first]]]), raw)
-        return (sel[order[first:]].tolist(), offs[order[first:]].tolist(), sizes[order[first:]].tolist(), fsize,
+        return (sel[order[first:]], offs[order[first:]], sizes[order[first:]], fsize,
                 mtime // 10**9 if mtime > 0 else -1, etag)
 
     for j, s in enumerate(whole if parts is not None else ()):

@@ -116,6 +116,7 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: C
     keys: list[Any] = [None] * len(pieces)
     native: list[Any] = []  # the set, once opened
     added: dict[int, tuple[Arrived, int]] = {}
+    in_set = np.zeros(len(pieces), bool)  # the pieces in `added` (a read again after a shard changed skips them)
     handed = [0]  # answers the native HTTP client handed to the set itself
     # set up by ready(), while the requests travel
     out: Any = None
@@ -246,15 +247,16 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: C
                 p = int(a.pieces[j])
                 keys[p] = (a.url, a.base + int(a.offset[j]), int(a.nbytes[j]), a.mtime)
                 added[p] = (a, j)
+            in_set[a.pieces[:k]] = True
             handed[0] += k
             if k == len(a.pieces):
                 return
             pos, a = present(a, k)
-            # (a shard read again after another changed: what the set has is not added again)
-            pos = np.array([j for j in pos.tolist() if int(a.pieces[j]) not in added], np.int64)
+            pos = pos[~in_set[a.pieces[pos]]]  # (a shard read again after another changed: not added twice)
             if not len(pos):
                 return
             data = a.data if isinstance(a.data, np.ndarray) else np.frombuffer(a.data, np.uint8)
+            in_set[a.pieces[pos]] = True
             for j in pos.tolist():
                 added[int(a.pieces[j])] = (a, j)
                 native[0].add(int(a.pieces[j]), data, int(a.offset[j]), int(a.nbytes[j]))

@@ -53,7 +53,7 @@ def decode_only(path: Path, planes: int, batch_chunks: int = 96, repeat: int = 3
     """GPU time of the Blosc stage alone (parse excluded): chunks already on the device."""
     import cupy
 
-    from gpu_zarr.engine.blosc import BloscStage, parse_batch
+    from gpu_zarr.engine.codecs.blosc import BloscStage, parse_batch
     from gpu_zarr.engine.ops import ops_for
 
     ops = ops_for("gpu")

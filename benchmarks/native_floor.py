@@ -135,7 +135,7 @@ def bench_small(path: str, selections: list, threads: int) -> dict:
     import zarr
 
     from gpu_zarr.engine import native
-    from gpu_zarr.engine.layout import layout_of
+    from gpu_zarr.engine.metadata import layout_of
     from gpu_zarr.engine.ops import CpuOps
     from gpu_zarr.engine.pipeline import EngineOptions, read
 

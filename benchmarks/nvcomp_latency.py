@@ -8,7 +8,7 @@ Measures, for zstd, LZ4 and Deflate, 1 MiB uint16 chunks (smooth data plus noise
 on the GPU: ms per call (median of 5, synchronised, statuses read back) for 1, 16, 256
 and 1024 chunks through :class:`gpu_zarr.engine.nvcomp_batch.BatchedDecoder` and through
 nvCOMP's Python API (``Codec.decode``); 4 streams at once; the host-side zstd frame check
-(:mod:`gpu_zarr.engine.zstd_frames`) per GiB; and, in child processes, how corrupt input
+(:mod:`gpu_zarr.engine.codecs.zstd_frames`) per GiB; and, in child processes, how corrupt input
 (truncated, flipped bytes, wrong expected sizes) is reported by nvCOMP's statuses, by the
 frame check and by numcodecs.
 """
@@ -95,8 +95,8 @@ def bench(out: dict, python_api: bool = True) -> None:
 def _bench_algo(algo, raw_bytes, nbytes, counts, stream, nvcomp) -> dict:
     import cupy
 
+    from gpu_zarr.engine.codecs.zstd_frames import check_frames
     from gpu_zarr.engine.nvcomp_batch import BatchedDecoder
-    from gpu_zarr.engine.zstd_frames import check_frames
 
     with ThreadPoolExecutor(16) as pool:
         enc = list(pool.map(lambda r: encode(algo, r), raw_bytes))
@@ -239,7 +239,7 @@ encode, _pack, _chunks = _mod.encode, _mod._pack, _mod._chunks
 import cupy
 from gpu_zarr.engine.nvcomp_batch import BatchedDecoder
 from gpu_zarr.engine.decode import decode_batch_cpu
-from gpu_zarr.engine.zstd_frames import check_frames
+from gpu_zarr.engine.codecs.zstd_frames import check_frames
 from gpu_zarr.errors import CorruptChunkError
 algo, kind, trials = sys.argv[2], sys.argv[3], int(sys.argv[4])
 rng = np.random.default_rng(hash((algo, kind)) % 2**32)

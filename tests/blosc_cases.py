@@ -8,7 +8,7 @@ from __future__ import annotations
 import numcodecs
 import numpy as np
 
-from gpu_zarr.engine.blosc import decode_plan, parse_batch
+from gpu_zarr.engine.codecs.blosc import decode_plan, parse_batch
 
 CNAMES = ["lz4", "lz4hc", "zstd", "zlib", "blosclz"]
 SHUFFLES = {"noshuffle": numcodecs.Blosc.NOSHUFFLE, "shuffle": numcodecs.Blosc.SHUFFLE,

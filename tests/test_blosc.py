@@ -21,7 +21,7 @@ from blosc_cases import (
     reorder_blocks,
     stage,
 )
-from gpu_zarr.engine.blosc import (
+from gpu_zarr.engine.codecs.blosc import (
     KIND_COPY,
     KIND_LZ4,
     MODE_BIT,
@@ -29,7 +29,7 @@ from gpu_zarr.engine.blosc import (
     MODE_NONE,
     parse_batch,
 )
-from gpu_zarr.engine.shuffle import unshuffle_cpu
+from gpu_zarr.engine.codecs.shuffle import unshuffle_cpu
 from gpu_zarr.errors import CorruptChunkError
 
 

@@ -10,7 +10,7 @@ import pytest
 from blosc_cases import BLOSC_LAYOUTS, write_blosc
 from gpu_zarr import capabilities
 from gpu_zarr.engine import read
-from gpu_zarr.engine.layout import layout_of
+from gpu_zarr.engine.metadata import layout_of
 from gpu_zarr.errors import CorruptChunkError
 
 IDS = [i for i, _ in BLOSC_LAYOUTS]

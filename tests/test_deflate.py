@@ -11,7 +11,7 @@ import numcodecs
 import numpy as np
 import pytest
 
-from gpu_zarr.engine.deflate import (
+from gpu_zarr.engine.codecs.deflate import (
     DeflateStage,
     parse_gzip,
     parse_zlib,
@@ -225,7 +225,7 @@ from stores import DEFLATE_LAYOUTS, SELECTIONS, write  # noqa: E402
 @pytest.mark.parametrize("sel", [SELECTIONS[0], SELECTIONS[2], SELECTIONS[4]], ids=["all", "strided", "edges"])
 def test_engine_reads_gzip_zlib_like_zarr(tmp_path, name, kw, sel):
     from gpu_zarr.engine import read
-    from gpu_zarr.engine.layout import layout_of
+    from gpu_zarr.engine.metadata import layout_of
 
     arr, _ = write(tmp_path / "a.zarr", **kw)
     assert layout_of(arr).codec == kw["codec"]

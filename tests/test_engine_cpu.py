@@ -167,7 +167,7 @@ _MANY_OPS = {
                          ids=[LAYOUTS[i][0] for i in (1, 3, 4, 6, 10, 12, 14, 16)])
 def test_read_many_places_each_box_like_zarr(tmp_path, name, kw, ops):
     from gpu_zarr.engine import read_many
-    from gpu_zarr.engine.layout import layout_of
+    from gpu_zarr.engine.metadata import layout_of
     from gpu_zarr.engine.plan import Part
 
     arrs = [write(tmp_path / f"{i}.zarr", seed=i, **kw)[0] for i in range(3)]  # partial: some chunks missing
@@ -195,7 +195,7 @@ def test_read_many_places_each_box_like_zarr(tmp_path, name, kw, ops):
 
 def test_read_many_refuses_other_formats_and_bad_boxes(tmp_path):
     from gpu_zarr.engine import read_many
-    from gpu_zarr.engine.layout import layout_of
+    from gpu_zarr.engine.metadata import layout_of
     from gpu_zarr.engine.plan import Part
 
     a = layout_of(write(tmp_path / "a.zarr", fmt=3, codec="zstd")[0])
@@ -215,7 +215,7 @@ def test_read_many_refuses_other_formats_and_bad_boxes(tmp_path):
 
 def test_read_many_names_the_array_of_a_corrupt_chunk(tmp_path):
     from gpu_zarr.engine import read_many
-    from gpu_zarr.engine.layout import layout_of
+    from gpu_zarr.engine.metadata import layout_of
     from gpu_zarr.engine.plan import Part
 
     arrs = [write(tmp_path / f"{i}.zarr", fmt=3, codec="zstd", seed=i)[0] for i in range(2)]

@@ -20,10 +20,10 @@ def test_import_with_gpu_and_gui_blocked(tmp_path):
         sys.meta_path.insert(0, Blocker())
         import gpu_zarr, gpu_zarr.zarr_io, gpu_zarr.engine, gpu_zarr.omezarr, gpu_zarr.nvcomp_zstd
         import gpu_zarr.kvikio_zarr, gpu_zarr.capabilities, gpu_zarr.cli, gpu_zarr.lazy, gpu_zarr.sample
-        import gpu_zarr.engine.nvcomp_batch, gpu_zarr.engine.deflate, gpu_zarr.engine.decode
+        import gpu_zarr.engine.nvcomp_batch, gpu_zarr.engine.codecs.deflate, gpu_zarr.engine.decode
         import gpu_zarr.bench, gpu_zarr.bench.cli, gpu_zarr.bench.readers, gpu_zarr.bench.report
         import gpu_zarr.dask_array
-        import gpu_zarr.engine.blosc, gpu_zarr.engine.shuffle
+        import gpu_zarr.engine.codecs.blosc, gpu_zarr.engine.codecs.shuffle
         import gpu_zarr.controller, gpu_zarr.reprs, gpu_zarr.progress, gpu_zarr.jupyter
         try:
             gpu_zarr.jupyter.LoaderWidget

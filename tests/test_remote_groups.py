@@ -86,7 +86,7 @@ def test_answers_arriving_apart_are_several_groups(root, one_answer_groups):
     with RangeServer(root, latency=0.02) as srv:
         arr = open_array(f"{srv.url}/plain.zarr")
         # 8 x 2 x 2 = 32 chunks, 4 requests in flight: answers arrive in waves a round trip apart
-        from gpu_zarr.engine.layout import layout_of
+        from gpu_zarr.engine.metadata import layout_of
 
         lay = layout_of(arr)
         assert lay.source is not None
@@ -135,7 +135,7 @@ def test_a_corrupt_chunk_in_an_early_group_stops_the_read_cleanly(root, tmp_path
     _clear()
     with RangeServer(tmp_path, latency=0.02) as srv:
         arr = open_array(f"{srv.url}/bad.zarr")
-        from gpu_zarr.engine.layout import layout_of
+        from gpu_zarr.engine.metadata import layout_of
 
         lay = layout_of(arr)
         assert lay.source is not None
@@ -164,7 +164,7 @@ def test_cancel_between_groups(root, one_answer_groups):
     stop = threading.Event()
     with RangeServer(root, latency=0.02) as srv:
         arr = open_array(f"{srv.url}/plain.zarr")
-        from gpu_zarr.engine.layout import layout_of
+        from gpu_zarr.engine.metadata import layout_of
 
         lay = layout_of(arr)
         assert lay.source is not None

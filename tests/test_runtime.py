@@ -238,8 +238,8 @@ def test_pinned_pool_is_shared_and_bounded():
 
 
 def test_batches_fit_the_memory_budget(tmp_path):
-    from gpu_zarr.engine.codecs import stage_for
-    from gpu_zarr.engine.layout import layout_of
+    from gpu_zarr.engine.codecs.chain import stage_for
+    from gpu_zarr.engine.metadata import layout_of
     from gpu_zarr.engine.pipeline import _size_batches
 
     arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", shape=(64, 64, 64), chunks=(8, 8, 8))

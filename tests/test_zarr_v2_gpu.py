@@ -10,7 +10,8 @@ import pytest
 import zarr
 
 from gpu_zarr.engine import decode_chunks
-from gpu_zarr.engine.layout import chunk_layout, codec_of_v2_compressor
+from gpu_zarr.engine.layout import chunk_layout
+from gpu_zarr.engine.metadata import codec_of_v2_compressor
 
 V2_COMPRESSORS = {
     "zstd": numcodecs.Zstd(level=3),

@@ -6,7 +6,7 @@ import numcodecs
 import numpy as np
 import pytest
 
-from gpu_zarr.engine.zstd_frames import check_frames
+from gpu_zarr.engine.codecs.zstd_frames import check_frames
 from gpu_zarr.errors import CorruptChunkError
 from test_gpu import _frame_without_content_size
 

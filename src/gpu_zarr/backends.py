@@ -122,7 +122,7 @@ class EngineBackend:
         lay, limit = self.layout, settings.get("small_read")
         if lay.source is not None:  # a remote store: the host decodes as the answers arrive
             limit = max(limit, settings.get("remote_host_read"))
-        if lay.codec == "raw" or not limit:
+        if (lay.codec == "raw" and not lay.frames) or not limit:
             return None
         chunks = 1
         for a, b, c in zip(region.start, region.stop, lay.inner_shape):
@@ -451,7 +451,7 @@ def _in_slabs(arr: Any, region: Any, selection: Any, read: Callable[[Any], Any],
 def _cpu(arr: Any, why: str, runtime: Any) -> tuple[ReadBackend, BackendChoice]:
     """The CPU backend: the engine's native host path where it serves the array, else zarr-python."""
     from gpu_zarr.engine import native
-    from gpu_zarr.engine.layout import describe, layout_of
+    from gpu_zarr.engine.metadata import describe, layout_of
 
     if arr is None or not native.available():
         how = "numpy via zarr-python" + ("" if arr is None else f" (native host path not loaded: {native.status().reason})")
@@ -462,8 +462,9 @@ def _cpu(arr: Any, why: str, runtime: Any) -> tuple[ReadBackend, BackendChoice]:
         lay = layout_of(arr)
     except UnsupportedArrayError as exc:
         return CpuBackend(), BackendChoice("cpu", f"{why}: numpy via zarr-python (the native host path cannot: {exc})")
-    return CpuEngineBackend(lay, runtime), BackendChoice(
-        "cpu", f"{why}: native host path ({describe(lay)}; chunks read, decoded and placed on native threads)")
+    how = "chunks read and placed on native threads" if lay.host is not None else \
+        "chunks read, decoded and placed on native threads"
+    return CpuEngineBackend(lay, runtime), BackendChoice("cpu", f"{why}: native host path ({describe(lay)}; {how})")
 
 
 def choose(arr: Any, prefer: str, caps: Any, runtime: Any = None) -> tuple[ReadBackend, BackendChoice]:
@@ -487,8 +488,8 @@ def choose(arr: Any, prefer: str, caps: Any, runtime: Any = None) -> tuple[ReadB
                              f"{caps.backend_status(prefer)[1]}. Use prefer='cpu', or {INSTALL_HINT}.")
     if prefer == "zarr-gpu":
         return ZarrGpuBackend(), BackendChoice("zarr-gpu", "forced: " + caps.backend_status("zarr-gpu")[1])
-    from gpu_zarr.engine.codecs import stage_for
-    from gpu_zarr.engine.layout import describe, layout_of
+    from gpu_zarr.engine.codecs.chain import stage_for
+    from gpu_zarr.engine.metadata import describe, layout_of
 
     try:
         if arr.ndim == 0:

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_zarr.engine import EngineOptions, EngineResult, read
-from gpu_zarr.engine.layout import Layout, describe, layout_of
+from gpu_zarr.engine.layout import Layout
+from gpu_zarr.engine.metadata import describe, layout_of
 from gpu_zarr.errors import INSTALL_HINT, BackendUnavailable, UnsupportedArrayError
 from gpu_zarr.store import open_array
 
@@ -48,7 +49,7 @@ def read_with_stats(array: Any, selection: Any = Ellipsis, *, layout: Layout | N
     array : zarr.Array or path
     selection : basic index
     layout : Layout, optional
-        Already computed by :func:`gpu_zarr.engine.layout.layout_of` (saves re-parsing).
+        Already computed by :func:`gpu_zarr.engine.metadata.layout_of` (saves re-parsing).
     options : EngineOptions, optional
     storage_options : mapping, optional
         Options of a remote store when ``array`` is a URL (see :mod:`gpu_zarr.location`).

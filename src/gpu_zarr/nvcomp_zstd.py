@@ -89,8 +89,8 @@ class NvcompZstdCodec(BytesBytesCodec):
         import cupy
 
         from gpu_zarr.engine.binary import packed_offsets
+        from gpu_zarr.engine.codecs.zstd_frames import check_frames
         from gpu_zarr.engine.decode import decode_batch_gpu
-        from gpu_zarr.engine.zstd_frames import check_frames
 
         live = [k for k, (buf, _) in enumerate(items) if buf is not None]
         result: list = [None] * len(items)

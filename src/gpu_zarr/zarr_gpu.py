@@ -59,7 +59,7 @@ def _engine_chain(pipe: BatchedCodecPipeline, dtype: np.dtype) -> tuple[str, dic
     to chunks in native byte order; None otherwise (zarr decodes it)."""
     from zarr.codecs import BytesCodec
 
-    from gpu_zarr.engine.layout import codec_of_chain, codec_of_v2_compressor
+    from gpu_zarr.engine.metadata import codec_of_chain, codec_of_v2_compressor
 
     if pipe.array_array_codecs or dtype.kind not in "biufc" or not (dtype.isnative or dtype.itemsize == 1):
         return None

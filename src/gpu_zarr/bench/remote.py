@@ -74,7 +74,7 @@ def _write(path: Path, spec: dict[str, Any]) -> None:
 def _ours(device: str) -> Callable[[str], Any]:
     def open_(url: str) -> Any:
         from gpu_zarr.engine import read
-        from gpu_zarr.engine.layout import layout_of
+        from gpu_zarr.engine.metadata import layout_of
         from gpu_zarr.store import open_array
 
         arr = open_array(url)

@@ -92,7 +92,7 @@ def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np
     Notes
     -----
     zstd input is checked by nvCOMP's per-chunk statuses and decoded sizes;
-    :mod:`gpu_zarr.engine.zstd_frames` additionally walks the frame headers on the host
+    :mod:`gpu_zarr.engine.codecs.zstd_frames` additionally walks the frame headers on the host
     where the caller has the bytes there (nvCOMP documents corrupt zstd input as undefined).
     """
     from gpu_zarr.engine.nvcomp_batch import batched_decoder
@@ -148,7 +148,7 @@ def _cpu_decoder(algo: str):
     if algo == "zstd":
         from numcodecs import Zstd
 
-        from gpu_zarr.engine.zstd_frames import content_size
+        from gpu_zarr.engine.codecs.zstd_frames import content_size
 
         codec = Zstd()
 

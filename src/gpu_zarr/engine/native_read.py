@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from gpu_zarr.engine.codecs import stage_for, stage_named
+from gpu_zarr.engine.codecs import stage_named
+from gpu_zarr.engine.codecs.chain import stage_for
 from gpu_zarr.engine.runtime import host_empty
 from gpu_zarr.errors import CorruptChunkError
 
@@ -30,12 +31,13 @@ def native_codec(codec: str) -> str | None:
     return None if stage is None else stage.native
 
 
-def serves(codec: str, out: Any) -> bool:
-    """Whether :func:`read_chunkwise` can read chunks of ``codec`` into ``out`` here."""
+def serves(lay: Any, out: Any) -> bool:
+    """Whether :func:`read_chunkwise` can read the chunks of layout ``lay`` into ``out`` here: a
+    core codec the native library decodes, with no other step in the chain (frames, host steps)."""
     import gpu_zarr.engine.native as native
 
-    nat = native_codec(codec)
-    return (nat is not None and native.available() and native.codec_available(nat)
+    nat = native_codec(lay.codec)
+    return (nat is not None and not lay.frames and lay.host is None and native.available() and native.codec_available(nat)
             and isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable)
 
 

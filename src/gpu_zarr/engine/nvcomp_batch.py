@@ -256,7 +256,7 @@ __device__ unsigned long long le(const unsigned char* p, int n) {
 }
 
 // One thread per zstd frame: walk the frame header and every block header (the same walk as
-// gpu_zarr.engine.zstd_frames.check_frames). A bad frame gets a nonzero code and is replaced
+// gpu_zarr.engine.codecs.zstd_frames.check_frames). A bad frame gets a nonzero code and is replaced
 // by a tiny valid frame, so nvCOMP never reads it (corrupt zstd input is undefined there and
 // was measured to fault the GPU). table: [in_ptr | in_bytes | out_bytes | ...], n each.
 extern "C" __global__ void zstd_sanitize(long long* table, long long n, long long dummy_ptr,

@@ -148,7 +148,7 @@ class CpuOps:
     def unshuffle(self, src: Any, dec: Any, stream_raw: np.ndarray, stream_src: np.ndarray, stream_dst: np.ndarray,
                   b_first: np.ndarray, b_nsplit: np.ndarray, b_size: np.ndarray, b_ts: np.ndarray,
                   b_mode: np.ndarray, dst: Any, b_dst: np.ndarray, slot: int = 0, wait: Any = None) -> None:
-        from gpu_zarr.engine.shuffle import unshuffle_cpu
+        from gpu_zarr.engine.codecs.shuffle import unshuffle_cpu
 
         self.wait(wait)
         self.wait(self.record(slot))  # the decodes queued so far have finished (the twin may run them on a thread)
@@ -398,7 +398,7 @@ class GpuOps:
                   b_first: np.ndarray, b_nsplit: np.ndarray, b_size: np.ndarray, b_ts: np.ndarray,
                   b_mode: np.ndarray, dst: Any, b_dst: np.ndarray, slot: int = 0, wait: Any = None) -> None:
         """One kernel launch on the slot's work stream (after the decodes queued there)."""
-        from gpu_zarr.engine.shuffle import unshuffle_gpu
+        from gpu_zarr.engine.codecs.shuffle import unshuffle_gpu
 
         s_addr = np.where(stream_raw, np.uint64(src.data.ptr) + stream_src.astype(np.uint64),
                           np.uint64(dec.data.ptr) + np.maximum(stream_dst, 0).astype(np.uint64))

@@ -25,10 +25,12 @@ import numpy as np
 from gpu_zarr import settings
 from gpu_zarr.engine.batches import Keep, decoded_stride, needs_host_check, piece_names, run_batches
 from gpu_zarr.engine.binary import packed_offsets
-from gpu_zarr.engine.codecs import CodecStage, stage_for
+from gpu_zarr.engine.codecs import CodecStage
+from gpu_zarr.engine.codecs.chain import stage_for
 from gpu_zarr.engine.fit import check_fits, nbytes_of
-from gpu_zarr.engine.layout import Layout, batch_key, layout_of
+from gpu_zarr.engine.layout import Layout, batch_key
 from gpu_zarr.engine.locate import Located, locate, merge_located
+from gpu_zarr.engine.metadata import layout_of
 from gpu_zarr.engine.ops import Ops, ops_for
 from gpu_zarr.engine.options import EngineOptions
 from gpu_zarr.engine.plan import (
@@ -102,7 +104,7 @@ def read(arr: Any, selection: Any = Ellipsis, *, device: str = "gpu", options: E
         "gpu" returns a cupy array; "cpu" runs the CPU twin (numpy) of the same stages.
     options : EngineOptions, optional
     layout : Layout, optional
-        Precomputed :func:`~gpu_zarr.engine.layout.layout_of` (saves re-parsing metadata).
+        Precomputed :func:`~gpu_zarr.engine.metadata.layout_of` (saves re-parsing metadata).
     ops : Ops, optional
         The device calls (default: :func:`~gpu_zarr.engine.ops.ops_for` ``device``).
     runtime : Runtime, optional
@@ -159,7 +161,7 @@ def _refuse_after_fault() -> None:
 
 def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Ops | None, rt: Runtime,
           stats: dict[str, Any], t0: float, given: Any = None) -> EngineResult:
-    stage = stage_for(lay)
+    stage = stage_for(lay, rt)
     region = normalize_selection(lay.shape, selection)
     box_shape = region.box_shape
     out_nbytes = nbytes_of(box_shape, lay.out_dtype.itemsize)  # Python ints: never wraps
@@ -291,7 +293,7 @@ def read_many(parts: Sequence[Part], out_shape: Sequence[int] | None = None, *, 
                 for a, b, n, o, m in zip(p.start, p.stop, p.layout.shape, p.at, shape)):
             raise ValueError(f"part [{p.start}, {p.stop}) of {p.layout.root} (shape {p.layout.shape}) placed at "
                              f"{p.at} does not fit its array or the output of shape {shape}")
-    stage = stage_for(lay)
+    stage = stage_for(lay, rt)
     out_nbytes = nbytes_of(shape, lay.out_dtype.itemsize)
     slots = max(1, opts.slots)
     lanes = max(1, min(slots, opts.lanes)) if device == "gpu" else 1
@@ -342,7 +344,7 @@ def _execute(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, out: 
     keep = Keep(keys, pieces, every=opts.cache == "all") if cache is not None else None
     import gpu_zarr.engine.native_read as native_read
 
-    if ops.host_is_device or (own_ops and device == "cpu" and native_read.serves(lay.codec, out)):
+    if ops.host_is_device or (own_ops and device == "cpu" and native_read.serves(lay, out)):
         # the CPU path with the native library: per chunk read, decode, place on C threads (no
         # staging, no batch buffers); small reads take this path on every CPU ops
         _run_chunkwise(lay, stage, loc, pieces, to_read, out, rt, opts.threads, stats, keep, opts)
@@ -425,7 +427,7 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
     t = time.perf_counter()
     todo = np.flatnonzero(to_read >= 0)
     assert lay.source is None, "remote reads take remote_read's paths (run_remote_stream, run_remote_groups)"
-    if len(todo) and native_read.serves(lay.codec, out):
+    if len(todo) and native_read.serves(lay, out):
         # one native call: per chunk read, decode, place on C threads; what it cannot decode
         # (Blosc with blosclz / snappy, Blosc2 chunks) continues below with numcodecs
         # in groups of about batch_bytes decoded, so that progress and cancel are looked at
@@ -498,7 +500,8 @@ def _gpu_reader(kind: str, lay: Layout, opts: EngineOptions) -> str:
 
     if kind != "auto":
         return kind
-    if not native.available() or (lay.codec == "raw" and opts.direct_raw and importlib.util.find_spec("kvikio")):
+    direct = lay.codec == "raw" and not lay.frames and opts.direct_raw
+    if not native.available() or (direct and importlib.util.find_spec("kvikio")):
         return "auto"  # kvikio when installed, else native, else threads (make_reader)
     return "native"
 

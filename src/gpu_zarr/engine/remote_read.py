@@ -144,7 +144,7 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: C
         check = needs_host_check(stage, one_ops)
         stride = decoded_stride(lay)
         keep = Keep(keys, pieces, every=opts.cache == "all") if cache is not None else None
-        on_arrival = handoff is not None and native_read.serves(lay.codec, o)
+        on_arrival = handoff is not None and native_read.serves(lay, o)
         out = o
         if on_arrival:
             s = _native_arrivals(lay, stage, out, pieces, keep, rt, cores)

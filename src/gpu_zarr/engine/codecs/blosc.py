@@ -11,7 +11,7 @@ against each chunk's byte count and the decoded size the metadata promises, and 
 - a stream table: for every stream its place in the staging buffer, its place in a per-batch
   "shuffled" buffer, and its kind (LZ4, zstd, deflate with the zlib wrapper stripped, or a copy
   for streams stored raw);
-- a block table for the unshuffle (:mod:`gpu_zarr.engine.shuffle`): per block its place in the
+- a block table for the unshuffle (:mod:`gpu_zarr.engine.codecs.shuffle`): per block its place in the
   shuffled buffer, its offset in the decoded chunk, size, typesize and mode;
 - memcpyed chunks (copied whole, no shuffle);
 - chunks the GPU cannot decode (blosclz, snappy, Blosc2-format chunks), decoded here on the
@@ -369,7 +369,7 @@ def _check_zstd(staging: np.ndarray, s_src: np.ndarray, s_size: np.ndarray, s_ds
     """Walk every zstd frame (header, block headers, end) as the plain zstd stage does: nvCOMP
     must never see a malformed frame. One vectorised walk per distinct decoded size (full
     blocks, the last partial block, split streams: a few per batch)."""
-    from gpu_zarr.engine.zstd_frames import check_frames
+    from gpu_zarr.engine.codecs.zstd_frames import check_frames
 
     z = np.flatnonzero(kind == KIND_ZSTD)
     if len(z) == 0:

@@ -1,0 +1,113 @@
+"""Checksum frames: bytes-to-bytes steps that append a checksum to a chunk (zarr v3 ``crc32c``).
+
+A frame is verified and stripped on the host, before any other step reads the chunk's bytes:
+the chunk's encoded span in staging shrinks by the checksum's size, nothing is copied. A
+mismatch is a :class:`~gpu_zarr.errors.CorruptChunkError` naming the chunk -- never skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpu_zarr.errors import CorruptChunkError
+
+__all__ = ["FRAMES", "Frame", "frame_of", "strip_frames"]
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A checksum appended to the chunk's bytes.
+
+    Attributes
+    ----------
+    name : str
+        How messages and descriptions name it.
+    trailer : int
+        Bytes of the checksum at the end of the chunk.
+    checksum : callable
+        ``checksum(bytes-like) -> int`` of the bytes before the trailer.
+    """
+
+    name: str
+    trailer: int
+    checksum: Callable[[Any], int]
+
+
+def _crc32c(data: Any) -> int:
+    import google_crc32c
+
+    return int(google_crc32c.value(data))
+
+
+CRC32C = Frame("crc32c", 4, _crc32c)
+FRAMES: tuple[Frame, ...] = (CRC32C,)
+
+
+def frame_of(codec: Any) -> Frame | None:
+    """The frame of a zarr v3 bytes-to-bytes codec (zarr's ``Crc32cCodec``, or a codec of that
+    name), or None when the codec is not a checksum frame."""
+    name = type(codec).__name__
+    if name == "Crc32cCodec" or str(getattr(codec, "codec_name", "")) == "crc32c":
+        return CRC32C
+    return None
+
+
+def strip_frames(staging: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, frames: Sequence[Frame],
+                 names: Sequence[str], pool: Any = None) -> np.ndarray:
+    """Verify each chunk's frames (outermost first) in ``staging[offsets[k]:][:sizes[k]]`` and
+    return the sizes without them (the offsets stay: the checksums are at the ends).
+
+    Parameters
+    ----------
+    pool : concurrent.futures.Executor, optional
+        Worker threads that check chunks of a large batch side by side.
+
+    Raises
+    ------
+    CorruptChunkError
+        A chunk shorter than its checksums, or whose checksum does not match; the message names
+        the first such chunk in the batch's order.
+    """
+    sizes = np.asarray(sizes, np.int64).copy()
+    offs = np.asarray(offsets, np.int64)
+    for frame in frames:
+        short = np.flatnonzero(sizes < frame.trailer)
+        if len(short):
+            k = int(short[0])
+            raise CorruptChunkError(
+                f"chunk {names[k]} has {int(sizes[k])} bytes: too short for its {frame.name} checksum "
+                f"({frame.trailer} bytes). The chunk is truncated or was not written by this codec chain.")
+        sizes -= frame.trailer
+        _verify(staging, offs, sizes, frame, names, pool)
+    return sizes
+
+
+def _verify(staging: np.ndarray, offs: np.ndarray, sizes: np.ndarray, frame: Frame, names: Sequence[str],
+            pool: Any) -> None:
+    n = len(sizes)
+    tr = frame.trailer
+
+    def check(lo: int, hi: int) -> int:
+        """The first bad chunk in [lo, hi), or -1."""
+        for k in range(lo, hi):
+            o, s = int(offs[k]), int(sizes[k])
+            want = int.from_bytes(staging[o + s:o + s + tr].tobytes(), "little")
+            if frame.checksum(staging[o:o + s]) != want:
+                return k
+        return -1
+
+    total = int(sizes.sum()) if n else 0
+    if pool is None or n < 2 or total < (8 << 20):  # a small batch: one thread is sooner than handing out
+        bad = check(0, n)
+    else:
+        step = max(1, n // 16)
+        found = [b for b in pool.map(lambda lo: check(lo, min(n, lo + step)), range(0, n, step)) if b >= 0]
+        bad = min(found) if found else -1
+    if bad >= 0:
+        raise CorruptChunkError(
+            f"chunk {names[bad]} fails its {frame.name} checksum: its bytes are not the ones that were written "
+            "(a damaged or partly written file, or a server that changed the object). Re-copy or re-write it.")

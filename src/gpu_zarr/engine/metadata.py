@@ -1,0 +1,216 @@
+"""From zarr-python's metadata to the engine's :class:`~gpu_zarr.engine.layout.Layout`.
+
+:func:`layout_of` turns a read-only ``zarr.Array`` into a Layout -- geometry, files and the
+codec chain as steps (:mod:`gpu_zarr.engine.codecs.chain`) -- or raises
+:class:`~gpu_zarr.errors.UnsupportedArrayError` naming what the engine cannot serve (only
+non-numeric dtypes, irregular chunk grids, and stores it cannot read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpu_zarr.engine.codecs import stage_named, stages
+from gpu_zarr.engine.codecs.chain import HOST, Chain, parse_v2, parse_v3, steps_label
+from gpu_zarr.engine.layout import Layout
+from gpu_zarr.errors import UnsupportedArrayError
+
+__all__ = ["codec_of_chain", "codec_of_v2_compressor", "describe", "layout_of", "native_dtype"]
+
+
+def _unsupported(what: str, found: str) -> UnsupportedArrayError:
+    return UnsupportedArrayError(
+        f"the direct (kvikio) engine reads {what}; this array has {found}. "
+        "Use prefer='zarr-gpu' (or 'auto', which falls back to it)."
+    )
+
+
+class _RemoteRoot(str):
+    """The URL of a remote array, joined with ``/`` as a Path would be (messages, keys)."""
+
+    def __truediv__(self, key: str) -> _RemoteRoot:
+        return _RemoteRoot(self.rstrip("/") + "/" + key)
+
+
+def _root_and_source(arr: Any) -> tuple[Path, Any]:
+    """(root, remote source): a local directory and None, or a remote array's URL and source."""
+    from gpu_zarr.engine.remote import source_of
+
+    src = source_of(arr)
+    if src is not None:
+        return _RemoteRoot(src.url), src  # type: ignore[return-value]
+    return _local_root(arr), None
+
+
+def _local_root(arr: Any) -> Path:
+    store = arr.store
+    root = getattr(store, "root", None)
+    if root is None or type(store).__name__ != "LocalStore":
+        raise _unsupported("arrays in a local directory store or a remote store opened by gpu_zarr "
+                           "(http, s3, gs)", f"a {type(store).__name__}")
+    return Path(root) / arr.path if arr.path else Path(root)
+
+
+def native_dtype(dtype: np.dtype) -> np.dtype:
+    """``dtype`` in native byte order; UnsupportedArrayError for non-numeric dtypes."""
+    if dtype.kind not in "biufc" or dtype.itemsize > 16:
+        raise _unsupported("numeric and bool arrays", f"dtype {dtype}")
+    return dtype.newbyteorder("=") if dtype.byteorder not in ("=", "|") else dtype
+
+
+def _regular_chunks(meta: Any) -> tuple[int, ...]:
+    if getattr(meta, "zarr_format", 3) == 2:  # v2 chunks are always regular (newer zarr deprecates its chunk_grid)
+        return tuple(int(c) for c in meta.chunks)
+    grid = getattr(meta, "chunk_grid", None)
+    shape = getattr(grid, "chunk_shape", None)
+    if shape is None:
+        raise _unsupported("regular chunk grids", f"chunk grid {grid!r}")
+    return tuple(int(c) for c in shape)
+
+
+def _fill(arr: Any, dtype: np.dtype) -> Any:
+    fv = arr.fill_value
+    if fv is None:  # zarr v2 ``fill_value: null``: zarr-python reads missing chunks as zeros
+        fv = 0
+    return np.array(fv, dtype=dtype)[()]
+
+
+def _or(names: Sequence[str]) -> str:
+    """``a, b or c``."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def codec_of_chain(codecs: Sequence[Any], where: str) -> tuple[str, str | None, dict[str, Any]]:
+    """(codec, endian, codec_params) for a v3 chain ``[bytes, *rest]`` that a registered codec stage
+    recognises (:func:`gpu_zarr.engine.codecs.stages`); anything else is unsupported."""
+    from zarr.codecs import BytesCodec
+
+    registered = stages()
+    what = "chains " + _or([c for s in registered for c in s.v3_chains])
+    if not codecs or not isinstance(codecs[0], BytesCodec):
+        names = [type(c).__name__ for c in codecs]
+        raise _unsupported(what, f"{where} codecs {names}")
+    endian = codecs[0].endian
+    endian = getattr(endian, "value", endian)
+    rest = tuple(codecs[1:])
+    for stage in registered:
+        if (params := stage.recognise_v3(rest)) is not None:
+            return stage.name, endian, params
+    names = [type(c).__name__ for c in codecs]
+    raise _unsupported(what, f"{where} codecs {names}")
+
+
+def describe(lay: Layout, where: str = "") -> str:
+    """A short description of what the engine reads, e.g. ``"zstd zarr v3, sharded"`` or
+    ``"zarr v3, sharded: crc32c checked on the host, zstd"`` for a chain of several steps;
+    ``where`` says where the core codec runs (e.g. "on the GPU")."""
+    if not lay.frames and lay.host is None and not where:
+        stage = stage_named(lay.codec)
+        codec = stage.label(lay.codec_params) if stage is not None else lay.codec
+        return f"{codec} zarr v{lay.zarr_format}" + (", sharded" if lay.sharded else "")
+    return f"zarr v{lay.zarr_format}" + (", sharded" if lay.sharded else "") + ": " + steps_label(lay, where)
+
+
+def codec_of_v2_compressor(comp: Any, dtype: np.dtype) -> tuple[str, dict[str, Any]]:
+    """(codec stage, its parameters) for a zarr v2 ``compressor`` (a numcodecs codec or None):
+    the first registered stage that recognises it (:func:`gpu_zarr.engine.codecs.stages`).
+
+    Raises
+    ------
+    UnsupportedArrayError
+        A compressor the engine has no stage for.
+    """
+    registered = stages()
+    for stage in registered:
+        if (params := stage.recognise_v2(comp, dtype)) is not None:
+            return stage.name, params
+    found = comp.get_config() if hasattr(comp, "get_config") else repr(comp)
+    raise _unsupported(_or([n for s in registered for n in s.v2_names]) + " chunks", f"compressor {found}")
+
+
+def _spec(shape: Sequence[int], dtype: Any, fill_value: Any, order: str = "C") -> Any:
+    """zarr's ArraySpec of one chunk (what its codecs see when they decode it)."""
+    from zarr.core.array_spec import ArrayConfig, ArraySpec
+    from zarr.core.buffer import default_buffer_prototype
+
+    try:
+        config = ArrayConfig.from_dict({"order": order})  # type: ignore[typeddict-item]
+    except AttributeError:  # older zarr
+        config = ArrayConfig(order=order, write_empty_chunks=False)  # type: ignore[arg-type]
+    return ArraySpec(shape=tuple(shape), dtype=dtype, fill_value=fill_value, config=config,
+                     prototype=default_buffer_prototype())
+
+
+def _disk_dtype(dtype: np.dtype, chain: Chain) -> np.dtype:
+    """Element type of the decoded chunk bytes the place step reads: the byte order of the
+    ``bytes`` step, or native order for chunks the codecs decoded (they return native arrays)."""
+    if chain.codec == HOST or dtype.itemsize == 1:
+        return native_dtype(dtype)
+    return dtype.newbyteorder("<" if chain.endian in ("little", None) else ">")
+
+
+def _check_index(sc: Any) -> tuple[bool, bool]:
+    """(index at the end, index followed by crc32c) of a shard's index chain."""
+    idx = tuple(sc.index_codecs)
+    idx_names = [type(c).__name__ for c in idx]
+    if idx_names not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]):
+        raise _unsupported("shard indexes [bytes] or [bytes, crc32c]", f"index codecs {idx_names}")
+    idx_endian = getattr(idx[0].endian, "value", idx[0].endian)
+    if idx_endian not in ("little", None):
+        raise _unsupported("little-endian shard indexes", f"{idx_endian}-endian")
+    return getattr(sc.index_location, "value", sc.index_location) == "end", len(idx) == 2
+
+
+def layout_of(arr: Any) -> Layout:
+    """Describe a zarr array for the direct engine.
+
+    Parameters
+    ----------
+    arr : zarr.Array
+        Opened read-only.
+
+    Returns
+    -------
+    Layout
+
+    Raises
+    ------
+    UnsupportedArrayError
+        For what the engine does not read: stores other than local directories and the remote
+        stores gpu_zarr opens, irregular chunk grids, non-numeric dtypes.
+    """
+    meta = arr.metadata
+    root, source = _root_and_source(arr)
+    shape = tuple(int(s) for s in arr.shape)
+    chunks = _regular_chunks(meta)
+    if meta.zarr_format == 2:
+        dtype = np.dtype(meta.dtype.to_native_dtype() if hasattr(meta.dtype, "to_native_dtype") else arr.dtype)
+        out = native_dtype(dtype)
+        chain = parse_v2(meta.compressor, meta.filters, dtype, meta.order, chunks,
+                         lambda: _spec(chunks, meta.dtype, meta.fill_value, meta.order), out)
+        return _layout(arr, shape, chunks, chunks, dtype, chain, False, True, False, root, source, 2)
+    dtype = np.dtype(meta.data_type.to_native_dtype())
+    out = native_dtype(dtype)
+    codecs = tuple(meta.codecs)
+    if len(codecs) == 1 and type(codecs[0]).__name__ == "ShardingCodec":
+        sc = codecs[0]
+        inner = tuple(int(c) for c in sc.chunk_shape)
+        index_at_end, index_crc = _check_index(sc)
+        chain = parse_v3(tuple(sc.codecs), lambda: _spec(inner, meta.data_type, meta.fill_value), out)
+        return _layout(arr, shape, chunks, inner, dtype, chain, True, index_at_end, index_crc, root, source, 3)
+    chain = parse_v3(codecs, lambda: _spec(chunks, meta.data_type, meta.fill_value), out)
+    return _layout(arr, shape, chunks, chunks, dtype, chain, False, True, False, root, source, 3)
+
+
+def _layout(arr: Any, shape: tuple[int, ...], chunks: tuple[int, ...], inner: tuple[int, ...], dtype: np.dtype,
+            chain: Chain, sharded: bool, index_at_end: bool, index_crc: bool, root: Any, source: Any,
+            zarr_format: int) -> Layout:
+    disk = _disk_dtype(dtype, chain)
+    out = native_dtype(disk)
+    return Layout(shape, disk, out, _fill(arr, out), chunks, inner, chain.codec, sharded, index_at_end, index_crc,
+                  root, arr.metadata.encode_chunk_key, zarr_format, codec_params=dict(chain.params),
+                  transpose=chain.transpose, source=source, frames=chain.frames, host=chain.host)

@@ -1,0 +1,79 @@
+"""Every codec chain zarr reads, served by the engine: the CPU twin against zarr-python's read.
+
+The same stores run on the GPU in ``test_gpu.py`` (``test_chains_gpu``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from chains import CHAINS
+from gpu_zarr.engine import EngineOptions, read
+from gpu_zarr.engine.metadata import describe, layout_of
+from gpu_zarr.errors import CorruptChunkError
+from stores import SELECTIONS
+
+
+@pytest.mark.parametrize("name,make", CHAINS, ids=[n for n, _ in CHAINS])
+@pytest.mark.parametrize("sel", [Ellipsis, SELECTIONS[2], SELECTIONS[4], SELECTIONS[5]], ids=range(4))
+def test_chain_matches_zarr(tmp_path, name, make, sel):
+    arr, _ = make(tmp_path / "a.zarr")
+    want = arr[...][sel]
+    got = read(arr, sel, device="cpu").data
+    assert got.dtype == want.dtype.newbyteorder("=")
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name,make", CHAINS, ids=[n for n, _ in CHAINS])
+def test_chain_batches_and_threads(tmp_path, name, make):
+    """Batches of one chunk and several slots: the batch pipeline with the chain's steps."""
+    arr, _ = make(tmp_path / "a.zarr")
+    res = read(arr, Ellipsis, device="cpu", options=EngineOptions(batch_bytes=1, slots=2, threads=3))
+    np.testing.assert_array_equal(res.data, arr[...])
+
+
+def test_description_names_the_steps(tmp_path):
+    lay = layout_of(dict(CHAINS)["v3-shard-zstd-crc32c"](tmp_path / "a.zarr")[0])
+    assert lay.codec == "zstd" and [f.name for f in lay.frames] == ["crc32c"] and lay.host is None
+    assert describe(lay) == "zarr v3, sharded: crc32c checked on the host, zstd"
+    lay = layout_of(dict(CHAINS)["v2-delta-zstd"](tmp_path / "b.zarr")[0])
+    assert lay.codec == "host" and "delta, zstd" in describe(lay)
+    lay = layout_of(dict(CHAINS)["v3-numcodecs-zstd"](tmp_path / "c.zarr")[0])
+    assert lay.codec == "host" and "zstd by the codecs' own decode" in describe(lay)
+
+
+def _flip_last_byte_of_a_chunk(root):
+    files = sorted(p for p in root.rglob("c/*") if p.is_file()) or sorted(
+        p for p in root.rglob("*") if p.is_file() and not p.name.startswith((".", "zarr.json")))
+    f = files[0]
+    b = bytearray(f.read_bytes())
+    b[len(b) // 2] ^= 0xFF
+    f.write_bytes(bytes(b))
+    return f
+
+
+@pytest.mark.parametrize("name", ["v3-zstd-crc32c", "v3-raw-crc32c", "v3-shard-zstd-crc32c"])
+def test_checksum_mismatch_names_the_chunk(tmp_path, name):
+    arr, _ = dict(CHAINS)[name](tmp_path / "a.zarr")
+    _flip_last_byte_of_a_chunk(tmp_path / "a.zarr")
+    with pytest.raises(CorruptChunkError, match="crc32c checksum") as err:
+        read(arr, Ellipsis, device="cpu")
+    assert "chunk" in str(err.value)
+
+
+def test_host_decode_failure_names_the_chunk(tmp_path):
+    arr, _ = dict(CHAINS)["v2-lz4"](tmp_path / "a.zarr")
+    f = sorted(p for p in (tmp_path / "a.zarr").iterdir() if p.name[0].isdigit())[0]
+    f.write_bytes(f.read_bytes()[:10])
+    with pytest.raises(CorruptChunkError, match=f"chunk .*{f.name}.* could not be decoded by its codecs"):
+        read(arr, Ellipsis, device="cpu")
+
+
+def test_chains_through_the_public_api(tmp_path):
+    """``auto`` serves an off-list chain with the engine and says which steps ran where."""
+    import gpu_zarr
+
+    arr, _ = dict(CHAINS)["v3-shard-zstd-crc32c"](tmp_path / "a.zarr")
+    res = gpu_zarr.read_zarr(str(tmp_path / "a.zarr"), prefer="cpu", progress=False)
+    np.testing.assert_array_equal(np.asarray(res.data), arr[...])

@@ -116,7 +116,24 @@ def test_corrupt_inner_chunk_is_named_by_shard_and_position(tmp_path):
         read(arr, Ellipsis, device="cpu")
 
 
-@pytest.mark.parametrize("make", ["blosc-then-zstd", "filters", "string"])
+@pytest.mark.parametrize("make", ["blosc-then-zstd", "filters"])
+def test_chains_beyond_one_codec_are_read(tmp_path, make):
+    """Two compressors, or a v2 filter: the frames and the codecs' own decode (tests/test_chains.py)."""
+    import numcodecs
+    import zarr
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    p = str(tmp_path / "u.zarr")
+    if make == "blosc-then-zstd":
+        a = zarr.create_array(p, shape=(4, 4), chunks=(2, 2), dtype="u2", compressors=[BloscCodec(), ZstdCodec()])
+    else:
+        a = zarr.create_array(p, shape=(4, 4), chunks=(2, 2), dtype="u2", zarr_format=2,
+                              filters=[numcodecs.Delta(dtype="u2")])
+    a[...] = np.arange(16, dtype="u2").reshape(4, 4) * 3
+    np.testing.assert_array_equal(read(zarr.open_array(p, mode="r"), Ellipsis, device="cpu").data, a[...])
+
+
+@pytest.mark.parametrize("make", ["string"])
 def test_unsupported_arrays_say_why(tmp_path, make):
     import numcodecs
     import zarr

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from chains import CHAINS
 from stores import DTYPES, LAYOUTS, SELECTIONS, data, write
 
 pytestmark = pytest.mark.gpu
@@ -75,21 +76,29 @@ def test_raw_direct_to_device_and_staged(tmp_path, direct):
     assert ("device memory" in res.stats["reader"]) == direct
 
 
-def test_auto_falls_back_for_chains_the_engine_does_not_read(tmp_path):
+def test_auto_serves_every_chain_with_the_engine(tmp_path):
     import zarr
     from zarr.codecs import BloscCodec, ZstdCodec
 
-    from gpu_zarr.errors import UnsupportedArrayError
     from gpu_zarr.zarr_io import choose_backend, last_choice, read_zarr_to_gpu
 
-    p = tmp_path / "b.zarr"  # two compressors in a row: zarr reads it, the engine has no stage for it
+    p = tmp_path / "b.zarr"  # two compressors in a row: the codecs' own decode, then the engine's upload and place
     a = zarr.create_array(str(p), shape=(20, 20), chunks=(7, 7), dtype="u2", compressors=[BloscCodec(), ZstdCodec()])
     a[...] = np.arange(400, dtype="u2").reshape(20, 20)
-    assert choose_backend(p).backend == "zarr-gpu"
+    assert choose_backend(p).backend == "kvikio"
     _eq(read_zarr_to_gpu(p), a[...])
-    assert last_choice().backend == "zarr-gpu" and "BloscCodec" in last_choice().reason
-    with pytest.raises(UnsupportedArrayError, match="BloscCodec"):
-        read_zarr_to_gpu(p, prefer="kvikio")
+    assert last_choice().backend == "kvikio" and "blosc, zstd by the codecs' own decode" in last_choice().reason
+    _eq(read_zarr_to_gpu(p, prefer="kvikio"), a[...])
+
+
+@pytest.mark.parametrize("name,make", CHAINS, ids=[n for n, _ in CHAINS])
+@pytest.mark.parametrize("sel", [Ellipsis, SELECTIONS[2], SELECTIONS[4]], ids=range(3))
+def test_chains_gpu(tmp_path, name, make, sel):
+    """Every chain of tests/chains.py through the engine on the GPU, whole and in regions."""
+    from gpu_zarr.zarr_io import read_region
+
+    arr, _ = make(tmp_path / "a.zarr")
+    _eq(read_region(arr, sel, backend="kvikio"), _cpu(arr, sel))
 
 
 def test_auto_reads_blosc_with_the_engine(tmp_path):

@@ -218,10 +218,15 @@ def _zarr_cpu(path: str) -> Any:
         return zarr.open_array(path, mode="r")[...]
 
 
+def _native_order(a: np.ndarray) -> np.ndarray:
+    """``a`` in native byte order (cupy has no other): a peer's copy to the GPU pays the swap."""
+    return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
+
+
 def _zarr_cpu_cupy(path: str) -> Any:
     import cupy
 
-    return cupy.asarray(_zarr_cpu(path))
+    return cupy.asarray(_native_order(_zarr_cpu(path)))
 
 
 def _zarrs_numpy(path: str) -> Any:
@@ -232,10 +237,35 @@ def _zarrs_numpy(path: str) -> Any:
         return zarr.open_array(path, mode="r")[...]
 
 
+#: zarr-python's own synchronous pipeline (zarr >= 3.3): codecs run in one pass per chunk on threads
+_FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
+
+
+def _fused_skip() -> str | None:
+    try:
+        module = importlib.import_module("zarr.core.codec_pipeline")
+    except ImportError as exc:
+        return f"zarr is not importable: {exc}"
+    return None if hasattr(module, "FusedCodecPipeline") else "this zarr-python (< 3.3) has no FusedCodecPipeline"
+
+
+def _zarr_fused(path: str) -> Any:
+    import zarr
+
+    with _zarr_default_codecs(), zarr.config.set({"codec_pipeline.path": _FUSED}):
+        return zarr.open_array(path, mode="r")[...]
+
+
+def _zarr_fused_cupy(path: str) -> Any:
+    import cupy
+
+    return cupy.asarray(_native_order(_zarr_fused(path)))
+
+
 def _zarrs_cupy(path: str) -> Any:
     import cupy
 
-    return cupy.asarray(_zarrs_numpy(path))
+    return cupy.asarray(_native_order(_zarrs_numpy(path)))
 
 
 def _zarr_gpu(path: str) -> Any:
@@ -274,7 +304,7 @@ def _tensorstore_numpy(path: str) -> Any:
 def _tensorstore_cupy(path: str) -> Any:
     import cupy
 
-    return cupy.asarray(_tensorstore_numpy(path))
+    return cupy.asarray(_native_order(_tensorstore_numpy(path)))
 
 
 # -- kvikio GDSStore
@@ -508,6 +538,8 @@ def throughput_readers(device: str) -> list[Reader]:
             ),
             Reader("tensorstore", "peer", "TensorStore read (numpy)", _tensorstore_numpy, skip_reason=ts_skip),
             zarrs,
+            Reader("zarr-fused", "peer", f'zarr-python with codec_pipeline.path "{_FUSED}", numpy', _zarr_fused,
+                   skip_reason=_fused_skip()),
             czarr,
         ]
     gds_skip = _probe_import("kvikio.zarr", "GDSStore")
@@ -549,6 +581,8 @@ def throughput_readers(device: str) -> list[Reader]:
         ),
         Reader("zarrs+cupy", "peer", "zarr-python with zarrs (Rust codec pipeline), then cupy.asarray", _zarrs_cupy,
                skip_reason=zarrs_skip),
+        Reader("zarr-fused+cupy", "peer", "zarr-python's FusedCodecPipeline, then cupy.asarray", _zarr_fused_cupy,
+               skip_reason=_fused_skip()),
         czarr,
     ]
 
@@ -607,6 +641,21 @@ class _ZarrCpuPlanes(PlaneReader):
 
     def plane(self, idx: tuple[int | slice, ...]) -> np.ndarray:
         return np.asarray(self.arr[idx])
+
+
+class _ZarrFusedPlanes(_ZarrCpuPlanes):
+    name = "zarr-fused"
+    description = f'zarr-python with codec_pipeline.path "{_FUSED}": arr[z]'
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skip_reason = _fused_skip()
+
+    def open(self, path: str) -> None:
+        import zarr
+
+        self._stack.enter_context(zarr.config.set({"codec_pipeline.path": _FUSED}))
+        super().open(path)
 
 
 class _ZarrGpuPlanes(PlaneReader):
@@ -792,6 +841,7 @@ def browse_readers(device: str) -> list[PlaneReader]:
             _OursResidentPlanes("cpu"),
             _TensorStorePlanes(),
             _ZarrsPlanes(),
+            _ZarrFusedPlanes(),
             _DaskPlanes(),
             _CzarrPlanes(),
         ]
@@ -803,6 +853,7 @@ def browse_readers(device: str) -> list[PlaneReader]:
         _ZarrGpuPlanes(),
         _TensorStorePlanes(),
         _ZarrsPlanes(),
+        _ZarrFusedPlanes(),
         _DaskPlanes(),
         _CzarrPlanes(),
     ]

@@ -65,10 +65,13 @@ def _free_device_memory(device: str) -> None:
 
 
 def _equal(a: Any, ref: Any, device: str) -> tuple[bool, str]:
-    """Exact equality of shape, dtype and values."""
+    """Exact equality of shape, dtype and values (in either byte order: zarr returns a big-endian
+    array's own byte order, cupy and our reads native order)."""
+    import numpy as np
+
     if tuple(a.shape) != tuple(ref.shape):
         return False, f"shape {tuple(a.shape)} != reference {tuple(ref.shape)}"
-    if str(a.dtype) != str(ref.dtype):
+    if np.dtype(a.dtype).newbyteorder("=") != np.dtype(ref.dtype).newbyteorder("="):
         return False, f"dtype {a.dtype} != reference {ref.dtype}"
     if device == "gpu":
         import cupy
@@ -77,8 +80,6 @@ def _equal(a: Any, ref: Any, device: str) -> tuple[bool, str]:
         ok = bool(cupy.array_equal(a_gpu, ref))
         del a_gpu
     else:
-        import numpy as np
-
         ok = bool(np.array_equal(to_host(a), ref))
     return ok, "equal" if ok else "values differ"
 

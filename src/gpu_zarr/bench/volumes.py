@@ -35,6 +35,7 @@ __all__ = [
     "THROUGHPUT_LAYOUTS",
     "BROWSE_LAYOUTS",
     "SMALL_CHUNK_LAYOUTS",
+    "CHAIN_LAYOUTS",
     "CODECS",
     "parse_shape",
     "scaled_layouts",
@@ -72,6 +73,9 @@ CODECS: dict[str, str] = {
     "blosc-zstd-bitshuffle": "Blosc zstd clevel 5, bitshuffle",
     "blosc-zstd-shuffle": "Blosc zstd clevel 5, byte shuffle (NGFF 0.5 challenge resave, inner chunks)",
     "gzip": "gzip level 1 (numcodecs GZip, zarr-python 2 default level)",
+    "zstd-crc32c": "zstd level 1 and a crc32c checksum per chunk (TensorStore, zarrs, ngff-zarr inner chunks)",
+    "numcodecs-zstd": "zstd level 1 under its numcodecs.zstd name (zarr v3)",
+    "delta-zstd": "Delta filter, then zstd level 1 (a v2 filter; numcodecs.delta in v3)",
 }
 
 
@@ -95,6 +99,7 @@ class Layout:
     level: int = 1
     dtype: str = "uint16"
     keep_chunks: bool = False
+    endian: str = "little"
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
@@ -104,7 +109,8 @@ class Layout:
 
     @property
     def np_dtype(self) -> np.dtype:
-        return np.dtype(self.dtype)
+        dt = np.dtype(self.dtype)
+        return dt.newbyteorder(">") if self.endian == "big" and dt.itemsize > 1 else dt
 
     @property
     def chunk_bytes(self) -> int:
@@ -117,7 +123,8 @@ class Layout:
     @property
     def codec_label(self) -> str:
         """``zstd-1``, ``raw``, ``blosc-lz4-shuffle`` ... as recorded in the JSON."""
-        return f"zstd-{self.level}" if self.codec == "zstd" else self.codec
+        label = f"zstd-{self.level}" if self.codec == "zstd" else self.codec
+        return label + ("-big-endian" if self.endian == "big" else "")
 
     def spec(self, shape: tuple[int, ...], seed: int) -> dict[str, Any]:
         """The attributes that identify a finished volume of this layout."""
@@ -131,6 +138,7 @@ class Layout:
             "shards": None if self.shards is None else list(self.shards),
             "codec": self.codec,
             "level": self.level if self.codec in ("zstd", "gzip") else None,
+            **({"endian": self.endian} if self.endian != "little" else {}),
         }
 
 
@@ -166,6 +174,20 @@ SMALL_CHUNK_LAYOUTS: tuple[Layout, ...] = (
            (1, 256, 256), "blosc-lz4-shuffle", keep_chunks=True),
 )
 
+#: chains beyond one core codec (issue 36, both modes): crc32c inside shards, a numcodecs.*
+#: name in v3, a v2 filter, big-endian elements; and shards of tiny (64 KiB) inner chunks,
+#: kept at every size, browsed plane by plane and tile by tile
+CHAIN_LAYOUTS: tuple[Layout, ...] = (
+    Layout("sharded-zstd-crc32c-v3", "sharded v3, 64 MiB shards of 1 MiB zstd + crc32c chunks", 3,
+           _INNER, "zstd-crc32c", shards=_SHARDS),
+    Layout("numcodecs-zstd-v3-1MiB", "numcodecs.zstd, v3, 1 MiB chunks", 3, _INNER, "numcodecs-zstd"),
+    Layout("delta-zstd-v2", "Delta filter + zstd, v2, 1x1024x1024 chunks", 2, _BLOSC_CHUNKS, "delta-zstd"),
+    Layout("blosc-lz4-shuffle-big-endian-v2", "Blosc lz4 + shuffle, v2, big-endian uint16, 1x1024x1024 chunks", 2,
+           _BLOSC_CHUNKS, "blosc-lz4-shuffle", endian="big"),
+    Layout("sharded-zstd-64KiB-v3", "sharded v3, shards of 16x1024x2048 holding 64 KiB zstd chunks (1x128x256)", 3,
+           (1, 128, 256), "zstd", shards=_SHARDS, keep_chunks=True),
+)
+
 # Full-size (512, 2048, 2048) layouts of figures.md, sharded zstd, the real-world ones, small chunks.
 THROUGHPUT_LAYOUTS: tuple[Layout, ...] = (
     Layout("raw-v3-32MiB", "raw v3, 32 MiB chunks", 3, (4, 2048, 2048), "raw"),
@@ -183,6 +205,7 @@ THROUGHPUT_LAYOUTS: tuple[Layout, ...] = (
     ),
     *_REAL_WORLD,
     *SMALL_CHUNK_LAYOUTS,
+    *CHAIN_LAYOUTS,
 )
 
 # Full-size (256, 2048, 2048) layouts of figures.md's browsing table, the real-world ones, small chunks.
@@ -199,6 +222,7 @@ BROWSE_LAYOUTS: tuple[Layout, ...] = (
     ),
     *_REAL_WORLD,
     *SMALL_CHUNK_LAYOUTS,
+    *CHAIN_LAYOUTS,
 )
 
 
@@ -405,6 +429,8 @@ def _codec_kwargs(lay: Layout) -> dict[str, Any]:
         comp = None
     elif lay.codec == "zstd":
         comp = numcodecs.Zstd(level=lay.level) if v2 else ZstdCodec(level=lay.level)
+    elif lay.codec in ("zstd-crc32c", "numcodecs-zstd", "delta-zstd"):
+        return _chain_kwargs(lay)
     elif lay.codec == "gzip":
         comp = numcodecs.GZip(level=lay.level) if v2 else GzipCodec(level=lay.level)
     else:  # blosc-<cname>-<shuffle>
@@ -417,7 +443,43 @@ def _codec_kwargs(lay: Layout) -> dict[str, Any]:
     kwargs["compressors"] = comp
     if v2:
         kwargs["filters"] = None
-    elif lay.shards is not None:
+    else:
+        if lay.shards is not None:
+            kwargs["shards"] = lay.shards
+        if lay.endian == "big":
+            from zarr.codecs import BytesCodec
+
+            kwargs["serializer"] = BytesCodec(endian="big")
+    return kwargs
+
+
+def _numcodecs_v3() -> Any:
+    """zarr v3's wrappers of numcodecs codecs: in zarr from 3.2, in numcodecs.zarr3 before."""
+    try:
+        from zarr.codecs import numcodecs as nc
+    except ImportError:
+        import numcodecs.zarr3 as nc  # type: ignore[no-redef]
+    return nc
+
+
+def _chain_kwargs(lay: Layout) -> dict[str, Any]:
+    """``compressors``/``filters``/``shards`` of the chain layouts (:data:`CHAIN_LAYOUTS`)."""
+    import numcodecs
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    v2 = lay.zarr_format == 2
+    kwargs: dict[str, Any] = {"filters": None}
+    if lay.codec == "zstd-crc32c":
+        kwargs["compressors"] = [ZstdCodec(level=lay.level), Crc32cCodec()]
+    elif lay.codec == "numcodecs-zstd":
+        kwargs["compressors"] = [_numcodecs_v3().Zstd(level=lay.level)]
+    else:  # delta-zstd
+        dt = lay.np_dtype.str
+        if v2:
+            kwargs.update(filters=[numcodecs.Delta(dtype=dt)], compressors=numcodecs.Zstd(level=lay.level))
+        else:
+            kwargs.update(filters=[_numcodecs_v3().Delta(dtype=dt)], compressors=[ZstdCodec(level=lay.level)])
+    if not v2 and lay.shards is not None:
         kwargs["shards"] = lay.shards
     return kwargs
 

@@ -145,11 +145,14 @@ def _spec(shape: Sequence[int], dtype: Any, fill_value: Any, order: str = "C") -
                      prototype=default_buffer_prototype())
 
 
-def _disk_dtype(dtype: np.dtype, chain: Chain) -> np.dtype:
-    """Element type of the decoded chunk bytes the place step reads: the byte order of the
-    ``bytes`` step, or native order for chunks the codecs decoded (they return native arrays)."""
+def _disk_dtype(dtype: np.dtype, chain: Chain, zarr_format: int) -> np.dtype:
+    """Element type of the decoded chunk bytes the place step reads: native order for chunks the
+    codecs decoded (they return native arrays); a v2 array's own dtype; the byte order of a v3
+    chain's ``bytes`` step."""
     if chain.codec == HOST or dtype.itemsize == 1:
         return native_dtype(dtype)
+    if zarr_format == 2:
+        return dtype
     return dtype.newbyteorder("<" if chain.endian in ("little", None) else ">")
 
 
@@ -209,7 +212,7 @@ def layout_of(arr: Any) -> Layout:
 def _layout(arr: Any, shape: tuple[int, ...], chunks: tuple[int, ...], inner: tuple[int, ...], dtype: np.dtype,
             chain: Chain, sharded: bool, index_at_end: bool, index_crc: bool, root: Any, source: Any,
             zarr_format: int) -> Layout:
-    disk = _disk_dtype(dtype, chain)
+    disk = _disk_dtype(dtype, chain, zarr_format)
     out = native_dtype(disk)
     return Layout(shape, disk, out, _fill(arr, out), chunks, inner, chain.codec, sharded, index_at_end, index_crc,
                   root, arr.metadata.encode_chunk_key, zarr_format, codec_params=dict(chain.params),

@@ -3,6 +3,7 @@
 # Usage (repo root; wheels from ../shared/gpu/fetch-wheels.sh in .whl, optional .whl-ts with
 # tensorstore and ml_dtypes, and .whl-dask for `scale`):
 #   bash benchmarks/on_gpu_machine.sh tests    # every GPU test but the fuzz suite
+#   bash benchmarks/on_gpu_machine.sh chains   # codec chains beyond one core codec and 64 KiB inner chunks, with peers
 #   bash benchmarks/on_gpu_machine.sh fuzz     # the fuzz suite's GPU entries (a call of its own: ~560 s)
 #   bash benchmarks/on_gpu_machine.sh browse   # browsing 1 GiB volumes with the CPU peers; per-stage plane reads
 #   bash benchmarks/on_gpu_machine.sh readers  # the two staging readers on 4 GiB volumes
@@ -23,7 +24,7 @@ mkdir -p "$OUT"
 # once per machine. The carried paths must stay under 64 MiB per call: install the optional ones in a
 # call of their own first (pip install --target /tmp/site ...), then carry .whl
 [ -d /tmp/site/zarr ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl $(ls .whl-dask/*.whl .whl-ts/*.whl .whl-remote/*.whl .whl-zarrs/*.whl 2>/dev/null) || exit 1
+  --target /tmp/site .whl/*.whl $(ls .whl-dask/*.whl .whl-ts/*.whl .whl-remote/*.whl .whl-zarrs/*.whl .whl-peers/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpus.txt"
 # the native host library (git-ignored build output): built here with the flags of hatch_build.py
@@ -33,6 +34,19 @@ WORK=/tmp/gzb
 bench() { timeout "$1" python3 -m gpu_zarr.bench --device gpu --workdir $WORK --out "$OUT" --no-progress "${@:2}"; }
 
 case "${1:-tests}" in
+chains)
+  # chains beyond one core codec (crc32c in shards, numcodecs.zstd, a v2 Delta filter, big-endian Blosc) and shards
+  # of 64 KiB inner chunks, with sharded zstd as today's reference layout: whole reads against TensorStore, zarrs and
+  # zarr's FusedCodecPipeline (each then cupy.asarray), then planes and 1024^2 tiles against their CPU reads.
+  # Peers' wheels (.whl-peers: tensorstore, ml_dtypes, zarrs) installed by a call of their own first.
+  L=sharded-zstd-crc32c-v3,numcodecs-zstd-v3-1MiB,delta-zstd-v2,blosc-lz4-shuffle-big-endian-v2,sharded-zstd-64KiB-v3
+  bench 330 --mode throughput --size 128,2048,2048 --layouts $L,sharded-zstd-v3-64MiB-1MiB --repeat 5 \
+    --readers zarr-cpu+cupy,ours-kvikio,ours-auto,tensorstore+cupy,zarrs+cupy,zarr-fused+cupy > "$OUT/chains-throughput.log" 2>&1
+  tail -40 "$OUT/chains-throughput.log"
+  bench 240 --mode browse --size 64,2048,2048 --layouts $L,sharded-zstd-64MiB-1MiB --planes 20 --patterns random,tile \
+    --readers zarr-cpu,ours-lazy-auto,tensorstore,zarrs,zarr-fused > "$OUT/chains-browse.log" 2>&1
+  tail -40 "$OUT/chains-browse.log"
+  ;;
 tests)
   # every GPU test: the engine-level ones in their own process (a GPU fault there cannot hide the rest)
   timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_nvcomp_batch.py tests/test_deflate.py \

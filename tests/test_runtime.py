@@ -103,8 +103,11 @@ def _read_checked(arr, monkeypatch, *, break_ordering: bool = False, lanes: int 
     ops.lanes = lanes
     ops._lanes = ops._lanes[:lanes]
     rt = Runtime()
-    real_reader = rt.reader
-    monkeypatch.setattr(rt, "reader", lambda kind, threads: CheckingReader(real_reader(kind, threads), ops))
+    import gpu_zarr.engine.pipeline as pipeline
+    from gpu_zarr.engine.fetch import reader_of
+
+    monkeypatch.setattr(pipeline, "reader_of",
+                        lambda runtime, kind, threads: CheckingReader(reader_of(runtime, kind, threads), ops))
     if break_ordering:  # a pipeline that does not wait for a slot to be free before refilling it
         monkeypatch.setattr(ops, "wait", lambda event: None)
     res: object = None

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from gpu_zarr.engine.plan import Batch
     from gpu_zarr.engine.runtime import Runtime
 
-__all__ = ["KvikioReader", "NativeReader", "Reader", "ThreadReader", "make_reader", "native_items", "raise_read_errors",
+__all__ = ["KvikioReader", "NativeReader", "Reader", "ThreadReader", "make_reader", "native_items", "raise_read_errors", "reader_of",
            "read_range", "read_tasks"]
 
 PART_BYTES = 4 << 20
@@ -296,7 +296,7 @@ def make_reader(kind: str, threads: int, runtime: Runtime | None = None) -> Read
     else native when built, else threads) or "cpu-auto" (native when built, else threads:
     the CPU path, where no device memory is filled).
 
-    Readers are long-lived: get them through :meth:`Runtime.reader`, which keeps them.
+    Readers are long-lived: get them through :func:`reader_of`, which keeps them in the runtime.
     """
     if kind == "cpu-auto":
         kind = "native" if _native_ok() else "threads"
@@ -316,3 +316,10 @@ def make_reader(kind: str, threads: int, runtime: Runtime | None = None) -> Read
     if kind != "threads":
         raise ValueError(f"reader must be 'auto', 'kvikio', 'native' or 'threads'; got {kind!r}")
     return ThreadReader(threads, runtime.pool("read", threads) if runtime is not None else None)
+
+
+def reader_of(runtime: Runtime, kind: str, threads: int) -> Reader:
+    """The runtime's byte-range reader of ``kind`` ("kvikio", "native", "threads", "auto", "cpu-auto")
+    and ``threads``, made once and kept for reuse (closed with the runtime)."""
+    return runtime.resource(("reader", kind, threads), lambda: make_reader(kind, threads, runtime),
+                            close=lambda r: r.close())

@@ -27,6 +27,7 @@ from gpu_zarr.engine.batches import Keep, decoded_stride, needs_host_check, piec
 from gpu_zarr.engine.binary import packed_offsets
 from gpu_zarr.engine.codecs import CodecStage
 from gpu_zarr.engine.codecs.chain import stage_for
+from gpu_zarr.engine.fetch import reader_of
 from gpu_zarr.engine.fit import check_fits, nbytes_of
 from gpu_zarr.engine.layout import Layout, batch_key
 from gpu_zarr.engine.locate import Located, locate, merge_located
@@ -350,7 +351,7 @@ def _execute(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, out: 
         _run_chunkwise(lay, stage, loc, pieces, to_read, out, rt, opts.threads, stats, keep, opts)
     else:
         kind = _gpu_reader(opts.reader, lay, opts) if device == "gpu" else _cpu_reader(opts.reader)
-        reader = remote_reader(lay, rt) or rt.reader(kind, opts.threads)
+        reader = remote_reader(lay, rt) or reader_of(rt, kind, opts.threads)
         run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, keep)
     result = ops.finish(out, post)
     ops.sync()

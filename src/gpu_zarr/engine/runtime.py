@@ -367,14 +367,6 @@ class Runtime:
         self.shard_indexes().clear()
         return freed
 
-    # -- readers ------------------------------------------------------------------
-    def reader(self, kind: str, threads: int) -> Any:
-        """A byte-range reader ("kvikio", "threads" or "auto"), kept for reuse."""
-        from gpu_zarr.engine.fetch import make_reader
-
-        return self.resource(("reader", kind, threads), lambda: make_reader(kind, threads, self),
-                             close=lambda r: r.close())
-
     # -- report / close -----------------------------------------------------------
     def report(self) -> dict[str, Any]:
         """What the runtime holds now (threads, streams, pinned bytes, resources)."""

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from gpu_zarr.engine.plan import Batch
     from gpu_zarr.engine.runtime import Runtime
 
-__all__ = ["KvikioReader", "NativeReader", "Reader", "ThreadReader", "make_reader", "native_items", "raise_read_errors", "reader_of",
-           "read_range", "read_tasks"]
+__all__ = ["KvikioReader", "NativeReader", "Reader", "ThreadReader", "make_reader", "native_items", "raise_read_errors",
+           "read_range", "read_tasks", "reader_of"]
 
 PART_BYTES = 4 << 20
 

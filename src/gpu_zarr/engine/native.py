@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 LIBNAME = "libgz_native.so"
-VERSION = 5  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
+VERSION = 6  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
 CODECS = {"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6}
 OK, OPEN, SHORT, IO, BOUNDS = 0, 1, 2, 3, 4
 UNSUPPORTED = frozenset(range(20, 25))
@@ -252,13 +252,15 @@ def decode(codec: str, src: np.ndarray, src_offsets: Any, src_sizes: Any, dst: n
 
 
 def checksums(kind: str, buf: np.ndarray, offsets: Any, sizes: Any, threads: int) -> np.ndarray | None:
-    """CRC-32 (``kind="crc32"``) or Adler-32 (``"adler32"``) of each span of ``buf``; None
-    when neither zlib nor libdeflate is loaded."""
+    """CRC-32 (``kind="crc32"``), Adler-32 (``"adler32"``) or CRC-32C (``"crc32c"``) of each span
+    of ``buf``, on ``threads`` native threads; None when neither zlib nor libdeflate is loaded (CRC-32C
+    needs neither)."""
     buf = np.ascontiguousarray(buf).view(np.uint8).reshape(-1)
     off, size = _i64a(offsets), _i64a(sizes)
     n = len(off)
     out, st = np.zeros(n, np.uint32), np.empty(n, np.int32)
-    if n and library().gz_checksum(0 if kind == "crc32" else 1, n, _ptr(buf), buf.nbytes, off, size, int(threads),
+    code = {"crc32": 0, "adler32": 1, "crc32c": 2}[kind]
+    if n and library().gz_checksum(code, n, _ptr(buf), buf.nbytes, off, size, int(threads),
                                    out, st):
         if (st == 20).any():
             return None

@@ -75,6 +75,8 @@ CHAINS = [
     # numcodecs.* names in v3 and steps with no engine implementation: the codecs' own decode
     ("v3-numcodecs-zstd", lambda p: _v3(p, compressors=[_nc().Zstd(level=1)])),
     ("v3-numcodecs-lz4", lambda p: _v3(p, compressors=[_nc().LZ4()])),
+    ("v3-numcodecs-blosc-crc32c", lambda p: _v3(p, compressors=[_nc().Blosc(cname="lz4", clevel=5, shuffle=1),
+                                                             Crc32cCodec()])),
     ("v3-numcodecs-bz2-crc32c", lambda p: _v3(p, "<f8", compressors=[_nc().BZ2(level=1), Crc32cCodec()])),
     ("v3-shuffle-zstd", lambda p: _v3(p, "<i4", compressors=[_nc().Shuffle(elementsize=4), ZstdCodec(level=1)])),
     ("v3-delta-zstd", lambda p: _v3(p, "<i2", filters=[_nc().Delta(dtype="<i2")], compressors=[ZstdCodec(level=1)])),

@@ -509,7 +509,7 @@ class BloscStage:
 
     name = "blosc"
     v2_names = ("blosc",)
-    v3_chains = ("[bytes, blosc]",)
+    v3_chains = ("[bytes, blosc]", "[bytes, numcodecs.blosc]")
     native = "blosc"
     nvcomp = True
     decodes = True
@@ -570,6 +570,10 @@ def blosc_params(codec: Any) -> dict[str, Any] | None:
         (informative only: every chunk's own header decides how it is decoded); None when
         ``codec`` is not Blosc.
     """
+    if getattr(codec, "codec_name", None) == "numcodecs.blosc":  # numcodecs' Blosc under its v3 name
+        codec = getattr(codec, "_codec", None)
+        if codec is None:
+            return None
     if getattr(codec, "codec_id", None) == "blosc":  # numcodecs.Blosc (zarr v2 compressor)
         cfg = codec.get_config()
         shuffle = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle", -1: "autoshuffle"}.get(cfg.get("shuffle"), "?")

@@ -34,7 +34,7 @@ class ZstdStage:
 
     name = "zstd"
     v2_names = ("zstd",)
-    v3_chains = ("[bytes, zstd]",)
+    v3_chains = ("[bytes, zstd]", "[bytes, numcodecs.zstd]")
     native = "zstd"
     nvcomp = True
     decodes = True
@@ -45,10 +45,15 @@ class ZstdStage:
         return {} if getattr(compressor, "codec_id", None) == "zstd" else None
 
     def recognise_v3(self, chain: Sequence[Any]) -> dict[str, Any] | None:
-        """zarr's ``zstd`` codec, or ours (:class:`gpu_zarr.nvcomp_zstd.NvcompZstdCodec`, by name)."""
+        """zarr's ``zstd`` codec, numcodecs' (``numcodecs.zstd``), or ours (:class:`gpu_zarr.nvcomp_zstd.NvcompZstdCodec`)."""
         from zarr.codecs import ZstdCodec
 
-        if len(chain) == 1 and (isinstance(chain[0], ZstdCodec) or type(chain[0]).__name__ == "NvcompZstdCodec"):
+        if len(chain) != 1:
+            return None
+        c = chain[0]
+        # zstd frames under any of its names: zarr's codec, numcodecs' (v3 "numcodecs.zstd"), ours
+        if isinstance(c, ZstdCodec) or type(c).__name__ == "NvcompZstdCodec" or \
+                str(getattr(c, "codec_name", "")) == "numcodecs.zstd":
             return {}
         return None
 

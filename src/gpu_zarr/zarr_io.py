@@ -31,7 +31,6 @@ requests in flight; see :mod:`gpu_zarr.location`).
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from gpu_zarr.backends import (
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.pipeline import EngineOptions
 from gpu_zarr.engine.plan import Region, normalize_selection
+from gpu_zarr.engine.runtime import get_runtime
 from gpu_zarr.errors import (
     INSTALL_HINT,
     BackendUnavailable,
@@ -125,12 +125,10 @@ class ReadResult:
         return reprs.read_result_html(self)
 
 
-_last = threading.local()
-
-
 def last_choice() -> BackendChoice | None:
-    """The backend choice of this thread's most recent read (None before the first)."""
-    return getattr(_last, "choice", None)
+    """The backend choice of this thread's most recent read through the process's runtime (None
+    before the first)."""
+    return getattr(get_runtime().last, "choice", None)
 
 
 def choose_backend(array_or_path: Any, prefer: Backend = "auto", *,
@@ -186,6 +184,7 @@ class PreparedArray:
         self.array = open_array(array, storage_options)
         self.prefer = check_backend(prefer)
         self.backend_impl, self.choice = choose(self.array, self.prefer, capabilities.probe(), runtime)
+        self._runtime = runtime
         # what serves a read the engine finds it cannot serve after all ("auto" only)
         self._fallback: ReadBackend | None = ZarrGpuBackend() if (
             self.prefer == "auto" and isinstance(self.backend_impl, EngineBackend)) else None
@@ -238,7 +237,7 @@ class PreparedArray:
             gpu_bytes = 0
         seconds = time.perf_counter() - t0
         nbytes = int(data.nbytes)
-        _last.choice = choice
+        (self._runtime or get_runtime()).last.choice = choice
         return ReadResult(data, choice.backend, choice.reason, nbytes, seconds,
                           nbytes / GiB / seconds if seconds > 0 else float("inf"), gpu_bytes, stats)
 

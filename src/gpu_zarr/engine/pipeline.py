@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -51,7 +50,6 @@ __all__ = ["EngineOptions", "EngineResult", "decode_chunks", "last_read_stats", 
 
 MiB = 1 << 20
 GiB = 1 << 30
-_last = threading.local()  # only for the deprecated last_read_stats()
 
 
 @dataclass
@@ -78,7 +76,7 @@ def last_read_stats() -> dict[str, Any] | None:
     """
     warnings.warn("last_read_stats() is deprecated: use the stats of the read's result",
                   DeprecationWarning, stacklevel=2)
-    stats = getattr(_last, "stats", None)
+    stats = getattr(get_runtime().last, "stats", None)
     return dict(stats) if stats else None
 
 
@@ -201,7 +199,7 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
                 cache.put(key, chunk)
         stats["stream_s"] = time.perf_counter() - t
         stats["total_s"] = time.perf_counter() - t0
-        _last.stats = stats
+        rt.last.stats = stats
         return EngineResult(result, stats)
 
     if lay.source is not None:
@@ -215,7 +213,7 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
         result = ops.finish(out, None if region.is_box else region.post)
         ops.sync()
         stats["total_s"] = time.perf_counter() - t0
-        _last.stats = stats
+        rt.last.stats = stats
         return EngineResult(result, stats)
 
     t = time.perf_counter()
@@ -227,7 +225,7 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
     result = _execute(lay, stage, loc, pieces, out, None if region.is_box else region.post, device, opts, ops,
                       own_ops, rt, stats, batch)
     stats["total_s"] = time.perf_counter() - t0
-    _last.stats = stats
+    rt.last.stats = stats
     return EngineResult(result, stats)
 
 

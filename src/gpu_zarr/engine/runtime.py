@@ -262,6 +262,7 @@ class Runtime:
         self.pinned = HostPool()  # page-locked staging (leased with pinned_alloc)
         self.host_scratch = HostPool()  # ordinary memory, already touched: the CPU's small reads
         self.recycled = Recycled()  # memory of arrays handed on (results, cached answers), taken back
+        self.last = threading.local()  # per thread: the most recent read's stats and backend choice
 
     # -- thread pools -------------------------------------------------------------
     def pool(self, name: str, threads: int) -> ThreadPoolExecutor:

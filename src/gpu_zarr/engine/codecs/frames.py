@@ -126,7 +126,7 @@ def _native_sums(frame: Frame, staging: np.ndarray, offs: np.ndarray, sizes: np.
     """The frame's checksum of each span from the native library (None where it is not loaded)."""
     import os
 
-    from gpu_zarr.engine import native
+    import gpu_zarr.engine.native as native
 
     if not native.available():
         return None

@@ -15,13 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from gpu_zarr import settings
 from gpu_zarr.errors import INSTALL_HINT, GPUUnavailable, UsageError
 from gpu_zarr.write.codecs import CodecSpec, codec_spec
 from gpu_zarr.write.encode import GPU_CODECS, CpuEncoder, GpuEncoder
-from gpu_zarr.write.metadata import array_documents, group_documents
+from gpu_zarr.write.metadata import array_documents
 from gpu_zarr.write.output import Destination
 from gpu_zarr.write.plan import WritePlan, make_plan
 from gpu_zarr.write.source import Source, as_source

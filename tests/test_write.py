@@ -179,3 +179,17 @@ def test_bad_arguments_are_usage_errors(tmp_path):
     with pytest.raises(UsageError, match="local"):
         write_zarr(a, "s3://bucket/x.zarr", chunks=CHUNKS)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt,shards", FORMATS, ids=["v3-sharded", "v3", "v2"])
+@pytest.mark.parametrize("codec", CODECS, ids=[str(c) for c in CODECS])
+def test_tensorstore_and_our_reader_read_what_we_write(tmp_path, fmt, shards, codec):
+    from gpu_zarr import read_zarr
+
+    a = _data()
+    write_zarr(a, tmp_path / "o", chunks=CHUNKS, shards=shards, codec=codec, zarr_format=fmt, encoder="cpu")
+    np.testing.assert_array_equal(np.asarray(read_zarr(str(tmp_path / "o"), prefer="cpu", progress=None).data), a)
+    ts = pytest.importorskip("tensorstore")
+    t = ts.open({"driver": "zarr3" if fmt == 3 else "zarr", "kvstore": {"driver": "file", "path": str(tmp_path / "o")}},
+                read=True).result()
+    np.testing.assert_array_equal(t.read().result(), a)

@@ -11,7 +11,6 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,11 +133,13 @@ def run_jobs(path: str | os.PathLike[str], jobs: list[ArrayJob], groups: Mapping
     progress = Progress(sum(j.source.nbytes for j in jobs))
     stored = 0
     try:
-        with ThreadPoolExecutor(threads, thread_name_prefix="gpu-zarr-write") as writers:
-            for job in jobs:
-                stored += write_array(job.source, job.plan, enc, dest, job.prefix, fill_value=job.fill_value,
-                                      stages=stages, progress=progress, batch_bytes=int(settings.get("batch_bytes")),
-                                      lanes=int(settings.get("lanes")), writers=writers)
+        from gpu_zarr.engine.runtime import get_runtime
+
+        writers = get_runtime().pool("write-files", threads)  # kept: no threads started per write
+        for job in jobs:
+            stored += write_array(job.source, job.plan, enc, dest, job.prefix, fill_value=job.fill_value,
+                                  stages=stages, progress=progress, batch_bytes=int(settings.get("batch_bytes")),
+                                  lanes=int(settings.get("lanes")), writers=writers)
         with stages.time("metadata"):
             for prefix, docs in groups.items():
                 dest.write_documents(prefix, docs)

@@ -11,6 +11,7 @@ so one batch's encode overlaps another's file writes.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -120,13 +121,23 @@ def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Destination
         xp: Any = cupy
     else:
         xp = np
+    from gpu_zarr.engine.runtime import get_runtime
+
+    runtime = get_runtime()
+    lanes = max(1, lanes)
     stored = [0]
     lock = threading.Lock()
+    # the runtime's work streams and lane threads are kept across writes, so nvCOMP codecs
+    # (kept per stream and thread, ~10 ms to make) are made once, not per batch
+    streams = runtime.streams(0, lanes)[1] if xp is not np else []
+    free: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for lane in range(lanes):
+        free.put(lane)
 
     def one_batch(units: list[Unit]) -> None:
-        stream_ctx: Any = None
-        if xp is not np:
-            stream_ctx = xp.cuda.Stream(non_blocking=True)
+        lane = free.get()
+        stream_ctx: Any = streams[lane] if streams else None
+        if stream_ctx is not None:
             stream_ctx.__enter__()
         try:
             with stages.time("read"):
@@ -171,18 +182,22 @@ def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Destination
             if stream_ctx is not None:
                 stream_ctx.synchronize()
                 stream_ctx.__exit__(None, None, None)
+            free.put(lane)
 
-    with ThreadPoolExecutor(max(1, lanes), thread_name_prefix="gpu-zarr-lane") as pool:
-        pending: list[Future] = []
-        try:
-            for units in plan.batches(batch_bytes):
-                pending.append(pool.submit(one_batch, units))
-                while len(pending) >= max(1, lanes):  # bounded: at most `lanes` batches in memory
-                    pending.pop(0).result()
-                    progress.check_space(dest)
-            for f in pending:
-                f.result()
-        finally:
-            for f in pending:
-                f.cancel()
+    pool = runtime.pool("write-lanes", lanes)
+    pending: list[Future] = []
+    try:
+        for units in plan.batches(batch_bytes):
+            pending.append(pool.submit(one_batch, units))
+            while len(pending) >= lanes:  # bounded: at most `lanes` batches in memory
+                pending.pop(0).result()
+                progress.check_space(dest)
+        while pending:
+            pending.pop(0).result()
+    finally:
+        for f in pending:
+            f.cancel()
+        for f in pending:
+            if not f.cancelled():
+                f.exception()  # wait: nothing of this write runs after it returns or raises
     return stored[0]

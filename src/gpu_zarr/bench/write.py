@@ -46,7 +46,7 @@ def _shards(chunks: Sequence[int], shape: Sequence[int], shard_mib: int) -> tupl
 
 
 def _writer(name: str, layout: str, data: np.ndarray, chunks: tuple[int, ...], shards: tuple[int, ...] | None,
-            level: int) -> Callable[[Path], None] | str:
+            level: int) -> Callable[[Path], Any] | str:
     """A function writing ``data`` at a path, or the reason this writer cannot run here."""
     import importlib.util
 

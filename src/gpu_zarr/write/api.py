@@ -24,7 +24,8 @@ from gpu_zarr.write.plan import WritePlan, make_plan
 from gpu_zarr.write.source import Source, as_source
 from gpu_zarr.write.writer import Progress, Stages, write_array
 
-__all__ = ["ENCODERS", "ArrayJob", "WriteResult", "choose_encoder", "run_jobs", "write_zarr"]
+__all__ = ["ENCODERS", "ArrayJob", "WriteResult", "choose_encoder", "refuse_storage_options", "run_jobs",
+           "write_zarr"]
 
 ENCODERS = ("auto", "gpu", "cpu")
 
@@ -160,7 +161,8 @@ def run_jobs(path: str | os.PathLike[str], jobs: list[ArrayJob], groups: Mapping
                        nbytes / seconds / 2**30 if seconds > 0 else 0.0, enc.name, reason, dict(stages.seconds))
 
 
-def _storage_options(storage_options: Mapping[str, Any] | None) -> None:
+def refuse_storage_options(storage_options: Mapping[str, Any] | None) -> None:
+    """Raise :class:`UsageError` for storage options: remote destinations are not written yet."""
     if storage_options:
         raise UsageError("storage_options are for remote destinations, which the writer does not write yet; "
                          "write to a local path")
@@ -219,7 +221,7 @@ def write_zarr(data: Any, path: str | os.PathLike[str], *, chunks: Sequence[int]
     complete, so an interrupted write never leaves an array that looks complete.
     """
     t0 = time.perf_counter()
-    _storage_options(storage_options)
+    refuse_storage_options(storage_options)
     source = as_source(data)
     dtype = source.dtype.newbyteorder("<") if source.dtype.byteorder == ">" else source.dtype
     spec = codec_spec(codec, level, dtype.itemsize)

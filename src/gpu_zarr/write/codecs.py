@@ -65,7 +65,8 @@ class CodecSpec:
         if self.name == "zstd":
             return ZstdCodec(level=self.level, checksum=False)
         if self.name.startswith("blosc-"):
-            return BloscCodec(cname=self.name[6:], clevel=self.level, shuffle="shuffle", typesize=self.itemsize)
+            cname: Any = self.name[6:]  # "lz4" or "zstd" (codec_spec checks it)
+            return BloscCodec(cname=cname, clevel=self.level, shuffle="shuffle", typesize=self.itemsize)
         if self.name == "gzip":
             return GzipCodec(level=self.level)
         return None

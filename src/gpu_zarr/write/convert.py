@@ -80,7 +80,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: 
         import zarr
 
         try:
-            arr = zarr.open_array(text, mode="r", storage_options=storage_options)
+            arr = zarr.open_array(text, mode="r", storage_options=dict(storage_options or {}) or None)
         except Exception as exc:  # noqa: BLE001 - zarr's errors differ by store and version
             raise NotAZarrError(f"{text} is neither an OME-Zarr image nor a zarr array ({exc})") from None
         data = _dask(text, None, storage_options)
@@ -104,9 +104,10 @@ def _shape_arg(text: str) -> tuple[int, ...] | bool:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,512,512, got {text!r}") from None
 
 
-def add_cli(sub: Any, add_store_options: Any = None) -> None:
+def add_cli(sub: Any, add_store_options: Any = None, store_options_of: Any = None) -> None:
     """Add ``gpu-zarr convert`` to the command's subparsers (its arguments live here, with the
-    writer); ``add_store_options`` adds the command's remote-store options (for SRC)."""
+    writer); ``add_store_options`` adds the command's remote-store options (for SRC) and
+    ``store_options_of`` turns the parsed arguments into ``storage_options``."""
     from gpu_zarr.write.codecs import CODECS
 
     p = sub.add_parser("convert", help="rewrite a zarr or OME-Zarr (local or remote) as sharded OME-Zarr 0.5 "
@@ -125,14 +126,13 @@ def add_cli(sub: Any, add_store_options: Any = None) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing zarr at DST")
     if add_store_options is not None:
         add_store_options(p)
-    p.set_defaults(func=cmd_convert)
+    p.set_defaults(func=cmd_convert, store_options_of=store_options_of)
 
 
 def cmd_convert(args: Any) -> int:
     """Run ``gpu-zarr convert`` and print one line of what was written."""
-    from gpu_zarr.cli import _storage_options
-
-    opts = _storage_options(args)
+    of = getattr(args, "store_options_of", None)
+    opts = of(args) if of is not None else None
     res = convert(args.src, args.dst, codec=None if args.codec == "none" else args.codec, level=args.level,
                   chunks=args.chunks or None, shards=args.shards, levels=args.levels, ome_version=args.ome_version,
                   overwrite=args.overwrite, encoder=args.encoder, storage_options=opts)

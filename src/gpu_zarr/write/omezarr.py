@@ -17,7 +17,7 @@ import numpy as np
 from gpu_zarr import settings
 from gpu_zarr.errors import UsageError
 from gpu_zarr.write import ome
-from gpu_zarr.write.api import ArrayJob, WriteResult, _storage_options, choose_encoder, run_jobs
+from gpu_zarr.write.api import ArrayJob, WriteResult, choose_encoder, refuse_storage_options, run_jobs
 from gpu_zarr.write.codecs import codec_spec
 from gpu_zarr.write.metadata import group_documents
 from gpu_zarr.write.plan import make_plan
@@ -167,7 +167,7 @@ def write_ome_zarr(data: Any, path: str | os.PathLike[str], *, axes: str | Seque
     averages); ``nearest`` keeps pixel ``2i``, so it has none.
     """
     t0 = time.perf_counter()
-    _storage_options(storage_options)
+    refuse_storage_options(storage_options)
     if ome_version not in ome.VERSIONS:
         raise UsageError(f"ome_version={ome_version!r}: expected one of {', '.join(ome.VERSIONS)}")
     for what, m, allowed in (("downsample", downsample, METHODS), ("label_downsample", label_downsample,

@@ -152,7 +152,10 @@ class Destination:
                 os.rename(old, self.path)  # put the old array back
             raise os_error(exc, self.path, "rename the finished write into") from None
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink()
 
     def abort(self) -> None:
         """Remove the temporary folder (after a failure or an interruption)."""

@@ -193,3 +193,23 @@ def test_tensorstore_and_our_reader_read_what_we_write(tmp_path, fmt, shards, co
     t = ts.open({"driver": "zarr3" if fmt == 3 else "zarr", "kvstore": {"driver": "file", "path": str(tmp_path / "o")}},
                 read=True).result()
     np.testing.assert_array_equal(t.read().result(), a)
+
+
+@pytest.mark.parametrize("err,match", [(28, "file system is full"), (30, "read-only")])
+def test_full_or_read_only_file_system_mid_write(tmp_path, monkeypatch, err, match):
+    """ENOSPC / EROFS from the kernel while chunks are written (a real full or read-only mount
+    cannot be made in a test as an ordinary user): a clear WriteError, nothing left behind."""
+    import gpu_zarr.write.output as output
+
+    real, calls = os.writev, []
+
+    def writev(fd, views):
+        calls.append(1)
+        if len(calls) > 2:
+            raise OSError(err, os.strerror(err))
+        return real(fd, views)
+
+    monkeypatch.setattr(output.os, "writev", writev)
+    with settings.set(batch_bytes=1 << 20, lanes=1), pytest.raises(WriteError, match=match):
+        write_zarr(_data(), tmp_path / "w", chunks=CHUNKS, shards=(8, 64, 128), encoder="cpu")
+    assert list(tmp_path.iterdir()) == []

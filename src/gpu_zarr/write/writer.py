@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Any
 
@@ -168,11 +168,10 @@ def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Destination
                 total += nbytes
                 futures.append(writers.submit(dest.write, key, parts))
                 k += m
-            try:
-                for f in futures:
-                    f.result()
-            finally:
-                enc.release()
+            wait(futures)  # every file of the batch finished (or failed) before buffers go back or errors leave
+            enc.release()
+            for f in futures:
+                f.result()
             stages.add("write", time.perf_counter() - t0)
             raw = sum(int(np.prod([b - a for a, b in zip(u.start, u.stop, strict=True)])) for u in units)
             progress.add(raw * plan.dtype.itemsize, total)

@@ -9,6 +9,8 @@ Headless API (importing this package imports no napari, Qt, cupy, kvikio or nvCO
 - :func:`gpu_zarr_context` — zarr-python returning cupy, zstd decoded by nvCOMP.
 - :func:`read_omezarr` — an OME-Zarr level as a zarr array, with its resolution.
 - :func:`probe` — what this machine offers (GPU, kvikio, GDS, nvCOMP).
+- :func:`write_zarr` / :func:`write_ome_zarr` — write zarr (v3 sharded, v3, v2) and OME-Zarr
+  (0.5, 0.4) with pyramids, channels and labels, encoded on the GPU (nvCOMP) or CPU threads.
 - :func:`to_dask` — a dask array (one per OME-Zarr level) read block by block on the
   workers' GPUs (needs the ``dask`` extra).
 """
@@ -29,6 +31,8 @@ _EXPORTS = {
     "read_omezarr": "gpu_zarr.omezarr",
     "probe": "gpu_zarr.capabilities",
     "to_dask": "gpu_zarr.dask_array",
+    "write_zarr": "gpu_zarr.write.api",
+    "write_ome_zarr": "gpu_zarr.write.omezarr",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -324,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="reads; the median one is reported (default 3)")
     _add_store_options(p)
     p.set_defaults(func=cmd_read)
+    from gpu_zarr.write.convert import add_cli as add_convert  # the writer's command, its arguments with it
+
+    add_convert(sub, _add_store_options, _storage_options)
     sub.add_parser("bench", help="ours against zarr, kvikio, TensorStore, czarr: on your store (PATH) or on "
                    "synthetic volumes (gpu-zarr bench --help)")
     args = parser.parse_args(argv)

@@ -9,6 +9,7 @@ __all__ = [
     "BackendUnavailable",
     "BenchReaderFailed",
     "CorruptChunkError",
+    "DestinationExists",
     "GPUUnavailable",
     "GpuZarrError",
     "GuiUnavailable",
@@ -27,6 +28,7 @@ __all__ = [
     "UnsafeArrayError",
     "UnsupportedArrayError",
     "UsageError",
+    "WriteError",
     "install_hint",
 ]
 
@@ -162,3 +164,12 @@ class GuiUnavailable(GpuZarrError, RuntimeError):
 
 class UsageError(GpuZarrError, ValueError):
     """A command line that cannot be served (the CLI prints one line on stderr, exit status 2)."""
+
+
+class WriteError(GpuZarrError, OSError):
+    """A write could not finish: read-only or full file system, no permission, or a destination
+    that is not a zarr. Nothing partial is left where the array was to appear."""
+
+
+class DestinationExists(WriteError, FileExistsError):
+    """The destination of a write already exists and ``overwrite=True`` was not given."""

@@ -51,6 +51,10 @@ remote_host_read ``GPU_ZARR_REMOTE_HOST_READ_MIB`` the same for remote stores
                                            nvCOMP waits for whole answers; default
                                            8 MiB per core, at most 1024 MiB; 0: only
                                            ``small_read``
+shard_bytes    ``GPU_ZARR_SHARD_MIB``      decoded bytes of a shard the writer sizes
+                                           itself (``shards=None``): chunks grown
+                                           along the last axes up to this
+                                           (default 32 MiB)
 metadata_ttl   ``GPU_ZARR_METADATA_TTL_S`` seconds a remote store's metadata documents
                                            (zarr.json, .zarray, .zattrs, .zgroup,
                                            .zmetadata) are reused by later opens of
@@ -100,6 +104,7 @@ def _defaults() -> dict[str, Any]:
         "remote_host_read": _env_int("GPU_ZARR_REMOTE_HOST_READ_MIB", min(1024, 8 * (os.cpu_count() or 1)) * MiB,
                                      MiB),
         "metadata_ttl": _env_int("GPU_ZARR_METADATA_TTL_S", 10),
+        "shard_bytes": _env_int("GPU_ZARR_SHARD_MIB", 32 * MiB, MiB),
     }
 
 
@@ -117,6 +122,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "remote_host_read": lambda v: isinstance(v, int) and v >= 0,
     "cache_bytes": lambda v: isinstance(v, int) and v >= 0,
     "metadata_ttl": lambda v: isinstance(v, (int, float)) and v >= 0,
+    "shard_bytes": lambda v: isinstance(v, int) and v >= 1,
 }
 _lock = threading.Lock()
 _values: dict[str, Any] = _defaults()

@@ -110,6 +110,16 @@ def _list(size: str) -> int:
     return 0
 
 
+def _without_write_mode(argv: list[str]) -> list[str] | None:
+    """``argv`` less its ``--mode write`` (or ``--mode=write``), or None when that is not there."""
+    for k, a in enumerate(argv):
+        if a == "--mode=write":
+            return argv[:k] + argv[k + 1:]
+        if a == "--mode" and argv[k + 1:k + 2] == ["write"]:
+            return argv[:k] + argv[k + 2:]
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; returns 0, or 1 when one of our readers failed or was wrong."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -117,6 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpu_zarr.bench.remote import main as remote_main
 
         return remote_main([a for a in argv if a != "--remote"])
+    rest = _without_write_mode(argv)
+    if rest is not None:  # the writer against its peers: gpu_zarr.bench.write, its own options
+        from gpu_zarr.bench.write import main as write_main
+
+        return write_main(rest)
     args = build_parser().parse_args(argv)
     if args.list:
         return _list(args.size)

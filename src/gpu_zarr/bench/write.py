@@ -1,0 +1,223 @@
+"""``gpu-zarr bench --mode write``: our writer against zarr-python and TensorStore (and, for
+pyramids, ome-zarr-py / ngff-zarr where installed), same data, same warm-up and repeats.
+
+The volume is uint16 with image-like structure (a random walk along x plus noise, about
+2x compressible with zstd level 3), ``--size-mib`` of it, chunks ``--chunks``. Every
+writer writes it to ``--workdir`` (the page cache: no fsync, as the issue measures) once to
+warm up, then ``--repeat`` times; the median is reported in GiB/s of decoded data, with the
+stored size. Layouts: ``sharded`` (v3, shards of ``--shard-mib``), ``plain`` (v3 chunks) and
+``pyramid`` (a 4-level OME-Zarr 0.5 from the in-memory volume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["LAYOUTS", "WRITERS", "build_parser", "main", "run"]
+
+LAYOUTS = ("sharded", "plain", "pyramid")
+WRITERS = ("ours-gpu", "ours-cpu", "zarr", "tensorstore", "ome-zarr-py", "ngff-zarr")
+GiB = 1 << 30
+
+
+def _volume(size_mib: int, chunks: Sequence[int], seed: int) -> np.ndarray:
+    y, x = chunks[-2], chunks[-1]
+    planes = max(1, (size_mib << 20) // (y * x * 2))
+    rng = np.random.default_rng(seed)
+    walk = np.cumsum(rng.integers(-2, 3, (planes, y, x), dtype=np.int16), axis=2, dtype=np.int32)
+    return ((walk % 4096) + rng.integers(0, 16, walk.shape)).astype(np.uint16)
+
+
+def _shards(chunks: Sequence[int], shape: Sequence[int], shard_mib: int) -> tuple[int, ...]:
+    from gpu_zarr.write.plan import auto_shards
+
+    return auto_shards(shape, chunks, 2, shard_mib << 20)
+
+
+def _writer(name: str, layout: str, data: np.ndarray, chunks: tuple[int, ...], shards: tuple[int, ...] | None,
+            level: int) -> Callable[[Path], Any] | str:
+    """A function writing ``data`` at a path, or the reason this writer cannot run here."""
+    import importlib.util
+
+    has = importlib.util.find_spec
+    if name.startswith("ours"):
+        enc = name.removeprefix("ours-")
+        if enc == "gpu":
+            from gpu_zarr.capabilities import probe
+
+            if not (probe().gpu and probe().nvcomp):
+                return "no usable GPU with nvCOMP"
+            import cupy
+
+            src: Any = cupy.asarray(data)
+        else:
+            src = data
+        if layout == "pyramid":
+            from gpu_zarr.write.omezarr import write_ome_zarr
+
+            return lambda p: write_ome_zarr(src, p, axes="zyx", levels=4, chunks=chunks, shards=shards, level=level,
+                                            encoder=enc, overwrite=True)
+        from gpu_zarr.write.api import write_zarr
+
+        return lambda p: write_zarr(src, p, chunks=chunks, shards=shards if layout == "sharded" else False,
+                                    level=level, encoder=enc, overwrite=True)
+    if name == "zarr" and layout != "pyramid":
+        import zarr
+        from zarr.codecs import ZstdCodec
+
+        def zarr_write(p: Path) -> None:
+            z = zarr.create_array(str(p), shape=data.shape, dtype=data.dtype, chunks=chunks,
+                                  shards=shards if layout == "sharded" else None,
+                                  compressors=ZstdCodec(level=level), fill_value=0, overwrite=True)
+            z[...] = data
+        return zarr_write
+    if name == "tensorstore" and layout != "pyramid":
+        if not has("tensorstore"):
+            return "tensorstore is not installed"
+        import tensorstore as ts
+
+        inner = [{"name": "bytes", "configuration": {"endian": "little"}},
+                 {"name": "zstd", "configuration": {"level": level}}]
+        codecs = inner if layout == "plain" else [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": list(chunks), "codecs": inner, "index_codecs": [
+                {"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}]
+        grid = list(chunks if layout == "plain" else shards or chunks)
+
+        def ts_write(p: Path) -> None:
+            t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(p)},
+                         "metadata": {"shape": list(data.shape), "data_type": "uint16", "codecs": codecs,
+                                      "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": grid}}}},
+                        create=True, delete_existing=True).result()
+            t.write(data).result()
+        return ts_write
+    if name == "ome-zarr-py" and layout == "pyramid":
+        if not has("ome_zarr"):
+            return "ome-zarr-py is not installed"
+        import zarr
+        from ome_zarr.writer import write_image
+
+        def omezarr_write(p: Path) -> None:
+            shutil.rmtree(p, ignore_errors=True)
+            write_image(data, zarr.open_group(str(p), mode="w"), axes="zyx", scaler=_ome_scaler(),
+                        storage_options={"chunks": chunks})
+        return omezarr_write
+    if name == "ngff-zarr" and layout == "pyramid":
+        if not has("ngff_zarr"):
+            return "ngff-zarr is not installed"
+        import ngff_zarr as nz
+
+        def ngff_write(p: Path) -> None:
+            shutil.rmtree(p, ignore_errors=True)
+            ms = nz.to_multiscales(nz.to_ngff_image(data, dims=["z", "y", "x"]), scale_factors=[2, 4, 8],
+                                   chunks=chunks)
+            nz.to_ngff_zarr(str(p), ms, version="0.5")
+        return ngff_write
+    return f"{name} does not write the {layout} layout"
+
+
+def _ome_scaler() -> Any:
+    from ome_zarr.scale import Scaler
+
+    return Scaler(max_layer=3)
+
+
+def _stored(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+def run(*, size_mib: int = 2048, chunks: Sequence[int] = (1, 512, 1024), shard_mib: int = 64, level: int = 3,
+        layouts: Sequence[str] = LAYOUTS, writers: Sequence[str] = WRITERS, repeat: int = 3,
+        workdir: str | None = None, seed: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the write benchmark; returns the records (also what ``--out`` saves as JSON)."""
+    chunks = tuple(int(c) for c in chunks)
+    data = _volume(size_mib, chunks, seed)
+    shards = _shards(chunks, data.shape, shard_mib)
+    root = Path(workdir or tempfile.mkdtemp(prefix="gpu-zarr-bench-write-"))
+    root.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {"shape": list(data.shape), "dtype": "uint16", "chunks": list(chunks), "shards": list(shards),
+                           "nbytes": int(data.nbytes), "level": level, "repeat": repeat, "layouts": {}}
+    for layout in layouts:
+        recs: dict[str, Any] = {}
+        for name in writers:
+            fn = _writer(name, layout, data, chunks, shards, level)
+            if isinstance(fn, str):
+                recs[name] = {"skipped": fn}
+                continue
+            path = root / f"{layout}-{name}.zarr"
+            try:
+                fn(path)  # warm-up (and the store whose size is reported)
+                times = []
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    fn(path)
+                    times.append(time.perf_counter() - t0)
+            except Exception as exc:  # noqa: BLE001 - a peer's failure is recorded, not fatal
+                recs[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                continue
+            sec = statistics.median(times)
+            recs[name] = {"seconds": sec, "gib_per_s": data.nbytes / sec / GiB, "stored_bytes": _stored(path),
+                          "ratio": data.nbytes / max(1, _stored(path)), "times": times}
+            log(f"{layout:8s} {name:12s} {recs[name]['gib_per_s']:7.2f} GiB/s  ratio {recs[name]['ratio']:.3f}")
+            shutil.rmtree(path, ignore_errors=True)
+        out["layouts"][layout] = recs
+    if workdir is None:
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def markdown(res: dict[str, Any]) -> str:
+    """The results as a Markdown table (GiB/s; ours against the fastest peer per layout)."""
+    lines = [f"write {res['nbytes'] / GiB:.2f} GiB uint16 {tuple(res['shape'])}, chunks {tuple(res['chunks'])}, "
+             f"shards {tuple(res['shards'])}, zstd level {res['level']}, median of {res['repeat']}", "",
+             "| layout | writer | GiB/s | ratio | note |", "|---|---|---|---|---|"]
+    for layout, recs in res["layouts"].items():
+        peers = [r["gib_per_s"] for n, r in recs.items() if not n.startswith("ours") and "gib_per_s" in r]
+        for name, r in recs.items():
+            if "gib_per_s" in r:
+                note = f"{r['gib_per_s'] / max(peers):.2f}x the fastest peer" if name.startswith("ours") and peers else ""
+                lines.append(f"| {layout} | {name} | {r['gib_per_s']:.2f} | {r['ratio']:.3f} | {note} |")
+            else:
+                lines.append(f"| {layout} | {name} | - | - | {r.get('skipped') or r.get('error')} |")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpu-zarr bench --mode write", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size-mib", type=int, default=2048, help="volume size (default 2048: the issue's 2 GiB)")
+    p.add_argument("--chunks", default="1,512,1024", help="chunk shape z,y,x")
+    p.add_argument("--shard-mib", type=int, default=64, help="shard size of the sharded layouts")
+    p.add_argument("--level", type=int, default=3, help="zstd level")
+    p.add_argument("--layouts", default=",".join(LAYOUTS))
+    p.add_argument("--writers", default=",".join(WRITERS))
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--workdir", default=None, help="where the stores are written (default: a temporary folder)")
+    p.add_argument("--out", default=None, help="write the records as JSON (and .md beside it)")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``gpu-zarr bench --mode write [options]``; returns 1 when one of our writers failed."""
+    args = build_parser().parse_args([a for a in (sys.argv[1:] if argv is None else argv)])
+    res = run(size_mib=args.size_mib, chunks=[int(v) for v in args.chunks.split(",")], shard_mib=args.shard_mib,
+              level=args.level, layouts=[v for v in args.layouts.split(",") if v],
+              writers=[v for v in args.writers.split(",") if v], repeat=args.repeat, workdir=args.workdir,
+              seed=args.seed)
+    md = markdown(res)
+    print(md)
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=1))
+        Path(args.out).with_suffix(".md").write_text(md + "\n")
+    return 1 if any("error" in r for recs in res["layouts"].values() for n, r in recs.items() if n.startswith("ours")) else 0

@@ -1,0 +1,231 @@
+"""The public write functions: :func:`write_zarr` and :func:`write_ome_zarr`.
+
+The flow (DESIGN.md, "Writing"): plan units and levels -> downsample (on the GPU when the
+data is there) -> encode in batches (nvCOMP, or numcodecs: the CPU twin) -> write files
+into a temporary folder -> rename it into place.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_zarr import settings
+from gpu_zarr.errors import INSTALL_HINT, GPUUnavailable, UsageError
+from gpu_zarr.write.codecs import CodecSpec, codec_spec
+from gpu_zarr.write.encode import GPU_CODECS, CpuEncoder, GpuEncoder
+from gpu_zarr.write.metadata import array_documents
+from gpu_zarr.write.output import Destination
+from gpu_zarr.write.plan import WritePlan, make_plan
+from gpu_zarr.write.source import Source, as_source
+from gpu_zarr.write.writer import Progress, Stages, write_array
+
+__all__ = ["ENCODERS", "ArrayJob", "WriteResult", "choose_encoder", "refuse_storage_options", "run_jobs",
+           "write_zarr"]
+
+ENCODERS = ("auto", "gpu", "cpu")
+
+
+@dataclass
+class WriteResult:
+    """A finished write and what was measured.
+
+    Attributes
+    ----------
+    path : str
+        The array or group written.
+    arrays : list of str
+        Paths of the arrays written, relative to ``path`` ("" for a lone array).
+    nbytes : int
+        Decoded bytes written (every level and label included).
+    stored_bytes : int
+        Bytes of the chunk and shard files (metadata excluded).
+    seconds : float
+        Wall time, from the call to the final rename.
+    gib_per_s : float
+        ``nbytes`` per second, in GiB/s.
+    encoder, reason : str
+        "gpu" (nVCOMP) or "cpu" (numcodecs), and why.
+    stages : dict of str to float
+        Seconds per stage (read, transfer, downsample, gather, encode, write, metadata,
+        commit), summed over lanes: overlapping lanes can add up past ``seconds``.
+    """
+
+    path: str
+    arrays: list[str]
+    nbytes: int
+    stored_bytes: int
+    seconds: float
+    gib_per_s: float
+    encoder: str
+    reason: str
+    stages: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        """Compression ratio (decoded bytes over stored bytes)."""
+        return self.nbytes / self.stored_bytes if self.stored_bytes else math.inf
+
+
+@dataclass
+class ArrayJob:
+    """One array of a write: its data, plan, place in the tree and metadata attributes."""
+
+    source: Source
+    plan: WritePlan
+    prefix: str
+    fill_value: Any = 0
+    attributes: Mapping[str, Any] | None = None
+    dimension_names: Sequence[str] | None = None
+
+
+def _gpu_ready() -> tuple[bool, str]:
+    from gpu_zarr.capabilities import probe
+
+    caps = probe()
+    if not caps.gpu:
+        return False, "no usable CUDA GPU (cupy missing or no device)"
+    if not caps.nvcomp:
+        return False, "nvCOMP is not usable here"
+    return True, ""
+
+
+def choose_encoder(spec: CodecSpec, encoder: str, threads: int) -> tuple[Any, str]:
+    """The encoder for ``spec`` (``"auto"``, ``"gpu"`` or ``"cpu"``) and the reason for it.
+
+    Raises
+    ------
+    UsageError
+        An unknown encoder name, or ``"gpu"`` for a codec nvCOMP does not write.
+    GPUUnavailable
+        ``"gpu"`` on a machine without a usable GPU or nvCOMP.
+    """
+    if encoder not in ENCODERS:
+        raise UsageError(f"encoder={encoder!r}: expected one of {', '.join(ENCODERS)}")
+    if encoder == "cpu":
+        return CpuEncoder(spec, threads), "asked for the CPU encoder (numcodecs)"
+    if spec.name not in GPU_CODECS:
+        if encoder == "gpu":
+            raise UsageError(f"encoder='gpu' writes {', '.join(GPU_CODECS)}; codec {spec.name!r} is encoded on "
+                             "the CPU (encoder='cpu' or 'auto')")
+        return CpuEncoder(spec, threads), f"{spec.name} is encoded by numcodecs on CPU threads"
+    ok, why = _gpu_ready()
+    if not ok:
+        if encoder == "gpu":
+            raise GPUUnavailable(f"encoder='gpu' needs a CUDA GPU with nvCOMP: {why}. Fix: {INSTALL_HINT}, "
+                                 "or encoder='cpu'")
+        return CpuEncoder(spec, threads), f"CPU twin (numcodecs): {why}"
+    return GpuEncoder(spec), "nvCOMP batched zstd encode on the GPU"
+
+
+def run_jobs(path: str | os.PathLike[str], jobs: list[ArrayJob], groups: Mapping[str, dict[str, bytes]],
+             spec: CodecSpec, *, encoder: str, overwrite: bool, stages: Stages | None = None,
+             t0: float | None = None) -> WriteResult:
+    """Write ``jobs`` (arrays) and ``groups`` (prefix -> group documents) as one tree at ``path``."""
+    t0 = time.perf_counter() if t0 is None else t0
+    stages = stages or Stages()
+    dest = Destination(path, overwrite=overwrite)
+    threads = int(settings.get("threads"))
+    enc, reason = choose_encoder(spec, encoder, threads)
+    progress = Progress(sum(j.source.nbytes for j in jobs))
+    stored = 0
+    try:
+        from gpu_zarr.engine.runtime import get_runtime
+
+        writers = get_runtime().pool("write-files", threads)  # kept: no threads started per write
+        for job in jobs:
+            stored += write_array(job.source, job.plan, enc, dest, job.prefix, fill_value=job.fill_value,
+                                  stages=stages, progress=progress, batch_bytes=int(settings.get("batch_bytes")),
+                                  lanes=int(settings.get("lanes")), writers=writers)
+        with stages.time("metadata"):
+            for prefix, docs in groups.items():
+                dest.write_documents(prefix, docs)
+            for job in jobs:
+                dest.write_documents(job.prefix, array_documents(
+                    job.plan, spec, fill_value=job.fill_value, attributes=job.attributes,
+                    dimension_names=job.dimension_names))
+        with stages.time("commit"):
+            dest.commit()
+    except BaseException:
+        dest.abort()
+        raise
+    finally:
+        enc.close()
+    seconds = time.perf_counter() - t0
+    nbytes = sum(j.source.nbytes for j in jobs)
+    return WriteResult(str(dest.path), [j.prefix for j in jobs], nbytes, stored, seconds,
+                       nbytes / seconds / 2**30 if seconds > 0 else 0.0, enc.name, reason, dict(stages.seconds))
+
+
+def refuse_storage_options(storage_options: Mapping[str, Any] | None) -> None:
+    """Raise :class:`UsageError` for storage options: remote destinations are not written yet."""
+    if storage_options:
+        raise UsageError("storage_options are for remote destinations, which the writer does not write yet; "
+                         "write to a local path")
+
+
+def write_zarr(data: Any, path: str | os.PathLike[str], *, chunks: Sequence[int] | int,
+               shards: Sequence[int] | int | bool | None = None, codec: str | None = "zstd",
+               level: int | None = None, zarr_format: int = 3, fill_value: Any = 0, overwrite: bool = False,
+               encoder: str = "auto", storage_options: Mapping[str, Any] | None = None) -> WriteResult:
+    """Write an array (numpy, cupy, or dask of either) as a zarr array.
+
+    Parameters
+    ----------
+    data : numpy.ndarray, cupy.ndarray or dask.array.Array
+        A dask array is written block by block as its blocks are computed: at most
+        ``settings.get("lanes")`` batches of about ``batch_bytes`` are in memory at once.
+    path : str or path
+        A local folder; it must not exist unless ``overwrite=True``.
+    chunks : int or sequence of int
+        Chunk shape (the inner chunks of a sharded array).
+    shards : sequence of int, None or False
+        Shard shape (a multiple of ``chunks``); None: sharded, shards of about
+        ``settings.get("shard_bytes")``; False: no shards. v2 arrays have none.
+    codec : {"zstd", "blosc-lz4", "blosc-zstd", "gzip", None}
+        Compression (Blosc with byte shuffle); None writes raw bytes.
+    level : int, optional
+        Compression level (default: zstd 3, Blosc 5, gzip 5).
+    zarr_format : {3, 2}
+    fill_value : scalar
+    overwrite : bool
+        Replace an existing zarr at ``path`` (never a folder that is not a zarr).
+    encoder : {"auto", "gpu", "cpu"}
+        Where chunks are encoded: nvCOMP on the GPU (zstd), or numcodecs on CPU threads.
+    storage_options : mapping, optional
+        For remote destinations (not written yet: must be None).
+
+    Returns
+    -------
+    WriteResult
+
+    Raises
+    ------
+    UsageError
+        A bad argument (chunk/shard shape, codec, level, data type).
+    DestinationExists
+        ``path`` exists and ``overwrite`` is False.
+    WriteError
+        The file system refused (read-only, full, permissions) or there is not enough free
+        space; nothing is left at ``path``.
+    GPUUnavailable
+        ``encoder="gpu"`` without a usable GPU and nvCOMP.
+
+    Notes
+    -----
+    The data is written into a temporary folder beside ``path`` and renamed into place once
+    complete, so an interrupted write never leaves an array that looks complete.
+    """
+    t0 = time.perf_counter()
+    refuse_storage_options(storage_options)
+    source = as_source(data)
+    dtype = source.dtype.newbyteorder("<") if source.dtype.byteorder == ">" else source.dtype
+    spec = codec_spec(codec, level, dtype.itemsize)
+    plan = make_plan(source.shape, dtype, chunks, shards, zarr_format,
+                     shard_bytes=int(settings.get("shard_bytes")))
+    return run_jobs(path, [ArrayJob(source, plan, "", fill_value)], {}, spec, encoder=encoder,
+                    overwrite=overwrite, t0=t0)

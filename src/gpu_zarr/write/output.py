@@ -1,0 +1,162 @@
+"""File output of a write: everything goes into a temporary folder beside the destination,
+which is renamed into place only once the whole array (or OME-Zarr group) is written.
+
+So an interrupted write never leaves anything that looks like a complete array at the
+destination: at worst a ``.<name>.gpu-zarr-<id>.partial`` folder, removed by :meth:`abort`.
+With ``overwrite=True`` the old destination is moved aside, the new one renamed in, and the
+old one removed. Files are written with ``os.writev`` (the GIL is released while the kernel
+copies), each from the parts it is made of (a shard's chunks, then its index), never joined
+in Python first.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpu_zarr.errors import DestinationExists, UsageError, WriteError
+
+__all__ = ["Destination", "is_zarr_node"]
+
+_ZARR_DOCS = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
+_IOV_MAX = 1024
+
+
+def is_zarr_node(path: Path) -> bool:
+    """Whether ``path`` is a folder holding a zarr metadata document."""
+    return path.is_dir() and any((path / d).is_file() for d in _ZARR_DOCS)
+
+
+def os_error(exc: OSError, path: Path | str, what: str) -> WriteError:
+    """A :class:`WriteError` that says what the file system refused and what to do."""
+    fix = {errno.EROFS: "the file system is read-only: write somewhere writable",
+           errno.ENOSPC: "the file system is full: free space or write elsewhere",
+           errno.EDQUOT: "the disk quota is exhausted: free space or write elsewhere",
+           errno.EACCES: "permission denied: write where you may, or fix the folder's permissions",
+           errno.EPERM: "operation not permitted: write where you may"}.get(exc.errno or 0, "")
+    return WriteError(f"cannot {what} {path}: {exc.strerror or exc}" + (f"; {fix}" if fix else ""))
+
+
+class Destination:
+    """A local destination folder written through a temporary folder and one rename.
+
+    Parameters
+    ----------
+    path : str or Path
+        Where the array or group appears once :meth:`commit` runs.
+    overwrite : bool
+        Replace an existing zarr at ``path``. Without it an existing path is refused.
+
+    Raises
+    ------
+    UsageError
+        A URL (remote stores are not written yet).
+    DestinationExists
+        ``path`` exists and ``overwrite`` is False.
+    WriteError
+        ``path`` exists and is not a zarr (never replaced, whatever ``overwrite`` says), or the
+        temporary folder cannot be made (read-only, full, no permission).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
+        text = os.fspath(path)
+        if "://" in text:
+            raise UsageError(f"{text}: the writer writes local folders only (remote destinations are not "
+                             "supported yet); write locally, then upload the folder")
+        self.path = Path(text).expanduser().absolute()
+        self.overwrite = bool(overwrite)
+        if self.path.exists() or self.path.is_symlink():
+            if not overwrite:
+                raise DestinationExists(f"{self.path} already exists; pass overwrite=True (--overwrite) to "
+                                        "replace it, or choose another path")
+            if not (is_zarr_node(self.path) or (self.path.is_dir() and not any(self.path.iterdir()))):
+                raise WriteError(f"{self.path} exists and is not a zarr array or group; it is never replaced "
+                                 "(even with overwrite=True): remove it yourself or choose another path")
+        parent = self.path.parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = parent / f".{self.path.name}.gpu-zarr-{uuid.uuid4().hex[:12]}.partial"
+            self.tmp.mkdir()
+        except OSError as exc:
+            raise os_error(exc, parent, "create a folder in") from None
+        self._made: set[Path] = {self.tmp}
+        self._lock = threading.Lock()
+        self.bytes_written = 0
+
+    def free_bytes(self) -> int:
+        """Free bytes on the destination's file system."""
+        return int(shutil.disk_usage(self.tmp).free)
+
+    def _folder(self, folder: Path) -> None:
+        with self._lock:
+            if folder in self._made:
+                return
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise os_error(exc, folder, "create") from None
+        with self._lock:
+            self._made.add(folder)
+
+    def write(self, key: str, parts: Sequence[Any]) -> int:
+        """Write the file ``key`` (relative, "/"-separated) from ``parts`` (bytes-like objects,
+        written in order); returns the bytes written. Safe to call from many threads."""
+        target = self.tmp / key
+        self._folder(target.parent)
+        views = [memoryview(p).cast("B") for p in parts]
+        views = [v for v in views if v.nbytes]
+        total = sum(v.nbytes for v in views)
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        except OSError as exc:
+            raise os_error(exc, target, "create") from None
+        try:
+            done = 0
+            while views:
+                n = os.writev(fd, views[:_IOV_MAX])
+                done += n
+                while views and n >= views[0].nbytes:  # drop what went out; keep the rest of a short write
+                    n -= views[0].nbytes
+                    views.pop(0)
+                if views and n:
+                    views[0] = views[0][n:]
+        except OSError as exc:
+            raise os_error(exc, target, "write") from None
+        finally:
+            os.close(fd)
+        with self._lock:
+            self.bytes_written += done
+        return total
+
+    def write_documents(self, prefix: str, docs: dict[str, bytes]) -> None:
+        """Write metadata documents under ``prefix`` (a folder key, "" for the root)."""
+        for name, data in docs.items():
+            self.write(f"{prefix}/{name}" if prefix else name, [data])
+
+    def commit(self) -> None:
+        """Rename the finished folder into place (replacing the old one when overwriting)."""
+        old = None
+        try:
+            if self.path.exists() or self.path.is_symlink():
+                old = self.path.parent / f".{self.path.name}.gpu-zarr-{uuid.uuid4().hex[:12]}.replaced"
+                os.rename(self.path, old)
+            os.rename(self.tmp, self.path)
+        except OSError as exc:
+            if old is not None and not self.path.exists():
+                os.rename(old, self.path)  # put the old array back
+            raise os_error(exc, self.path, "rename the finished write into") from None
+        if old is not None:
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink()
+
+    def abort(self) -> None:
+        """Remove the temporary folder (after a failure or an interruption)."""
+        shutil.rmtree(self.tmp, ignore_errors=True)

@@ -1,0 +1,202 @@
+"""One array's write: batches of units read, gathered into chunks, encoded and written.
+
+For each batch (a few shards, about ``batch_bytes`` of data): read the blocks (slice, or one
+dask compute), move them where the encoder works (one copy to or from the GPU), cut them
+into their inner chunks in ONE contiguous buffer (one copy per unit, no Python per chunk),
+encode the whole batch (one nvCOMP call, or numcodecs on worker threads), lay out each
+shard (chunks, then its crc32c index) and write each file with one ``writev`` on writer
+threads. ``lanes`` batches run at once, each on its own thread (and its own CUDA stream),
+so one batch's encode overlaps another's file writes.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from gpu_zarr.errors import WriteError
+from gpu_zarr.write.output import Destination
+from gpu_zarr.write.plan import Unit, WritePlan
+from gpu_zarr.write.shard import shard_layout
+from gpu_zarr.write.source import Source, is_cupy
+
+__all__ = ["Progress", "Stages", "write_array"]
+
+
+class Stages:
+    """Seconds spent per stage, summed over threads (lanes overlap, so the sum can exceed the wall time)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    @contextmanager
+    def time(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t0)
+
+
+class Progress:
+    """Bytes done across every array of one write, for the free-space projection."""
+
+    def __init__(self, total_raw: int) -> None:
+        self.total_raw = total_raw
+        self.raw_done = 0
+        self.stored = 0
+        self._lock = threading.Lock()
+
+    def add(self, raw: int, stored: int) -> None:
+        with self._lock:
+            self.raw_done += raw
+            self.stored += stored
+
+    def check_space(self, dest: Destination) -> None:
+        """Raise :class:`WriteError` when the rest, at the compression ratio so far, will not fit."""
+        with self._lock:
+            if not self.raw_done:
+                return
+            need = (self.total_raw - self.raw_done) * self.stored / self.raw_done
+        free = dest.free_bytes()
+        if need * 1.05 > free:
+            raise WriteError(f"not enough free space at {dest.path.parent}: the rest of this write needs about "
+                             f"{need / 2**30:.2f} GiB at its compression ratio so far, {free / 2**30:.2f} GiB "
+                             "are free; free space or write elsewhere")
+
+
+def _to_xp(block: Any, xp_name: str) -> Any:
+    if xp_name == "cupy" and not is_cupy(block):
+        import cupy
+
+        return cupy.asarray(block)
+    if xp_name == "numpy" and is_cupy(block):
+        return block.get()
+    return np.asarray(block) if xp_name == "numpy" else block
+
+
+def _gather(blocks: list[Any], units: list[Unit], plan: WritePlan, fill: Any, xp: Any) -> Any:
+    """The present inner chunks of ``units`` as one contiguous ``(n, *chunks)`` array."""
+    n_total = int(sum(int(u.present.sum()) for u in units))
+    out = xp.empty((n_total, *plan.chunks), plan.dtype)
+    unit_shape = plan.unit_shape
+    cpu = plan.chunks_per_unit
+    split = [d for pair in zip(cpu, plan.chunks, strict=True) for d in pair]
+    order = list(range(0, 2 * len(cpu), 2)) + list(range(1, 2 * len(cpu), 2))
+    k = 0
+    for unit, block in zip(units, blocks, strict=True):
+        if tuple(block.shape) != unit_shape:  # an edge unit: padded with the fill value, as zarr pads
+            full = xp.full(unit_shape, fill, plan.dtype)
+            full[tuple(slice(0, s) for s in block.shape)] = block
+            block = full
+        view = block.reshape(split).transpose(order).reshape(-1, *plan.chunks)
+        m = int(unit.present.sum())
+        out[k:k + m] = view if m == len(unit.present) else view[xp.asarray(unit.present)]
+        k += m
+    return out
+
+
+def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Destination, prefix: str, *,
+                fill_value: Any, stages: Stages, progress: Progress, batch_bytes: int, lanes: int,
+                writers: ThreadPoolExecutor) -> int:
+    """Write every chunk (or shard) of one array under ``prefix``; returns the bytes stored.
+
+    The caller writes the metadata documents; this writes the data files only.
+    """
+    if encoder.xp_name == "cupy":
+        import cupy
+
+        xp: Any = cupy
+    else:
+        xp = np
+    from gpu_zarr.engine.runtime import get_runtime
+
+    runtime = get_runtime()
+    lanes = max(1, lanes)
+    stored = [0]
+    lock = threading.Lock()
+    # the runtime's work streams and lane threads are kept across writes, so nvCOMP codecs
+    # (kept per stream and thread, ~10 ms to make) are made once, not per batch
+    streams = runtime.streams(0, lanes)[1] if xp is not np else []
+    free: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for lane in range(lanes):
+        free.put(lane)
+
+    def one_batch(units: list[Unit]) -> None:
+        lane = free.get()
+        stream_ctx: Any = streams[lane] if streams else None
+        if stream_ctx is not None:
+            stream_ctx.__enter__()
+        try:
+            with stages.time("read"):
+                blocks = source.read([u.region for u in units])
+            with stages.time("transfer"):
+                blocks = [_to_xp(b, encoder.xp_name) for b in blocks]
+            with stages.time("gather"):
+                chunks = _gather(blocks, units, plan, fill_value, xp)
+            del blocks
+            with stages.time("encode"):
+                enc = encoder.encode(chunks)
+            del chunks
+            t0 = time.perf_counter()
+            futures: list[Future] = []
+            k = 0
+            total = 0
+            for unit in units:
+                m = int(unit.present.sum())
+                key = f"{prefix}/{plan.key(unit.index)}" if prefix else plan.key(unit.index)
+                parts = enc.parts[k:k + m]
+                if plan.shards is not None:
+                    sizes = np.zeros(len(unit.present), np.int64)
+                    sizes[unit.present] = enc.sizes[k:k + m]
+                    _, index, nbytes = shard_layout(sizes, unit.present)
+                    parts = [*parts, index]
+                else:
+                    nbytes = int(enc.sizes[k])
+                total += nbytes
+                futures.append(writers.submit(dest.write, key, parts))
+                k += m
+            wait(futures)  # every file of the batch finished (or failed) before buffers go back or errors leave
+            enc.release()
+            for f in futures:
+                f.result()
+            stages.add("write", time.perf_counter() - t0)
+            raw = sum(int(np.prod([b - a for a, b in zip(u.start, u.stop, strict=True)])) for u in units)
+            progress.add(raw * plan.dtype.itemsize, total)
+            with lock:
+                stored[0] += total
+        finally:
+            if stream_ctx is not None:
+                stream_ctx.synchronize()
+                stream_ctx.__exit__(None, None, None)
+            free.put(lane)
+
+    pool = runtime.pool("write-lanes", lanes)
+    pending: list[Future] = []
+    try:
+        for units in plan.batches(batch_bytes):
+            pending.append(pool.submit(one_batch, units))
+            while len(pending) >= lanes:  # bounded: at most `lanes` batches in memory
+                pending.pop(0).result()
+                progress.check_space(dest)
+        while pending:
+            pending.pop(0).result()
+    finally:
+        for f in pending:
+            f.cancel()
+        for f in pending:
+            if not f.cancelled():
+                f.exception()  # wait: nothing of this write runs after it returns or raises
+    return stored[0]

@@ -1,0 +1,215 @@
+"""The writer's CPU twin: every format and codec read back by zarr-python, metadata equal to
+zarr-python's own, shard indexes with their crc32c, sizes against numcodecs, safety."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import zarr
+
+from gpu_zarr import settings
+from gpu_zarr.errors import DestinationExists, UsageError, WriteError
+from gpu_zarr.write.api import write_zarr
+from gpu_zarr.write.codecs import codec_spec
+from gpu_zarr.write.output import Destination
+from gpu_zarr.write.shard import MISSING, crc32c
+
+CODECS = ["zstd", "blosc-lz4", "blosc-zstd", "gzip", None]
+FORMATS = [(3, None), (3, False), (2, None)]  # v3 sharded (automatic shards), v3 plain, v2
+SHAPE, CHUNKS = (37, 150, 203), (8, 32, 64)  # every axis ends in a partial chunk
+
+
+def _data(dtype: str = "uint16") -> np.ndarray:
+    rng = np.random.default_rng(1)
+    base = np.cumsum(rng.integers(-3, 4, SHAPE), axis=2) % 4000  # smooth-ish: compresses like images
+    return (base + rng.integers(0, 8, SHAPE)).astype(dtype)
+
+
+def _zarr_copy(a: np.ndarray, path, plan_shards, fmt: int, codec: str | None, level: int | None = None):
+    """The same array written by zarr-python (the reference)."""
+    spec = codec_spec(codec, level, a.dtype.itemsize)
+    kw = {"compressors": spec.v3_compressors() if fmt == 3 else spec.v2_compressor()}
+    if fmt == 3:
+        kw["shards"] = plan_shards
+    else:
+        kw["chunk_key_encoding"] = {"name": "v2", "separator": "."}
+    z = zarr.create_array(str(path), shape=a.shape, dtype=a.dtype, chunks=CHUNKS, fill_value=0, zarr_format=fmt,
+                          **kw)
+    z[...] = a
+    return z
+
+
+def _stored(path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and f.name not in
+               ("zarr.json", ".zarray", ".zattrs", ".zgroup"))
+
+
+@pytest.mark.parametrize("fmt,shards", FORMATS, ids=["v3-sharded", "v3", "v2"])
+@pytest.mark.parametrize("codec", CODECS, ids=[str(c) for c in CODECS])
+def test_zarr_reads_what_we_write_and_metadata_is_zarrs(tmp_path, fmt, shards, codec):
+    a = _data()
+    res = write_zarr(a, tmp_path / "ours", chunks=CHUNKS, shards=shards, codec=codec, zarr_format=fmt,
+                     encoder="cpu")
+    assert res.encoder == "cpu" and res.nbytes == a.nbytes and res.stored_bytes == _stored(tmp_path / "ours")
+    z = zarr.open_array(tmp_path / "ours", mode="r")
+    np.testing.assert_array_equal(z[...], a)
+    ref = _zarr_copy(a, tmp_path / "ref", z.shards, fmt, codec)
+    doc = "zarr.json" if fmt == 3 else ".zarray"
+    assert json.loads((tmp_path / "ours" / doc).read_text()) == json.loads((tmp_path / "ref" / doc).read_text())
+    assert ref.metadata == z.metadata
+    if codec is not None:  # same codec, same level: the stored size is numcodecs' within 2 %
+        assert abs(_stored(tmp_path / "ours") - _stored(tmp_path / "ref")) <= 0.02 * _stored(tmp_path / "ref")
+
+
+def test_shard_index_is_zarrs_layout_with_crc32c(tmp_path):
+    a = _data()
+    write_zarr(a, tmp_path / "s", chunks=CHUNKS, shards=(16, 64, 128), encoder="cpu")
+    # the last shard along every axis: inner chunks wholly outside the array are missing
+    shard = (tmp_path / "s" / "c" / "2" / "2" / "1").read_bytes()
+    n = 2 * 2 * 2
+    raw, crc = shard[-4 - 16 * n:-4], shard[-4:]
+    assert int.from_bytes(crc, "little") == crc32c(raw)
+    table = np.frombuffer(raw, "<u8").reshape(2, 2, 2, 2)
+    # z: 37 = 2*16 + 5 -> inner z chunk 1 (8..16 of the shard = 40..48) is outside; y: 150 - 128 = 22 < 32
+    assert (table[1] == MISSING).all() and (table[:, 1] == MISSING).all()
+    off, size = table[0, 0, 0]
+    assert off == 0 and size > 0 and table[0, 0, 1, 0] == size  # chunks back to back in C order
+    with open(tmp_path / "s" / "c" / "0" / "0" / "0", "r+b") as f:  # a corrupted index is caught by zarr
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xFF]))
+    with pytest.raises(Exception):  # noqa: B017 - zarr's own checksum error type varies by version
+        zarr.open_array(tmp_path / "s", mode="r")[0:8, 0:32, 0:64]
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int32", "float32", ">u2", "bool"])
+def test_dtypes(tmp_path, dtype):
+    a = _data("int32").astype(dtype) if dtype != "bool" else _data() > 2000
+    write_zarr(a, tmp_path / "d", chunks=CHUNKS, codec="blosc-lz4", encoder="cpu")
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "d", mode="r")[...], a)
+
+
+def test_dask_blocks_written_in_bounded_batches(tmp_path):
+    da = pytest.importorskip("dask.array")
+    a = _data()
+    d = da.from_array(a, chunks=(5, 70, 90))
+    calls = []
+    with settings.set(batch_bytes=1 << 20, lanes=2):  # 1 MiB batches: many batches, two in flight
+        from gpu_zarr.write import source
+
+        src = source.as_source(d)
+        real = src._read
+        src._read = lambda regions: calls.append(len(regions)) or real(regions)
+        res = write_zarr(src, tmp_path / "k", chunks=CHUNKS, shards=(8, 64, 128), encoder="cpu")
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "k", mode="r")[...], a)
+    shard_bytes = 8 * 64 * 128 * 2
+    assert len(calls) > 1 and max(calls) * shard_bytes <= 1 << 20
+    assert res.nbytes == a.nbytes
+
+
+def test_never_overwrites_without_overwrite(tmp_path):
+    a = _data()
+    write_zarr(a, tmp_path / "x", chunks=CHUNKS, encoder="cpu")
+    with pytest.raises(DestinationExists, match="overwrite=True"):
+        write_zarr(a[:1], tmp_path / "x", chunks=CHUNKS, encoder="cpu")
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "x", mode="r")[...], a)
+    write_zarr(a[:1], tmp_path / "x", chunks=CHUNKS, overwrite=True, encoder="cpu")
+    assert zarr.open_array(tmp_path / "x", mode="r").shape == (1, *SHAPE[1:])
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(WriteError, match="not a zarr"):
+        write_zarr(a, tmp_path / "mine", chunks=CHUNKS, overwrite=True, encoder="cpu")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "x"]  # no temporary folder left
+
+
+def test_interrupted_write_leaves_nothing_that_looks_complete(tmp_path):
+    a = _data()
+    from gpu_zarr.write.source import as_source
+
+    src = as_source(a)
+    real, seen = src._read, []
+
+    def failing(regions):
+        seen.append(1)
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+        return real(regions)
+
+    src._read = failing
+    with settings.set(batch_bytes=1 << 20, lanes=1), pytest.raises(KeyboardInterrupt):
+        write_zarr(src, tmp_path / "i", chunks=CHUNKS, shards=(8, 64, 128), encoder="cpu")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_free_space_is_checked(tmp_path, monkeypatch):
+    monkeypatch.setattr(Destination, "free_bytes", lambda self: 1000)
+    with settings.set(batch_bytes=1 << 20, lanes=1), pytest.raises(WriteError, match="not enough free space"):
+        write_zarr(_data(), tmp_path / "f", chunks=CHUNKS, shards=(8, 64, 128), encoder="cpu")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only folders")
+def test_read_only_folder_is_a_clear_error(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        with pytest.raises(WriteError, match="permission denied"):
+            write_zarr(_data(), ro / "x", chunks=CHUNKS, encoder="cpu")
+    finally:
+        ro.chmod(0o755)
+
+
+def test_bad_arguments_are_usage_errors(tmp_path):
+    a = _data()
+    for kw, match in [({"codec": "lzma"}, "codec 'lzma'"), ({"codec": "zstd", "level": 40}, "out of range"),
+                      ({"shards": (8, 33, 64)}, "not a multiple"), ({"zarr_format": 2, "shards": (8, 64, 64)},
+                                                                      "v2 has no sharding"),
+                      ({"chunks": (8, 32)}, "3 positive integers")]:
+        kw.setdefault("chunks", CHUNKS)
+        with pytest.raises(UsageError, match=match):
+            write_zarr(a, tmp_path / "b", encoder="cpu", **kw)
+    with pytest.raises(UsageError, match="expected a numpy array"):
+        write_zarr([[1, 2]], tmp_path / "b", chunks=1)
+    with pytest.raises(UsageError, match="local"):
+        write_zarr(a, "s3://bucket/x.zarr", chunks=CHUNKS)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt,shards", FORMATS, ids=["v3-sharded", "v3", "v2"])
+@pytest.mark.parametrize("codec", CODECS, ids=[str(c) for c in CODECS])
+def test_tensorstore_and_our_reader_read_what_we_write(tmp_path, fmt, shards, codec):
+    from gpu_zarr import read_zarr
+
+    a = _data()
+    write_zarr(a, tmp_path / "o", chunks=CHUNKS, shards=shards, codec=codec, zarr_format=fmt, encoder="cpu")
+    np.testing.assert_array_equal(np.asarray(read_zarr(str(tmp_path / "o"), prefer="cpu", progress=None).data), a)
+    ts = pytest.importorskip("tensorstore")
+    t = ts.open({"driver": "zarr3" if fmt == 3 else "zarr", "kvstore": {"driver": "file", "path": str(tmp_path / "o")}},
+                read=True).result()
+    np.testing.assert_array_equal(t.read().result(), a)
+
+
+@pytest.mark.parametrize("err,match", [(28, "file system is full"), (30, "read-only")])
+def test_full_or_read_only_file_system_mid_write(tmp_path, monkeypatch, err, match):
+    """ENOSPC / EROFS from the kernel while chunks are written (a real full or read-only mount
+    cannot be made in a test as an ordinary user): a clear WriteError, nothing left behind."""
+    import gpu_zarr.write.output as output
+
+    real, calls = os.writev, []
+
+    def writev(fd, views):
+        calls.append(1)
+        if len(calls) > 2:
+            raise OSError(err, os.strerror(err))
+        return real(fd, views)
+
+    monkeypatch.setattr(output.os, "writev", writev)
+    with settings.set(batch_bytes=1 << 20, lanes=1), pytest.raises(WriteError, match=match):
+        write_zarr(_data(), tmp_path / "w", chunks=CHUNKS, shards=(8, 64, 128), encoder="cpu")
+    assert list(tmp_path.iterdir()) == []

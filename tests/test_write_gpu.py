@@ -1,0 +1,69 @@
+"""The writer's GPU half (nvCOMP zstd encode, pyramids in cupy) against zarr-python's read.
+
+Marked ``gpu``: skipped cleanly without cupy, a device or nvCOMP. The CPU twin of each test
+is in test_write.py / test_write_ome.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+
+from gpu_zarr import settings
+from gpu_zarr.write.api import write_zarr
+from gpu_zarr.write.omezarr import write_ome_zarr
+from gpu_zarr.write.pyramid import downsample
+
+pytestmark = pytest.mark.gpu
+SHAPE, CHUNKS = (37, 150, 203), (8, 32, 64)
+
+
+def _data() -> np.ndarray:
+    rng = np.random.default_rng(1)
+    return (np.cumsum(rng.integers(-3, 4, SHAPE), axis=2) % 4000).astype("uint16")
+
+
+def _stored(path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.name.startswith((".z", "zarr.")))
+
+
+@pytest.mark.parametrize("fmt,shards", [(3, None), (3, False), (2, None)], ids=["v3-sharded", "v3", "v2"])
+@pytest.mark.parametrize("kind", ["cupy", "numpy"])
+def test_gpu_zstd_read_back_by_zarr(tmp_path, fmt, shards, kind):
+    import cupy
+
+    a = _data()
+    data = cupy.asarray(a) if kind == "cupy" else a
+    with settings.set(batch_bytes=1 << 20, lanes=3):  # many batches, three lanes (streams) at once
+        res = write_zarr(data, tmp_path / "g", chunks=CHUNKS, shards=shards, zarr_format=fmt, encoder="gpu")
+    assert res.encoder == "gpu"
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "g", mode="r")[...], a)
+    write_zarr(a, tmp_path / "c", chunks=CHUNKS, shards=shards, zarr_format=fmt, encoder="cpu")
+    # nvCOMP's zstd against libzstd at level 3: within 2 %
+    assert _stored(tmp_path / "g") <= 1.02 * _stored(tmp_path / "c")
+
+
+def test_cupy_pyramid_equals_numpy():
+    import cupy
+
+    a = np.random.default_rng(0).integers(0, 60000, (3, 67, 45)).astype("uint16")
+    for method in ("mean", "mode", "nearest"):
+        np.testing.assert_array_equal(downsample(cupy.asarray(a), (1, 2), method).get(), downsample(a, (1, 2), method))
+    f = a.astype("float32")
+    np.testing.assert_array_equal(downsample(cupy.asarray(f), (1, 2), "mean").get(), downsample(f, (1, 2), "mean"))
+
+
+def test_gpu_ome_zarr_equals_cpu_twin(tmp_path):
+    import cupy
+
+    a = np.random.default_rng(2).integers(0, 3000, (2, 3, 301, 257)).astype("uint16")
+    lab = np.random.default_rng(3).integers(0, 5, (3, 301, 257)).astype("uint32")
+    kw = dict(axes="czyx", levels=4, chunks=(1, 1, 64, 64), labels={"cells": lab})
+    res = write_ome_zarr(cupy.asarray(a), tmp_path / "g.zarr", encoder="gpu", **kw)
+    assert res.encoder == "gpu"
+    write_ome_zarr(a, tmp_path / "c.zarr", encoder="cpu", **kw)
+    g, c = zarr.open_group(tmp_path / "g.zarr", mode="r"), zarr.open_group(tmp_path / "c.zarr", mode="r")
+    assert g.attrs.asdict()["ome"]["multiscales"][0]["datasets"] == c.attrs.asdict()["ome"]["multiscales"][0]["datasets"]
+    for k in res.arrays:
+        np.testing.assert_array_equal(g[k][...], c[k][...])

@@ -1,0 +1,169 @@
+"""OME-Zarr written by us, opened by every reader: zarr-python, TensorStore, ome-zarr-py,
+napari-ome-zarr and our own; pyramid definitions checked against direct formulas."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import zarr
+
+from gpu_zarr.errors import UsageError
+from gpu_zarr.write.omezarr import write_ome_zarr
+from gpu_zarr.write.pyramid import downsample
+
+SHAPE = (2, 3, 67, 45)  # c z y x: odd y and x
+
+
+def _image() -> np.ndarray:
+    rng = np.random.default_rng(2)
+    return rng.integers(0, 3000, SHAPE).astype("uint16")
+
+
+def _labels() -> np.ndarray:
+    rng = np.random.default_rng(3)
+    return rng.integers(0, 5, SHAPE[1:]).astype("uint32")
+
+
+# -- pyramid definitions -----------------------------------------------------------------
+def test_mean_is_the_mean_of_existing_elements_rounded_half_up():
+    a = np.random.default_rng(0).integers(0, 1000, (5, 7)).astype("uint16")
+    out = downsample(a, (0, 1), "mean")
+    assert out.shape == (3, 4) and out.dtype == a.dtype
+    for i in range(3):
+        for j in range(4):
+            block = a[2 * i:2 * i + 2, 2 * j:2 * j + 2].astype(np.float64)
+            assert out[i, j] == np.floor(block.mean() + 0.5), (i, j)
+    f = a.astype("float32")
+    np.testing.assert_allclose(downsample(f, (1,), "mean")[:, -1], f[:, -1])  # odd end: the last column alone
+    neg = np.array([-3, -2], "int16")
+    assert downsample(neg, (0,), "mean")[0] == -2  # floor(-2.5 + 0.5)
+
+
+def test_mode_and_nearest():
+    a = np.array([[1, 2, 3, 3, 7], [2, 1, 4, 3, 7]], "uint32")
+    assert downsample(a, (0, 1), "mode").tolist() == [[1, 3, 7]]  # tie 1/2 -> first in block order
+    assert downsample(a, (0, 1), "nearest").tolist() == [[1, 3, 7]]
+    b = np.array([[5, 9, 9], [9, 5, 0]], "uint8")
+    # blocks 5,9,9,5 (tie: 5 comes first) and the odd end 9,0 (tie: 9 comes first)
+    assert downsample(b, (0, 1), "mode").tolist() == [[5, 9]]
+
+
+# -- written stores, read by every reader ------------------------------------------------------
+@pytest.fixture(params=["0.5", "0.4"])
+def store(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("ome") / f"img{request.param}.zarr"
+    res = write_ome_zarr(_image(), path, axes="czyx", scale=[1.0, 2.0, 0.5, 0.5],
+                         units={"z": "micrometer", "y": "micrometer", "x": "micrometer"}, levels=3,
+                         chunks=(1, 1, 32, 32), codec="blosc-zstd" if request.param == "0.4" else "zstd",
+                         channel_names=["dna", "actin"], labels={"cells": _labels()}, ome_version=request.param,
+                         encoder="cpu")
+    return request.param, path, res
+
+
+def _expected_levels(a: np.ndarray, method: str, axes: tuple[int, ...]) -> list[np.ndarray]:
+    out = [a]
+    for _ in range(2):
+        out.append(downsample(out[-1], axes, method))
+    return out
+
+
+def test_metadata_and_pixels_with_zarr_python(store):
+    version, path, res = store
+    assert res.arrays == ["0", "1", "2", "labels/cells/0", "labels/cells/1", "labels/cells/2"]
+    g = zarr.open_group(path, mode="r")
+    attrs = g.attrs.asdict()
+    body = attrs["ome"] if version == "0.5" else attrs
+    if version == "0.5":
+        assert body["version"] == "0.5"
+    ms = body["multiscales"][0]
+    assert [a["name"] for a in ms["axes"]] == ["c", "z", "y", "x"]
+    assert ms["axes"][3] == {"name": "x", "type": "space", "unit": "micrometer"}
+    assert ms["datasets"][2]["coordinateTransformations"] == [
+        {"type": "scale", "scale": [1.0, 2.0, 2.0, 2.0]}, {"type": "translation", "translation": [0.0, 0.0, 0.75, 0.75]}]
+    assert [c["label"] for c in body["omero"]["channels"]] == ["dna", "actin"]
+    for k, want in enumerate(_expected_levels(_image(), "mean", (2, 3))):
+        np.testing.assert_array_equal(g[str(k)][...], want)
+    for k, want in enumerate(_expected_levels(_labels(), "mode", (1, 2))):
+        np.testing.assert_array_equal(g[f"labels/cells/{k}"][...], want)
+    lab = g["labels/cells"].attrs.asdict()
+    lab = lab["ome"] if version == "0.5" else lab
+    assert lab["image-label"]["source"] == {"image": "../../"}
+    assert (g["labels"].attrs.asdict()["ome"] if version == "0.5" else g["labels"].attrs.asdict())["labels"] == ["cells"]
+    if version == "0.5":
+        assert g["0"].metadata.dimension_names == ("c", "z", "y", "x")
+        assert g["0"].shards is not None
+    else:
+        assert json.loads((path / "0" / ".zarray").read_text())["dimension_separator"] == "/"
+
+
+def test_our_reader(store):
+    from gpu_zarr import read_zarr
+    from gpu_zarr.omezarr import read_omezarr
+
+    version, path, _ = store
+    arr, res = read_omezarr(str(path), level=1)
+    assert tuple(arr.shape) == (2, 3, 34, 23) and list(res) == [1.0, 2.0, 1.0, 1.0]
+    got = read_zarr(str(path / "1"), prefer="cpu", progress=None)
+    np.testing.assert_array_equal(np.asarray(got.data), _expected_levels(_image(), "mean", (2, 3))[1])
+
+
+def test_tensorstore(store):
+    ts = pytest.importorskip("tensorstore")
+    version, path, _ = store
+    driver = "zarr3" if version == "0.5" else "zarr"
+    for k, want in enumerate(_expected_levels(_image(), "mean", (2, 3))):
+        t = ts.open({"driver": driver, "kvstore": {"driver": "file", "path": str(path / str(k))}}, read=True).result()
+        np.testing.assert_array_equal(t.read().result(), want)
+
+
+def test_ome_zarr_py(store):
+    pytest.importorskip("ome_zarr")
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Reader
+
+    version, path, _ = store
+    nodes = list(Reader(parse_url(str(path)))())
+    image = nodes[0]
+    assert len(image.data) == 3
+    np.testing.assert_array_equal(np.asarray(image.data[0]), _image())
+    np.testing.assert_array_equal(np.asarray(image.data[2]), _expected_levels(_image(), "mean", (2, 3))[2])
+    assert [n.metadata.get("name") for n in nodes[1:]][-1] == "cells" or len(nodes) > 1
+
+
+def test_napari_ome_zarr(store):
+    reader_mod = pytest.importorskip("napari_ome_zarr._reader")
+    version, path, _ = store
+    layers = reader_mod.napari_get_reader(str(path))(str(path))
+    images = [ly for ly in layers if ly[2] == "image"]  # napari-ome-zarr: one layer per omero channel
+    assert [ly[1]["name"].rsplit(": ", 1)[-1] for ly in images] == ["dna", "actin"]
+    want = _expected_levels(_image(), "mean", (2, 3))
+    for c, (data, meta, _) in enumerate(images):
+        assert len(data) == 3 and meta["scale"][-2:] == [0.5, 0.5]
+        np.testing.assert_array_equal(np.asarray(data[1]), want[1][c])
+    labels = [ly for ly in layers if ly[2] == "labels"]
+    assert len(labels) == 1 and labels[0][1]["name"] == "cells"
+    np.testing.assert_array_equal(np.asarray(labels[0][0][0]), _labels())
+
+
+def test_dask_input_with_lazy_pyramid(tmp_path):
+    da = pytest.importorskip("dask.array")
+    a = _image()
+    write_ome_zarr(da.from_array(a, chunks=(1, 2, 21, 17)), tmp_path / "d.zarr", axes="czyx", levels=3,
+                   chunks=(1, 1, 16, 16), encoder="cpu")
+    g = zarr.open_group(tmp_path / "d.zarr", mode="r")
+    for k, want in enumerate(_expected_levels(a, "mean", (2, 3))):
+        np.testing.assert_array_equal(g[str(k)][...], want)
+
+
+def test_bad_ome_arguments(tmp_path):
+    a = _image()
+    for kw, match in [({"axes": "zyx"}, "4 dimensions"), ({"axes": "czyx", "units": {"x": "parsec-ish"}}, "space unit"),
+                      ({"axes": "czyx", "ome_version": "0.3"}, "ome_version"),
+                      ({"axes": "czyx", "channel_names": ["a"]}, "1 names"),
+                      ({"axes": "czyx", "labels": {"x": np.zeros((3, 3), "uint8")}}, "label image 'x'"),
+                      ({"axes": "czyx", "downsample": "max"}, "downsample")]:
+        with pytest.raises(UsageError, match=match):
+            write_ome_zarr(a, tmp_path / "b.zarr", encoder="cpu", **kw)
+    assert list(tmp_path.iterdir()) == []

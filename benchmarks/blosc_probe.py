@@ -55,8 +55,9 @@ def decode_only(path: Path, planes: int, batch_chunks: int = 96, repeat: int = 3
 
     from gpu_zarr.engine.codecs.blosc import BloscStage, parse_batch
     from gpu_zarr.engine.ops import ops_for
+    from gpu_zarr.engine.runtime import get_runtime
 
-    ops = ops_for("gpu")
+    ops = ops_for("gpu", 3, 1, get_runtime())
     stage = BloscStage()
     nbytes = 2 * 1024 * 1024
     batches = []

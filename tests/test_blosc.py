@@ -30,13 +30,14 @@ from gpu_zarr.engine.codecs.blosc import (
     parse_batch,
 )
 from gpu_zarr.engine.codecs.shuffle import unshuffle_cpu
+from gpu_zarr.engine.runtime import get_runtime
 from gpu_zarr.errors import CorruptChunkError
 
 
 def cpu_ops():
     from gpu_zarr.engine.ops import ops_for
 
-    return ops_for("cpu")
+    return ops_for("cpu", 3, 1, get_runtime())
 
 
 def _check_matrix(ops, cname: str, shuffle: int, typesizes=TYPESIZES, clevels=CLEVELS, blocksizes=BLOCKSIZES):

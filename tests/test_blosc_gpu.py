@@ -15,6 +15,7 @@ from blosc_cases import (
     reorder_blocks,
     write_blosc,
 )
+from gpu_zarr.engine.runtime import get_runtime
 from gpu_zarr.errors import CorruptChunkError
 from test_blosc import CORRUPT, _check_matrix, _good
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.gpu
 def gpu_ops():
     from gpu_zarr.engine.ops import ops_for
 
-    return ops_for("gpu")
+    return ops_for("gpu", 3, 1, get_runtime())
 
 
 @pytest.mark.parametrize("shuffle", list(SHUFFLES), ids=list(SHUFFLES))

@@ -22,6 +22,7 @@ from gpu_zarr.engine.ops import CpuOps
 from gpu_zarr.engine.pipeline import EngineOptions, read
 from gpu_zarr.engine.place import place_cpu
 from gpu_zarr.engine.plan import make_batches
+from gpu_zarr.engine.runtime import get_runtime
 from gpu_zarr.errors import CorruptChunkError
 from stores import LAYOUTS, write
 
@@ -500,7 +501,8 @@ def test_cpu_twin_reads_with_native_threads(tmp_path, mode, codec):
     from gpu_zarr.engine.ops import ops_for
 
     arr, values = write(tmp_path / "f.zarr", fmt=3, codec=codec, partial=False)
-    res = read(arr, Ellipsis, device="cpu", ops=ops_for("cpu"), options=EngineOptions(threads=3, batch_bytes=64 << 10))
+    res = read(arr, Ellipsis, device="cpu", ops=ops_for("cpu", 3, 1, get_runtime()),
+               options=EngineOptions(threads=3, batch_bytes=64 << 10))
     np.testing.assert_array_equal(res.data, values)
     assert res.stats["batches"] > 1
     assert res.stats["reader"].startswith("native" if mode == "native" else "threads")

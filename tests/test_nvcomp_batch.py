@@ -11,6 +11,7 @@ import zlib
 import numpy as np
 import pytest
 
+from gpu_zarr.engine.runtime import get_runtime
 from gpu_zarr.errors import CorruptChunkError, GPUUnavailable
 
 ALGOS = ("zstd", "lz4", "deflate")
@@ -155,7 +156,7 @@ def _gpu_decode(algo, host, offs, csz, doff, dsz, names=None, **kw):
     dst = cupy.zeros(int(dsz.sum()) + 8, np.uint8)
     stream.synchronize()
     cupy.cuda.get_current_stream().synchronize()
-    decode_batch_gpu(algo, src, offs, csz, dst, doff, dsz, stream, names, **kw)
+    decode_batch_gpu(algo, src, offs, csz, dst, doff, dsz, stream, names, runtime=get_runtime(), **kw)
     stream.synchronize()
     return dst.get()[:int(dsz.sum())]
 
@@ -200,8 +201,8 @@ def test_gpu_scratch_reused_between_calls():
 
     stream = cupy.cuda.Stream(non_blocking=True)
     raws, host, offs, csz, doff, dsz = _batch("zstd")
-    dec = batched_decoder("zstd", stream, slot=7)
-    assert batched_decoder("zstd", stream, slot=7) is dec
+    dec = batched_decoder("zstd", stream, slot=7, runtime=get_runtime())
+    assert batched_decoder("zstd", stream, slot=7, runtime=get_runtime()) is dec
     src, dst = cupy.asarray(host), cupy.zeros(int(dsz.sum()), np.uint8)
     cupy.cuda.get_current_stream().synchronize()
     for _ in range(3):

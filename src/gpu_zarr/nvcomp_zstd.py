@@ -91,6 +91,7 @@ class NvcompZstdCodec(BytesBytesCodec):
         from gpu_zarr.engine.binary import packed_offsets
         from gpu_zarr.engine.codecs.zstd_frames import check_frames
         from gpu_zarr.engine.decode import decode_batch_gpu
+        from gpu_zarr.engine.runtime import get_runtime
 
         live = [k for k, (buf, _) in enumerate(items) if buf is not None]
         result: list = [None] * len(items)
@@ -121,7 +122,7 @@ class NvcompZstdCodec(BytesBytesCodec):
         dst_off, out_bytes = packed_offsets(decoded)
         out = cupy.empty(max(out_bytes, 1), np.uint8)
         # every chunk of the batch in ONE nvCOMP call (the engine's decode stage)
-        decode_batch_gpu("zstd", dev, src_off, sizes, out, dst_off, decoded, stream, names)
+        decode_batch_gpu("zstd", dev, src_off, sizes, out, dst_off, decoded, stream, names, runtime=get_runtime())
         for j, k in enumerate(live):
             view = out[int(dst_off[j]):int(dst_off[j] + decoded[j])]
             proto = items[k][1].prototype
@@ -152,9 +153,10 @@ class NvcompZstdCodec(BytesBytesCodec):
         from nvidia import nvcomp
 
         from gpu_zarr.engine.decode import nvcomp_codec
+        from gpu_zarr.engine.runtime import get_runtime
 
         stream = cupy.cuda.get_current_stream()
-        codec = nvcomp_codec(stream)
+        codec = nvcomp_codec(stream, runtime=get_runtime())
         srcs = [cupy.ascontiguousarray(cupy.asarray(items[k][0].as_array_like()).view(np.uint8).ravel())
                 for k in live]
         batch = nvcomp.as_arrays(srcs, cuda_stream=int(stream.ptr))

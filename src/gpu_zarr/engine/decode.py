@@ -49,8 +49,8 @@ def _as_sizes(v: Any, n: int) -> np.ndarray:
 def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
                      dst_offsets: np.ndarray, dst_sizes: np.ndarray | int, stream: Any,
                      names: Sequence[str] | None = None, slot: int = 0, check: bool = True,
-                     crc32: np.ndarray | None = None, adler32: np.ndarray | None = None,
-                     runtime: Any = None) -> Any:
+                     crc32: np.ndarray | None = None, adler32: np.ndarray | None = None, *,
+                     runtime: Any) -> Any:
     """Decode a batch of streams from one device buffer into another, in ONE nvCOMP call.
 
     Parameters
@@ -119,7 +119,7 @@ def _nvcomp() -> Any:
     return nvcomp
 
 
-def nvcomp_codec(stream: Any, algo: str = "zstd") -> Any:
+def nvcomp_codec(stream: Any, algo: str = "zstd", *, runtime: Any) -> Any:
     """A RAW-bitstream ``nvidia.nvcomp.Codec`` of ``algo`` bound to ``stream``, for ENCODING.
 
     Decoding goes through :func:`decode_batch_gpu` (nvCOMP's low-level API); only the zarr
@@ -129,13 +129,11 @@ def nvcomp_codec(stream: Any, algo: str = "zstd") -> Any:
     -----
     nvCOMP keeps its decode scratch with the codec and reuses it, and a codec's first
     decode is slow (~10 ms), so codecs are kept by the runtime (one per thread and stream:
-    a second decode on a busy codec blocks the host).
+    a second decode on a busy codec blocks the host): ``runtime`` keeps them.
     """
     nvcomp = _nvcomp()
-    from gpu_zarr.engine.runtime import get_runtime
-
     key = ("nvcomp-codec", algo, getattr(stream, "device_id", 0), int(stream.ptr), threading.get_ident())
-    codec = get_runtime().resource(key, lambda: nvcomp.Codec(
+    codec = runtime.resource(key, lambda: nvcomp.Codec(
         algorithm=_NVCOMP_NAMES[algo], bitstream_kind=nvcomp.BitstreamKind.RAW, cuda_stream=int(stream.ptr)))
     return codec
 
@@ -278,7 +276,7 @@ def copy_spans_cpu(src: np.ndarray, src_offsets: np.ndarray, dst: np.ndarray, ds
 
 
 def copy_spans_gpu(src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
-                   stream: Any, keep: list | None = None, runtime: Any = None) -> None:
+                   stream: Any, keep: list | None = None, *, runtime: Any) -> None:
     """Copy many byte spans between device buffers in one kernel on ``stream``.
 
     See :func:`gpu_zarr.engine.nvcomp_batch.copy_spans` (the kernel lives with the other
@@ -286,13 +284,13 @@ def copy_spans_gpu(src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.
     """
     from gpu_zarr.engine.nvcomp_batch import copy_spans
 
-    copy_spans(src, src_offsets, dst, dst_offsets, sizes, stream, keep, runtime)
+    copy_spans(src, src_offsets, dst, dst_offsets, sizes, stream, keep, runtime=runtime)
 
 
 def decode_zstd_gpu(src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any, dst_offsets: np.ndarray,
-                    dst_size: int, stream: Any, names: Sequence[str] | None = None) -> None:
+                    dst_size: int, stream: Any, names: Sequence[str] | None = None, *, runtime: Any) -> None:
     """zstd frames, one decoded size for all: :func:`decode_batch_gpu` with ``algo="zstd"``."""
-    decode_batch_gpu("zstd", src, src_offsets, src_sizes, dst, dst_offsets, dst_size, stream, names)
+    decode_batch_gpu("zstd", src, src_offsets, src_sizes, dst, dst_offsets, dst_size, stream, names, runtime=runtime)
 
 
 def decode_zstd_cpu(src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: np.ndarray,

@@ -392,12 +392,12 @@ extern "C" __global__ void copy_spans(const unsigned char* __restrict__ src, uns
 
 
 def copy_spans(src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
-               stream: Any, keep: list | None = None, runtime: Any = None) -> None:
+               stream: Any, keep: list | None = None, *, runtime: Any) -> None:
     """Copy many byte spans between device buffers with one kernel launch per 65535 spans.
 
     With ``keep`` (a list), the offsets go up through pinned memory without waiting for the
     stream, and the buffers that must outlive the queued copy are appended to ``keep``.
-    ``runtime`` keeps the compiled kernel (default: the process's).
+    ``runtime`` keeps the compiled kernel.
     """
     import cupy
 
@@ -721,7 +721,7 @@ class BatchedDecoder:
             staged_so = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
             with stream:
                 staged_in = cp.empty(max(int(padded.sum()), 1), np.uint8)
-            copy_spans(src, so, staged_in, staged_so, ss, stream, keep, self.runtime)
+            copy_spans(src, so, staged_in, staged_so, ss, stream, keep, runtime=self.runtime)
             keep.append(staged_in)
             src_base, so = int(staged_in.data.ptr), staged_so
         out_do, staged_out = do, None
@@ -789,7 +789,7 @@ class BatchedDecoder:
         keep += [host, res, status]
         event = stream.record()
         if staged_out is not None:
-            copy_spans(staged_out, out_do, dst, do, ds, stream, keep, self.runtime)
+            copy_spans(staged_out, out_do, dst, do, ds, stream, keep, runtime=self.runtime)
             event = stream.record()
         return PendingBatch(self.algo, event, result, ds, names, n, keep, checksum)
 
@@ -849,12 +849,11 @@ def _factory(algo: str, backend: str, device: int, runtime: Any) -> Any:
     return make
 
 
-def batched_decoder(algo: str, stream: Any, slot: int = 0, backend: str = "cuda",
-                    runtime: Any = None) -> BatchedDecoder:
+def batched_decoder(algo: str, stream: Any, slot: int = 0, backend: str = "cuda", *,
+                    runtime: Any) -> BatchedDecoder:
     """The runtime's decoder for (device, algo, slot, stream), created once and reused.
 
-    Its scratch lives as long as the runtime (``runtime``, default the process's; released by
-    ``Runtime.close()``).
+    Its scratch lives as long as ``runtime`` (released by ``Runtime.close()``).
     """
     import cupy
 
@@ -864,19 +863,6 @@ def batched_decoder(algo: str, stream: Any, slot: int = 0, backend: str = "cuda"
                      runtime=runtime)
 
 
-def _resource(key: Any, factory: Any, close: Any, nbytes: Any = None, runtime: Any = None) -> Any:
-    """``runtime.resource(...)`` (the runtime owns what lives across reads; default the process's)."""
-    if runtime is not None:
-        return runtime.resource(key, factory, close=close, nbytes=nbytes)
-    try:
-        from gpu_zarr.engine.runtime import get_runtime
-    except ImportError:  # before the engine runtime exists: a per-process table on this function
-        table = getattr(_resource, "table", None)
-        if table is None:
-            table = _resource.table = {}  # type: ignore[attr-defined]
-        with _loader_lock():
-            obj = table.get(key)
-            if obj is None:
-                obj = table[key] = factory()
-        return obj
-    return get_runtime().resource(key, factory, close=close, nbytes=nbytes)
+def _resource(key: Any, factory: Any, close: Any, nbytes: Any = None, *, runtime: Any) -> Any:
+    """``runtime.resource(...)``: the runtime owns what lives across reads."""
+    return runtime.resource(key, factory, close=close, nbytes=nbytes)

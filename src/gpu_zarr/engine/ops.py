@@ -121,10 +121,11 @@ class CpuOps:
                  native_threads: int | None = None, runtime: Any = None) -> None:
         import gpu_zarr.engine.native as native
         from gpu_zarr import settings
-        from gpu_zarr.engine.runtime import get_runtime
+        from gpu_zarr.engine.runtime import Runtime
 
         self.xp: Any = np
-        self.runtime: Any = runtime or get_runtime()
+        # the read's runtime; ops made on their own (tests, probes) own a private one
+        self.runtime: Any = runtime if runtime is not None else Runtime()
         self._pool, self._threads = pool, max(1, threads)
         self.native = native.available()
         self.native_threads = max(1, native_threads or max(threads, int(settings.get("threads"))))
@@ -344,7 +345,7 @@ class GpuOps:
     whole_chunks = False
     native_threads = 1
 
-    def __init__(self, slots: int = 3, runtime: Any = None, lanes: int = 1) -> None:
+    def __init__(self, slots: int, runtime: Any, lanes: int = 1) -> None:
         try:
             import cupy
         except ImportError as exc:
@@ -355,11 +356,9 @@ class GpuOps:
         except cupy.cuda.runtime.CUDARuntimeError as exc:
             raise GPUUnavailable(f"cupy cannot reach a CUDA device ({exc}); check the NVIDIA driver "
                                  "(nvidia-smi) or use backend 'cpu'") from exc
-        from gpu_zarr.engine.runtime import get_runtime
-
         self.xp: Any = cupy
         self._cupy = cupy
-        self._rt = self.runtime = runtime or get_runtime()
+        self._rt = self.runtime = runtime
         self.lanes = max(1, min(slots, lanes))
         self.copy_streams: list[Any]
         self.work_streams: list[Any]
@@ -403,7 +402,7 @@ class GpuOps:
         s_addr = np.where(stream_raw, np.uint64(src.data.ptr) + stream_src.astype(np.uint64),
                           np.uint64(dec.data.ptr) + np.maximum(stream_dst, 0).astype(np.uint64))
         self._after(wait, slot)
-        unshuffle_gpu(s_addr, b_first, b_nsplit, b_size, b_ts, b_mode, dst, b_dst, self._work(slot), self._rt)
+        unshuffle_gpu(s_addr, b_first, b_nsplit, b_size, b_ts, b_mode, dst, b_dst, self._work(slot), runtime=self._rt)
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         with self.stream:
@@ -505,8 +504,9 @@ class GpuOps:
         return res
 
 
-def ops_for(device: str, slots: int = 3, lanes: int = 1, runtime: Any = None) -> Ops:
-    """``"gpu"`` or ``"cpu"``; ``lanes`` work streams on the GPU.
+def ops_for(device: str, slots: int, lanes: int, runtime: Any) -> Ops:
+    """``"gpu"`` or ``"cpu"``, with ``slots`` batches in flight and ``lanes`` work streams on the GPU,
+    keeping what lives across reads in ``runtime``.
 
     The CPU's ops use the native library's whole-chunk decoders where it is loaded (the
     GPU path's exact twin, stream by stream, runs with ``GPU_ZARR_NATIVE=0`` and with

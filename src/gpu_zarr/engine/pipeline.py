@@ -361,7 +361,7 @@ def _execute(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, out: 
 
 
 def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence[str] | None = None,
-                  device: str = "gpu") -> tuple[Any, np.ndarray]:
+                  device: str = "gpu", runtime: Runtime | None = None) -> tuple[Any, np.ndarray]:
     """Decode whole chunks already in host memory (read by someone else, e.g. zarr-python)
     with the layout's codec stage: the same host check and ONE batched device decode.
 
@@ -374,6 +374,8 @@ def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence
     names : sequence of str, optional
         Chunk names for error messages.
     device : {"gpu", "cpu"}
+    runtime : Runtime, optional
+        Owner of what lives across reads (default: :func:`get_runtime`).
 
     Returns
     -------
@@ -382,8 +384,9 @@ def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence
     """
     if device == "gpu":
         _refuse_after_fault()
-    stage = stage_for(lay)
-    ops = ops_for(device, 1, 1)
+    rt = runtime or get_runtime()
+    stage = stage_for(lay, rt)
+    ops = ops_for(device, 1, 1, rt)
     n = len(encoded)
     names = list(names) if names is not None else [f"#{k}" for k in range(n)]
     sizes = np.array([int(e.nbytes) for e in encoded], np.int64)

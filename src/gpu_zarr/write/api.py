@@ -119,7 +119,9 @@ def choose_encoder(spec: CodecSpec, encoder: str, threads: int) -> tuple[Any, st
             raise GPUUnavailable(f"encoder='gpu' needs a CUDA GPU with nvCOMP: {why}. Fix: {INSTALL_HINT}, "
                                  "or encoder='cpu'")
         return CpuEncoder(spec, threads), f"CPU twin (numcodecs): {why}"
-    return GpuEncoder(spec), "nvCOMP batched zstd encode on the GPU"
+    from gpu_zarr.engine.runtime import get_runtime
+
+    return GpuEncoder(spec, get_runtime()), "nvCOMP batched zstd encode on the GPU"
 
 
 def run_jobs(path: str | os.PathLike[str], jobs: list[ArrayJob], groups: Mapping[str, dict[str, bytes]],

@@ -112,10 +112,11 @@ class GpuEncoder:
     name = "gpu"
     xp_name = "cupy"
 
-    def __init__(self, spec: CodecSpec) -> None:
+    def __init__(self, spec: CodecSpec, runtime: Any) -> None:
         if spec.name not in GPU_CODECS:
             raise ValueError(f"the GPU encoder writes {GPU_CODECS}, not {spec.name!r}")
         self.spec = spec
+        self._runtime = runtime  # keeps the nvCOMP codecs (per stream and thread)
         self._pinned = _PinnedPool()
 
     def encode(self, chunks: Any) -> EncodedBatch:
@@ -127,7 +128,7 @@ class GpuEncoder:
         n = int(chunks.shape[0])
         stream = cupy.cuda.get_current_stream()
         flat = cupy.ascontiguousarray(chunks).reshape(n, -1).view(np.uint8)
-        codec = nvcomp_codec(stream, "zstd")
+        codec = nvcomp_codec(stream, "zstd", runtime=self._runtime)
         batch = nvcomp.as_arrays([flat[i] for i in range(n)], cuda_stream=int(stream.ptr))
         frames = [cupy.asarray(e).view(np.uint8).reshape(-1) for e in codec.encode(batch)]
         sizes = np.array([f.nbytes for f in frames], np.int64)

@@ -226,8 +226,8 @@ def _ring(cupy: Any, runtime: Any) -> _TableRing:
 
 
 def unshuffle_gpu(s_addr: np.ndarray, b_first: np.ndarray, b_nsplit: np.ndarray, b_size: np.ndarray,
-                  b_ts: np.ndarray, b_mode: np.ndarray, dst: Any, b_dst: np.ndarray, stream: Any,
-                  runtime: Any = None) -> None:
+                  b_ts: np.ndarray, b_mode: np.ndarray, dst: Any, b_dst: np.ndarray, stream: Any, *,
+                  runtime: Any) -> None:
     """Unshuffle every block into device buffer ``dst`` in ONE kernel launch on ``stream``.
 
     ``runtime`` keeps the kernel and the pinned table ring (default: the process's).
@@ -244,10 +244,6 @@ def unshuffle_gpu(s_addr: np.ndarray, b_first: np.ndarray, b_nsplit: np.ndarray,
     nb = len(b_first)
     if nb == 0:
         return
-    if runtime is None:
-        from gpu_zarr.engine.runtime import get_runtime
-
-        runtime = get_runtime()
     tiles = int(min(65535, max(1, -(-int(np.max(b_size)) // (_THREADS * 16)))))  # ~16 bytes per thread
     ns = len(s_addr)
     table = np.concatenate([np.asarray(b_dst, np.int64), np.asarray(b_first, np.int64),

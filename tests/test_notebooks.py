@@ -64,6 +64,15 @@ def test_without_a_display_the_runner_skips_the_napari_notebook_and_exits_0(tmp_
     assert "^^^" not in proc.stdout
 
 
+def test_notebooks_say_what_the_cpu_path_is_now():
+    """The CPU path is the native host path (not "numpy via zarr-python"), and the install hint is
+    the install-aware one (the package is installed from a checkout, not by its PyPI name)."""
+    for path in NOTEBOOKS:
+        text = path.read_text(encoding="utf-8")
+        assert "numpy via zarr-python" not in text, path.name
+        assert 'pip install \\"napari-gpu-zarr[' not in text, path.name
+
+
 def test_notebooks_are_committed_without_outputs():
     for path in NOTEBOOKS:
         nb = json.loads(path.read_text(encoding="utf-8"))

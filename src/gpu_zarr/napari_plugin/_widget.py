@@ -35,7 +35,11 @@ __all__ = ["GpuZarrWidget", "RunRecord"]
 
 _MIB = 2**20
 _HISTORY_ROWS = 5  # runs the history table shows without scrolling
-_COLUMNS = ("Layer", "Level", "Asked", "Backend", "MiB", "Seconds", "GiB/s", "GPU MiB", "Status")
+# short headers so that the nine columns fit the dock without a horizontal scroll; the long
+# names are the headers' tooltips
+_COLUMNS = ("Layer", "Lvl", "Asked", "Used", "MiB", "s", "GiB/s", "GPU MiB", "Status")
+_COLUMN_TIPS = ("layer", "resolution level", "backend asked for", "backend that served the read", "MiB read",
+                "seconds", "GiB per second", "GPU memory used, MiB", "ok, resident, cancelled or failed")
 _COLORS = {"kvikio": "#76b900", "zarr-gpu": "#1f77b4", "cpu": "#888888"}
 
 
@@ -108,6 +112,8 @@ class GpuZarrWidget(QWidget):
         self.result_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.table = QTableWidget(0, len(_COLUMNS))
         self.table.setHorizontalHeaderLabels(_COLUMNS)
+        for col, tip in enumerate(_COLUMN_TIPS):
+            self.table.horizontalHeaderItem(col).setToolTip(tip)
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
         # the header and _HISTORY_ROWS runs visible without scrolling (older runs scroll)

@@ -23,6 +23,7 @@ import ast
 import contextlib
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -126,17 +127,29 @@ def _speeds(ns: dict) -> list[str]:
     return out
 
 
-def _cannot_run(path: Path) -> str | None:
-    """Why a notebook cannot run here (napari without a display aborts the process)."""
-    if "import napari" not in path.read_text(encoding="utf-8"):
-        return None
+def needs_napari(path: Path) -> bool:
+    """Whether a notebook's code opens napari (``import napari`` or our ``gpu_zarr.napari_plugin``)."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    code = "\n".join("".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+                     for c in nb["cells"] if c["cell_type"] == "code")
+    return re.search(r"^\s*(import napari|from napari\b|from gpu_zarr\.napari_plugin\b|import gpu_zarr\.napari_plugin)",
+                     code, re.MULTILINE) is not None
+
+
+def napari_problem() -> str | None:
+    """Why napari cannot open a viewer in this environment (None: it can), tried in child processes."""
     try:
         import napari  # noqa: F401
     except ImportError as exc:
-        return f"needs napari ({exc})"
-    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        return "napari needs a display (run under xvfb-run, or set DISPLAY)"
-    return None
+        return f"needs napari ({exc}); pip install -e \".[napari]\""
+    from gpu_zarr.napari_plugin.notebook import viewer_problem
+
+    return viewer_problem()
+
+
+def _cannot_run(path: Path) -> str | None:
+    """Why a notebook cannot run here (napari without a display would abort the process)."""
+    return napari_problem() if needs_napari(path) else None
 
 
 def run(path: Path) -> tuple[str, float, list[str]]:
@@ -156,7 +169,9 @@ def run(path: Path) -> tuple[str, float, list[str]]:
                 _run_cell(src, ns, f"{path.name}[{i}]")
             except ImportError as exc:
                 return f"skipped: {exc}", time.perf_counter() - t0, _speeds(ns)
-            except Exception:  # noqa: BLE001 - reported, then the next notebook runs
+            except Exception as exc:  # noqa: BLE001 - reported, then the next notebook runs
+                if type(exc).__name__ == "GuiUnavailable":  # napari cannot start here: a skip, with why
+                    return f"skipped: {exc}", time.perf_counter() - t0, _speeds(ns)
                 traceback.print_exc()
                 return "FAILED", time.perf_counter() - t0, _speeds(ns)
     finally:
@@ -169,7 +184,7 @@ def run(path: Path) -> tuple[str, float, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the notebooks given (default: all in this folder); 1 if any failed."""
+    """Run the notebooks given (default: all in this folder); 1 if any failed (a skip is not a failure)."""
     args = list(sys.argv[1:] if argv is None else argv)
     paths = [Path(a) for a in args] or sorted(HERE.glob("*.ipynb"))
     shim = _ipython_display_shim()

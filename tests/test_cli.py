@@ -36,7 +36,7 @@ def test_read_plain_array_and_errors(tmp_path):
     assert "cpu" in out.stdout and "GiB/s" in out.stdout
     (tmp_path / "nope").mkdir()
     out = _run("read", str(tmp_path / "nope"))
-    assert out.returncode == 2 and "not a zarr" in out.stderr
+    assert out.returncode == 2 and "found a folder without any of them" in out.stderr
 
 
 def test_version():

@@ -200,3 +200,16 @@ def test_resident_refuses_what_does_not_fit(tmp_path):
     with pytest.raises(OutOfGPUMemory, match="GiB of GPU memory for the result plus"):
         lazy.load_resident()
     assert not lazy.is_resident and arr.nchunks > 0
+
+
+def test_chunks_follow_the_view_and_the_inner_chunks_of_shards(zarray, tmp_path):
+    """napari 0.9's multiscale slicing widens what it asks for to whole chunks of ``data.chunks``."""
+    arr, _ = zarray
+    lazy = GpuLazyArray(arr, backend="cpu")
+    assert lazy.chunks == (1, 4, 5, 3)
+    assert lazy.index_axis(0, 1).chunks == (4, 5, 3)
+    assert lazy.index_axis(0, 1).index_axis(1, 0).chunks == (4, 3)
+    sharded = zarr.create_array(str(tmp_path / "s.zarr"), shape=(8, 64, 64), chunks=(1, 16, 16), shards=(2, 32, 32),
+                                dtype="uint8")
+    assert GpuLazyArray(zarr.open_array(str(tmp_path / "s.zarr"), mode="r"), backend="cpu").chunks == (1, 16, 16)
+    assert sharded.chunks == (1, 16, 16)

@@ -83,6 +83,17 @@ def _add_store_options(p: argparse.ArgumentParser) -> None:
                         "credentials are set (the same as --storage-option anon=true)")
 
 
+def _positive(text: str) -> int:
+    """``--repeat N``: a whole number of reads, at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of reads, at least 1; got {text!r}")
+    return n
+
+
 def _esc(text: str) -> str:
     from rich.markup import escape
 
@@ -106,41 +117,65 @@ def _resolve_array(path: str, level: int | None, storage_options: dict[str, Any]
     if plate or is_well(path, storage_options):
         raise UsageError(f"{path} is an HCS {'plate' if plate else 'well'}: read one field's image "
                          "(e.g. PATH/A/1/0), or see gpu-zarr info PATH")
+    from gpu_zarr.omezarr import open_node
     from gpu_zarr.zarr_io import open_array
 
-    arr = open_array(path, storage_options)
+    node = open_node(path, storage_options)
+    if not hasattr(node, "shape"):  # a group that is no image, plate or well: name what to read in it
+        members = sorted(k for k, _ in node.members())
+        example = f" (e.g. gpu-zarr read {path.rstrip('/')}/{members[0]})" if members else ""
+        raise UsageError(f"{path} is a zarr group, not an array or an OME-Zarr image; it holds "
+                         + (", ".join(members) if members else "nothing") + f": read one of those{example}")
+    arr = open_array(node, None)
     if level is not None:
         raise UsageError(f"--level {level}: {path} is a plain zarr array (shape {tuple(arr.shape)}), not an "
                          "OME-Zarr image with levels; leave --level out")
     return arr
 
 
+def _stage_text(res: Any) -> str:
+    """The engine's stages in ms, then what they leave unaccounted, so the line adds up to the read.
+
+    The engine times its stages and its own total (``total_s``); time inside the engine that no
+    stage claims is "other", time outside it (backend setup, the copy to the caller, progress
+    reports) is "outside the engine". Stages that overlap (fetch and decode at once on the GPU
+    path) sum to more than the engine's total: then the line says so instead.
+    """
+    stages = {k[:-2]: v for k, v in res.stats.items() if k.endswith("_s") and isinstance(v, float)}
+    if not stages:
+        return ""
+    total = stages.pop("total", sum(stages.values()))
+    parts = [f"{k} {v * 1e3:.1f} ms" for k, v in stages.items()]
+    other = total - sum(stages.values())
+    if other >= 5e-5:
+        parts.append(f"other {other * 1e3:.1f} ms")
+    elif other < -5e-5:
+        parts.append(f"(stages overlap: {total * 1e3:.1f} ms in the engine)")
+    outside = res.seconds - total
+    if outside >= 5e-5:
+        parts.append(f"outside the engine {outside * 1e3:.1f} ms")
+    return ", ".join(parts) + f" = {res.seconds * 1e3:.1f} ms"
+
+
 def _print_result(con: Any, label: str, res: Any) -> None:
-    from rich.table import Table
-
-    t = Table(title=label, show_header=False, box=None)
-    t.add_row("backend", f"[bold]{res.backend}[/bold]")
-    t.add_row("read", f"{res.nbytes / 2**20:.1f} MiB in {res.seconds * 1e3:.1f} ms")
-    t.add_row("throughput", f"[bold green]{res.gib_per_s:.2f} GiB/s[/bold green]")
+    con.print(_esc(f"{label}:"))
+    con.print(f"  backend     [bold]{_esc(res.backend)}[/bold]")
+    con.print(f"  read        {res.nbytes / 2**20:.1f} MiB in {res.seconds * 1e3:.1f} ms")
+    con.print(f"  throughput  [bold green]{res.gib_per_s:.2f} GiB/s[/bold green]")
     if res.gpu_bytes:
-        t.add_row("GPU memory", f"{res.gpu_bytes / 2**20:.1f} MiB")
-    stages = {k: v for k, v in res.stats.items() if k.endswith("_s") and isinstance(v, float)}
+        con.print(f"  GPU memory  {res.gpu_bytes / 2**20:.1f} MiB")
+    stages = _stage_text(res)
     if stages:
-        t.add_row("stages", ", ".join(f"{k[:-2]} {v * 1e3:.1f} ms" for k, v in stages.items()))
-    con.print(t)
-    con.print(_esc(f"why: {_flags(res.reason)}"))  # outside the table: never wrapped mid-command
+        con.print(_esc(f"  stages      {stages}"))
+    con.print(_esc(f"why: {_flags(res.reason)}"))  # never wrapped mid-command (soft_wrap)
 
 
-def _read_with_progress(con: Any, arr: Any, backend: str) -> Any:
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-
+def _read(arr: Any, backend: str) -> Any:
+    """One measured read; a progress bar on a terminal for reads longer than about a second."""
     from gpu_zarr.backends import check_backend
     from gpu_zarr.zarr_io import read_zarr
 
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), console=con, transient=True) as bar:
-        task = bar.add_task(f"reading ({backend})", total=arr.nbytes)
-        return read_zarr(arr, prefer=check_backend(backend), progress=lambda d, t: bar.update(task, completed=d, total=t))
+    return read_zarr(arr, prefer=check_backend(backend), progress="auto")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -166,8 +201,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   "line 'why' below says which path).[/yellow] "
                   + _esc("On a GPU machine install the CUDA extra" + (" (see the note above)." if shown
                                                                        else f": {INSTALL_HINT}.")))
-    _read_with_progress(con, arr, backend)  # warm-up: page cache, kernels, codecs
-    res = _read_with_progress(con, arr, backend)
+    _read(arr, backend)  # warm-up: page cache, kernels, codecs
+    res = _read(arr, backend)
     _print_result(con, "result", res)
     con.print(f"Backend used: {res.backend} - {res.gib_per_s:.2f} GiB/s")
     return 0
@@ -285,7 +320,7 @@ def cmd_read(args: argparse.Namespace) -> int:
     arr = _resolve_array(path, args.level, _storage_options(args))
     choice = choose_backend(arr, args.backend)
     con.print(_esc(f"{args.path}: shape {arr.shape}, {arr.dtype}, chunks {arr.chunks}; backend {choice}"))
-    results = [_read_with_progress(con, arr, args.backend) for _ in range(max(1, args.repeat))]
+    results = [_read(arr, args.backend) for _ in range(max(1, args.repeat))]
     res = sorted(results, key=lambda r: r.seconds)[(len(results) - 1) // 2]  # the median read
     _print_result(con, f"{args.path} (median of {len(results)} reads)", res)
     if len(results) > 1:
@@ -321,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("path")
     p.add_argument("--backend", default="auto", choices=backends)
     p.add_argument("--level", type=int, default=None, help="OME-Zarr resolution level (default 0; OME-Zarr only)")
-    p.add_argument("--repeat", type=int, default=3, help="reads; the median one is reported (default 3)")
+    p.add_argument("--repeat", type=_positive, default=3, metavar="N", help="reads; the median one is reported (default 3)")
     _add_store_options(p)
     p.set_defaults(func=cmd_read)
     from gpu_zarr.write.convert import add_cli as add_convert  # the writer's command, its arguments with it

@@ -28,7 +28,7 @@ must span several batches to run near the engine's streaming rate; :data:`CPU_BL
 (128 MiB, dask's own default) for numpy blocks: with the native host path a 128 MiB block reads
 faster than zarr-python, and smaller blocks only add per-block costs (2-core machine, 0.5 GiB
 volumes, one worker: zstd 1 MiB / Blosc lz4 / zstd 256 KiB chunks at 0.96 / 2.00 / 0.79 GiB/s with
-128 MiB blocks, 0.68 / 0.32 / 0.26 with 8 MiB; ``benchmarks/results/2026-12-02-cpu``).
+128 MiB blocks, 0.68 / 0.32 / 0.26 with 8 MiB; ``benchmarks/results/2026-12-02-cpu`` in git history at 810935b).
 ``chunks="1GiB"`` (any byte size) applies the same rule to another
 target; any other ``chunks`` value is passed to ``dask.array.core.normalize_chunks``
 with the storage unit as ``previous_chunks``.

@@ -220,6 +220,8 @@ class GpuLazyArray:
     ----------
     shape, dtype, ndim, size, nbytes
         As for a numpy array of the same data (of this view, if it is a channel view).
+    chunks
+        The zarr chunk shape along this view's axes.
 
     Notes
     -----
@@ -277,6 +279,17 @@ class GpuLazyArray:
     @property
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        """The chunk shape of this view (zarr's ``chunks``: inner chunks of a sharded array).
+
+        The smallest unit a read decodes. napari 0.9's 2-D multiscale slicing reads it, as it
+        reads a zarr array's, and widens the region it asks for to whole chunks: panning then
+        stays inside what was read, and no chunk is decoded for a part of it.
+        """
+        base = tuple(int(c) for c in self._src.array.chunks)
+        return tuple(base[i] for i in self._free_axes)
 
     def __len__(self) -> int:
         if not self._shape:

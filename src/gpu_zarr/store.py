@@ -194,8 +194,16 @@ def open_node(path: Any, storage_options: Mapping[str, Any] | None = None) -> An
         raise NotAZarrError(f"{p} does not exist: nothing exists there. Expected a zarr array or group (a folder holding "
                             "zarr.json, .zarray or .zgroup).")
     if os.path.isfile(p):
+        name = os.path.basename(p)
+        if name in METADATA_FILES:  # a metadata document: its folder is the node
+            raise NotAZarrError(f"expected a zarr group or array at {p} (a folder with zarr.json, .zgroup or "
+                                f".zarray), found its metadata file {name}: pass the folder that holds it, "
+                                f"{os.path.dirname(p) or '.'}")
         raise NotAZarrError(f"expected a zarr group or array at {p} (a folder with zarr.json, .zgroup or "
-                            ".zarray), found a file. Pass the folder that holds it.")
+                            ".zarray), found a file that is not zarr: pass a zarr folder or URL")
+    if not is_zarr_node(p):  # say what the folder holds, not zarr's own exception about its store
+        raise NotAZarrError(f"expected a zarr group or array at {p} (a folder with zarr.json, .zgroup or "
+                            f".zarray), found a folder without any of them{_found(p)}")
     check_safe(p)
     try:
         return zarr.open(p, mode="r")

@@ -31,6 +31,7 @@ requests in flight; see :mod:`gpu_zarr.location`).
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ from gpu_zarr.errors import (
     INSTALL_HINT,
     BackendUnavailable,
     GPUUnavailable,
+    NotAZarrError,
     ReadCancelled,
     UnsupportedArrayError,
 )
@@ -73,6 +75,7 @@ __all__ = [
     "gpu_zarr_context",
     "last_choice",
     "open_array",
+    "open_image_or_array",
     "prepare",
     "read_region",
     "read_selection",
@@ -154,8 +157,25 @@ def choose_backend(array_or_path: Any, prefer: Backend = "auto", *,
         A forced backend cannot serve (no GPU, kvikio engine cannot read the codec...).
     """
     check_backend(prefer)
-    arr = None if prefer == "zarr-gpu" else open_array(array_or_path, storage_options)
+    arr = None if prefer == "zarr-gpu" else open_image_or_array(array_or_path, storage_options)
     return choose(arr, prefer, capabilities.probe())[1]
+
+
+def open_image_or_array(array_or_path: Any, storage_options: Mapping[str, Any] | None = None) -> Any:
+    """A zarr array, read-only; an OME-Zarr image's path gives its full-resolution level (level 0).
+
+    What ``gpu-zarr read IMAGE`` reads, so that the library and the command agree on OME roots;
+    :func:`gpu_zarr.omezarr.read_omezarr` picks another level. Any other group is refused by
+    :func:`open_array` with the arrays it holds.
+    """
+    try:
+        return open_array(array_or_path, storage_options)
+    except NotAZarrError:
+        from gpu_zarr.omezarr import is_ome_zarr, open_ome
+
+        if not isinstance(array_or_path, (str, os.PathLike)) or not is_ome_zarr(array_or_path, storage_options):
+            raise
+        return open_ome(array_or_path, with_labels=False, storage_options=storage_options).open_level(0)
 
 
 class PreparedArray:
@@ -181,7 +201,7 @@ class PreparedArray:
 
     def __init__(self, array: Any, prefer: Backend = "auto", *, runtime: Any = None,
                  storage_options: Mapping[str, Any] | None = None) -> None:
-        self.array = open_array(array, storage_options)
+        self.array = open_image_or_array(array, storage_options)
         self.prefer = check_backend(prefer)
         self.backend_impl, self.choice = choose(self.array, self.prefer, capabilities.probe(), runtime)
         self._runtime = runtime

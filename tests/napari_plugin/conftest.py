@@ -36,8 +36,9 @@ def gui_problem() -> str | None:
     except subprocess.TimeoutExpired:
         return "starting a Qt application timed out"
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return "Qt cannot start on this display: " + " | ".join(tail)
+        from gpu_zarr.napari_plugin.qt_check import explain
+
+        return "Qt cannot start on this display: " + explain(proc.stderr or proc.stdout)
     return None
 
 

@@ -141,3 +141,29 @@ def test_docked_after_opening_preselects_first_visible_image(make_napari_viewer,
     assert viewer.layers.selection.active is layers[-1]  # napari's choice: the last (hidden labels) layer
     _dock, widget = viewer.window.add_plugin_dock_widget(PLUGIN, "GPU Zarr loader")
     assert viewer.layers.selection.active is layers[0] and widget.layer_label.text() == layers[0].name
+
+
+def test_the_install_hint_shows_once_and_nothing_needs_scrolling(qtbot, viewer_and_widget):
+    """Issue #37: the dock showed the pip hint three times, a history needing a scroll for two
+    runs and x ticks -0.5...2.5 on the empty chart."""
+    from qtpy.QtWidgets import QLabel
+
+    from gpu_zarr.errors import INSTALL_HINT
+    from gpu_zarr.napari_plugin._widget import _HISTORY_ROWS
+
+    _viewer, widget, _ = viewer_and_widget
+    texts = [lab.text() for lab in widget.findChildren(QLabel)]
+    if not probe().gpu:
+        assert sum(t.count(INSTALL_HINT) for t in texts) == 1, texts
+    assert len(widget._axes.get_xticks()) == 0 and len(widget._axes.get_yticks()) == 0
+    widget.set_backend("cpu")
+    for n in range(1, 3):
+        widget.load_button.click()
+        _wait_for_run(qtbot, widget, n)
+    table = widget.table
+    rows_height = sum(table.rowHeight(r) for r in range(table.rowCount()))
+    assert table.minimumHeight() >= table.horizontalHeader().height() + _HISTORY_ROWS * table.rowHeight(0) - 4
+    assert table.viewport().height() >= rows_height or table.height() < table.minimumHeight()
+    if not probe().gpu:
+        assert sum(lab.text().count(INSTALL_HINT) for lab in widget.findChildren(QLabel)) == 1
+    assert len(widget._axes.get_xticks()) == 1  # one bar: the cpu backend

@@ -36,19 +36,35 @@ __all__ = ["build_parser", "main"]
 DEFAULT_OUT = "gpu-zarr-bench"
 
 
+class _DefaultsOnce(argparse.HelpFormatter):
+    """``(default: X)`` after an option's help, once: not where the help already names its default,
+    and not for a default that means "not given" (None, False, an empty string)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "(default" in text or default is None or default is False or default == "" \
+                or default == argparse.SUPPRESS or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``gpu-zarr bench`` argument parser."""
     p = argparse.ArgumentParser(
         prog="gpu-zarr bench",
         description="Benchmark napari-gpu-zarr against zarr (CPU and enable_gpu()), kvikio GDSStore, "
-        "TensorStore and czarr: on your own store (PATH) or on synthetic volumes.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "TensorStore, zarrs-python and czarr (those installed): on your own store (PATH) or on synthetic "
+        "volumes. gpu-zarr bench --list names the layouts and readers.",
+        formatter_class=_DefaultsOnce,
     )
     p.add_argument("path", nargs="?", default=None,
                    help="your zarr array or OME-Zarr image (read only, never written); "
                         "omit for the synthetic volumes")
     p.add_argument("--level", type=int, default=0, help="OME-Zarr resolution level of PATH")
-    p.add_argument("--mode", choices=MODES, default="throughput")
+    p.add_argument("--mode", choices=MODES, default="throughput",
+                   help="throughput: whole arrays, GiB/s; browse: ms per plane as a viewer reads them "
+                        "(random planes and a scroll)")
     p.add_argument(
         "--size",
         default="full",
@@ -70,14 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed warm reads per peer (default: --repeat); fewer saves time on slow peers")
     p.add_argument("--planes", type=int, default=39, help="browse: random planes, and the scroll's length")
     p.add_argument("--patterns", default="random,scroll", help="browse: random and/or scroll")
-    p.add_argument("--layouts", default="", help="comma-separated layout names (default: all)")
-    p.add_argument("--readers", default="", help="comma-separated reader names (default: all)")
+    p.add_argument("--layouts", default="", help="comma-separated layout names, e.g. zstd-v3-1MiB,gzip-v2 "
+                   "(default: all; --list names them)")
+    p.add_argument("--readers", default="", help="comma-separated reader names, ours and peers, e.g. "
+                   "ours-auto,tensorstore (default: every one installed; --list names them)")
     p.add_argument("--cold", action="store_true",
                    help="throughput: per layout, one read of ours after dropping the page cache, "
                         "and the disk's own rate measured once")
     p.add_argument("--rewrite", action="store_true", help="rewrite the volumes even when reusable")
     p.add_argument("--seed", type=int, default=0, help="data and plane-choice seed")
-    p.add_argument("--write-threads", type=int, default=None, help="threads writing volumes")
+    p.add_argument("--write-threads", type=int, default=None, help="threads writing volumes (default: half the cores, 2 to 8)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
     p.add_argument("--list", action="store_true", help="list layouts and readers, then exit")
     p.add_argument("--remote", action="store_true",

@@ -28,12 +28,18 @@ from qtpy.QtWidgets import (
 )
 
 from gpu_zarr.controller import CHART_BACKENDS, LoaderController, LoadJob, RunRecord
+from gpu_zarr.errors import INSTALL_HINT
 from gpu_zarr.lazy import GpuLazyArray
 
 __all__ = ["GpuZarrWidget", "RunRecord"]
 
 _MIB = 2**20
-_COLUMNS = ("Layer", "Level", "Asked", "Backend", "MiB", "Seconds", "GiB/s", "GPU MiB", "Status")
+_HISTORY_ROWS = 5  # runs the history table shows without scrolling
+# short headers so that the nine columns fit the dock without a horizontal scroll; the long
+# names are the headers' tooltips
+_COLUMNS = ("Layer", "Lvl", "Asked", "Used", "MiB", "s", "GiB/s", "GPU MiB", "Status")
+_COLUMN_TIPS = ("layer", "resolution level", "backend asked for", "backend that served the read", "MiB read",
+                "seconds", "GiB per second", "GPU memory used, MiB", "ok, resident, cancelled or failed")
 _COLORS = {"kvikio": "#76b900", "zarr-gpu": "#1f77b4", "cpu": "#888888"}
 
 
@@ -106,9 +112,14 @@ class GpuZarrWidget(QWidget):
         self.result_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.table = QTableWidget(0, len(_COLUMNS))
         self.table.setHorizontalHeaderLabels(_COLUMNS)
+        for col, tip in enumerate(_COLUMN_TIPS):
+            self.table.horizontalHeaderItem(col).setToolTip(tip)
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
-        self.table.setMinimumHeight(120)
+        # the header and _HISTORY_ROWS runs visible without scrolling (older runs scroll)
+        header = self.table.horizontalHeader().sizeHint().height()
+        row = self.table.verticalHeader().defaultSectionSize()
+        self.table.setMinimumHeight(header + _HISTORY_ROWS * row + 2 * self.table.frameWidth() + 4)
         self.canvas, self._axes = self._make_chart()
 
         form = QFormLayout()
@@ -181,6 +192,14 @@ class GpuZarrWidget(QWidget):
             ax.text(0.5, 0.5, "load a level to compare backends", ha="center", va="center",
                     transform=ax.transAxes, fontsize=8, color="gray")
             ax.set_yticks([])
+            ax.set_xticks([])  # no bars: no category positions (-0.5...2.5) to label
+
+    def _once(self, text: str) -> str:
+        """A reason without the install command when the device line at the top already shows it."""
+        if INSTALL_HINT in self.device_label.text():
+            return text.replace("; for GPU reads: " + INSTALL_HINT, "").replace(": " + INSTALL_HINT, "") \
+                .replace(INSTALL_HINT, "the install above")
+        return text
 
     # -- state ---------------------------------------------------------------------
     @property
@@ -253,7 +272,7 @@ class GpuZarrWidget(QWidget):
         self._update_reason()
 
     def _update_reason(self, *_args) -> None:
-        self.backend_reason.setText(self.controller.choice_text())
+        self.backend_reason.setText(self._once(self.controller.choice_text()))
 
     # -- loading -------------------------------------------------------------------
     def start_load(self) -> None:
@@ -297,13 +316,14 @@ class GpuZarrWidget(QWidget):
         if rec.ok:
             kept = "kept on the GPU" if rec.resident else ("freed" if rec.gpu_bytes else "host memory")
             self.result_label.setText(
-                f"<b>{rec.backend}</b> ({rec.reason})<br>{rec.nbytes / _MIB:,.1f} MiB in "
+                f"<b>{rec.backend}</b> ({self._once(rec.reason)})<br>{rec.nbytes / _MIB:,.1f} MiB in "
                 f"{rec.seconds:.3f} s = <b>{rec.gib_per_s:.2f} GiB/s</b><br>"
                 f"GPU memory used: {rec.gpu_bytes / _MIB:,.1f} MiB ({kept})"
             )
             self.progress_bar.setValue(1000)
         else:
-            self.result_label.setText("Cancelled." if rec.status == "cancelled" else f"Load failed: {rec.reason}")
+            self.result_label.setText("Cancelled." if rec.status == "cancelled"
+                                      else f"Load failed: {self._once(rec.reason)}")
         self._add_row(rec)
         if rec.ok and self._job_layer is not None:
             self._job_layer.refresh()  # browsing now goes through the chosen backend

@@ -20,8 +20,9 @@ import sys
 from typing import Any
 
 from gpu_zarr.errors import GuiUnavailable
+from gpu_zarr.napari_plugin.qt_check import explain
 
-__all__ = ["GuiUnavailable", "display_problem", "png", "screenshot", "viewer"]
+__all__ = ["GuiUnavailable", "display_problem", "png", "screenshot", "viewer", "viewer_problem"]
 
 _PROBE = (
     "import os; os.environ.setdefault('NAPARI_APPLICATION_IPY_INTERACTIVE', 'false'); "
@@ -37,8 +38,7 @@ def _probe(env: dict[str, str]) -> str | None:
         return "starting napari timed out"
     if proc.returncode == 0 and proc.stdout.strip().endswith("ok"):
         return None
-    tail = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()][-2:]
-    return f"napari cannot start (exit status {proc.returncode}): " + " | ".join(tail)
+    return f"napari cannot start (exit status {proc.returncode}): {explain(proc.stderr or proc.stdout)}"
 
 
 @functools.lru_cache(maxsize=4)
@@ -59,6 +59,30 @@ def display_problem() -> str | None:
                         os.environ.get("QT_QPA_PLATFORM", ""))
 
 
+@functools.lru_cache(maxsize=4)
+def _offscreen_problem(display: str, wayland: str, platform: str) -> str | None:
+    return _probe(dict(os.environ, QT_QPA_PLATFORM="offscreen"))
+
+
+def viewer_problem() -> str | None:
+    """Why :func:`viewer` would raise :class:`GuiUnavailable` here, or None when it can open a viewer.
+
+    None when napari starts on the display or, failing that, on Qt's ``offscreen`` platform.
+    Both are tried in child processes (cached), so this process never aborts.
+    """
+    problem = display_problem()
+    if problem is None:
+        return None
+    key = (os.environ.get("DISPLAY", ""), os.environ.get("WAYLAND_DISPLAY", ""), os.environ.get("QT_QPA_PLATFORM", ""))
+    offscreen = _offscreen_problem(*key)
+    if offscreen is None:
+        return None
+    return (f"napari needs a display and none is usable here ({problem}); Qt's offscreen platform "
+            f"does not work either ({offscreen}). Start Jupyter under a virtual display "
+            "(apt-get install xvfb; xvfb-run -a jupyter lab) or on a machine with a screen. "
+            "The library itself (gpu_zarr.read_zarr, lazy arrays, the notebook widget) needs no display.")
+
+
 def viewer(*, show: bool = False, **kwargs: Any) -> Any:
     """A ``napari.Viewer``, or a clear :class:`GuiUnavailable` where napari cannot start.
 
@@ -75,16 +99,10 @@ def viewer(*, show: bool = False, **kwargs: Any) -> Any:
         No display and Qt's offscreen platform cannot render napari either. The message says
         how to get one (a virtual display: ``xvfb-run -a jupyter lab``).
     """
-    problem = display_problem()
-    if problem is not None:
-        offscreen = _probe(dict(os.environ, QT_QPA_PLATFORM="offscreen"))
-        if offscreen is not None:
-            raise GuiUnavailable(
-                f"napari needs a display and none is usable here ({problem}); Qt's offscreen platform "
-                f"does not work either ({offscreen}). Start Jupyter under a virtual display "
-                "(apt-get install xvfb; xvfb-run -a jupyter lab) or on a machine with a screen. "
-                "The library itself (gpu_zarr.read_zarr, lazy arrays, the notebook widget) needs no display."
-            )
+    if display_problem() is not None:
+        problem = viewer_problem()
+        if problem is not None:
+            raise GuiUnavailable(problem)
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
     os.environ.setdefault("NAPARI_APPLICATION_IPY_INTERACTIVE", "false")  # no Qt loop in the kernel
     import napari

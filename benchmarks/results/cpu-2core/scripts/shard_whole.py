@@ -23,7 +23,7 @@ def main() -> None:
     wd, rel, lat, rounds = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
     readers = sys.argv[5].split(",") if len(sys.argv) > 5 else ["cpu", "gpu", "host-gpu", "tensorstore"]
     from gpu_zarr.engine import read
-    from gpu_zarr.engine.layout import layout_of
+    from gpu_zarr.engine.metadata import layout_of
     from gpu_zarr.engine.ops import CpuOps
     from gpu_zarr.engine.pipeline import EngineOptions
     from gpu_zarr.engine.runtime import get_runtime

@@ -56,6 +56,17 @@ metadata_ttl   ``GPU_ZARR_METADATA_TTL_S`` seconds a remote store's metadata doc
                                            .zmetadata) are reused by later opens of
                                            the same node: opening an OME-Zarr reads
                                            the root many times (default 10; 0: off)
+metadata_bytes ``GPU_ZARR_METADATA_MIB``   the largest remote metadata document read
+                                           (a consolidated .zmetadata of a big plate
+                                           may need more); a bigger one is refused,
+                                           never held (default 8 MiB)
+remote_timeout ``GPU_ZARR_REMOTE_TIMEOUT_S`` seconds one remote request may take, its
+                                           retries and redirects included (default
+                                           60; ``storage_options["timeout"]`` sets it
+                                           per store; 0: no deadline)
+remote_min_rate ``GPU_ZARR_REMOTE_MIN_RATE`` bytes per second below which a remote
+                                           transfer fails (measured over 10 s, or half
+                                           the timeout when shorter; default 1024)
 ============== =========================== ==========================================
 """
 
@@ -100,6 +111,9 @@ def _defaults() -> dict[str, Any]:
         "remote_host_read": _env_int("GPU_ZARR_REMOTE_HOST_READ_MIB", min(1024, 8 * (os.cpu_count() or 1)) * MiB,
                                      MiB),
         "metadata_ttl": _env_int("GPU_ZARR_METADATA_TTL_S", 10),
+        "metadata_bytes": _env_int("GPU_ZARR_METADATA_MIB", 8 * MiB, MiB),
+        "remote_timeout": _env_int("GPU_ZARR_REMOTE_TIMEOUT_S", 60),
+        "remote_min_rate": _env_int("GPU_ZARR_REMOTE_MIN_RATE", 1024),
     }
 
 
@@ -117,6 +131,9 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "remote_host_read": lambda v: isinstance(v, int) and v >= 0,
     "cache_bytes": lambda v: isinstance(v, int) and v >= 0,
     "metadata_ttl": lambda v: isinstance(v, (int, float)) and v >= 0,
+    "metadata_bytes": lambda v: isinstance(v, int) and v >= 1024,
+    "remote_timeout": lambda v: isinstance(v, (int, float)) and v >= 0,
+    "remote_min_rate": lambda v: isinstance(v, int) and v >= 1,
 }
 _lock = threading.Lock()
 _values: dict[str, Any] = _defaults()

@@ -30,7 +30,7 @@ from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.plan import LazyNames, Pieces
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["Located", "ShardGeometry", "check_sizes", "index_entries", "locate", "merge_located", "piece_entries"]
+__all__ = ["Located", "ShardGeometry", "check_sizes", "expected_chunk", "index_entries", "locate", "merge_located", "piece_entries"]
 
 
 class ShardGeometry(Protocol):
@@ -155,19 +155,19 @@ def _locate_files(layout: Layout, pieces: Pieces) -> Located:
     empty = np.flatnonzero(sizes == 0)
     if len(empty):
         raise CorruptChunkError(f"chunk {keys[int(empty[0])]} of {layout.root} is an empty file; expected "
-                                f"{_expected(layout)}. Rewrite or delete that chunk.")
+                                f"{expected_chunk(layout)}. Rewrite or delete that chunk.")
     most = max_encoded_nbytes(layout.codec, layout.codec_params, int(layout.inner_nbytes))
     huge = np.flatnonzero(sizes > most)
     if len(huge):
         k = int(huge[0])
         raise CorruptChunkError(f"chunk {keys[k]} of {layout.root} is a file of {int(sizes[k])} bytes; "
-                                f"{_expected(layout)} takes at most {most}. It is corrupt and was not read; rewrite "
+                                f"{expected_chunk(layout)} takes at most {most}. It is corrupt and was not read; rewrite "
                                 "or delete that chunk.")
     ids = np.arange(len(files), dtype=np.int64)
     return Located(files, ids, np.zeros(len(files), np.int64), sizes, keys, mtimes)
 
 
-def _expected(layout: Layout) -> str:
+def expected_chunk(layout: Layout) -> str:
     """What one stored chunk of this layout holds, for messages."""
     if layout.codec == "raw":
         return f"{layout.inner_nbytes} bytes (an uncompressed chunk of shape {layout.inner_shape})"

@@ -274,13 +274,15 @@ class RemoteSource:
                                                                   "asked for")),
                      deadline_of(self.timeout_s), self.min_rate, rate_window(self.timeout_s), url)
 
-    def _too_big(self, rel: str, what: str) -> Callable[[int], BaseException]:
-        """The error for an object of ``rel`` bigger than its bound (an encoded chunk's worst case)."""
+    def _too_big(self, rel: str, expected: str = "") -> Callable[[int], BaseException]:
+        """The error for an object of ``rel`` bigger than its bound (an encoded chunk's worst
+        case; ``expected``: what one holds, in words)."""
         url = self.url_of(rel)
+        holds = f" ({expected})" if expected else ""
         return lambda n: CorruptChunkError(
-            f"{what} {url} is larger than {n} bytes, the most its codec writes for a chunk of this array: it is corrupt "
-            "(or the server sends something else). Nothing past that was read; rewrite or delete it, or check the "
-            "server.")
+            f"chunk {url} is larger than {n} bytes, the most its codec writes for a chunk of this array{holds}: it is "
+            "truncated or corrupt, or the server sends something else. Nothing past that was read; rewrite or delete "
+            "it, or check the server.")
 
     def _count(self, n: int) -> None:
         with self._stats_lock:
@@ -459,7 +461,7 @@ class RemoteSource:
     def stream(self, jobs: Sequence[tuple[str, Span]],
                on_done: Callable[[int, Got | None], None], cap: int | None = None,
                arena: Bodies | None = None, sink: Any = None, on_sent: Callable[[], None] | None = None,
-               parts: Any = None, stop: Callable[[], bool] | None = None) -> None:
+               parts: Any = None, stop: Callable[[], bool] | None = None, expected: str = "") -> None:
         """GET every job, up to ``requests`` in flight, and call ``on_done(i, got)`` (on the
         event loop's thread: it must only hand the work on) as each one arrives.
 
@@ -479,7 +481,8 @@ class RemoteSource:
         thread, before any ``on_done``: as soon as the native client's first requests are
         written (the caller's setup for the answers then overlaps their round trip), else
         before obstore's are made. ``stop()`` is asked while the answers travel (every 0.1 s):
-        true stops the requests in flight and raises ReadCancelled.
+        true stops the requests in flight and raises ReadCancelled. ``expected``: what one
+        whole object holds, in words (the message for one past ``cap``).
         """
         if not jobs:
             return
@@ -493,23 +496,24 @@ class RemoteSource:
         left = list(range(len(jobs)))
         if self.http is not None and (cap is not None or all(j[1] is not None for j in jobs)):
             left = self._native(list(jobs), on_done, cap, arena=arena, sink=sink, on_sent=sent, parts=parts,
-                                stop=stop)
+                                stop=stop, expected=expected)
         if left:
             sent()
             sub = [jobs[j] for j in left]
-            _LOOP.run(self._stream(sub, lambda k, got: on_done(left[k], got), cap), stop)
+            _LOOP.run(self._stream(sub, lambda k, got: on_done(left[k], got), cap, expected), stop)
 
     async def _stream(self, jobs: Sequence[tuple[str, Span]],
-                      on_done: Callable[[int, Got | None], None], cap: int | None = None) -> None:
+                      on_done: Callable[[int, Got | None], None], cap: int | None = None,
+                      expected: str = "") -> None:
         sem = asyncio.Semaphore(self.requests)
 
         async def one(i: int, rel: str, rng: Span) -> None:
             async with sem:
-                got = await self._get(rel, rng, cap)
+                got = await self._get(rel, rng, cap, expected)
             on_done(i, got)
         await _all([one(i, *j) for i, j in enumerate(jobs)])
 
-    async def _get(self, rel: str, rng: Span, cap: int | None = None) -> Got | None:
+    async def _get(self, rel: str, rng: Span, cap: int | None = None, expected: str = "") -> Got | None:
         """One job through obstore; a whole object at most ``cap`` bytes (None: ``_WHOLE_CAP``;
         more is a CorruptChunkError naming it, said before its body is read when the server
         gives its size)."""
@@ -524,8 +528,8 @@ class RemoteSource:
                     res = await obstore.get_async(self.store, self.key(rel))
                     meta = dict(res.meta)
                     if int(meta["size"]) > most:
-                        raise self._too_big(rel, "object")(most)
-                    data = await read_body(res, self._limit(rel, most, self._too_big(rel, "object")))
+                        raise self._too_big(rel, expected)(most)
+                    data = await read_body(res, self._limit(rel, most, self._too_big(rel, expected)))
                 else:
                     data, _, _, meta = await self._range_get(rel, rng, cap)
             except FileNotFoundError:
@@ -551,7 +555,7 @@ class RemoteSource:
     def _native(self, jobs: list[tuple[str, Any]], on_done: Callable[[int, Got | None], None], cap: int | None, *,
                 missing_ok: bool = False, arena: Bodies | None = None, sink: Any = None,
                 on_sent: Callable[[], None] | None = None, parts: Any = None,
-                stop: Callable[[], bool] | None = None) -> list[int]:
+                stop: Callable[[], bool] | None = None, expected: str = "") -> list[int]:
         """Run ``jobs`` (``(rel, None | (start, end) | {"suffix": n})``) through the native
         client, ``on_done(i, got)`` as each arrives (None: the object does not exist; for
         ranges only with ``missing_ok``). Each body goes into a buffer of its own (``cap``
@@ -600,7 +604,7 @@ class RemoteSource:
             else:
                 buf, bufs[i] = bufs[i], None  # finished: only the answer's consumer keeps it alive
             try:
-                got = self._judge(rel, rng, reqs[i], buf, missing_ok)
+                got = self._judge(rel, rng, reqs[i], buf, missing_ok, expected)
             except NativeHttpDeclined as exc:
                 left.append(i)
                 why.append(str(exc))
@@ -616,7 +620,7 @@ class RemoteSource:
                 "%s: %s; obstore serves this store from now on instead of the native HTTP client", self.url, why[0])
         return sorted(left)
 
-    def _judge(self, rel: str, rng: Any, r: Any, buf: np.ndarray, missing_ok: bool) -> Got | None:
+    def _judge(self, rel: str, rng: Any, r: Any, buf: np.ndarray, missing_ok: bool, expected: str = "") -> Got | None:
         """One finished native request: its answer (``handed``: what the native client handed to
         the fetch's decode set, its row's ``added``), None (missing), or a clear error."""
         import gpu_zarr.engine.native_http as nh
@@ -651,7 +655,7 @@ class RemoteSource:
                     if st == 206 and 0 <= size < b:
                         return Got(b"", size, mtime, etag)  # shorter now: it changed
         if st == nh.TOO_LONG and rng is None:  # a whole object past its codec's worst case
-            raise self._too_big(rel, "object")(int(r["cap"]))
+            raise self._too_big(rel, expected)(int(r["cap"]))
         if st == nh.TOO_LONG:  # a 200 to a range (a server that answers none): obstore reads it bounded
             raise NativeHttpDeclined("an answer was longer than expected")
         if st == nh.REFUSED:

@@ -33,7 +33,7 @@ import numpy as np
 from gpu_zarr.engine.bounds import max_encoded_nbytes
 from gpu_zarr.engine.fetch import read_tasks
 from gpu_zarr.engine.layout import Layout
-from gpu_zarr.engine.locate import Located, check_sizes, index_entries
+from gpu_zarr.engine.locate import Located, check_sizes, expected_chunk, index_entries
 from gpu_zarr.engine.native_http import Handoff, Parts, Sink
 from gpu_zarr.engine.plan import Batch, Pieces
 from gpu_zarr.engine.remote import FETCHED, Bodies, Got, RemoteBlob, RemoteSource, Span, changed_while_read
@@ -152,7 +152,8 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         hand(i, value, got.handed if got is not None else 0)
     counts["requests"] += len(todo)
     sink = Sink(handoff, array.array("q", todo)) if handoff is not None else None
-    source.stream([(keys[i], None) for i in todo], done, whole_cap(layout), arena, sink, on_sent, stop=stop)
+    source.stream([(keys[i], None) for i in todo], done, whole_cap(layout), arena, sink, on_sent, stop=stop,
+                  expected=expected_chunk(layout))
     return counts
 
 

@@ -30,7 +30,8 @@ from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.plan import LazyNames, Pieces
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["Located", "ShardGeometry", "check_sizes", "expected_chunk", "index_entries", "locate", "merge_located", "piece_entries"]
+__all__ = ["Located", "ShardGeometry", "check_sizes", "expected_chunk", "index_entries", "locate", "merge_located",
+           "piece_entries"]
 
 
 class ShardGeometry(Protocol):

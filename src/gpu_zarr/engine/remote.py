@@ -72,7 +72,7 @@ class _Loop:
                 threading.Thread(target=loop.run_forever, daemon=True, name="gpu-zarr-remote").start()
                 self._loop = loop
             loop = self._loop
-        fut = asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
+        fut: Any = asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
         try:
             while True:
                 try:

@@ -45,8 +45,8 @@ class HostileServer:
     - ``"suffix_wrong"``: a suffix request answered 206 with the object's FIRST bytes
       (``Content-Range: bytes 0-<n-1>/<size>``);
     - ``"redirect"``: 302 to ``target`` + the path (``target`` may be another scheme or host);
-    - ``"claim"``: the file's true answer, but a Range request's Content-Range total is
-      ``claim`` (an object far larger than it is).
+    - ``"claim"``: an object of ``claim`` bytes, zeros then the file (a shard whose index
+      points far into it), every answer consistent with that size.
     """
 
     def __init__(self, root: Path, mode: str = "", hits: Callable[[str, dict[str, str]], bool] | None = None, *,
@@ -193,7 +193,27 @@ class HostileServer:
         h.end_headers()
 
     def _claim(self, h: BaseHTTPRequestHandler, path: str, headers: dict[str, str]) -> None:
-        self._file(h, path, headers, total=self.claim)
+        """An object of ``claim`` bytes: zeros, then the file's bytes at its end (its shard index
+        where a reader looks for it); every answer consistent with that size."""
+        data = self._file_bytes(path) or b""
+        size = max(self.claim, len(data))
+        rng = _range(headers.get("range", ""), size)
+        if rng is None:  # (never held: zeros generated as sent)
+            h.send_response(200)
+            h.send_header("Content-Length", str(size))
+            h.end_headers()
+            self._send_generated(h, size - len(data))
+            h.wfile.write(data)
+            return
+        a, b = rng
+        at = size - len(data)
+        tail = data[max(0, a - at):max(0, b - at)]
+        h.send_response(206)
+        h.send_header("Content-Range", f"bytes {a}-{b - 1}/{size}")
+        h.send_header("Content-Length", str(b - a))
+        h.end_headers()
+        self._send_generated(h, b - a - len(tail))
+        h.wfile.write(tail)
 
 
 def _range(value: str, size: int) -> tuple[int, int] | None:

@@ -736,7 +736,11 @@ def _seconds(v: Any) -> timedelta:
 
 
 def _client_and_retry(opts: Mapping[str, Any], allow_http: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    client: dict[str, Any] = {"timeout": _seconds(opts.get("timeout", 60)),
+    from gpu_zarr import settings
+
+    # (no deadline, 0, is a day for obstore, whose client needs one)
+    timeout = float(_seconds(opts.get("timeout", settings.get("remote_timeout"))).total_seconds()) or 86400.0
+    client: dict[str, Any] = {"timeout": _seconds(timeout),
                               "connect_timeout": _seconds(opts.get("connect_timeout", 10)),
                               "pool_max_idle_per_host": "256"}
     if allow_http:

@@ -820,11 +820,10 @@ def test_anonymous_s3_goes_through_the_native_client(moto_s3, stores, monkeypatc
             assert src.http_url == f"{px.url}/pub/data/{rel}"
         assert not any("authorization" in e["headers"] for e in px.log)
         assert any(e["headers"].get("user-agent") == "gpu-zarr" for e in px.log)  # the native client's requests
-        # an answer the native client cannot take (longer than it was told): left to obstore,
-        # whose answer stands; obstore serves this store from then on
+        # a whole object longer than its bound (a chunk's worst case): refused, naming it, and
+        # never handed to obstore to be read whole (issue 35: that held any body a server sent)
         arr = open_array("s3://pub/data/plain.zarr")
         src = source_of(arr)
-        got: list = []
-        src.stream([("zarr.json", None)], lambda i, g: got.append(g), cap=8)
-        assert bytes(got[0].data) == (stores / "plain.zarr" / "zarr.json").read_bytes()
-        assert src.http is None
+        with pytest.raises(CorruptChunkError, match=r"plain\.zarr/zarr\.json is larger than 8 bytes"):
+            src.stream([("zarr.json", None)], lambda i, g: None, cap=8)
+        assert src.http is not None

@@ -365,6 +365,8 @@ class CpuEngineBackend:
 
         rt = self._engine.runtime
         opts = options or EngineOptions()
+        if cancel is not None:  # (seen by the fetch too: a remote slab's transfers stop when it is set)
+            opts = opts.with_(cancel=cancel)
         ops = CpuOps(rt.pool("cpu-decode", opts.threads), opts.threads, fast=True, runtime=rt)
         stats: dict[str, Any] = {}
 

@@ -229,6 +229,41 @@ def _retrying_store_class() -> Any:
                 return None if raw is None else prototype.buffer.from_bytes(raw)
             return await self.get_retried(key, prototype, byte_range)
 
+        async def get_document(self, key: str) -> bytes | None:
+            """A metadata document (None: absent), read as a stream and refused past the
+            ``metadata_bytes`` setting: a server's 400 MiB answer is never held."""
+            import obstore
+
+            from gpu_zarr import settings
+            from gpu_zarr.engine.remote_body import Limit, deadline_of, read_body
+
+            loc = self._gpu_zarr_location
+            url = f"{loc.url.rstrip('/')}/{key}" if loc is not None else key
+            most = int(settings.get("metadata_bytes"))
+            timeout = float(_seconds((loc.storage_options if loc is not None else {}).get(
+                "timeout", settings.get("remote_timeout"))).total_seconds())
+
+            def over(n: int) -> BaseException:
+                return RemoteError(f"the metadata document {url} is larger than {n / (1 << 20):g} MiB, the most read "
+                                   "(setting metadata_bytes): it was not read. If the store really has such a document "
+                                   "(a big plate's consolidated .zmetadata), raise the limit: GPU_ZARR_METADATA_MIB=64, "
+                                   "or gpu_zarr.settings.set(metadata_bytes=64 << 20).")
+            for attempt in range(4):
+                try:
+                    res = await obstore.get_async(self.store, key)
+                    if int(res.meta["size"]) > most:  # (said before its body is read)
+                        raise over(most)
+                    lim = Limit(most, over, deadline_of(timeout), int(settings.get("remote_min_rate")),
+                                max(1.0, min(10.0, timeout / 2)) if timeout > 0 else 10.0, url)
+                    return await read_body(res, lim)
+                except FileNotFoundError:
+                    return None
+                except oe.GenericError:
+                    if attempt == 3:
+                        raise
+                    await asyncio.sleep(0.05 * 2 ** attempt)
+            raise AssertionError("unreachable")
+
         async def get_retried(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
             for attempt in range(4):
                 try:
@@ -268,8 +303,8 @@ class _MetadataCache:
 
     MAX_NODES = 4096
     PREFETCH = 256  # nodes asked for ahead of the reader, from one node it asked for (cascading)
-    ROOT_CAP = 8 << 20  # the most bytes of a document the native client takes (bigger: obstore's)
-    CHILD_CAP = 256 << 10
+    CHILD_CAP = 256 << 10  # the most bytes of a child's document the native client takes (bigger: obstore's,
+    # up to the metadata_bytes setting, as a root's)
     EARLY_S = 10.0  # an early fetch nobody asked for within this long is not used
     MAX_EARLY = 1024  # early fetches kept at most (nodes asked for ahead that nobody opened)
 
@@ -326,7 +361,7 @@ class _MetadataCache:
                 return  # kept, or already asked for (an OME reader's prefetch of this node)
             self._forget_early(time.monotonic())
             sending = threading.Event()
-            (fut,) = self._submit(nat, [""], METADATA_NAMES, self.ROOT_CAP, sending, (loc, [self.PREFETCH]))
+            (fut,) = self._submit(nat, [""], METADATA_NAMES, _root_cap(), sending, (loc, [self.PREFETCH]))
             self._early[key] = (time.monotonic(), fut, METADATA_NAMES)
         # until the requests are out: what comes next (building obstore's store) holds the GIL
         sending.wait(0.05)
@@ -459,8 +494,6 @@ class _MetadataCache:
         """``node``'s documents: the native client's (``fut``), obstore's for what it did not answer."""
         import asyncio
 
-        from zarr.core.buffer import default_buffer_prototype
-
         from gpu_zarr.engine.native_http import UNANSWERED
 
         got: list[Any] = [UNANSWERED if m in names else None for m in METADATA_NAMES]
@@ -468,13 +501,12 @@ class _MetadataCache:
             got = list(await asyncio.wrap_future(fut))
         ask = [i for i, g in enumerate(got) if g is UNANSWERED]
         if ask:
-            proto = default_buffer_prototype()
             keys = [f"{node}/{m}" if node else m for m in METADATA_NAMES]
-            res = await asyncio.gather(*(store.get_retried(keys[i], proto) for i in ask), return_exceptions=True)
+            res = await asyncio.gather(*(store.get_document(keys[i]) for i in ask), return_exceptions=True)
             for i, g in zip(ask, res):
                 if isinstance(g, BaseException):
                     raise g
-                got[i] = None if g is None else g.to_bytes()
+                got[i] = g
         docs = dict(zip(METADATA_NAMES, got))
         # the nodes an OME-Zarr reader opens next (levels, labels, wells, fields): asked for now,
         # together, so that they are one more round trip rather than one each; only the
@@ -514,13 +546,14 @@ class _MetadataCache:
         return [f"{name}/{p}" for name in names for p in paths]
 
     def _start(self, store: Any, loc: Location, nodes: list[str], budget: list[int],
-               names: tuple[str, ...] = METADATA_NAMES, cap: int = ROOT_CAP) -> list[Any]:
+               names: tuple[str, ...] = METADATA_NAMES, cap: int | None = None) -> list[Any]:
         """Per node its documents (kept) or the task fetching them on this loop; the nodes
         neither kept nor under way are asked for together (one native call), each then
         settled by a task of its own."""
         import asyncio
 
         loop = asyncio.get_running_loop()
+        cap = _root_cap() if cap is None else cap
         out: list[Any] = []
         new: list[tuple[int, str, tuple[Any, str]]] = []
         with self._lock:
@@ -554,6 +587,14 @@ class _MetadataCache:
                 self._docs[key] = (time.monotonic(), task.result())
                 while len(self._docs) > self.MAX_NODES:
                     self._docs.pop(next(iter(self._docs)))
+
+
+def _root_cap() -> int:
+    """The most bytes of a node's document the native client takes (the ``metadata_bytes``
+    setting; a longer one is asked of obstore, which refuses it past the same bound, saying so)."""
+    from gpu_zarr import settings
+
+    return int(settings.get("metadata_bytes"))
 
 
 _V3_NAMES = ("zarr.json",)
@@ -695,7 +736,11 @@ def _seconds(v: Any) -> timedelta:
 
 
 def _client_and_retry(opts: Mapping[str, Any], allow_http: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    client: dict[str, Any] = {"timeout": _seconds(opts.get("timeout", 60)),
+    from gpu_zarr import settings
+
+    # (no deadline, 0, is a day for obstore, whose client needs one)
+    timeout = float(_seconds(opts.get("timeout", settings.get("remote_timeout"))).total_seconds()) or 86400.0
+    client: dict[str, Any] = {"timeout": _seconds(timeout),
                               "connect_timeout": _seconds(opts.get("connect_timeout", 10)),
                               "pool_max_idle_per_host": "256"}
     if allow_http:

@@ -17,6 +17,7 @@ Examples
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -585,7 +586,9 @@ def label_images(labels_group: zarr.Group, path: str, *,
     """The label images of an OME ``labels/`` group, by name.
 
     The names are the group's ``labels`` list (every sub-group when the list is absent);
-    malformed label images are skipped, not fatal.
+    malformed label images are skipped, not fatal. A name that leads outside the group (an
+    absolute path, ``..``, a URL) is never followed: it is skipped with a warning naming it
+    (:func:`check_inside`), and the image still opens.
 
     Parameters
     ----------
@@ -602,6 +605,11 @@ def label_images(labels_group: zarr.Group, path: str, *,
         names = [k for k, _ in labels_group.groups()]
     out: dict[str, OmeImage] = {}
     for name in names:
+        try:
+            check_inside(path, "labels entry", str(name), "cells")
+        except InvalidOmeMetadata as exc:
+            warnings.warn(f"label image skipped: {exc}", stacklevel=2)
+            continue
         try:
             out[str(name)] = open_ome(_join(path, str(name)), with_labels=False, storage_options=storage_options)
         except GpuZarrError:

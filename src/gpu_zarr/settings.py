@@ -60,6 +60,17 @@ metadata_ttl   ``GPU_ZARR_METADATA_TTL_S`` seconds a remote store's metadata doc
                                            .zmetadata) are reused by later opens of
                                            the same node: opening an OME-Zarr reads
                                            the root many times (default 10; 0: off)
+metadata_bytes ``GPU_ZARR_METADATA_MIB``   the largest remote metadata document read
+                                           (a consolidated .zmetadata of a big plate
+                                           may need more); a bigger one is refused,
+                                           never held (default 8 MiB)
+remote_timeout ``GPU_ZARR_REMOTE_TIMEOUT_S`` seconds one remote request may take, its
+                                           retries and redirects included (default
+                                           60; ``storage_options["timeout"]`` sets it
+                                           per store; 0: no deadline)
+remote_min_rate ``GPU_ZARR_REMOTE_MIN_RATE`` bytes per second below which a remote
+                                           transfer fails (measured over 10 s, or half
+                                           the timeout when shorter; default 1024)
 ============== =========================== ==========================================
 """
 
@@ -105,6 +116,9 @@ def _defaults() -> dict[str, Any]:
                                      MiB),
         "metadata_ttl": _env_int("GPU_ZARR_METADATA_TTL_S", 10),
         "shard_bytes": _env_int("GPU_ZARR_SHARD_MIB", 32 * MiB, MiB),
+        "metadata_bytes": _env_int("GPU_ZARR_METADATA_MIB", 8 * MiB, MiB),
+        "remote_timeout": _env_int("GPU_ZARR_REMOTE_TIMEOUT_S", 60),
+        "remote_min_rate": _env_int("GPU_ZARR_REMOTE_MIN_RATE", 1024),
     }
 
 
@@ -123,6 +137,9 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "cache_bytes": lambda v: isinstance(v, int) and v >= 0,
     "metadata_ttl": lambda v: isinstance(v, (int, float)) and v >= 0,
     "shard_bytes": lambda v: isinstance(v, int) and v >= 1,
+    "metadata_bytes": lambda v: isinstance(v, int) and v >= 1024,
+    "remote_timeout": lambda v: isinstance(v, (int, float)) and v >= 0,
+    "remote_min_rate": lambda v: isinstance(v, int) and v >= 1,
 }
 _lock = threading.Lock()
 _values: dict[str, Any] = _defaults()

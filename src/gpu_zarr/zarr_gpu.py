@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import zarr
 from zarr.core.codec_pipeline import BatchedCodecPipeline
 from zarr.registry import register_pipeline
 
@@ -280,6 +281,19 @@ class GpuCodecPipeline(BatchedCodecPipeline):
         # a sharded batch: the keys are shards', its inner chunks are decoded by a pipeline of
         # their own (in tasks that inherit this context), named by shard
         partial = self.supports_partial_decode
+        if partial and len(batch) > 1:
+            # one shard per task, each with its own context: an inner chunk's error names its
+            # shard, not "one of the shards ..." (zarr decodes the shards of a batch one by one
+            # anyway; its concurrency limit still applies)
+            limit = asyncio.Semaphore(max(1, int(zarr.config.get("async.concurrency") or 10)))
+
+            async def one(item: Any) -> Any:
+                async with limit:
+                    return await self.read_batch([item], out, drop_axes)
+            for res in await asyncio.gather(*(one(b) for b in batch), return_exceptions=True):
+                if isinstance(res, BaseException):  # (every shard finished: none left writing into out)
+                    raise res
+            return None
         token = _keys.set(None if partial else [_key(b[0]) for b in batch])
         shard_token = _shards.set([_where(b[0]) for b in batch] if partial else _shards.get())
         try:

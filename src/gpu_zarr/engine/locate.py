@@ -3,12 +3,18 @@
 Unsharded arrays: one file per chunk (its size from ``stat``; no file = fill value).
 Sharded arrays: each needed shard's index is read once (crc32c checked), and every inner
 chunk becomes a byte range of its shard file. Only small reads happen here.
+
+Sizes are checked before anything is read or allocated: a chunk (a file's size, an index
+entry) larger than its codec's worst case (:func:`~gpu_zarr.engine.bounds.max_stored_nbytes`)
+is a CorruptChunkError naming it, and only regular files are opened as chunks or shards (a
+FIFO there would block the read forever; a directory or a device is no chunk).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import stat as stat_mode
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,12 +24,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from gpu_zarr.engine.binary import le_uint
+from gpu_zarr.engine.bounds import max_stored_nbytes
 from gpu_zarr.engine.cache import ChunkCache
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.plan import LazyNames, Pieces
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["Located", "ShardGeometry", "check_sizes", "index_entries", "locate", "merge_located", "piece_entries"]
+__all__ = ["Located", "ShardGeometry", "check_sizes", "expected_chunk", "index_entries", "locate", "merge_located",
+           "piece_entries"]
 
 
 class ShardGeometry(Protocol):
@@ -65,12 +73,24 @@ class Located:
 
 
 def _stat(path: Any) -> tuple[int, int]:
-    """(size, mtime in ns) of a file, (-1, -1) when it does not exist."""
+    """(size, mtime in ns) of a file, (-1, -1) when it does not exist; CorruptChunkError when it
+    is not a regular file."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return -1, -1
+    _regular(path, st.st_mode)
     return st.st_size, st.st_mtime_ns
+
+
+def _regular(path: Any, mode: int) -> None:
+    """CorruptChunkError unless ``mode`` is a regular file's (a FIFO would block its read forever)."""
+    if not stat_mode.S_ISREG(mode):
+        kind = ("a FIFO" if stat_mode.S_ISFIFO(mode) else "a directory" if stat_mode.S_ISDIR(mode)
+                else "a socket" if stat_mode.S_ISSOCK(mode) else "a device" if stat_mode.S_ISCHR(mode) or
+                stat_mode.S_ISBLK(mode) else "not a regular file")
+        raise CorruptChunkError(f"{path} is {kind} where a chunk or shard file belongs; expected a regular file. "
+                                "It was not opened; remove it or rewrite that chunk.")
 
 
 def locate(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor, indexes: ChunkCache | None = None) -> Located:
@@ -138,12 +158,19 @@ def _locate_files(layout: Layout, pieces: Pieces) -> Located:
     empty = np.flatnonzero(sizes == 0)
     if len(empty):
         raise CorruptChunkError(f"chunk {keys[int(empty[0])]} of {layout.root} is an empty file; expected "
-                                f"{_expected(layout)}. Rewrite or delete that chunk.")
+                                f"{expected_chunk(layout)}. Rewrite or delete that chunk.")
+    most = max_stored_nbytes(layout)
+    huge = np.flatnonzero(sizes > most)
+    if len(huge):
+        k = int(huge[0])
+        raise CorruptChunkError(f"chunk {keys[k]} of {layout.root} is a file of {int(sizes[k])} bytes; "
+                                f"{expected_chunk(layout)} takes at most {most}. It is corrupt and was not read; rewrite "
+                                "or delete that chunk.")
     ids = np.arange(len(files), dtype=np.int64)
     return Located(files, ids, np.zeros(len(files), np.int64), sizes, keys, mtimes)
 
 
-def _expected(layout: Layout) -> str:
+def expected_chunk(layout: Layout) -> str:
     """What one stored chunk of this layout holds, for messages."""
     if layout.codec == "raw":
         return f"{layout.inner_nbytes + layout.frame_bytes} bytes (an uncompressed chunk of shape {layout.inner_shape})"
@@ -162,15 +189,18 @@ def _read_index(layout: Layout, path: Path, indexes: ChunkCache | None = None) -
             st = os.stat(path)
         except FileNotFoundError:
             return None
+        _regular(path, st.st_mode)
         hit = indexes.get(("shard-index", str(path), size, layout.index_at_end, st.st_size, st.st_mtime_ns))
         if hit is not None:
             return hit, st.st_mtime_ns
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # O_NONBLOCK: a FIFO put there since the stat above is not waited on (fstat refuses it)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         return None
     try:
         st = os.fstat(fd)
+        _regular(path, st.st_mode)
         fsize = st.st_size
         if fsize < size:
             raise CorruptChunkError(
@@ -180,15 +210,19 @@ def _read_index(layout: Layout, path: Path, indexes: ChunkCache | None = None) -
         raw = os.pread(fd, size, fsize - size if layout.index_at_end else 0)
     finally:
         os.close(fd)
-    index = index_entries(layout, path, raw, fsize)
+    index = index_entries(layout, path, raw, fsize,
+                          max_stored_nbytes(layout))
     if indexes is not None:
         indexes.put(("shard-index", str(path), size, layout.index_at_end, fsize, st.st_mtime_ns), index)
     return index, st.st_mtime_ns
 
 
-def index_entries(layout: ShardGeometry, path: Any, raw: bytes, fsize: int) -> np.ndarray:
+def index_entries(layout: ShardGeometry, path: Any, raw: bytes, fsize: int, max_nbytes: int | None = None) -> np.ndarray:
     """The checked (n_inner, 2) uint64 index of a shard of ``fsize`` bytes from its index bytes
-    ``raw`` (CorruptChunkError naming ``path`` when it is short, corrupt or points outside)."""
+    ``raw`` (CorruptChunkError naming ``path`` and the inner chunk when it is short, corrupt,
+    points outside, or claims more than ``max_nbytes`` for one inner chunk: its codec's worst
+    case, :func:`~gpu_zarr.engine.bounds.max_encoded_nbytes`; checked before anything is read
+    or allocated for it)."""
     n = int(np.prod(layout.inner_per_shard))
     size = n * 16 + (4 if layout.index_crc else 0)
     if fsize < size or len(raw) != size:
@@ -214,6 +248,15 @@ def index_entries(layout: ShardGeometry, path: Any, raw: bytes, fsize: int) -> n
     off, nb = index[:, 0], index[:, 1]
     # in Python-safe terms: an offset or size near 2**64 must not wrap around the sum
     bad = present & ((off < data_lo) | (off > data_hi) | (nb > data_hi - np.minimum(off, data_hi)) | (nb == 0))
+    if max_nbytes is not None:
+        huge = present & (nb > np.uint64(max_nbytes))
+        if huge.any():
+            k = int(np.flatnonzero(huge)[0])
+            inner = tuple(int(v) for v in np.unravel_index(k, layout.inner_per_shard))
+            raise CorruptChunkError(
+                f"shard {path}: inner chunk {inner}: its index entry claims {int(nb[k])} bytes, more than the "
+                f"{max_nbytes} its codec writes at most for one inner chunk; the shard is corrupt. Nothing of it was "
+                "read. Rewrite or delete it.")
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
         inner = tuple(int(v) for v in np.unravel_index(k, layout.inner_per_shard))

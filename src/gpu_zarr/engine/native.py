@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 LIBNAME = "libgz_native.so"
-VERSION = 6  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
+VERSION = 7  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
 CODECS = {"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6}
 OK, OPEN, SHORT, IO, BOUNDS = 0, 1, 2, 3, 4
 UNSUPPORTED = frozenset(range(20, 25))

@@ -29,16 +29,18 @@ import numpy as np
 
 import gpu_zarr.engine.native as native
 
-__all__ = ["AGENT_BYTES", "CHANGED", "MAX_AGENTS", "REQ", "TOO_LONG", "UNANSWERED", "Carved", "Handoff", "HttpClient",
+__all__ = ["AGENT_BYTES", "CHANGED", "MAX_AGENTS", "REFUSED", "REQ", "TOO_LONG", "UNANSWERED", "Carved", "Handoff", "HttpClient",
            "Landing", "Parts", "Sink", "agents_for", "available", "client_for", "new_requests", "status"]
 
 #: one request (gz_http_req in gz_http.c)
 REQ = np.dtype([("start", "<i8"), ("end", "<i8"), ("dest", "<u8"), ("cap", "<i8"), ("got", "<i8"),
-                ("size", "<i8"), ("mtime", "<i8"), ("range_start", "<i8"), ("status", "<i4"), ("curl", "<i4"),
-                ("attempts", "<i4"), ("added", "<i4"), ("etag", "S96"), ("err", "S128")])
+                ("size", "<i8"), ("mtime", "<i8"), ("range_start", "<i8"), ("range_end", "<i8"), ("status", "<i4"),
+                ("curl", "<i4"), ("attempts", "<i4"), ("added", "<i4"), ("etag", "S96"), ("err", "S128")])
 _DONE = ctypes.CFUNCTYPE(None, ctypes.c_int64)
 TOO_LONG = -2  # status: the body was longer than its buffer
 CHANGED = -6  # status: a retry brought another object after some of its parts were handed (Parts)
+REFUSED = -7  # status: a redirect refused (another scheme, https to http, too many hops); ``err`` says which
+TICK_MS = 100  # the native call hands control back this often: the caller's cancel event and Ctrl-C are seen
 UNANSWERED = object()  # HttpClient.get_small: ask another client
 
 
@@ -61,7 +63,7 @@ def _lib() -> tuple[Any, str, str]:
                                   ctypes.c_void_p,
                                   ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, _DONE,
                                   ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                  ctypes.c_void_p]
+                                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
     lib.gz_http_publish.restype = None
     lib.gz_http_publish.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     return lib, (ver.value or b"").decode(errors="replace"), ""
@@ -292,27 +294,39 @@ class HttpClient:
     Attributes
     ----------
     headers : tuple of str
-        ``"Name: value"`` lines sent with every request.
+        ``"Name: value"`` lines sent with every request (not after a redirect to another host).
     connect_timeout_s : float
     stall_s : float
-        A transfer that moves nothing for this long fails (and is retried): the per-request
-        timeout without cutting off big bodies that keep arriving.
+        The window of ``min_rate``: a transfer that moves fewer than ``min_rate`` bytes a
+        second for this long fails (and is retried within the deadline).
     attempts : int
         Tries per request (1 + retries).
     backoff_s : float
         Wait before the first retry, doubled per retry (at most 5 s).
+    timeout_s : float
+        Deadline of each request, its retries and redirects included (0: none): a request not
+        done by then fails, saying so (settings ``remote_timeout``; ``storage_options["timeout"]``).
+    min_rate : int
+        Bytes per second below which a transfer fails (settings ``remote_min_rate``): a body
+        dripped byte by byte ends.
+    redirects : int
+        Redirect hops followed at most (only to http(s), never from https to http).
     """
 
     headers: tuple[str, ...] = ()
     connect_timeout_s: float = 10.0
-    stall_s: float = 60.0
+    stall_s: float = 10.0
     attempts: int = 9
     backoff_s: float = 0.05
+    timeout_s: float = 60.0
+    min_rate: int = 1024
+    redirects: int = 5
 
     def fetch(self, urls: Sequence[str], reqs: np.ndarray, dests: Sequence[np.ndarray] | Carved | Landing, in_flight: int,
               on_done: Callable[[int], None] | None = None, sending: threading.Event | None = None,
               agents: int | None = None, sink: Sink | None = None,
-              on_sent: Callable[[], None] | None = None, parts: Parts | None = None) -> np.ndarray:
+              on_sent: Callable[[], None] | None = None, parts: Parts | None = None,
+              stop: Callable[[], bool] | None = None) -> np.ndarray:
         """GET ``reqs[i]`` (a table of :func:`new_requests`: fields ``start``, ``end``) of
         ``urls[i]`` into ``dests[i]`` (a writable contiguous uint8 array; or the i-th span of a
         :class:`Carved` block; or a :class:`Landing`: made once the requests are written),
@@ -325,7 +339,9 @@ class HttpClient:
         that sink's set before they are complete (:class:`Parts`; a request with parts has
         sink chunk -1). ``on_sent()`` runs (on this thread) once
         the first requests are written, before any answer is taken: the caller's own setup for
-        the answers overlaps their round trip.
+        the answers overlaps their round trip. ``stop()`` is asked every ``TICK_MS`` while the
+        answers travel: true stops the requests in flight and raises
+        :class:`~gpu_zarr.errors.ReadCancelled` (Ctrl-C is seen then too).
 
         An exception raised by ``on_done``, ``on_sent`` or a landing's ``make`` stops the remaining
         requests and is raised here.
@@ -382,7 +398,12 @@ class HttpClient:
             if failed:
                 return
             try:
-                if i < 0:
+                if i == -2:  # a tick: no answer, the caller's chance to stop (and Python's to see Ctrl-C)
+                    if stop is not None and stop():
+                        from gpu_zarr.errors import ReadCancelled
+
+                        raise ReadCancelled("read cancelled: the requests in flight were stopped")
+                elif i < 0:
                     if landing is not None:
                         land(landing)
                     if on_sent is not None:
@@ -405,7 +426,9 @@ class HttpClient:
                                    int(self.connect_timeout_s * 1000), max(1, int(round(self.stall_s))),
                                    max(1, int(self.attempts)), int(self.backoff_s * 1000), _THUNK,
                                    ctypes.addressof(cancel), max(1, int(agents)), *sink_at,
-                                   2 if landing is not None else int(on_sent is not None), parts_at)
+                                   2 if landing is not None else int(on_sent is not None), parts_at,
+                                   int(self.timeout_s * 1000), max(1, int(self.min_rate)), TICK_MS,
+                                   max(0, int(self.redirects)))
         finally:
             calls.pop()
         if failed:
@@ -476,9 +499,20 @@ def client_for(scheme: str, options: Mapping[str, Any]) -> HttpClient | None:
     ``storage_options``), or None where obstore serves (other schemes, the client off or missing)."""
     if scheme not in ("http", "https") or not available():
         return None
+    from gpu_zarr import settings
+
     headers = tuple(f"{k}: {v}" for k, v in dict(options.get("headers") or {}).items())
+    timeout = _seconds(options.get("timeout", settings.get("remote_timeout")))
     return HttpClient(headers=headers, connect_timeout_s=_seconds(options.get("connect_timeout", 10)),
-                      stall_s=_seconds(options.get("timeout", 60)), attempts=1 + int(options.get("max_retries", 8)))
+                      stall_s=rate_window(timeout), attempts=1 + int(options.get("max_retries", 8)), timeout_s=timeout,
+                      min_rate=int(settings.get("remote_min_rate")))
+
+
+def rate_window(timeout_s: float) -> float:
+    """Seconds over which ``remote_min_rate`` is measured: 10, shorter for a shorter deadline
+    (at least 1): long enough that a pause of a busy server passes, short enough that a dripped
+    body is cut within the deadline."""
+    return max(1.0, min(10.0, timeout_s / 2)) if timeout_s > 0 else 10.0
 
 
 def _seconds(v: Any) -> float:

@@ -9,7 +9,16 @@ are fetched with up to ``requests`` in flight, each handed on as it arrives
 
 Retries: obstore retries 429/5xx, connection errors and timeouts with exponential backoff
 (:mod:`gpu_zarr.location` configures it); answers that end early (a truncated body) are
-retried here. A ranged answer whose length is not the length asked for is never decoded:
+retried here.
+
+Hostile servers: no answer is held beyond what its request needs. obstore's bodies are read
+as streams (:mod:`gpu_zarr.engine.remote_body`) and given up past their bound: a whole chunk's
+worst case for its codec (:func:`gpu_zarr.engine.bounds.max_encoded_nbytes`; more is a
+:class:`~gpu_zarr.errors.CorruptChunkError` naming it), a range's length; a server that answers
+no byte ranges is read whole only up to the object's bound. Every answer's range is checked
+against its request; each request has a deadline and a minimum rate (``storage_options
+["timeout"]``, the ``remote_timeout`` and ``remote_min_rate`` settings), and a read's cancel
+event (or Ctrl-C) stops the requests in flight. A ranged answer whose length is not the length asked for is never decoded:
 it is retried and, if it persists, raises :class:`~gpu_zarr.errors.RemoteError`.
 Fetched whole chunks and shard indexes are kept in a bounded LRU of encoded bytes
 (``GPU_ZARR_REMOTE_CACHE_MIB``, default 256), so a viewer's next look at a plane sends no
@@ -31,8 +40,9 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from gpu_zarr.engine.remote_body import Limit, deadline_of, read_body
 from gpu_zarr.engine.runtime import host_empty
-from gpu_zarr.errors import NativeHttpDeclined, RemoteError, ShortAnswer
+from gpu_zarr.errors import CorruptChunkError, NativeHttpDeclined, ReadCancelled, RemoteError, ShortAnswer
 from gpu_zarr.location import network_cause
 from gpu_zarr.pending import track
 
@@ -52,14 +62,30 @@ class _Loop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
 
-    def run(self, coro: Awaitable[T]) -> T:
+    def run(self, coro: Awaitable[T], stop: Callable[[], bool] | None = None) -> T:
+        """``coro``'s result, run on the loop's thread. ``stop()`` is asked every ``_TICK_S``:
+        true cancels it (its requests in flight with it) and raises ReadCancelled; so does
+        Ctrl-C (KeyboardInterrupt, raised on)."""
         with self._lock:
             if self._loop is None or self._loop.is_closed():
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=loop.run_forever, daemon=True, name="gpu-zarr-remote").start()
                 self._loop = loop
             loop = self._loop
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()  # type: ignore[arg-type]
+        fut: Any = asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
+        try:
+            while True:
+                try:
+                    return fut.result(timeout=_TICK_S)
+                except TimeoutError:
+                    if stop is not None and stop():
+                        raise ReadCancelled("read cancelled: the requests in flight were stopped") from None
+        except BaseException:
+            fut.cancel()  # (the requests' tasks are cancelled on the loop; nothing is left writing)
+            raise
+
+
+_TICK_S = 0.1  # how often a waiting read looks at its cancel event
 
 
 _LOOP = _Loop()
@@ -167,10 +193,18 @@ class RemoteSource:
         The HTTPS address of an anonymous ``s3://`` array (default: ``url``).
     store_of : callable, optional
         Builds the obstore store (4-7 ms) the first time a request needs it.
+    timeout_s : float, optional
+        Deadline of one request, retries included (default: the ``remote_timeout`` setting;
+        0: none); ``min_rate`` is the slowest transfer accepted (default ``remote_min_rate``).
     """
 
     def __init__(self, store: Any, prefix: str, url: str, requests: int = 64, http: Any = None,
-                 http_url: str | None = None, store_of: Callable[[], Any] | None = None) -> None:
+                 http_url: str | None = None, store_of: Callable[[], Any] | None = None,
+                 timeout_s: float | None = None, min_rate: int | None = None) -> None:
+        from gpu_zarr import settings
+
+        self.timeout_s = float(settings.get("remote_timeout") if timeout_s is None else timeout_s)
+        self.min_rate = int(settings.get("remote_min_rate") if min_rate is None else min_rate)
         self._store, self._store_of = store, store_of
         #: the native HTTP client (:class:`~gpu_zarr.engine.native_http.HttpClient`) serving this
         #: source's requests, or None: obstore serves them (signed s3, gs; no libcurl; a fallback)
@@ -231,6 +265,25 @@ class RemoteSource:
     def url_of(self, rel: str) -> str:
         return f"{self.url}/{rel}"
 
+    def _limit(self, rel: str, nbytes: int, over: Callable[[int], BaseException] | None = None) -> Limit:
+        """How much of an answer about ``rel`` may be taken (``nbytes``), and by when."""
+        from gpu_zarr.engine.native_http import rate_window
+
+        url = self.url_of(rel)
+        return Limit(int(nbytes), over or (lambda n: ShortAnswer(f"GET {url}: the answer is longer than the {n} bytes "
+                                                                  "asked for")),
+                     deadline_of(self.timeout_s), self.min_rate, rate_window(self.timeout_s), url)
+
+    def _too_big(self, rel: str, expected: str = "") -> Callable[[int], BaseException]:
+        """The error for an object of ``rel`` bigger than its bound (an encoded chunk's worst
+        case; ``expected``: what one holds, in words)."""
+        url = self.url_of(rel)
+        holds = f" ({expected})" if expected else ""
+        return lambda n: CorruptChunkError(
+            f"chunk {url} is larger than {n} bytes, the most its codec writes for a chunk of this array{holds}: it is "
+            "truncated or corrupt, or the server sends something else. Nothing past that was read; rewrite or delete "
+            "it, or check the server.")
+
     def _count(self, n: int) -> None:
         with self._stats_lock:
             self.stats["requests"] += 1
@@ -266,19 +319,27 @@ class RemoteSource:
         raise AssertionError("unreachable")
 
     # -- byte ranges, or whole objects cut where the server answers no ranges ------------------
-    async def _range_get(self, rel: str, rng: Any) -> tuple[Any, int, int, Any]:
+    async def _range_get(self, rel: str, rng: Any, cap: int | None) -> tuple[Any, int, int, Any]:
         """(data, start, end, object metadata) of a byte range of ``rel``; ``rng`` is
         ``(start, end)`` or ``{"suffix": n}``. A server that answers no ranges (python's
-        ``http.server``, some static hosts) gets one whole-object GET instead, kept in the
-        byte cache and cut here: slower, never wrong, said once in the log."""
+        ``http.server``, some static hosts) gets one whole-object GET instead (at most ``cap``
+        bytes: the object's bound), kept in the byte cache and cut here: slower, never wrong,
+        said once in the log. The range answered is checked against the one asked for."""
         import obstore
         import obstore.exceptions as oe
 
         if self.ranges:
             try:
                 res = await obstore.get_async(self.store, self.key(rel), options={"range": rng})
-                lo, hi = res.range
-                return await res.bytes_async(), int(lo), int(hi), dict(res.meta)
+                lo, hi = (int(v) for v in res.range)
+                size = int(res.meta["size"])
+                # the range answered is the one asked for: a suffix ends at the object's end and
+                # is as long as asked (or the whole object), a range starts where asked
+                ok = (hi == size and hi - lo == min(size, int(rng["suffix"]))) if isinstance(rng, dict) else \
+                    (lo == int(rng[0]) and lo <= hi <= int(rng[1]))
+                if not ok:
+                    raise ShortAnswer(f"{_what(rng)} {self.url_of(rel)} was answered with bytes {lo}-{hi - 1} of {size}")
+                return await read_body(res, self._limit(rel, hi - lo)), lo, hi, dict(res.meta)
             except oe.NotSupportedError:
                 if self.ranges:
                     self.ranges = False
@@ -286,15 +347,25 @@ class RemoteSource:
                         "%s answers no byte ranges: whole objects are fetched and cut (slower, above all for "
                         "shards); serve the store with a server that answers Range requests (nginx, S3, ...)",
                         self.url)
-        data, meta = await self._whole(rel)
+        data, meta = await self._whole(rel, cap)
         size = len(data)
         lo, hi = (max(0, size - int(rng["suffix"])), size) if isinstance(rng, dict) else (
             min(int(rng[0]), size), min(int(rng[1]), size))
         return memoryview(data)[lo:hi], lo, hi, meta
 
-    async def _whole(self, rel: str) -> tuple[bytes, dict[str, Any]]:
-        """The whole object (one GET for every range of it asked for at once; kept in the byte cache)."""
+    async def _whole(self, rel: str, cap: int | None) -> tuple[bytes, dict[str, Any]]:
+        """The whole object (one GET for every range of it asked for at once; kept in the byte
+        cache), read only up to ``cap`` bytes (None: the ``_WHOLE_CAP``): the ranges of an
+        object bigger than its bound are not taken from a server that answers no ranges."""
         import obstore
+
+        cap = _WHOLE_CAP if cap is None else int(cap)
+        url = self.url_of(rel)
+
+        def over(n: int) -> BaseException:
+            return RemoteError(f"{self.url} answers no byte ranges, and {url} is larger than {n} bytes, the most an "
+                               "object of this array can be: it was not read. Serve the store with a server that "
+                               "answers Range requests (nginx, S3, ...), or check that the URL is the store.")
 
         try:
             got: tuple[bytes, dict[str, Any]] = FETCHED.get((self.url, rel, "whole"))
@@ -305,7 +376,9 @@ class RemoteSource:
         if task is None:
             async def fetch() -> tuple[bytes, dict[str, Any]]:
                 res = await obstore.get_async(self.store, self.key(rel))
-                data = bytes(await res.bytes_async())
+                if int(res.meta["size"]) > cap:  # (said before its body is read)
+                    raise over(cap)
+                data = await read_body(res, self._limit(rel, cap, over))
                 if len(data) != int(res.meta["size"]):
                     raise ShortAnswer(f"expected {int(res.meta['size'])} bytes, got {len(data)}")
                 self._count(len(data))
@@ -316,10 +389,13 @@ class RemoteSource:
         return await asyncio.shield(task)
 
     # -- shard indexes ---------------------------------------------------------------------------
-    def get_indexes(self, rels: Sequence[str], nbytes: int, at_end: bool) -> list[tuple[bytes, int, int] | None]:
+    def get_indexes(self, rels: Sequence[str], nbytes: int, at_end: bool, cap: int | None = None,
+                    stop: Callable[[], bool] | None = None) -> list[tuple[bytes, int, int] | None]:
         """Per shard (index bytes, shard size, mtime ns), None when the shard does not exist.
 
-        One GET each, with a suffix range (index at the end) or a prefix range.
+        One GET each, with a suffix range (index at the end) or a prefix range. ``cap``: the
+        most bytes a shard can have (a server that answers no ranges sends it whole);
+        ``stop``: as for :meth:`stream`.
         """
         out: list[Any] = [None] * len(rels)
         todo = []
@@ -336,7 +412,7 @@ class RemoteSource:
             sem = asyncio.Semaphore(self.requests)
 
             async def all_(which: list[int]) -> list[Any]:
-                return list(await asyncio.gather(*(self._index(sem, rels[i], nbytes, at_end) for i in which)))
+                return list(await asyncio.gather(*(self._index(sem, rels[i], nbytes, at_end, cap) for i in which)))
             found: list[Any] = [None] * len(todo)
             left = list(range(len(todo)))
             if self.http is not None:
@@ -349,9 +425,9 @@ class RemoteSource:
                         found[j] = (b"", 0, 0, "")
                     else:
                         found[j] = (bytes(g.data), g.size, g.mtime, g.etag)
-                left = self._native([(rels[i], rng) for i in todo], one, nbytes, missing_ok=True)
+                left = self._native([(rels[i], rng) for i in todo], one, nbytes, missing_ok=True, stop=stop)
             if left:
-                for j, g in zip(left, _LOOP.run(all_([todo[j] for j in left]))):
+                for j, g in zip(left, _LOOP.run(all_([todo[j] for j in left]), stop)):
                     found[j] = g
             for i, g in zip(todo, found):
                 out[i] = g[:3] if g is not None else None
@@ -360,12 +436,12 @@ class RemoteSource:
                     self.keep_index(rels[i], *g)
         return out
 
-    async def _index(self, sem: asyncio.Semaphore, rel: str, nbytes: int, at_end: bool) -> Any:
+    async def _index(self, sem: asyncio.Semaphore, rel: str, nbytes: int, at_end: bool, cap: int | None) -> Any:
 
         async def once() -> Any:
             rng: Any = {"suffix": nbytes} if at_end else (0, nbytes)
             try:
-                data, lo, hi, meta = await self._range_get(rel, rng)
+                data, lo, hi, meta = await self._range_get(rel, rng, cap)
             except FileNotFoundError:
                 return None
             size = int(meta["size"])
@@ -385,7 +461,7 @@ class RemoteSource:
     def stream(self, jobs: Sequence[tuple[str, Span]],
                on_done: Callable[[int, Got | None], None], cap: int | None = None,
                arena: Bodies | None = None, sink: Any = None, on_sent: Callable[[], None] | None = None,
-               parts: Any = None) -> None:
+               parts: Any = None, stop: Callable[[], bool] | None = None, expected: str = "") -> None:
         """GET every job, up to ``requests`` in flight, and call ``on_done(i, got)`` (on the
         event loop's thread: it must only hand the work on) as each one arrives.
 
@@ -404,7 +480,9 @@ class RemoteSource:
         :class:`~gpu_zarr.engine.native_http.Parts`; ``handed`` counts them). ``on_sent()`` runs once, on this
         thread, before any ``on_done``: as soon as the native client's first requests are
         written (the caller's setup for the answers then overlaps their round trip), else
-        before obstore's are made.
+        before obstore's are made. ``stop()`` is asked while the answers travel (every 0.1 s):
+        true stops the requests in flight and raises ReadCancelled. ``expected``: what one
+        whole object holds, in words (the message for one past ``cap``).
         """
         if not jobs:
             return
@@ -417,23 +495,28 @@ class RemoteSource:
                 on_sent()
         left = list(range(len(jobs)))
         if self.http is not None and (cap is not None or all(j[1] is not None for j in jobs)):
-            left = self._native(list(jobs), on_done, cap, arena=arena, sink=sink, on_sent=sent, parts=parts)
+            left = self._native(list(jobs), on_done, cap, arena=arena, sink=sink, on_sent=sent, parts=parts,
+                                stop=stop, expected=expected)
         if left:
             sent()
             sub = [jobs[j] for j in left]
-            _LOOP.run(self._stream(sub, lambda k, got: on_done(left[k], got)))
+            _LOOP.run(self._stream(sub, lambda k, got: on_done(left[k], got), cap, expected), stop)
 
     async def _stream(self, jobs: Sequence[tuple[str, Span]],
-                      on_done: Callable[[int, Got | None], None]) -> None:
+                      on_done: Callable[[int, Got | None], None], cap: int | None = None,
+                      expected: str = "") -> None:
         sem = asyncio.Semaphore(self.requests)
 
         async def one(i: int, rel: str, rng: Span) -> None:
             async with sem:
-                got = await self._get(rel, rng)
+                got = await self._get(rel, rng, cap, expected)
             on_done(i, got)
         await _all([one(i, *j) for i, j in enumerate(jobs)])
 
-    async def _get(self, rel: str, rng: Span) -> Got | None:
+    async def _get(self, rel: str, rng: Span, cap: int | None = None, expected: str = "") -> Got | None:
+        """One job through obstore; a whole object at most ``cap`` bytes (None: ``_WHOLE_CAP``;
+        more is a CorruptChunkError naming it, said before its body is read when the server
+        gives its size)."""
         import obstore
         import obstore.exceptions as oe
 
@@ -441,10 +524,14 @@ class RemoteSource:
             meta: Any
             try:
                 if rng is None:
+                    most = _WHOLE_CAP if cap is None else int(cap)
                     res = await obstore.get_async(self.store, self.key(rel))
-                    data, meta = await res.bytes_async(), dict(res.meta)
+                    meta = dict(res.meta)
+                    if int(meta["size"]) > most:
+                        raise self._too_big(rel, expected)(most)
+                    data = await read_body(res, self._limit(rel, most, self._too_big(rel, expected)))
                 else:
-                    data, _, _, meta = await self._range_get(rel, rng)
+                    data, _, _, meta = await self._range_get(rel, rng, cap)
             except FileNotFoundError:
                 # a whole object: missing (the fill value); a range: the shard is gone since its
                 # index was read, and the caller sees it changed
@@ -467,7 +554,8 @@ class RemoteSource:
     # -- the native HTTP client (gpu_zarr.engine.native_http) -----------------------------------
     def _native(self, jobs: list[tuple[str, Any]], on_done: Callable[[int, Got | None], None], cap: int | None, *,
                 missing_ok: bool = False, arena: Bodies | None = None, sink: Any = None,
-                on_sent: Callable[[], None] | None = None, parts: Any = None) -> list[int]:
+                on_sent: Callable[[], None] | None = None, parts: Any = None,
+                stop: Callable[[], bool] | None = None, expected: str = "") -> list[int]:
         """Run ``jobs`` (``(rel, None | (start, end) | {"suffix": n})``) through the native
         client, ``on_done(i, got)`` as each arrives (None: the object does not exist; for
         ranges only with ``missing_ok``). Each body goes into a buffer of its own (``cap``
@@ -516,7 +604,7 @@ class RemoteSource:
             else:
                 buf, bufs[i] = bufs[i], None  # finished: only the answer's consumer keeps it alive
             try:
-                got = self._judge(rel, rng, reqs[i], buf, missing_ok)
+                got = self._judge(rel, rng, reqs[i], buf, missing_ok, expected)
             except NativeHttpDeclined as exc:
                 left.append(i)
                 why.append(str(exc))
@@ -525,14 +613,14 @@ class RemoteSource:
                 self._count(len(got.data))
             on_done(i, got)
         http.fetch([f"{self.http_url}/{r}" for r, _ in jobs], reqs, nh.Landing(sizes, land), self.requests, done,
-                   sink=sink, on_sent=on_sent, parts=parts)
+                   sink=sink, on_sent=on_sent, parts=parts, stop=stop)
         if left:
             self.http = None
             logging.getLogger("gpu_zarr.remote").warning(
                 "%s: %s; obstore serves this store from now on instead of the native HTTP client", self.url, why[0])
         return sorted(left)
 
-    def _judge(self, rel: str, rng: Any, r: Any, buf: np.ndarray, missing_ok: bool) -> Got | None:
+    def _judge(self, rel: str, rng: Any, r: Any, buf: np.ndarray, missing_ok: bool, expected: str = "") -> Got | None:
         """One finished native request: its answer (``handed``: what the native client handed to
         the fetch's decode set, its row's ``added``), None (missing), or a clear error."""
         import gpu_zarr.engine.native_http as nh
@@ -554,17 +642,26 @@ class RemoteSource:
                     return Got(b"", -1, 0, "")  # shorter than the range: the caller sees it changed
                 if st == 200:
                     raise NativeHttpDeclined("it answers no byte ranges")
+                # (the Content-Range answered is the one asked for: start, end and total)
+                lo, hi = int(r["range_start"]), int(r["range_end"])
                 if isinstance(rng, dict):
-                    if st == 206 and size >= 0 and got_n == min(size, int(rng["suffix"])):
+                    want = min(size, int(rng["suffix"]))
+                    if st == 206 and size > 0 and got_n == want and lo == size - want and hi == size - 1:
                         return Got(buf[:got_n], size, mtime, etag)
                 else:
                     a, b = int(rng[0]), int(rng[1])
-                    if st == 206 and int(r["range_start"]) == a and got_n == b - a:
+                    if st == 206 and lo == a and hi == b - 1 and got_n == b - a and size >= b:
                         return Got(buf[:got_n], size, mtime, etag)
                     if st == 206 and 0 <= size < b:
                         return Got(b"", size, mtime, etag)  # shorter now: it changed
-        if st == nh.TOO_LONG:
+        if st == nh.TOO_LONG and rng is None:  # a whole object past its codec's worst case
+            raise self._too_big(rel, expected)(int(r["cap"]))
+        if st == nh.TOO_LONG:  # a 200 to a range (a server that answers none): obstore reads it bounded
             raise NativeHttpDeclined("an answer was longer than expected")
+        if st == nh.REFUSED:
+            raise RemoteError(f"{_what(rng)} {self.url_of(rel)} failed: {bytes(r['err']).decode(errors='replace')}. "
+                              "Redirects are followed only to http(s), never from https to http, at most "
+                              f"{self.http.redirects if self.http else 5} hops; use the final URL of the store.")
         if st == nh.CHANGED:
             raise changed_while_read(self.url_of(rel), "a retry after a failed transfer brought another version of it "
                                                         "than the part already decoded")
@@ -647,6 +744,8 @@ class BodyArena:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+_WHOLE_CAP = 1 << 30  # a whole object with no bound given (every engine read gives one)
 
 _NETWORK = ("check that the server is up and reachable (network, DNS, proxy) and retry; requests in flight can be "
             "lowered with GPU_ZARR_REMOTE_REQUESTS")
@@ -742,9 +841,15 @@ def source_of(arr: Any) -> RemoteSource | None:
                 http = nat[0]
                 if nat[1] != base:
                     http_url = nat[1] + ("/" + path if path else "")
+            timeout = loc.storage_options.get("timeout") if loc is not None else None
             src = per[path] = RemoteSource(None, path, base.rstrip("/") + ("/" + path if path else ""), requests,
-                                           http, http_url, store_of=lambda: store.store)
+                                           http, http_url, store_of=lambda: store.store,
+                                           timeout_s=_seconds(timeout) if timeout is not None else None)
     return src
 
 
 _SOURCES_LOCK = threading.Lock()
+
+
+def _seconds(v: Any) -> float:
+    return float(v.total_seconds()) if hasattr(v, "total_seconds") else float(v)

@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from gpu_zarr.engine.bounds import max_stored_nbytes
 from gpu_zarr.engine.fetch import read_tasks
 from gpu_zarr.engine.layout import Layout
-from gpu_zarr.engine.locate import Located, check_sizes, index_entries
+from gpu_zarr.engine.locate import Located, check_sizes, expected_chunk, index_entries
 from gpu_zarr.engine.native_http import Handoff, Parts, Sink
 from gpu_zarr.engine.plan import Batch, Pieces
 from gpu_zarr.engine.remote import FETCHED, Bodies, Got, RemoteBlob, RemoteSource, Span, changed_while_read
@@ -83,7 +84,8 @@ class Arrived:
 
 def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
                   on_arrived: Callable[[Arrived], None], arena: Bodies | None = None,
-                  handoff: Handoff | None = None, on_sent: Callable[[], None] | None = None) -> dict[str, int]:
+                  handoff: Handoff | None = None, on_sent: Callable[[], None] | None = None,
+                  stop: Callable[[], bool] | None = None) -> dict[str, int]:
     """Locate and fetch every piece, calling ``on_arrived`` as each answer arrives (from the
     event loop's thread, or this one for what is already known: it must only hand the work
     on). See the module docstring. Returns counts: ``requests``, ``index_requests``,
@@ -95,6 +97,7 @@ def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
     the shard's bytes pass its end (when the answer is the object that index belongs to: its
     size, Last-Modified and ETag). ``on_sent()``: see
     :meth:`RemoteSource.stream` (the chunks' requests; a sharded read's after its indexes).
+    ``stop()``: asked while the answers travel; true stops them (ReadCancelled).
 
     Raises
     ------
@@ -107,13 +110,13 @@ def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
     if not len(pieces):
         return counts
     if not layout.sharded:
-        return _stream_chunks(layout, pieces, source, on_arrived, counts, arena, handoff, on_sent)
-    return _stream_shards(layout, pieces, source, on_arrived, counts, arena, on_sent, handoff)
+        return _stream_chunks(layout, pieces, source, on_arrived, counts, arena, handoff, on_sent, stop)
+    return _stream_shards(layout, pieces, source, on_arrived, counts, arena, on_sent, handoff, stop)
 
 
 def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arrived: Callable[[Arrived], None],
                    counts: dict[str, int], arena: Bodies | None, handoff: Handoff | None,
-                   on_sent: Callable[[], None] | None) -> dict[str, int]:
+                   on_sent: Callable[[], None] | None, stop: Callable[[], bool] | None = None) -> dict[str, int]:
     keys = [layout.chunk_key(c) for c in pieces.cells]
 
     def hand(i: int, got: Any, handed: int = 0) -> None:
@@ -149,13 +152,15 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         hand(i, value, got.handed if got is not None else 0)
     counts["requests"] += len(todo)
     sink = Sink(handoff, array.array("q", todo)) if handoff is not None else None
-    source.stream([(keys[i], None) for i in todo], done, whole_cap(layout), arena, sink, on_sent)
+    source.stream([(keys[i], None) for i in todo], done, whole_cap(layout), arena, sink, on_sent, stop=stop,
+                  expected=expected_chunk(layout))
     return counts
 
 
 def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arrived: Callable[[Arrived], None],
                    counts: dict[str, int], arena: Bodies | None,
-                   on_sent: Callable[[], None] | None = None, handoff: Handoff | None = None) -> dict[str, int]:
+                   on_sent: Callable[[], None] | None = None, handoff: Handoff | None = None,
+                   stop: Callable[[], bool] | None = None) -> dict[str, int]:
     per = np.asarray(layout.inner_per_shard, np.int64)
     shard_coords, inner_coords = pieces.coords // per, pieces.coords % per
     inner_lin = np.asarray(np.ravel_multi_index(inner_coords.T, tuple(per)), np.int64)
@@ -168,6 +173,8 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
     bounds = np.searchsorted(shard_of[order], np.arange(len(keys) + 1))
     members = [order[bounds[s]:bounds[s + 1]] for s in range(len(keys))]
     whole_ok = n_inner * int(layout.inner_nbytes) <= WHOLE_SHARD_BYTES
+    chunk_cap = whole_cap(layout)  # no index entry may claim more (checked before a range is asked for)
+    shard_cap = n_inner * chunk_cap + index_size
 
     def _namer(url: str, sel: np.ndarray) -> Callable[[int], str]:
         return lambda j: f"{url} inner chunk {tuple(int(v) for v in inner_coords[int(sel[j])])}"
@@ -208,26 +215,26 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         if whole_ok and len(members[s]) == n_inner:  # all of it: one GET, even with its index known
             whole.append(s)
         elif idx is not None and len(idx[0]) == index_size:
-            known[s] = (index_entries(layout, source.url_of(keys[s]), idx[0], idx[1]), idx[1], idx[2], idx[3])
+            known[s] = (index_entries(layout, source.url_of(keys[s]), idx[0], idx[1], chunk_cap), idx[1], idx[2],
+                        idx[3])
         elif whole_ok and 2 * len(members[s]) >= n_inner:
             whole.append(s)
         else:
             need.append(s)
     if need:
         counts["index_requests"] += len(need)
-        found = source.get_indexes([keys[s] for s in need], index_size, layout.index_at_end)
+        found = source.get_indexes([keys[s] for s in need], index_size, layout.index_at_end, shard_cap, stop)
         for s, f in zip(need, found):
             if f is None:
                 missing(s)
                 continue
             raw, fsize, mtime = f
             cached = source.cached_index(keys[s])
-            known[s] = (index_entries(layout, source.url_of(keys[s]), raw, fsize), fsize, mtime,
+            known[s] = (index_entries(layout, source.url_of(keys[s]), raw, fsize, chunk_cap), fsize, mtime,
                         cached[3] if cached is not None else "")
 
     jobs: list[tuple[str, Span]] = []
     what: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, int]] = []  # shard, pieces, offsets, sizes, start
-    shard_cap = n_inner * whole_cap(layout) + index_size
     for s in whole:
         jobs.append((keys[s], None))
         what.append((s, members[s], np.zeros(0, np.int64), np.zeros(0, np.int64), -1))
@@ -268,7 +275,7 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         s = whole[j]
         sel = members[s]
         try:
-            entries = index_entries(layout, source.url_of(keys[s]), raw, fsize)[inner_lin[sel]]
+            entries = index_entries(layout, source.url_of(keys[s]), raw, fsize, chunk_cap)[inner_lin[sel]]
         except CorruptChunkError:
             return None  # (the shard's own bytes say so when it comes)
         ok = entries[:, 0] != np.uint64(2**64 - 1)
@@ -318,7 +325,8 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
     counts["requests"] += len(jobs)
     counts["whole_shards"] += len(whole)
     try:
-        source.stream(jobs, done, shard_cap, arena, sink, on_sent=on_sent, parts=parts if sink is not None else None)
+        source.stream(jobs, done, shard_cap, arena, sink, on_sent=on_sent, parts=parts if sink is not None else None,
+                      stop=stop)
     except ShardChanged:
         # a shard changed since its index was fetched: nothing of it was handed on. Forget every
         # index of this read and read again (pieces of unchanged shards are placed twice, alike)
@@ -329,7 +337,7 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         if counts["stale"] > 2:
             raise CorruptChunkError(f"the shards of {source.url} keep changing while read; try again later") from None
         # (on_sent ran, or no job was sent; no parts: what was handed is not handed again)
-        return _stream_shards(layout, pieces, source, on_arrived, counts, arena)
+        return _stream_shards(layout, pieces, source, on_arrived, counts, arena, stop=stop)
     return counts
 
 
@@ -343,16 +351,15 @@ def _whole_shard_index(layout: Layout, source: RemoteSource, key: str, data: Any
         raise CorruptChunkError(f"shard {url} has {len(data)} bytes, fewer than its index alone ({size} bytes for "
                                 f"{n_inner} inner chunks): the shard is truncated. Rewrite or delete it.")
     raw = bytes(memoryview(data)[len(data) - size:] if layout.index_at_end else memoryview(data)[:size])
-    index = index_entries(layout, url, raw, len(data))  # checked before it is kept
+    index = index_entries(layout, url, raw, len(data), whole_cap(layout))  # checked before it is kept
     source.keep_index(key, raw, len(data), mtime, etag)
     return index
 
 
 def whole_cap(layout: Layout) -> int:
-    """The most encoded bytes a whole chunk may have: its decoded size, plus what any codec
-    adds to data it cannot compress (a body past this is served by obstore instead)."""
-    n = int(layout.inner_nbytes)
-    return n + n // 4 + (64 << 10)
+    """The most encoded bytes a whole chunk may have: its codec's worst case for its decoded
+    size (a body past this is a CorruptChunkError naming it, nothing past it read)."""
+    return max_stored_nbytes(layout)
 
 
 def _runs(offs: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:

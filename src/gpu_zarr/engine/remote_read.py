@@ -272,7 +272,7 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: C
     # a big read's answers land in reused buffers, held until every drain is done with them
     with arena_for(rt, len(pieces)) as arena:
         try:
-            counts = stream_remote(lay, pieces, lay.source, arrived, arena, handoff, ready)
+            counts = stream_remote(lay, pieces, lay.source, arrived, arena, handoff, ready, _stop_of(opts))
             stats["fetch_s"] = time.perf_counter() - t
             ready()  # (nothing was requested: every piece was known)
             if native:
@@ -364,7 +364,7 @@ def run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
 
     def fetch_all() -> None:
         try:
-            state["counts"] = stream_remote(lay, pieces, lay.source, arrived, arena)
+            state["counts"] = stream_remote(lay, pieces, lay.source, arrived, arena, stop=_stop_of(opts))
         except BaseException as exc:  # noqa: BLE001 - handed to the pipeline, which raises it
             state["error"] = exc
         finally:
@@ -548,3 +548,9 @@ def remote_reader(lay: Layout, rt: Runtime) -> Any:
 
     copiers = min(8, os.cpu_count() or 1)
     return RemoteReader(lay.source.requests, rt.pool("remote-copy", copiers), copiers)
+
+
+def _stop_of(opts: EngineOptions) -> Callable[[], bool] | None:
+    """What the fetch asks while its answers travel: the read's cancel event is set (None: no event)."""
+    cancel = opts.cancel
+    return None if cancel is None else (lambda: bool(cancel.is_set()))

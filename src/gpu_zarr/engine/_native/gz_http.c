@@ -7,6 +7,13 @@
  *                   shard's inner chunks can be handed to a decode set as its bytes pass
  *                   each one's end (its index known before: gz_http_parts).
  *
+ * Hostile servers: every body is written into its caller-given buffer and stopped at its end
+ * (nothing is held beyond what was asked for); every answer is checked against its request
+ * (status, Content-Range start, end and total) before it counts; each request has a deadline,
+ * its retries included, and a minimum transfer rate; redirects are followed here, not by
+ * libcurl: only to http(s), never from https to http, a bounded number of hops, and the
+ * caller's headers are dropped once the host changes.
+ *
  * libcurl is loaded at run time with dlopen (libcurl.so.4: no -dev package needed); when it
  * is missing, gz_http_available() says why and the Python side uses obstore instead.
  * Connections are kept between calls: finished calls return their multi handle (and its
@@ -21,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <ctype.h>
 #include <time.h>
 
 #define API __attribute__((visibility("default")))
@@ -31,9 +39,9 @@ enum {
     O_HTTPHEADER = 10023, O_HEADERDATA = 10029, O_PRIVATE = 10103, O_WRITEFUNCTION = 20011,
     O_HEADERFUNCTION = 20079, O_LOW_SPEED_LIMIT = 19, O_LOW_SPEED_TIME = 20, O_FOLLOWLOCATION = 52,
     O_MAXREDIRS = 68, O_FILETIME = 69, O_BUFFERSIZE = 98, O_NOSIGNAL = 99, O_TCP_NODELAY = 121,
-    O_CONNECTTIMEOUT_MS = 156,
+    O_CONNECTTIMEOUT_MS = 156, O_TIMEOUT_MS = 155,
 };
-enum { I_RESPONSE_CODE = 0x200002, I_PRIVATE = 0x100015, I_FILETIME_T = 0x60000E };
+enum { I_RESPONSE_CODE = 0x200002, I_PRIVATE = 0x100015, I_FILETIME_T = 0x60000E, I_REDIRECT_URL = 0x10001F };
 enum { M_MAXCONNECTS = 6 };
 enum { MSG_DONE = 1 };
 typedef void CURL;
@@ -102,7 +110,9 @@ typedef struct {
     int64_t size;          /* out: the object's size (Content-Range total, or a 200's length), -1 unknown */
     int64_t mtime;         /* out: Last-Modified, seconds since the epoch, -1 unknown */
     int64_t range_start;   /* out: first byte of a 206's Content-Range, -1 none */
-    int32_t status;        /* out: HTTP status of the last attempt; -1 no answer (see curl); -2 body longer than cap */
+    int64_t range_end;     /* out: last byte of a 206's Content-Range, -1 none */
+    int32_t status;        /* out: HTTP status of the last attempt; -1 no answer (see curl); -2 body longer than cap;
+                              -7 a redirect refused (err says why) */
     int32_t curl;          /* out: libcurl's code of the last attempt (0 ok) */
     int32_t attempts;      /* out */
     int32_t added;         /* out: 1 when the body was handed to the fetch's decode set (gz_http_fetch's sink);
@@ -133,6 +143,7 @@ typedef struct gz_http_parts {
     volatile int64_t *late;
 } gz_http_parts;
 #define CHANGED (-6)
+#define REFUSED (-7)
 
 /* gz_native.c (the same library): queue chunk i of a decode set (gz_arrivals_open) */
 int gz_arrivals_add(void *h, int64_t i, const uint8_t *src, int64_t nb);
@@ -189,6 +200,7 @@ typedef struct {
     int over;          /* the body ran past cap */
     const int *armed;  /* 0 while the destinations are not set: a body that comes sooner waits (paused) */
     int paused;
+    int redirect;      /* the answer is a redirect (3xx): its body is not kept */
     char range[64];
     char err[256];
 } slot_t;
@@ -232,6 +244,7 @@ static size_t on_body(char *p, size_t sz, size_t n, void *u) {
     slot_t *s = u;
     size_t len = sz * n;
     if (!*s->armed) { s->paused = 1; return WRITEFUNC_PAUSE; }
+    if (s->redirect) return len;  /* a redirect's body: not kept (the deadline bounds it) */
     if (!s->parts && s->all && s->all->late) {  /* parts published since: taken from now on */
         int64_t p = __atomic_load_n(&s->all->late[s->i], __ATOMIC_ACQUIRE);
         if (p) { s->parts = (const gz_http_parts *)(intptr_t)p; s->pi = 0; s->valid = -1; }
@@ -265,10 +278,11 @@ static size_t on_header(char *p, size_t sz, size_t n, void *u) {
     buf[m] = 0;
     while (m && (buf[m - 1] == '\r' || buf[m - 1] == '\n')) buf[--m] = 0;
     if (starts(buf, m, "HTTP/")) {  /* a new answer (after a redirect or a 100): forget the last one's */
-        s->r->size = -1; s->r->range_start = -1; s->r->etag[0] = 0; s->r->got = 0; s->over = 0;
-        s->lm = -1; s->valid = -1; s->http = 0;
+        s->r->size = -1; s->r->range_start = -1; s->r->range_end = -1; s->r->etag[0] = 0; s->r->got = 0;
+        s->over = 0; s->lm = -1; s->valid = -1; s->http = 0;
         const char *v = memchr(buf, ' ', m);
         if (v) s->http = atoi(v + 1);
+        s->redirect = s->http >= 300 && s->http < 400;
     } else if (starts(buf, m, "last-modified:")) {
         const char *v = buf + 14;
         while (*v == ' ') v++;
@@ -278,7 +292,9 @@ static size_t on_header(char *p, size_t sz, size_t n, void *u) {
         long long a = -1, b = -1, t = -1;
         const char *v = buf + 14;
         while (*v == ' ') v++;
-        if (sscanf(v, "bytes %lld-%lld/%lld", &a, &b, &t) == 3) { s->r->range_start = a; s->r->size = t; }
+        if (sscanf(v, "bytes %lld-%lld/%lld", &a, &b, &t) == 3) {
+            s->r->range_start = a; s->r->range_end = b; s->r->size = t;
+        }
     } else if (starts(buf, m, "content-length:") && s->r->end < 0 && s->r->start >= 0) {
         long long t = -1;
         if (sscanf(buf + 15, " %lld", &t) == 1) s->r->size = t;  /* a whole object's size */
@@ -297,12 +313,17 @@ static int64_t now_ms(void) {
 }
 
 
-/* a finished answer is complete: its status and length are what was asked for */
+/* a finished answer is complete: its status, Content-Range (start, end, total) and length are
+ * what was asked for (a suffix's range ends at the object's end) */
 static int complete(const gz_http_req *r) {
     if (r->end < 0 && r->start >= 0) return r->status == 200 && (r->size < 0 || r->got == r->size);
-    if (r->status != 206) return 0;
-    if (r->start < 0) return r->size >= 0 && r->got == (r->size < -r->start ? r->size : -r->start);
-    return r->range_start == r->start && r->got == r->end - r->start;
+    if (r->status != 206 || r->got <= 0) return 0;
+    if (r->start < 0) {
+        int64_t want = r->size < -r->start ? r->size : -r->start;
+        return r->size > 0 && r->got == want && r->range_start == r->size - want && r->range_end == r->size - 1;
+    }
+    return r->range_start == r->start && r->range_end == r->end - 1 && r->got == r->end - r->start &&
+           r->size >= r->end;
 }
 
 /* One fetch's state shared by its agents (each a thread with a multi handle of its own): one
@@ -315,6 +336,11 @@ typedef struct {
     int64_t n;
     struct curl_slist *hdr;
     int64_t connect_timeout_ms, low_speed_s, backoff_ms;
+    int64_t timeout_ms, min_rate;  /* per request: deadline (retries and redirects included; 0 none), bytes/s */
+    int tick_ms, max_redirs;       /* done(-2) every tick_ms on the caller's thread (0: never); redirect hops */
+    int64_t *deadline;             /* per request: when it must have finished (ms, now_ms's clock; -1 none) */
+    char **moved;                  /* per request: the URL it was redirected to (NULL: its own) */
+    unsigned char *hops, *bare;    /* per request: redirects followed; 1: the host changed (no caller headers) */
     int attempts;
     volatile int32_t *cancel;
     pthread_mutex_t mu;
@@ -350,16 +376,17 @@ static void start_one(runner_t *ag, slot_t *s, CURL *e, int64_t i) {
         s->all = f->parts; s->set = f->sink_set;
         if (f->parts->at[i + 1] > f->parts->at[i]) { s->parts = f->parts; s->pi = i; }
     }
-    r->got = 0; r->size = -1; r->range_start = -1; r->etag[0] = 0; r->attempts++;
-    C.easy_setopt(e, O_URL, f->urls[i]);
+    r->got = 0; r->size = -1; r->range_start = -1; r->range_end = -1; r->etag[0] = 0; r->attempts++;
+    int64_t t0 = now_ms();
+    if (f->deadline[i] < 0 && f->timeout_ms > 0) f->deadline[i] = t0 + f->timeout_ms;
+    C.easy_setopt(e, O_URL, f->moved[i] ? f->moved[i] : f->urls[i]);
     C.easy_setopt(e, O_WRITEFUNCTION, on_body);
     C.easy_setopt(e, O_WRITEDATA, (void *)s);
     C.easy_setopt(e, O_HEADERFUNCTION, on_header);
     C.easy_setopt(e, O_HEADERDATA, (void *)s);
     C.easy_setopt(e, O_PRIVATE, (void *)s);
     C.easy_setopt(e, O_ERRORBUFFER, s->err);
-    C.easy_setopt(e, O_FOLLOWLOCATION, 1L);
-    C.easy_setopt(e, O_MAXREDIRS, 10L);
+    C.easy_setopt(e, O_FOLLOWLOCATION, 0L);  /* followed by follow() (checked), not by libcurl */
     C.easy_setopt(e, O_FILETIME, 1L);
     C.easy_setopt(e, O_NOSIGNAL, 1L);
     C.easy_setopt(e, O_TCP_NODELAY, 1L);
@@ -368,10 +395,14 @@ static void start_one(runner_t *ag, slot_t *s, CURL *e, int64_t i) {
      * for the rest (a fresh 512 KiB buffer cost ~120 page faults per 512 KiB chunk) */
     C.easy_setopt(e, O_BUFFERSIZE, r->cap >= (2 << 20) ? 512L * 1024 : 16L * 1024);
     C.easy_setopt(e, O_CONNECTTIMEOUT_MS, (long)f->connect_timeout_ms);
-    C.easy_setopt(e, O_LOW_SPEED_LIMIT, 1L);           /* under 1 B/s for low_speed_s: timed out */
+    /* under min_rate B/s for low_speed_s: timed out (a body dripped slowly ends too) */
+    C.easy_setopt(e, O_LOW_SPEED_LIMIT, (long)(f->min_rate > 0 ? f->min_rate : 1));
     C.easy_setopt(e, O_LOW_SPEED_TIME, (long)f->low_speed_s);
+    /* what is left of the request's deadline (its earlier attempts and redirects spent the rest) */
+    int64_t left = f->deadline[i] >= 0 ? f->deadline[i] - t0 : 0;
+    C.easy_setopt(e, O_TIMEOUT_MS, (long)(f->deadline[i] < 0 ? 0 : left > 1 ? left : 1));
     C.easy_setopt(e, O_USERAGENT, "gpu-zarr");
-    C.easy_setopt(e, O_HTTPHEADER, f->hdr);
+    C.easy_setopt(e, O_HTTPHEADER, f->bare[i] ? NULL : f->hdr);
     if (r->end >= 0 && r->start >= 0) {
         snprintf(s->range, sizeof s->range, "%lld-%lld", (long long)r->start, (long long)r->end - 1);
         C.easy_setopt(e, O_RANGE, s->range);
@@ -384,8 +415,9 @@ static void start_one(runner_t *ag, slot_t *s, CURL *e, int64_t i) {
 }
 
 /* a finished transfer: retry it (1) or not (0) */
-static int again_after(int code, const slot_t *s, int attempts) {
+static int again_after(int code, const slot_t *s, int attempts, int64_t deadline) {
     const gz_http_req *r = s->r;
+    if (deadline >= 0 && now_ms() >= deadline) return 0;  /* its time is spent: it fails as it is */
     int ranged = r->end >= 0 || r->start < 0;
     int again;
     if (code == 0 && complete(r)) again = 0;
@@ -396,6 +428,53 @@ static int again_after(int code, const slot_t *s, int attempts) {
     else if (r->status == 206 || (r->status == 200 && !ranged)) again = 1;  /* cut short or misplaced */
     else again = 0;                                       /* 404, 403, 416, a 200 to a range: final */
     return again && r->attempts < attempts;
+}
+
+/* "scheme://host[:port]" of url, lower case, into out (empty when it has none) */
+static void origin_of(const char *url, char *out, size_t cap) {
+    out[0] = 0;
+    const char *p = strstr(url, "://");
+    if (!p) return;
+    p += 3;
+    size_t k = (size_t)(p - url);
+    while (p[0] && p[0] != '/' && p[0] != '?' && p[0] != '#') p++;
+    const char *at = NULL;  /* user info is not part of the host */
+    for (const char *q = url + k; q < p; q++) if (*q == '@') at = q;
+    size_t n = 0;
+    for (const char *q = url; q < url + k && n + 1 < cap; q++) out[n++] = (char)tolower((unsigned char)*q);
+    for (const char *q = at ? at + 1 : url + k; q < p && n + 1 < cap; q++) out[n++] = (char)tolower((unsigned char)*q);
+    out[n] = 0;
+}
+
+/* A redirect answer of request i: 1 when it is followed (its next attempt asks the new URL),
+ * else 0 with the request failed as REFUSED and err saying why. Only http(s), never from https to
+ * http, at most max_redirs hops; the caller's headers are not sent once the host changed. */
+static int follow(fetch_t *f, CURL *e, int64_t i) {
+    gz_http_req *r = &f->reqs[i];
+    const char *from = f->moved[i] ? f->moved[i] : f->urls[i];
+    char *to = NULL;
+    if (C.easy_getinfo(e, I_REDIRECT_URL, &to) != 0 || !to || !to[0]) return 0;  /* no Location: the 3xx stands */
+    const char *why = NULL;
+    int https_from = strncasecmp(from, "https://", 8) == 0;
+    if (strncasecmp(to, "https://", 8) != 0 && strncasecmp(to, "http://", 7) != 0) why = "not an http(s) URL";
+    else if (https_from && strncasecmp(to, "https://", 8) != 0) why = "from https to plain http";
+    else if (f->hops[i] >= f->max_redirs) why = "too many redirects";
+    if (why) {
+        r->status = REFUSED;
+        snprintf(r->err, sizeof r->err, "redirect to %.60s refused: %s", to, why);
+        return 0;
+    }
+    char a[256], b[256];
+    origin_of(from, a, sizeof a);
+    origin_of(to, b, sizeof b);
+    char *copy = strdup(to);
+    if (!copy) return 0;
+    if (strcmp(a, b) != 0) f->bare[i] = 1;  /* another host: storage_options' headers stay behind */
+    free(f->moved[i]);
+    f->moved[i] = copy;
+    f->hops[i]++;
+    r->attempts--;  /* a hop is not an attempt */
+    return 1;
 }
 
 /* the caller's agent reports what helpers finished (on the caller's thread, in their order) */
@@ -452,8 +531,13 @@ static void *run_agent(void *p) {
     C.multi_setopt(m, M_MAXCONNECTS, maxconn);
     int nfree = cap, active = 0;
     for (int k = 0; k < cap; k++) free_slots[k] = cap - 1 - k;
+    int64_t ticked = now_ms();
     for (;;) {
         if (ag->main) report_helpers(ag);
+        if (ag->main && f->tick_ms > 0 && ag->done && now_ms() - ticked >= f->tick_ms) {
+            ticked = now_ms();
+            ag->done(-2);  /* the caller looks at its cancel event (and Python at Ctrl-C) */
+        }
         if (f->cancel && *f->cancel) { ag->rc = -3; break; }
         int64_t t = now_ms(), soonest = INT64_MAX;
         int ntake = 0;
@@ -523,11 +607,21 @@ static void *run_agent(void *p) {
             snprintf(r->err, sizeof r->err, "%.127s", code ? (s->err[0] ? s->err : C.easy_strerror(code)) : "");
             r->status = s->changed ? CHANGED : s->over ? -2 : (status ? (int32_t)status : -1);
             free_slots[nfree++] = (int)(s - slots);
-            int again = again_after(code, s, f->attempts);
+            int moved = 0, again;
+            if (code == 0 && s->redirect && !s->changed && (f->deadline[s->i] < 0 || now_ms() < f->deadline[s->i])) {
+                pthread_mutex_lock(&f->mu);  /* (moved, hops and bare are read by start_one under the queue's lock) */
+                moved = follow(f, e, s->i);
+                pthread_mutex_unlock(&f->mu);
+            }
+            again = moved || (r->status != REFUSED && again_after(code, s, f->attempts, f->deadline[s->i]));
             pthread_mutex_lock(&f->mu);
-            if (again) {
+            if (moved) {  /* at once, not after a backoff */
+                f->retry_at[s->i] = now_ms();
+                f->waiting++;
+            } else if (again) {
                 int64_t wait = f->backoff_ms << (r->attempts - 1 < 7 ? r->attempts - 1 : 7);
-                f->retry_at[s->i] = now_ms() + (wait < 5000 ? wait : 5000);
+                int64_t at = now_ms() + (wait < 5000 ? wait : 5000), dl = f->deadline[s->i];
+                f->retry_at[s->i] = dl >= 0 && at > dl ? dl : at;  /* (its last attempt gets what is left) */
                 f->waiting++;
             } else if (!ag->main) {
                 handed(f, s->i, code);
@@ -604,7 +698,8 @@ out:
 API int gz_http_fetch(const char *urls, int64_t urls_len, gz_http_req *reqs, int64_t n, int in_flight, const char **headers,
                       int nheaders, int64_t connect_timeout_ms, int64_t low_speed_s, int attempts, int64_t backoff_ms,
                       gz_http_done_fn done, volatile int32_t *cancel, int agents, volatile int64_t *sink_set,
-                      const int64_t *sink, int tell_sent, const gz_http_parts *parts) {
+                      const int64_t *sink, int tell_sent, const gz_http_parts *parts, int64_t timeout_ms,
+                      int64_t min_rate, int tick_ms, int max_redirs) {
     pthread_once(&curl_once, curl_load);
     if (!C.ok) return -1;
     if (n <= 0) return 0;
@@ -618,6 +713,8 @@ API int gz_http_fetch(const char *urls, int64_t urls_len, gz_http_req *reqs, int
     memset(&f, 0, sizeof f);
     f.reqs = reqs; f.n = n; f.connect_timeout_ms = connect_timeout_ms; f.low_speed_s = low_speed_s;
     f.backoff_ms = backoff_ms; f.attempts = attempts; f.cancel = cancel;
+    f.timeout_ms = timeout_ms > 0 ? timeout_ms : 0; f.min_rate = min_rate; f.tick_ms = tick_ms;
+    f.max_redirs = max_redirs < 0 ? 0 : max_redirs > 50 ? 50 : max_redirs;
     if (sink_set && sink) { f.sink_set = sink_set; f.sink = sink; f.parts = parts; }
     f.tell_sent = tell_sent != 0;
     f.armed = tell_sent != 2;
@@ -627,10 +724,17 @@ API int gz_http_fetch(const char *urls, int64_t urls_len, gz_http_req *reqs, int
     f.done_q = malloc((size_t)n * sizeof *f.done_q);
     f.late = malloc((size_t)n * sizeof *f.late);
     f.urls = malloc((size_t)n * sizeof *f.urls);
+    f.deadline = malloc((size_t)n * sizeof *f.deadline);
+    f.moved = calloc((size_t)n, sizeof *f.moved);
+    f.hops = calloc((size_t)n, 1);
+    f.bare = calloc((size_t)n, 1);
     runner_t ag[MAX_AGENTS];
     memset(ag, 0, sizeof ag);
     int rc = 0, made = 0;
-    if (!f.queue || !f.retry_at || !f.done_q || !f.late || !f.urls) { rc = -4; goto out; }
+    if (!f.queue || !f.retry_at || !f.done_q || !f.late || !f.urls || !f.deadline || !f.moved || !f.hops || !f.bare) {
+        rc = -4;
+        goto out;
+    }
     {  /* the URLs: n NUL-terminated strings back to back, urls_len bytes in all, nothing left over */
         const char *p = urls, *end = urls + urls_len;
         for (int64_t i = 0; i < n; i++) {
@@ -644,8 +748,8 @@ API int gz_http_fetch(const char *urls, int64_t urls_len, gz_http_req *reqs, int
     pthread_mutex_init(&f.mu, NULL);
     f.qn = n;
     for (int64_t i = 0; i < n; i++) {
-        f.queue[i] = i; f.retry_at[i] = -1;
-        reqs[i].attempts = 0; reqs[i].status = -1; reqs[i].curl = 0; reqs[i].got = 0; reqs[i].added = 0;
+        f.queue[i] = i; f.retry_at[i] = -1; f.deadline[i] = -1;
+        reqs[i].attempts = 0; reqs[i].range_end = -1; reqs[i].status = -1; reqs[i].curl = 0; reqs[i].got = 0; reqs[i].added = 0;
         reqs[i].size = -1; reqs[i].mtime = -1; reqs[i].range_start = -1; reqs[i].etag[0] = 0; reqs[i].err[0] = 0;
     }
     for (int k = 0; k < agents; k++) {
@@ -675,7 +779,9 @@ API int gz_http_fetch(const char *urls, int64_t urls_len, gz_http_req *reqs, int
     pthread_mutex_destroy(&f.mu);
 out:
     if (f.hdr) C.slist_free_all(f.hdr);
+    if (f.moved) for (int64_t i = 0; i < n; i++) free(f.moved[i]);
     free(f.queue); free(f.retry_at); free(f.done_q); free(f.late); free((void *)f.urls);
+    free(f.deadline); free(f.moved); free(f.hops); free(f.bare);
     return rc;
 }
 

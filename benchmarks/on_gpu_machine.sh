@@ -24,7 +24,7 @@ mkdir -p "$OUT"
 # once per machine. The carried paths must stay under 64 MiB per call: install the optional ones in a
 # call of their own first (pip install --target /tmp/site ...), then carry .whl
 [ -d /tmp/site/zarr ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl $(ls .whl-dask/*.whl .whl-ts/*.whl .whl-remote/*.whl .whl-zarrs/*.whl .whl-peers/*.whl 2>/dev/null) || exit 1
+  --target /tmp/site .whl/*.whl $(ls .whl-dask/*.whl .whl-ts/*.whl .whl-remote/*.whl .whl-zarrs/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpus.txt"
 # the native host library (git-ignored build output): built here with the flags of hatch_build.py
@@ -38,7 +38,7 @@ chains)
   # chains beyond one core codec (crc32c in shards, numcodecs.zstd, a v2 Delta filter, big-endian Blosc) and shards
   # of 64 KiB inner chunks, with sharded zstd as today's reference layout: whole reads against TensorStore, zarrs and
   # zarr's FusedCodecPipeline (each then cupy.asarray), then planes and 1024^2 tiles against their CPU reads.
-  # Peers' wheels (.whl-peers: tensorstore, ml_dtypes, zarrs) installed by a call of their own first.
+  # Peers: tensorstore and ml_dtypes (.whl-ts), zarrs (.whl-zarrs); carried in two calls when .whl and both exceed 64 MiB.
   L=sharded-zstd-crc32c-v3,numcodecs-zstd-v3-1MiB,delta-zstd-v2,blosc-lz4-shuffle-big-endian-v2,sharded-zstd-64KiB-v3
   bench 330 --mode throughput --size 128,2048,2048 --layouts $L,sharded-zstd-v3-64MiB-1MiB --repeat 5 \
     --readers zarr-cpu+cupy,ours-kvikio,ours-auto,tensorstore+cupy,zarrs+cupy,zarr-fused+cupy > "$OUT/chains-throughput.log" 2>&1

@@ -192,3 +192,21 @@ def test_zarr_gpu_backend_names_wrong_size_chunks(tmp_path, fmt, damage):
     f.write_bytes({"truncated": raw[:-10], "empty": b"", "longer": raw + raw[:64]}[damage])
     with pytest.raises(CorruptChunkError, match=r"0.0.0|c/0/0/0"):
         read_zarr(tmp_path / "a.zarr", prefer="zarr-gpu", progress=False)
+
+
+@pytest.mark.parametrize("codec", ["raw", "zstd"])
+def test_pipeline_reads_shards_one_task_each_on_host_buffers(tmp_path, codec):
+    """The pipeline's per-shard tasks (an inner chunk's error names its shard) hand zarr back every
+    chunk's result: a sharded read through it, on host buffers, equals zarr's own."""
+    import zarr
+
+    from gpu_zarr import zarr_gpu
+    from stores import write
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec=codec, chunks=(4, 8, 7), shards=(8, 16, 14))
+    # several shards per batch, as the GPU configuration reads them
+    with zarr.config.set({"codec_pipeline.path": zarr_gpu.PIPELINE, "codec_pipeline.batch_size": 8}):
+        a = zarr.open_array(str(tmp_path / "a.zarr"), mode="r")
+        assert type(a._async_array.codec_pipeline).__name__ == "GpuCodecPipeline"
+        np.testing.assert_array_equal(a[...], arr[...])
+        np.testing.assert_array_equal(a[3:30, 5], arr[3:30, 5])

@@ -290,10 +290,13 @@ class GpuCodecPipeline(BatchedCodecPipeline):
             async def one(item: Any) -> Any:
                 async with limit:
                     return await self.read_batch([item], out, drop_axes)
-            for res in await asyncio.gather(*(one(b) for b in batch), return_exceptions=True):
+            done = await asyncio.gather(*(one(b) for b in batch), return_exceptions=True)
+            for res in done:
                 if isinstance(res, BaseException):  # (every shard finished: none left writing into out)
                     raise res
-            return None
+            if all(res is None for res in done):  # zarr < 3.3: read_batch returns nothing
+                return None
+            return tuple(r for res in done for r in res)  # zarr >= 3.3: one result per chunk, in order
         token = _keys.set(None if partial else [_key(b[0]) for b in batch])
         shard_token = _shards.set([_where(b[0]) for b in batch] if partial else _shards.get())
         try:

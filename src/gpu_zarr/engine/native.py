@@ -48,6 +48,7 @@ LIBNAME = "libgz_native.so"
 VERSION = 7  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
 CODECS = {"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6}
 OK, OPEN, SHORT, IO, BOUNDS = 0, 1, 2, 3, 4
+CRC32C_MISMATCH = 18
 UNSUPPORTED = frozenset(range(20, 25))
 _LIBS = ("libzstd", "liblz4", "zlib", "libdeflate")
 # codec -> the libraries that can decode it (any one of them)
@@ -121,7 +122,7 @@ def _load() -> tuple[Any, NativeStatus]:
     lib.gz_decode.argtypes = [_int, _i64, _vp, _i64, _i64p, _i64p, _vp, _i64, _i64p, _i64p, _int, _i32p, _i64p]
     lib.gz_place.argtypes = [_i64, _vp, _i64, _i64p, _i64, _i64p, _int, _i64p, _int, _int, _vp, _i64, _int, _i32p]
     lib.gz_fused.argtypes = [_int, _vp, _i64, _i64, _i64p, _i64p, _i64p, _i64, _i64p, _int, _i64p, _int, _int, _vp,
-                             _i64, _vp, _vp, _i64, _int, _i32p, _i64p]
+                             _i64, _vp, _vp, _i64, _int, _i32p, _i64p, _int]
     lib.gz_arrivals_open.restype = _vp
     lib.gz_arrivals_open.argtypes = [_int, _i64, _i64, _i64p, _int, _i64p, _int, _int, _vp, _i64, _vp, _vp, _int,
                                      _int, _i32p, _i64p]
@@ -293,11 +294,16 @@ def place(src: np.ndarray, src_offsets: Any, chunk_nbytes: int, table: np.ndarra
 
 def fused(codec: str, files: list[Any], file_id: Any, file_offset: Any, sizes: Any, chunk_nbytes: int,
           table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype, perm: tuple[int, ...] | None, threads: int,
-          scratch: np.ndarray, keep: list[np.ndarray | None] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Per chunk, on native threads: read its bytes, decode them, place them into ``out``.
+          scratch: np.ndarray, keep: list[np.ndarray | None] | None = None,
+          crc32c_frames: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Per chunk, on native threads: read its bytes, verify and strip its checksums, decode them,
+    place them into ``out``.
 
     Parameters
     ----------
+    crc32c_frames : int
+        crc32c checksums at the end of each chunk's bytes (zarr v3 ``crc32c`` codecs after the
+        codec): verified (status 18 on a mismatch) and stripped before the decode.
     scratch : ndarray of uint8
         At least ``threads * scratch_per_thread(codec, max(sizes), chunk_nbytes)`` bytes
         (reused memory: fresh memory costs page faults).
@@ -324,7 +330,8 @@ def fused(codec: str, files: list[Any], file_id: Any, file_offset: Any, sizes: A
     paths = _Paths(files)
     library().gz_fused(CODECS[codec], ctypes.cast(paths.array, _vp), paths.n, n, fid, foff, size, int(chunk_nbytes),
                        tab, tab.shape[1], strides, unit, swap, _ptr(out), out.nbytes,
-                       None if keep_arr is None else _ptr(keep_arr), _ptr(scratch), per, threads, st, det)
+                       None if keep_arr is None else _ptr(keep_arr), _ptr(scratch), per, threads, st, det,
+                       int(crc32c_frames))
     return st, det
 
 

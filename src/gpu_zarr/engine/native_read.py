@@ -21,7 +21,7 @@ from gpu_zarr.engine.codecs.chain import stage_for
 from gpu_zarr.engine.runtime import host_empty
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["decode_failed", "native_codec", "read_chunkwise", "serves"]
+__all__ = ["crc32c_frames", "decode_failed", "native_codec", "read_chunkwise", "serves"]
 
 
 def native_codec(codec: str) -> str | None:
@@ -31,13 +31,20 @@ def native_codec(codec: str) -> str | None:
     return None if stage is None else stage.native
 
 
+def crc32c_frames(lay: Any) -> int | None:
+    """How many crc32c checksums the native library verifies and strips from each of ``lay``'s
+    chunks: 0 or more; None when the chain has a frame it does not know."""
+    names = [f.name for f in lay.frames]
+    return len(names) if all(n == "crc32c" for n in names) else None
+
+
 def serves(lay: Any, out: Any) -> bool:
     """Whether :func:`read_chunkwise` can read the chunks of layout ``lay`` into ``out`` here: a
-    core codec the native library decodes, with no other step in the chain (frames, host steps)."""
+    core codec the native library decodes, inside crc32c frames at most (no host steps)."""
     import gpu_zarr.engine.native as native
 
     nat = native_codec(lay.codec)
-    return (nat is not None and not lay.frames and lay.host is None and native.available() and native.codec_available(nat)
+    return (nat is not None and crc32c_frames(lay) is not None and lay.host is None and native.available() and native.codec_available(nat)
             and isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable)
 
 
@@ -96,7 +103,7 @@ def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.nd
         keep_bufs = [np.empty(inner, np.uint8) if keep.wants(int(k)) else None for k in todo.tolist()]
     with rt.host_scratch.lease(threads * per, 1, host_empty) as (scratch,):
         st, det = native.fused(codec, loc.files, fid, foff, size, inner, pieces.table[todo], out, lay.disk_dtype,
-                               lay.transpose, threads, scratch, keep_bufs)
+                               lay.transpose, threads, scratch, keep_bufs, crc32c_frames(lay) or 0)
     unsupported = np.isin(st, list(native.UNSUPPORTED))
     bad = np.flatnonzero((st != native.OK) & ~unsupported)
     if len(bad):
@@ -104,6 +111,10 @@ def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.nd
         code = int(st[i])
         if code in (native.OPEN, native.SHORT, native.IO):
             raise_read_errors(loc.files, fid, foff, size, np.where(unsupported, native.OK, st), det)
+        if code == native.CRC32C_MISMATCH:
+            raise CorruptChunkError(
+                f"chunk {loc.names[int(todo[i])]} fails its crc32c checksum: its bytes are not the ones that were "
+                "written (a damaged or partly written file). Re-copy or re-write it.")
         _explain(lay, loc, int(todo[i]))  # the host check's detailed message, when it finds the fault
         raise decode_failed(lay.codec, loc.names[int(todo[i])], code, int(det[i]))
     if stats is not None and unsupported.any():

@@ -26,7 +26,7 @@ enum { C_RAW = 0, C_ZSTD = 1, C_LZ4 = 2, C_ZLIB = 3, C_GZIP = 4, C_DEFLATE = 5, 
 enum {
     S_OK = 0, S_OPEN = 1, S_SHORT = 2, S_IO = 3, S_BOUNDS = 4,
     S_CORRUPT = 10, S_SIZE = 11, S_HEADER = 12, S_BLOCKS = 13, S_STREAM = 14, S_MEMORY = 15,
-    S_CRC32 = 16, S_ADLER32 = 17,
+    S_CRC32 = 16, S_ADLER32 = 17, S_CRC32C = 18,
     S_UNSUP_NOLIB = 20, S_UNSUP_BLOSCLZ = 21, S_UNSUP_SNAPPY = 22, S_UNSUP_BLOSC2 = 23, S_UNSUP_CODEC = 24,
     S_NOT_ADDED = 30, /* gz_arrivals: the chunk was never added */
 };
@@ -46,6 +46,7 @@ API const char *gz_strerror(int s) {
     case S_MEMORY: return "out of memory";
     case S_CRC32: return "the gzip trailer's CRC-32 does not match the decoded bytes";
     case S_ADLER32: return "the zlib trailer's Adler-32 does not match the decoded bytes";
+    case S_CRC32C: return "its crc32c checksum does not match its bytes";
     case S_UNSUP_NOLIB: return "the codec library is not loaded";
     case S_UNSUP_BLOSCLZ: return "Blosc inner codec blosclz";
     case S_UNSUP_SNAPPY: return "Blosc inner codec snappy";
@@ -721,6 +722,52 @@ API int64_t gz_place(int64_t n, const uint8_t *src, int64_t src_len, const int64
     return count_bad(status, n);
 }
 
+/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), as zarr v3's crc32c codec computes it:
+   the SSE4.2 instruction where the processor has it, else a slicing-by-8 table (no library needed). */
+static uint32_t crc32c_table[8][256];
+static pthread_once_t crc32c_once = PTHREAD_ONCE_INIT;
+
+static void crc32c_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc32c_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++) crc32c_table[t][i] = (crc32c_table[t - 1][i] >> 8) ^ crc32c_table[0][crc32c_table[t - 1][i] & 0xFF];
+}
+
+static uint32_t crc32c_sw(uint32_t c, const uint8_t *p, int64_t n) {
+    pthread_once(&crc32c_once, crc32c_init);
+    while (n >= 8) {
+        uint64_t w; memcpy(&w, p, 8);
+        w ^= c;
+        c = crc32c_table[7][w & 0xFF] ^ crc32c_table[6][(w >> 8) & 0xFF] ^ crc32c_table[5][(w >> 16) & 0xFF]
+            ^ crc32c_table[4][(w >> 24) & 0xFF] ^ crc32c_table[3][(w >> 32) & 0xFF] ^ crc32c_table[2][(w >> 40) & 0xFF]
+            ^ crc32c_table[1][(w >> 48) & 0xFF] ^ crc32c_table[0][w >> 56];
+        p += 8; n -= 8;
+    }
+    while (n--) c = (c >> 8) ^ crc32c_table[0][(c ^ *p++) & 0xFF];
+    return c;
+}
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t c, const uint8_t *p, int64_t n) {
+    uint64_t v = c;
+    while (n >= 8) { uint64_t w; memcpy(&w, p, 8); v = _mm_crc32_u64(v, w); p += 8; n -= 8; }
+    while (n--) v = _mm_crc32_u8((uint32_t)v, *p++);
+    return (uint32_t)v;
+}
+#endif
+
+static uint32_t crc32c(const uint8_t *p, int64_t n) {
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("sse4.2")) return crc32c_hw(0xFFFFFFFFu, p, n) ^ 0xFFFFFFFFu;
+#endif
+    return crc32c_sw(0xFFFFFFFFu, p, n) ^ 0xFFFFFFFFu;
+}
+
 /* ---------------------------------------------------------------- fused read + decode + place */
 typedef struct {
     int codec;
@@ -731,6 +778,7 @@ typedef struct {
     uint8_t *const *keep;          /* per chunk: decode into this buffer and keep it there (NULL: scratch) */
     uint8_t *scratch; int64_t per_thread; int64_t next_slot; /* atomic */
     int32_t *status; int64_t *detail;
+    int crc32c_frames;             /* crc32c checksums after the codec's bytes: verified, then stripped */
 } FusedArgs;
 
 static void fused_item(void *p, int64_t i, Ctx *c) {
@@ -743,6 +791,13 @@ static void fused_item(void *p, int64_t i, Ctx *c) {
     if (n > enc_cap) { a->status[i] = S_BOUNDS; return; }
     int st = read_at(a->paths[a->fid[i]], a->foff[i], n, enc, &a->detail[i]);
     if (st != S_OK) { a->status[i] = st; return; }
+    for (int f = 0; f < a->crc32c_frames; f++) { /* the outermost checksum is the last 4 bytes */
+        if (n < 4) { a->detail[i] = n; a->status[i] = S_CRC32C; return; }
+        const uint8_t *t = enc + n - 4;
+        uint32_t want = (uint32_t)t[0] | (uint32_t)t[1] << 8 | (uint32_t)t[2] << 16 | (uint32_t)t[3] << 24;
+        n -= 4;
+        if (crc32c(enc, n) != want) { a->status[i] = S_CRC32C; return; }
+    }
     const uint8_t *dec = enc;
     if (a->codec != C_RAW) {
         uint8_t *d = a->keep && a->keep[i] ? a->keep[i] : enc + enc_cap;
@@ -777,13 +832,14 @@ static void *fused_worker(void *p) {
 API int64_t gz_fused(int codec, const char *const *paths, int64_t npaths, int64_t n, const int64_t *fid,
                      const int64_t *foff, const int64_t *size, int64_t chunk_len, const int64_t *table, int ndim,
                      const int64_t *ostride, int unit, int swap, uint8_t *out, int64_t out_len, uint8_t *const *keep,
-                     uint8_t *scratch, int64_t per_thread, int threads, int32_t *status, int64_t *detail) {
+                     uint8_t *scratch, int64_t per_thread, int threads, int32_t *status, int64_t *detail,
+                     int crc32c_frames) {
     pthread_once(&once, load);
     if (threads > n) threads = (int)n;
     if (threads > 256) threads = 256;
     if (threads < 1) threads = 1;
     FusedArgs a = {codec, paths, npaths, fid, foff, size, chunk_len, {ndim, unit, swap, ostride, out, out_len},
-                   table, keep, scratch, per_thread, 0, status, detail};
+                   table, keep, scratch, per_thread, 0, status, detail, crc32c_frames};
     Job j = {NULL, &a, n, 0};
     not_run(status, n);
     team_run(fused_worker, &j, threads);
@@ -1032,52 +1088,6 @@ API int64_t gz_arrivals_close(void *h) {
 typedef struct {
     int kind; const uint8_t *buf; int64_t len; const int64_t *off, *size; uint32_t *out; int32_t *status;
 } SumArgs;
-
-/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), as zarr v3's crc32c codec computes it:
-   the SSE4.2 instruction where the processor has it, else a slicing-by-8 table (no library needed). */
-static uint32_t crc32c_table[8][256];
-static pthread_once_t crc32c_once = PTHREAD_ONCE_INIT;
-
-static void crc32c_init(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        crc32c_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++) crc32c_table[t][i] = (crc32c_table[t - 1][i] >> 8) ^ crc32c_table[0][crc32c_table[t - 1][i] & 0xFF];
-}
-
-static uint32_t crc32c_sw(uint32_t c, const uint8_t *p, int64_t n) {
-    pthread_once(&crc32c_once, crc32c_init);
-    while (n >= 8) {
-        uint64_t w; memcpy(&w, p, 8);
-        w ^= c;
-        c = crc32c_table[7][w & 0xFF] ^ crc32c_table[6][(w >> 8) & 0xFF] ^ crc32c_table[5][(w >> 16) & 0xFF]
-            ^ crc32c_table[4][(w >> 24) & 0xFF] ^ crc32c_table[3][(w >> 32) & 0xFF] ^ crc32c_table[2][(w >> 40) & 0xFF]
-            ^ crc32c_table[1][(w >> 48) & 0xFF] ^ crc32c_table[0][w >> 56];
-        p += 8; n -= 8;
-    }
-    while (n--) c = (c >> 8) ^ crc32c_table[0][(c ^ *p++) & 0xFF];
-    return c;
-}
-
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t c, const uint8_t *p, int64_t n) {
-    uint64_t v = c;
-    while (n >= 8) { uint64_t w; memcpy(&w, p, 8); v = _mm_crc32_u64(v, w); p += 8; n -= 8; }
-    while (n--) v = _mm_crc32_u8((uint32_t)v, *p++);
-    return (uint32_t)v;
-}
-#endif
-
-static uint32_t crc32c(const uint8_t *p, int64_t n) {
-#if defined(__x86_64__)
-    if (__builtin_cpu_supports("sse4.2")) return crc32c_hw(0xFFFFFFFFu, p, n) ^ 0xFFFFFFFFu;
-#endif
-    return crc32c_sw(0xFFFFFFFFu, p, n) ^ 0xFFFFFFFFu;
-}
 
 static uint32_t checksum(int kind, const uint8_t *p, int64_t n) {
     if (kind == 2) return crc32c(p, n);

@@ -296,7 +296,7 @@ class GpuCodecPipeline(BatchedCodecPipeline):
                     raise res
             if all(res is None for res in done):  # zarr < 3.3: read_batch returns nothing
                 return None
-            return tuple(r for res in done for r in res)  # zarr >= 3.3: one result per chunk, in order
+            return tuple(r for res in done for r in res)  # type: ignore[union-attr]  # zarr >= 3.3: one per chunk
         token = _keys.set(None if partial else [_key(b[0]) for b in batch])
         shard_token = _shards.set([_where(b[0]) for b in batch] if partial else _shards.get())
         try:

@@ -44,7 +44,8 @@ def serves(lay: Any, out: Any) -> bool:
     import gpu_zarr.engine.native as native
 
     nat = native_codec(lay.codec)
-    return (nat is not None and crc32c_frames(lay) is not None and lay.host is None and native.available() and native.codec_available(nat)
+    return (nat is not None and crc32c_frames(lay) is not None and lay.host is None and native.available()
+            and native.codec_available(nat)
             and isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable)
 
 

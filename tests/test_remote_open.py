@@ -192,19 +192,34 @@ def test_documents_come_through_the_native_client_and_its_connections(server, ro
 
 
 def test_a_document_over_the_native_cap_is_asked_of_obstore(server, root, monkeypatch):
-    """A document bigger than the native client takes (consolidated metadata of a big plate)
-    is fetched again by obstore, whole: the attributes are all there."""
+    """A document bigger than the native client takes is fetched again by obstore, whole, up to the
+    ``metadata_bytes`` setting: the attributes are all there."""
     if not _native_http():
         pytest.skip("the native HTTP client is not available here (it is in CI's main run)")
-    from gpu_zarr.location import _MetadataCache
+    from gpu_zarr import location
 
-    monkeypatch.setattr(_MetadataCache, "ROOT_CAP", 64)  # .zattrs of the sample is longer
+    monkeypatch.setattr(location, "_root_cap", lambda: 64)  # .zattrs of the sample is longer
     attrs = root / "plain.ome.zarr" / ".zattrs"
     assert attrs.stat().st_size > 64
     node = open_node(f"{server.url}/plain.ome.zarr")
     assert dict(node.attrs) == dict(zarr.open_group(root / "plain.ome.zarr", mode="r").attrs)
     agents = _agents(server.log, "plain.ome.zarr/.zattrs")
     assert agents[0] == "gpu-zarr" and len(agents) == 2 and agents[1] != "gpu-zarr", agents
+
+
+def test_a_document_over_metadata_bytes_is_refused_by_name(root):
+    """Past the ``metadata_bytes`` setting neither client reads a document: a clear error names the
+    URL and the setting (a server's 400 MiB answer is never held)."""
+    from gpu_zarr.errors import RemoteError
+
+    clear_metadata_cache()
+    (root / "big.zarr").mkdir(exist_ok=True)
+    (root / "big.zarr" / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {"pad": "'
+                                                  + "x" * 4096 + '"}}')
+    with RangeServer(root) as srv, settings.set(metadata_bytes=1024):
+        with pytest.raises(RemoteError, match=r"big\.zarr/zarr\.json is larger than .* metadata_bytes"):
+            open_node(f"{srv.url}/big.zarr")
+    clear_metadata_cache()
 
 
 def test_failing_documents_are_retried_by_obstore_and_explained(root):

@@ -122,7 +122,11 @@ def _resolve_array(path: str, level: int | None, storage_options: dict[str, Any]
 
     node = open_node(path, storage_options)
     if not hasattr(node, "shape"):  # a group that is no image, plate or well: name what to read in it
-        members = sorted(k for k, _ in node.members())
+        try:
+            members = sorted(k for k, _ in node.members())
+        except Exception as exc:  # noqa: BLE001 - a member zarr cannot parse (an object dtype): name the group
+            raise UsageError(f"{path} is a zarr group, not an array or an OME-Zarr image, and a member of it could "
+                             f"not be read: {exc}. Read one of its arrays by its path.") from exc
         example = f" (e.g. gpu-zarr read {path.rstrip('/')}/{members[0]})" if members else ""
         raise UsageError(f"{path} is a zarr group, not an array or an OME-Zarr image; it holds "
                          + (", ".join(members) if members else "nothing") + f": read one of those{example}")

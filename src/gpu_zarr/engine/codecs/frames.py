@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_zarr.engine.binary import le_uint, le_uints
 from gpu_zarr.errors import CorruptChunkError
 
 __all__ = ["FRAMES", "Frame", "frame_of", "strip_frames"]
@@ -95,9 +96,7 @@ def _verify(staging: np.ndarray, offs: np.ndarray, sizes: np.ndarray, frame: Fra
         return
     got = _native_sums(frame, staging, offs, sizes)
     if got is not None:  # one native call over the batch, on native threads
-        at = (offs + sizes)[:, None] + np.arange(tr)
-        want = staging[at].astype(np.uint32) << (8 * np.arange(tr, dtype=np.uint32))
-        bad_all = np.flatnonzero(got != np.bitwise_or.reduce(want, axis=1))
+        bad_all = np.flatnonzero(got.astype(np.int64) != le_uints(staging, offs + sizes, tr))
         if len(bad_all):
             _mismatch(frame, names, int(bad_all[0]))
         return
@@ -106,7 +105,7 @@ def _verify(staging: np.ndarray, offs: np.ndarray, sizes: np.ndarray, frame: Fra
         """The first bad chunk in [lo, hi), or -1."""
         for k in range(lo, hi):
             o, s = int(offs[k]), int(sizes[k])
-            want = int.from_bytes(staging[o + s:o + s + tr].tobytes(), "little")
+            want = le_uint(staging, o + s, tr)
             if frame.checksum(staging[o:o + s]) != want:
                 return k
         return -1

@@ -657,8 +657,16 @@ typedef struct {
     uint8_t *out; int64_t out_len;
 } PlaceGeom;
 
+/* one unit's bytes reversed: fixed-size byte swaps the compiler turns into vector shuffles */
+#define SWAP_ROW(T, BSWAP) \
+    for (int64_t i = 0; i < len; i++) { T v; memcpy(&v, s + i * (int64_t)sizeof(T), sizeof(T)); v = BSWAP(v); \
+                                         memcpy(d + i * os * (int64_t)sizeof(T), &v, sizeof(T)); }
+
 static void copy_row(const uint8_t *s, uint8_t *d, int64_t len, int64_t os, int unit, int swap) {
     if (!swap && os == 1) { memcpy(d, s, (size_t)(len * unit)); return; }
+    if (swap && unit == 2) { SWAP_ROW(uint16_t, __builtin_bswap16) return; }
+    if (swap && unit == 4) { SWAP_ROW(uint32_t, __builtin_bswap32) return; }
+    if (swap && unit == 8) { SWAP_ROW(uint64_t, __builtin_bswap64) return; }
     for (int64_t i = 0; i < len; i++) {
         const uint8_t *a = s + i * unit;
         uint8_t *b = d + i * os * unit;

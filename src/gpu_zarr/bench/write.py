@@ -4,7 +4,8 @@ pyramids, ome-zarr-py / ngff-zarr where installed), same data, same warm-up and 
 The volume is uint16 with image-like structure (a random walk along x plus noise, about
 2x compressible with zstd level 3), ``--size-mib`` of it, chunks ``--chunks``. Every
 writer writes it to ``--workdir`` (the page cache: no fsync, as the issue measures) once to
-warm up, then ``--repeat`` times; the median is reported in GiB/s of decoded data, with the
+warm up, then ``--repeat`` times, each into a new folder (the removal of the last one is not
+timed, for any writer); the median is reported in GiB/s of decoded data, with the
 stored size. Layouts: ``sharded`` (v3, shards of ``--shard-mib``), ``plain`` (v3 chunks) and
 ``pyramid`` (a 4-level OME-Zarr 0.5 from the in-memory volume).
 """
@@ -158,10 +159,12 @@ def run(*, size_mib: int = 2048, chunks: Sequence[int] = (1, 512, 1024), shard_m
             try:
                 fn(path)  # warm-up (and the store whose size is reported)
                 times = []
-                for _ in range(repeat):
+                for k in range(repeat):  # each timed write into a new folder: removing the last is not timed
+                    fresh = root / f"{layout}-{name}-{k}.zarr"
                     t0 = time.perf_counter()
-                    fn(path)
+                    fn(fresh)
                     times.append(time.perf_counter() - t0)
+                    shutil.rmtree(fresh, ignore_errors=True)
             except Exception as exc:  # noqa: BLE001 - a peer's failure is recorded, not fatal
                 recs[name] = {"error": f"{type(exc).__name__}: {exc}"}
                 continue

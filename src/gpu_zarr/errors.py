@@ -55,15 +55,6 @@ def _installed_from_checkout() -> str | None:
     return None
 
 
-def _is_cwd(folder: str) -> bool:
-    import os
-
-    try:
-        return os.path.samefile(folder, os.getcwd())
-    except OSError:
-        return False
-
-
 def install_hint(extra: str = "cuda13") -> str:
     """The pip command that installs an extra for how this package is installed.
 
@@ -73,7 +64,7 @@ def install_hint(extra: str = "cuda13") -> str:
     """
     root = _installed_from_checkout()
     cmd = f'pip install -e ".[{extra}]"' if root else f'pip install "napari-gpu-zarr[{extra}]"'
-    where = f" in {root}" if root and root != "." and not _is_cwd(root) else ""  # run there, it needs no folder
+    where = f" in {root}" if root and root != "." else ""
     alt = " ([cuda12] for a CUDA 12 driver)" if extra == "cuda13" else ""
     return f"{cmd}{where}{alt}"
 

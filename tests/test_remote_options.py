@@ -201,3 +201,19 @@ def test_cli_parses_options():
     ns = argparse.Namespace(storage_option=[("key", "k")], anon=True)
     assert _storage_options(ns) == {"key": "k", "anon": True}
     assert _storage_options(argparse.Namespace(storage_option=None, anon=False)) is None
+
+
+def test_object_stores_kept_are_bounded(monkeypatch):
+    """The obstore store of each (URL, options) is kept for reuse, the least recently used dropped past a bound."""
+    pytest.importorskip("obstore")
+    import gpu_zarr.location as location
+
+    monkeypatch.setattr(location, "_MAX_STORES", 3)
+    monkeypatch.setattr(location, "_stores", {})
+    locs = [location.resolve(f"http://127.0.0.1:9/s{k}.zarr") for k in range(5)]
+    first = locs[0].object_store()
+    assert locs[0].object_store() is first  # reused
+    for loc in locs[1:]:
+        loc.object_store()
+    assert len(location._stores) == 3
+    assert locs[0].object_store() is not first  # dropped, made again

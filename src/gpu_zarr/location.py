@@ -146,9 +146,12 @@ class Location:
             raise ValueError(f"{self.url} is a local path, not a remote store")
         key = (self.url, _freeze(self.storage_options), _env_key(self.scheme))
         with _lock:
-            store = _stores.get(key)
+            store = _stores.pop(key, None)
             if store is None:
-                store = _stores[key] = _make_store(self)
+                store = _make_store(self)
+            _stores[key] = store  # the most recent last
+            while len(_stores) > _MAX_STORES:  # bounded: the least recently used goes first
+                _stores.pop(next(iter(_stores)))
             return store
 
     def zarr_store(self) -> Any:
@@ -278,7 +281,8 @@ def _retrying_store_class() -> Any:
 
 
 _lock = threading.Lock()
-_stores: dict[Any, Any] = {}
+_stores: dict[Any, Any] = {}  # (url, options, environment) -> obstore store, least recently used first
+_MAX_STORES = 64  # stores of distinct URLs and options kept (a notebook that opens many stays bounded)
 
 #: the documents zarr-python looks for when it opens a node (v3, then v2 and consolidated)
 METADATA_NAMES = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")

@@ -30,6 +30,7 @@ __all__ = [
     "UsageError",
     "WriteError",
     "install_hint",
+    "hint_shown_above",
 ]
 
 
@@ -70,6 +71,13 @@ def install_hint(extra: str = "cuda13") -> str:
 
 
 INSTALL_HINT = install_hint()
+
+
+def hint_shown_above(text: str) -> str:
+    """``text`` without the install command, for a line below one that already shows it (a
+    widget's header): each later mention says "the install above" instead."""
+    return (text.replace("; for GPU reads: " + INSTALL_HINT, "").replace(": " + INSTALL_HINT, "")
+            .replace(INSTALL_HINT, "the install above"))
 
 
 class GpuZarrError(Exception):

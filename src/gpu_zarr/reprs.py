@@ -254,14 +254,16 @@ def run_record_text(rec: Any) -> str:
             f"{rec.seconds:.3f} s = {rec.gib_per_s:.2f} GiB/s ({rec.reason})")
 
 
-def run_record_html(rec: Any) -> str:
-    """A load's outcome: backend and why, bytes, seconds, GiB/s, GPU memory."""
+def run_record_html(rec: Any, say: Any = None) -> str:
+    """A load's outcome: backend and why, bytes, seconds, GiB/s, GPU memory (``say``: how the
+    reason is said, e.g. without an install command shown above)."""
+    reason = say(rec.reason) if say is not None else rec.reason
     if rec.status != "ok":
-        text = "Cancelled." if rec.status == "cancelled" else f"Load failed: {rec.reason}"
+        text = "Cancelled." if rec.status == "cancelled" else f"Load failed: {reason}"
         return f"<div class='gpu-zarr-result gpu-zarr-failed' style='line-height:1.4'>{_e(text)}</div>"
     kept = "kept on the GPU" if rec.resident else ("freed" if rec.gpu_bytes else "host memory")
     return (f"<div class='gpu-zarr-result' style='line-height:1.4'>{_e(rec.layer)} level {rec.level}: <b>{_e(rec.backend)}</b> "
-            f"({_e(rec.reason)})<br>"
+            f"({_e(reason)})<br>"
             f"{_e(format_bytes(rec.nbytes))} in {rec.seconds:.3f} s = <b>{rec.gib_per_s:.2f} GiB/s</b><br>"
             f"GPU memory used: {_e(format_bytes(rec.gpu_bytes))} ({kept})</div>")
 

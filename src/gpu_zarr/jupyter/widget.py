@@ -10,6 +10,7 @@ import ipywidgets as W
 
 from gpu_zarr import reprs
 from gpu_zarr.controller import LoaderController, LoadJob, RunRecord
+from gpu_zarr.errors import INSTALL_HINT, hint_shown_above
 
 __all__ = ["LoaderWidget"]
 
@@ -68,7 +69,8 @@ class LoaderWidget(W.VBox):
         missing = [o for o in opts if not o.available]
         self.unavailable = W.HTML(
             "<div style='font-size:12px;opacity:.65;line-height:1.4'>" + "<br>".join(
-                f"<code>{html.escape(o.name)}</code> unavailable here: {html.escape(o.reason)}" for o in missing)
+                f"<code>{html.escape(o.name)}</code> unavailable here: {html.escape(self._once(o.reason))}"
+                for o in missing)
             + "</div>" if missing else "")
         self.unavailable.add_class("gpu-zarr-unavailable")
         self.reason = W.HTML()
@@ -139,8 +141,12 @@ class LoaderWidget(W.VBox):
             self.controller.set_level(int(change["new"]))
         self._update_reason()
 
+    def _once(self, text: str) -> str:
+        """A reason without the install command when the header already shows it."""
+        return hint_shown_above(text) if INSTALL_HINT in self.controller.device_text() else text
+
     def _update_reason(self) -> None:
-        text = self.controller.choice_text() if self.controller.levels else "open an image to load"
+        text = self._once(self.controller.choice_text()) if self.controller.levels else "open an image to load"
         self.reason.value = f"<div style='font-size:12px;line-height:1.4'>{html.escape(text)}</div>"
 
     # -- loading --------------------------------------------------------------------------
@@ -180,7 +186,7 @@ class LoaderWidget(W.VBox):
     def _on_finish(self, job: LoadJob) -> None:
         rec = job.record
         assert rec is not None
-        self.result_html.value = reprs.run_record_html(rec)
+        self.result_html.value = reprs.run_record_html(rec, self._once)
         if rec.ok:
             self.progress.value = 1.0
             self.progress.bar_style = "success"

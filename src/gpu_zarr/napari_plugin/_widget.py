@@ -28,7 +28,7 @@ from qtpy.QtWidgets import (
 )
 
 from gpu_zarr.controller import CHART_BACKENDS, LoaderController, LoadJob, RunRecord
-from gpu_zarr.errors import INSTALL_HINT
+from gpu_zarr.errors import INSTALL_HINT, hint_shown_above
 from gpu_zarr.lazy import GpuLazyArray
 
 __all__ = ["GpuZarrWidget", "RunRecord"]
@@ -196,10 +196,7 @@ class GpuZarrWidget(QWidget):
 
     def _once(self, text: str) -> str:
         """A reason without the install command when the device line at the top already shows it."""
-        if INSTALL_HINT in self.device_label.text():
-            return text.replace("; for GPU reads: " + INSTALL_HINT, "").replace(": " + INSTALL_HINT, "") \
-                .replace(INSTALL_HINT, "the install above")
-        return text
+        return hint_shown_above(text) if INSTALL_HINT in self.device_label.text() else text
 
     # -- state ---------------------------------------------------------------------
     @property

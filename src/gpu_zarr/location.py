@@ -118,8 +118,10 @@ class Location:
 
     def requests(self) -> int:
         """Requests in flight for the engine's fetch (``storage_options["requests"]``, else
-        the environment's ``GPU_ZARR_REMOTE_REQUESTS``, default 64)."""
-        v = self.storage_options.get("requests") or os.environ.get("GPU_ZARR_REMOTE_REQUESTS") or 64
+        the ``remote_requests`` setting)."""
+        from gpu_zarr import settings
+
+        v = self.storage_options.get("requests") or settings.get("remote_requests")
         return max(1, int(v))
 
     def native_http(self) -> tuple[Any, str] | None:

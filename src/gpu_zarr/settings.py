@@ -71,6 +71,13 @@ remote_timeout ``GPU_ZARR_REMOTE_TIMEOUT_S`` seconds one remote request may take
 remote_min_rate ``GPU_ZARR_REMOTE_MIN_RATE`` bytes per second below which a remote
                                            transfer fails (measured over 10 s, or half
                                            the timeout when shorter; default 1024)
+remote_cache_bytes ``GPU_ZARR_REMOTE_CACHE_MIB`` a remote store's answers kept for reuse
+                                           (default 256 MiB)
+remote_index_bytes ``GPU_ZARR_REMOTE_INDEX_MIB`` a remote store's shard indexes kept
+                                           (default 64 MiB)
+remote_requests ``GPU_ZARR_REMOTE_REQUESTS`` requests in flight per remote read
+                                           (default 64; ``storage_options["requests"]``
+                                           overrides it per store)
 ============== =========================== ==========================================
 """
 
@@ -119,6 +126,9 @@ def _defaults() -> dict[str, Any]:
         "metadata_bytes": _env_int("GPU_ZARR_METADATA_MIB", 8 * MiB, MiB),
         "remote_timeout": _env_int("GPU_ZARR_REMOTE_TIMEOUT_S", 60),
         "remote_min_rate": _env_int("GPU_ZARR_REMOTE_MIN_RATE", 1024),
+        "remote_cache_bytes": _env_int("GPU_ZARR_REMOTE_CACHE_MIB", 256 * MiB, MiB),
+        "remote_index_bytes": _env_int("GPU_ZARR_REMOTE_INDEX_MIB", 64 * MiB, MiB),
+        "remote_requests": _env_int("GPU_ZARR_REMOTE_REQUESTS", 64),
     }
 
 
@@ -140,6 +150,9 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "metadata_bytes": lambda v: isinstance(v, int) and v >= 1024,
     "remote_timeout": lambda v: isinstance(v, (int, float)) and v >= 0,
     "remote_min_rate": lambda v: isinstance(v, int) and v >= 1,
+    "remote_cache_bytes": lambda v: isinstance(v, int) and v >= 0,
+    "remote_index_bytes": lambda v: isinstance(v, int) and v >= 0,
+    "remote_requests": lambda v: isinstance(v, int) and v >= 1,
 }
 _lock = threading.Lock()
 _values: dict[str, Any] = _defaults()

@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -40,6 +39,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from gpu_zarr import settings
 from gpu_zarr.engine.remote_body import Limit, deadline_of, read_body
 from gpu_zarr.engine.runtime import host_empty
 from gpu_zarr.errors import CorruptChunkError, NativeHttpDeclined, ReadCancelled, RemoteError, ShortAnswer
@@ -104,7 +104,7 @@ class _Bytes:
 
     @staticmethod
     def limit() -> int:
-        return int(float(os.environ.get("GPU_ZARR_REMOTE_CACHE_MIB", 256)) * (1 << 20))
+        return int(settings.get("remote_cache_bytes"))
 
     def find(self, keys: Sequence[Any], default: Any) -> list[Any]:
         """What is kept for each of ``keys`` (``default`` where nothing is), under one lock."""
@@ -241,8 +241,8 @@ class RemoteSource:
             return got
 
     def keep_index(self, rel: str, raw: Any, size: int, mtime: int, etag: str = "") -> None:
-        """Remember a shard's index (bounded by ``GPU_ZARR_REMOTE_INDEX_MIB``, default 64)."""
-        limit = int(float(os.environ.get("GPU_ZARR_REMOTE_INDEX_MIB", 64)) * (1 << 20))
+        """Remember a shard's index (bounded by the ``remote_index_bytes`` setting)."""
+        limit = int(settings.get("remote_index_bytes"))
         raw = bytes(raw)
         with self._stats_lock:
             old = self._indexes.pop(rel, None)
@@ -824,7 +824,7 @@ def source_of(arr: Any) -> RemoteSource | None:
     loc = getattr(store, "_gpu_zarr_location", None)
     base = loc.url if loc is not None else repr(store.store)
     path = str(getattr(arr, "path", "") or "")
-    requests = loc.requests() if loc is not None else int(os.environ.get("GPU_ZARR_REMOTE_REQUESTS") or 64)
+    requests = loc.requests() if loc is not None else int(settings.get("remote_requests"))
     with _SOURCES_LOCK:  # one source per open store and array: its shard indexes stay known
         per = getattr(store, "_gpu_zarr_sources", None)
         if per is None:

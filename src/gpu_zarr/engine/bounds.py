@@ -16,7 +16,6 @@ from typing import Any
 
 __all__ = ["max_encoded_nbytes", "max_stored_nbytes"]
 
-_CRC32C = 4  # a crc32c codec appends its 4-byte checksum
 _SLACK = 64  # bytes beyond each encoder's bound: headers we do not model exactly (never tight)
 
 
@@ -29,7 +28,7 @@ def max_encoded_nbytes(codec: str, params: Mapping[str, Any] | None, decoded_nby
     codec : str
         "raw", "zstd", "blosc", "gzip", "zlib"; any other name gets a generous bound.
     params : mapping or None
-        The codec's parameters; ``params["crc32c"]`` true: a crc32c checksum follows (4 bytes).
+        The codec's parameters (checksums around the codec are counted by :func:`max_stored_nbytes`).
     decoded_nbytes : int
         Decoded size of one chunk.
     """
@@ -59,8 +58,6 @@ def max_encoded_nbytes(codec: str, params: Mapping[str, Any] | None, decoded_nby
         # 64 KiB covers fixed headers on tiny chunks. Generous, yet it still stops a gigabyte
         # claimed for a kilobyte chunk.
         bound = 2 * n + (64 << 10)
-    if params and params.get("crc32c"):
-        bound += _CRC32C
     return bound
 
 

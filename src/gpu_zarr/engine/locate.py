@@ -26,6 +26,7 @@ import numpy as np
 from gpu_zarr.engine.binary import le_uint
 from gpu_zarr.engine.bounds import max_stored_nbytes
 from gpu_zarr.engine.cache import ChunkCache
+from gpu_zarr.engine.codecs.frames import crc32c
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.plan import LazyNames, Pieces
 from gpu_zarr.errors import CorruptChunkError
@@ -232,10 +233,8 @@ def index_entries(layout: ShardGeometry, path: Any, raw: bytes, fsize: int, max_
         )
     body = raw[: n * 16]
     if layout.index_crc:
-        import google_crc32c
-
         want = le_uint(raw, n * 16)
-        got = google_crc32c.value(body)
+        got = crc32c(body)
         if want != got:
             raise CorruptChunkError(
                 f"shard {path}: index checksum mismatch (stored crc32c {want:#010x}, computed "

@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpu_zarr.engine.codecs.frames import crc32c  # the one CRC-32C of the package (the reader's too)
+
 __all__ = ["MISSING", "crc32c", "shard_layout"]
 
 MISSING = np.uint64(2**64 - 1)
-
-
-def crc32c(data: bytes | memoryview | np.ndarray) -> int:
-    """CRC-32C (Castagnoli) of ``data`` (google-crc32c, a hardware instruction where there is one)."""
-    import google_crc32c
-
-    return int(google_crc32c.value(memoryview(np.ascontiguousarray(data)).cast("B")
-                                   if isinstance(data, np.ndarray) else data))
 
 
 def shard_layout(sizes: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, bytes, int]:

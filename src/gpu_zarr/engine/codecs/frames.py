@@ -16,7 +16,7 @@ import numpy as np
 from gpu_zarr.engine.binary import le_uint, le_uints
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["FRAMES", "Frame", "frame_of", "strip_frames"]
+__all__ = ["CRC32C", "FRAMES", "Frame", "crc32c", "frame_of", "strip_frames"]
 
 
 @dataclass(frozen=True)
@@ -39,13 +39,18 @@ class Frame:
     checksum: Callable[[Any], int]
 
 
-def _crc32c(data: Any) -> int:
+def crc32c(data: Any) -> int:
+    """CRC-32C (Castagnoli) of ``data`` (bytes-like or a numpy array), as zarr's crc32c codec
+    writes it: google-crc32c, a hardware instruction where there is one. Batches of spans go
+    through the native library instead (:func:`gpu_zarr.engine.native.checksums`)."""
     import google_crc32c
 
+    if isinstance(data, np.ndarray):
+        data = memoryview(np.ascontiguousarray(data)).cast("B")
     return int(google_crc32c.value(data))
 
 
-CRC32C = Frame("crc32c", 4, _crc32c)
+CRC32C = Frame("crc32c", 4, crc32c)
 FRAMES: tuple[Frame, ...] = (CRC32C,)
 
 

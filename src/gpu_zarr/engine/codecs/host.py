@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -50,15 +51,21 @@ class HostChain:
     out_dtype: np.dtype
     label: str
 
-    def decode(self, data: Any) -> np.ndarray:
-        """One chunk's encoded bytes (a uint8 array) -> its decoded elements, flat, C order."""
+    @cached_property
+    def _steps(self) -> tuple[Any, list[Any], Any, list[Any], list[Any]]:
+        """(buffer prototype, array-to-array codecs, array-to-bytes codec, bytes-to-bytes codecs,
+        the spec each array-to-array step sees), worked out once for every chunk."""
         from zarr.core.buffer import default_buffer_prototype
 
-        proto = default_buffer_prototype()
         aa, ab, bb = _split(self.codecs)
         specs = [self.spec]
-        for c in aa:  # the spec each array-to-array step sees, as zarr resolves it
+        for c in aa:  # as zarr resolves them
             specs.append(c.resolve_metadata(specs[-1]))
+        return default_buffer_prototype(), aa, ab, bb, specs
+
+    def decode(self, data: Any) -> np.ndarray:
+        """One chunk's encoded bytes (a uint8 array) -> its decoded elements, flat, C order."""
+        proto, aa, ab, bb, specs = self._steps
         value: Any = proto.buffer.from_array_like(np.asarray(data, np.uint8).reshape(-1))
         for c in reversed(bb):
             value = _run(c, value, specs[-1])

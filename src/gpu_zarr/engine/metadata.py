@@ -85,23 +85,17 @@ def _or(names: Sequence[str]) -> str:
 
 
 def codec_of_chain(codecs: Sequence[Any], where: str) -> tuple[str, str | None, dict[str, Any]]:
-    """(codec, endian, codec_params) for a v3 chain ``[bytes, *rest]`` that a registered codec stage
-    recognises (:func:`gpu_zarr.engine.codecs.stages`); anything else is unsupported."""
-    from zarr.codecs import BytesCodec
-
-    registered = stages()
-    what = "chains " + _or([c for s in registered for c in s.v3_chains])
-    if not codecs or not isinstance(codecs[0], BytesCodec):
-        names = [type(c).__name__ for c in codecs]
-        raise _unsupported(what, f"{where} codecs {names}")
-    endian = codecs[0].endian
-    endian = getattr(endian, "value", endian)
-    rest = tuple(codecs[1:])
-    for stage in registered:
-        if (params := stage.recognise_v3(rest)) is not None:
-            return stage.name, endian, params
-    names = [type(c).__name__ for c in codecs]
-    raise _unsupported(what, f"{where} codecs {names}")
+    """(codec, endian, codec_params) for a v3 chain ``[bytes, *rest]`` that one core stage decodes
+    alone (:func:`~gpu_zarr.engine.codecs.chain.parse_v3`: no checksums, no other step); anything
+    else is unsupported here (zarr-gpu's batched decoders take only such chains)."""
+    try:
+        chain: Chain | None = parse_v3(codecs, lambda: None, np.dtype("u1"))
+    except UnsupportedArrayError:  # no array-to-bytes codec at all
+        chain = None
+    if chain is None or chain.codec == HOST or chain.frames or chain.transpose is not None:
+        what = "chains " + _or([c for s in stages() for c in s.v3_chains])
+        raise _unsupported(what, f"{where} codecs {[type(c).__name__ for c in codecs]}")
+    return chain.codec, chain.endian, dict(chain.params)
 
 
 def describe(lay: Layout, where: str = "") -> str:
@@ -117,19 +111,18 @@ def describe(lay: Layout, where: str = "") -> str:
 
 def codec_of_v2_compressor(comp: Any, dtype: np.dtype) -> tuple[str, dict[str, Any]]:
     """(codec stage, its parameters) for a zarr v2 ``compressor`` (a numcodecs codec or None):
-    the first registered stage that recognises it (:func:`gpu_zarr.engine.codecs.stages`).
+    the core stage that recognises it (:func:`~gpu_zarr.engine.codecs.chain.parse_v2`).
 
     Raises
     ------
     UnsupportedArrayError
-        A compressor the engine has no stage for.
+        A compressor the engine has no core stage for.
     """
-    registered = stages()
-    for stage in registered:
-        if (params := stage.recognise_v2(comp, dtype)) is not None:
-            return stage.name, params
-    found = comp.get_config() if hasattr(comp, "get_config") else repr(comp)
-    raise _unsupported(_or([n for s in registered for n in s.v2_names]) + " chunks", f"compressor {found}")
+    chain = parse_v2(comp, None, dtype, "C", (1,), lambda: None, dtype)
+    if chain.codec == HOST:
+        found = comp.get_config() if hasattr(comp, "get_config") else repr(comp)
+        raise _unsupported(_or([n for s in stages() for n in s.v2_names]) + " chunks", f"compressor {found}")
+    return chain.codec, dict(chain.params)
 
 
 def _spec(shape: Sequence[int], dtype: Any, fill_value: Any, order: str = "C") -> Any:

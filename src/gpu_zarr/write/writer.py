@@ -128,7 +128,7 @@ def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Destination
     stored = [0]
     lock = threading.Lock()
     # the runtime's work streams and lane threads are kept across writes, so nvCOMP codecs
-    # (kept per stream and thread, ~10 ms to make) are made once, not per batch
+    # (kept per stream and thread; making one is slow) are made once, not per batch
     streams = runtime.streams(0, lanes)[1] if xp is not np else []
     free: queue.SimpleQueue[int] = queue.SimpleQueue()
     for lane in range(lanes):

@@ -27,8 +27,8 @@ class ZstdStage:
     before nvCOMP reads it: on the GPU by the batched decoder (``zstd_sanitize`` in
     :mod:`gpu_zarr.engine.nvcomp_batch`, a CI test holds it equal to the host walk), on
     the host by :meth:`prepare` for the CPU twin. The GPU path skips the host walk
-    (``device_checks``): on the H200 it held the read's only thread for 20 ms per 2 GiB of
-    4 MiB chunks (one numpy step per block position), a sixth of the read. The CPU's
+    (``device_checks``): it holds the thread that drives the GPU (one numpy step per block
+    position), which the device's walk does not. The CPU's
     small-read path skips it too (``native_checks``): libzstd checks its input.
     """
 
@@ -71,5 +71,5 @@ class ZstdStage:
                          slot, wait=wait)
 
     def scratch_bytes(self, chunks_per_batch: int, lay: Layout) -> int:
-        # nvCOMP's zstd decode scratch, measured: about 3.1x the decoded bytes of a call
+        # nvCOMP's zstd decode scratch: about 3.1x the decoded bytes of a call
         return chunks_per_batch * lay.inner_nbytes * 31 // 10

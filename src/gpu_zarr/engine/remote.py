@@ -201,8 +201,6 @@ class RemoteSource:
     def __init__(self, store: Any, prefix: str, url: str, requests: int = 64, http: Any = None,
                  http_url: str | None = None, store_of: Callable[[], Any] | None = None,
                  timeout_s: float | None = None, min_rate: int | None = None) -> None:
-        from gpu_zarr import settings
-
         self.timeout_s = float(settings.get("remote_timeout") if timeout_s is None else timeout_s)
         self.min_rate = int(settings.get("remote_min_rate") if min_rate is None else min_rate)
         self._store, self._store_of = store, store_of

@@ -45,8 +45,8 @@ def crc32c(data: Any) -> int:
     through the native library instead (:func:`gpu_zarr.engine.native.checksums`)."""
     import google_crc32c
 
-    if isinstance(data, np.ndarray):
-        data = memoryview(np.ascontiguousarray(data)).cast("B")
+    if isinstance(data, np.ndarray):  # (google-crc32c takes arrays and bytes, not memoryviews)
+        data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
     return int(google_crc32c.value(data))
 
 

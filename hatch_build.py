@@ -1,4 +1,4 @@
-"""Hatch build hook: compile the native host library (``src/gpu_zarr/engine/_native``).
+"""Hatch build hook: compile the native host library (``src/gpu_zarr/engine/native``).
 
 Runs for wheels and editable installs. It calls the system C compiler (``$CC`` or ``cc``)
 with no headers beyond libc's (the codec libraries are loaded at run time with dlopen).
@@ -19,7 +19,7 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SRC = Path("src/gpu_zarr/engine/_native/gz_native.c")
+SRC = Path("src/gpu_zarr/engine/native/gz_native.c")
 SOURCES = (SRC, SRC.with_name("gz_http.c"))  # one library: host codecs and reads, and the HTTP client
 LIB = "libgz_native.so"
 
@@ -50,7 +50,7 @@ def compile_native(root: Path, out: Path) -> str | None:
 
 
 class NativeBuildHook(BuildHookInterface):
-    """Builds ``libgz_native.so`` next to ``gpu_zarr/engine/native.py``."""
+    """Builds ``libgz_native.so`` next to ``gpu_zarr/engine/native/__init__.py``."""
 
     PLUGIN_NAME = "custom"
 
@@ -65,7 +65,7 @@ class NativeBuildHook(BuildHookInterface):
             out = Path(self.directory) / "native-build" / LIB
             why = compile_native(root, out)
             if why is None:
-                build_data["force_include"][str(out)] = "gpu_zarr/engine/_native/" + LIB
+                build_data["force_include"][str(out)] = "gpu_zarr/engine/native/" + LIB
                 build_data["pure_python"] = False
                 # no Python C-API (ctypes loads it): one wheel per platform, any Python 3
                 plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")

@@ -179,8 +179,8 @@ def bench_small(path: str, selections: list, threads: int) -> dict:
 def _numcodecs_pool(arr, lay, sel, pool, threads):
     """The best plain Python can do: one task per thread reads its chunks, decodes them with
     numcodecs and copies them into a preallocated output."""
-    from gpu_zarr.engine.locate import locate
     from gpu_zarr.engine.plan import normalize_selection, plan_pieces
+    from gpu_zarr.engine.sources.locate import locate
 
     region = normalize_selection(lay.shape, sel)
     pieces = plan_pieces(lay, region.start, region.stop)

@@ -28,8 +28,8 @@ mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpus.txt"
 # the native host library (git-ignored build output): built here with the flags of hatch_build.py
-[ -f src/gpu_zarr/engine/_native/libgz_native.so ] || gcc -O3 -shared -fPIC -pthread -fvisibility=hidden \
-  src/gpu_zarr/engine/_native/gz_native.c src/gpu_zarr/engine/_native/gz_http.c -o src/gpu_zarr/engine/_native/libgz_native.so -ldl || echo "native library not built"
+[ -f src/gpu_zarr/engine/native/libgz_native.so ] || gcc -O3 -shared -fPIC -pthread -fvisibility=hidden \
+  src/gpu_zarr/engine/native/gz_native.c src/gpu_zarr/engine/native/gz_http.c -o src/gpu_zarr/engine/native/libgz_native.so -ldl || echo "native library not built"
 WORK=/tmp/gzb
 bench() { timeout "$1" python3 -m gpu_zarr.bench --device gpu --workdir $WORK --out "$OUT" --no-progress "${@:2}"; }
 

@@ -18,7 +18,7 @@ import pytest
 
 from gpu_zarr.engine import codecs, read
 from gpu_zarr.engine.metadata import codec_of_chain, codec_of_v2_compressor, describe, layout_of
-from gpu_zarr.engine.native_read import native_codec
+from gpu_zarr.engine.native.chunkwise import native_codec
 from gpu_zarr.errors import UnsupportedArrayError
 
 

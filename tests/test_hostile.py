@@ -22,7 +22,7 @@ import zarr
 
 pytest.importorskip("obstore")
 
-from gpu_zarr.engine import native_http  # noqa: E402
+from gpu_zarr.engine.sources import http as native_http  # noqa: E402
 from hostile import HostileServer, run_child  # noqa: E402
 
 GROWTH_MIB = 64  # the target: the read's output (KiB here) + its caches (4 MiB) + 64 MiB

@@ -17,12 +17,12 @@ import pytest
 
 from blosc_cases import BLOSC_LAYOUTS, payload, write_blosc
 from gpu_zarr.engine import native
-from gpu_zarr.engine.fetch import NativeReader, make_reader
 from gpu_zarr.engine.ops import CpuOps
 from gpu_zarr.engine.pipeline import EngineOptions, read
 from gpu_zarr.engine.place import place_cpu
 from gpu_zarr.engine.plan import make_batches
 from gpu_zarr.engine.runtime import get_runtime
+from gpu_zarr.engine.sources.files import NativeReader, make_reader
 from gpu_zarr.errors import CorruptChunkError
 from stores import LAYOUTS, write
 

@@ -1,4 +1,4 @@
-"""The native HTTP client (``_native/gz_http.c`` over libcurl, :mod:`gpu_zarr.engine.native_http`)
+"""The native HTTP client (``native/gz_http.c`` over libcurl, :mod:`gpu_zarr.engine.sources.http`)
 against a real loopback server with Range support: whole objects, byte ranges and suffixes land
 exactly in the caller's buffers; injected 503s, 429s, resets and truncated bodies are retried;
 what cannot be served comes back with a status, never as data. The remote suite
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from gpu_zarr.bench.remote_server import RangeServer
-from gpu_zarr.engine import native_http as nh
+from gpu_zarr.engine.sources import http as nh
 
 pytestmark = pytest.mark.skipif(not nh.available(), reason=f"native HTTP client: {nh.status()}")
 
@@ -44,7 +44,7 @@ def test_libcurl_option_ids_match_the_library():
     class Opt(ctypes.Structure):
         _fields_ = [("name", ctypes.c_char_p), ("id", ctypes.c_int), ("type", ctypes.c_int), ("flags", ctypes.c_uint)]
     lib.curl_easy_option_by_name.restype = ctypes.POINTER(Opt)
-    src = (__import__("pathlib").Path(nh.__file__).with_name("_native") / "gz_http.c").read_text()
+    src = (__import__("pathlib").Path(nh.__file__).parents[1] / "native" / "gz_http.c").read_text()
     want = {"WRITEDATA": 10001, "URL": 10002, "RANGE": 10007, "ERRORBUFFER": 10010, "USERAGENT": 10018,
             "HTTPHEADER": 10023, "HEADERDATA": 10029, "PRIVATE": 10103, "WRITEFUNCTION": 20011,
             "HEADERFUNCTION": 20079, "LOW_SPEED_LIMIT": 19, "LOW_SPEED_TIME": 20, "FOLLOWLOCATION": 52,

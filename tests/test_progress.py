@@ -120,7 +120,8 @@ def test_keyboard_interrupt_cancels_a_cpu_read_and_frees_it(arr):
 
 
 def test_keyboard_interrupt_in_the_engine_waits_for_reads_in_flight(arr, monkeypatch):
-    from gpu_zarr.engine import EngineOptions, fetch, read
+    from gpu_zarr.engine import EngineOptions, read
+    from gpu_zarr.engine.sources import files as fetch
 
     active = [0, 0]  # reads running now, reads done in all
     lock = threading.Lock()

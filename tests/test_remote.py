@@ -16,7 +16,7 @@ pytest.importorskip("obstore")
 
 from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
 from gpu_zarr.engine import read as engine_read  # noqa: E402
-from gpu_zarr.engine.remote import FETCHED  # noqa: E402
+from gpu_zarr.engine.sources.remote import FETCHED  # noqa: E402
 from gpu_zarr.errors import CorruptChunkError, NotAZarrError  # noqa: E402
 from gpu_zarr.location import RemoteError, resolve  # noqa: E402
 from gpu_zarr.store import open_array, open_node  # noqa: E402
@@ -138,10 +138,10 @@ def test_small_remote_reads_decode_on_arrival_either_way(server, stores, rel, cl
     client's ``on_sent``), or before obstore's requests are made: the same pixels, a plane of
     missing chunks too, and nothing left open."""
     import gpu_zarr.engine.native as native
-    import gpu_zarr.engine.native_http as nh
+    import gpu_zarr.engine.sources.http as nh
     from gpu_zarr.engine.ops import CpuOps
-    from gpu_zarr.engine.remote import source_of
     from gpu_zarr.engine.runtime import get_runtime
+    from gpu_zarr.engine.sources.remote import source_of
 
     ops = CpuOps(get_runtime().pool("cpu-decode", 4), 4, fast=True)
     arr = open_array(f"{server.url}/{rel}")
@@ -359,7 +359,7 @@ def test_plane_is_decoded_as_its_answers_arrive(tmp_path, cname):
     itself (no Python between an answer and its decode)."""
     import numcodecs
 
-    import gpu_zarr.engine.native_http as nh
+    import gpu_zarr.engine.sources.http as nh
     from gpu_zarr.engine import EngineOptions, native
     from gpu_zarr.engine.runtime import get_runtime
 
@@ -662,7 +662,7 @@ def test_dns_failure_names_the_url():
 
 # -- requests in flight -------------------------------------------------------------------------------
 def test_default_requests_in_flight_is_at_least_64(tmp_path, monkeypatch):
-    from gpu_zarr.engine.remote import RemoteSource, source_of
+    from gpu_zarr.engine.sources.remote import RemoteSource, source_of
 
     monkeypatch.delenv("GPU_ZARR_REMOTE_REQUESTS", raising=False)
     assert resolve("http://127.0.0.1:9/a.zarr").requests() >= 64
@@ -785,7 +785,7 @@ def test_big_reads_land_in_the_arena_or_in_their_own_buffers(stores, monkeypatch
     nothing of it goes to the byte cache (the block is reused by the next read)."""
     from gpu_zarr import settings
     from gpu_zarr.engine import remote_read
-    from gpu_zarr.engine.remote import FETCHED
+    from gpu_zarr.engine.sources.remote import FETCHED
 
     monkeypatch.setattr(remote_read, "ARENA_PIECES", 4)
     FETCHED.clear()
@@ -802,8 +802,8 @@ def test_anonymous_s3_goes_through_the_native_client(moto_s3, stores, monkeypatc
     """An unsigned s3:// read is plain HTTPS: the native client serves it (path style under the
     endpoint); what it cannot serve is left to obstore, whose answer stands."""
     from gpu_zarr.bench.remote_server import ProxyServer
-    from gpu_zarr.engine import native_http
-    from gpu_zarr.engine.remote import source_of
+    from gpu_zarr.engine.sources import http as native_http
+    from gpu_zarr.engine.sources.remote import source_of
     from gpu_zarr.location import Location, public_http_url
 
     assert public_http_url(Location("s3://bucket/a/b.zarr", "s3", {"anon": True})) == \

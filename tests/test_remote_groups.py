@@ -244,7 +244,7 @@ def test_batches_are_uploaded_from_where_the_answers_landed(root, rel, monkeypat
     """A big read's answers land in the arena (the GPU's pinned staging pool); a batch whose
     pieces lie in one arena block is uploaded from there, with no copy into staging. The
     pixels are zarr's whether or not a batch could be (arena answers: native HTTP only)."""
-    from gpu_zarr.engine import native_http
+    from gpu_zarr.engine.sources import http as native_http
 
     monkeypatch.setattr(remote_read, "ARENA_PIECES", 4)  # these small arrays' reads count as big
     ref = _disk(root, rel)

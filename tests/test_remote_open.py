@@ -17,7 +17,7 @@ pytest.importorskip("obstore")
 
 from gpu_zarr import settings  # noqa: E402
 from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
-from gpu_zarr.engine.remote import FETCHED  # noqa: E402
+from gpu_zarr.engine.sources.remote import FETCHED  # noqa: E402
 from gpu_zarr.location import METADATA_NAMES, clear_metadata_cache  # noqa: E402
 from gpu_zarr.store import open_node  # noqa: E402
 
@@ -133,7 +133,7 @@ def test_ttl_zero_asks_every_time_and_changes_are_seen(server, root, tmp_path):
 
 
 def _native_http() -> bool:
-    from gpu_zarr.engine import native_http
+    from gpu_zarr.engine.sources import http as native_http
 
     return native_http.available()
 

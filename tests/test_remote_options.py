@@ -18,7 +18,7 @@ import zarr
 pytest.importorskip("obstore")
 
 from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
-from gpu_zarr.engine.remote import FETCHED  # noqa: E402
+from gpu_zarr.engine.sources.remote import FETCHED  # noqa: E402
 
 SECRET = "s3cr3t-t0ken"
 OPTS = {"headers": {"X-Gpu-Zarr-Token": SECRET}}

@@ -61,8 +61,8 @@ def test_whole_sharded_read_is_one_get_per_shard(server, root):
     """A whole shard is one GET. With the native HTTP client and decoder, each shard's index
     is asked for beside it, in the same wave (its inner chunks then decode as the shard's
     bytes arrive): one round trip all the same. Read again, the indexes are known: GETs only."""
-    from gpu_zarr.engine import native_http as nh
-    from gpu_zarr.engine import native_read
+    from gpu_zarr.engine.native import chunkwise as native_read
+    from gpu_zarr.engine.sources import http as nh
 
     beside = nh.available() and native_read.native_codec("zstd") is not None
     _clear()
@@ -194,8 +194,8 @@ def test_whole_shards_with_known_indexes_decode_as_their_bytes_arrive(root, tmp_
     bytes, and the pixels are the new ones."""
     import shutil
 
-    from gpu_zarr.engine import native_http as nh
-    from gpu_zarr.engine import native_read
+    from gpu_zarr.engine.native import chunkwise as native_read
+    from gpu_zarr.engine.sources import http as nh
 
     if not (nh.available() and native_read.native_codec("zstd")):
         pytest.skip("the native HTTP client or native zstd is not here")
@@ -226,8 +226,8 @@ def test_a_first_whole_read_decodes_shards_as_they_arrive_once_their_indexes_com
     """A new open array knows no index: each shard's is asked for beside it (same wave), and
     from the moment it is in, the shard's inner chunks are handed to the decode set as its
     bytes arrive (the bodies come slowly here: most of each is still on the way then)."""
-    from gpu_zarr.engine import native_http as nh
-    from gpu_zarr.engine import native_read
+    from gpu_zarr.engine.native import chunkwise as native_read
+    from gpu_zarr.engine.sources import http as nh
 
     if not (nh.available() and native_read.native_codec("zstd")):
         pytest.skip("the native HTTP client or native zstd is not here")

@@ -104,7 +104,7 @@ def _read_checked(arr, monkeypatch, *, break_ordering: bool = False, lanes: int 
     ops._lanes = ops._lanes[:lanes]
     rt = Runtime()
     import gpu_zarr.engine.pipeline as pipeline
-    from gpu_zarr.engine.fetch import reader_of
+    from gpu_zarr.engine.sources.files import reader_of
 
     monkeypatch.setattr(pipeline, "reader_of",
                         lambda runtime, kind, threads: CheckingReader(reader_of(runtime, kind, threads), ops))

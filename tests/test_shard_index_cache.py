@@ -41,7 +41,7 @@ def test_plane_reads_reuse_checked_indexes(tmp_path: Path, monkeypatch: pytest.M
     held = get_runtime().shard_indexes().nbytes
     assert held > 0
     # the second read of the same shards reads no index: a pread would fail it
-    import gpu_zarr.engine.locate as locate_mod
+    import gpu_zarr.engine.sources.locate as locate_mod
 
     def no_pread(*args: object) -> bytes:
         raise AssertionError("a shard index was read again")

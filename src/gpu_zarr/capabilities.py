@@ -217,7 +217,7 @@ def _probe() -> Capabilities:
     if nvcomp_ok and not low["low_level"]:
         notes.append(f"nvCOMP's C library is not usable, so compressed chunks are decoded on the CPU: {low['error']}")
     import gpu_zarr.engine.native as native
-    import gpu_zarr.engine.native_http as native_http
+    import gpu_zarr.engine.sources.http as native_http
 
     nat = native.status()
     return Capabilities(cupy_ok, gpu, name, free, total, kvikio_ok, compat, gds, nvcomp_ok and bool(low["low_level"]),

@@ -3,7 +3,7 @@
 :func:`resolve` turns what a user passes (a path, a URL, a :class:`Location`, and optional
 ``storage_options``) into a :class:`Location`: whether it is remote, a name to show, the
 read-only zarr store zarr-python opens (``zarr.storage.ObjectStore`` over obstore for remote
-stores), and the obstore store the engine's remote fetch uses (:mod:`gpu_zarr.engine.remote`).
+stores), and the obstore store the engine's remote fetch uses (:mod:`gpu_zarr.engine.sources.remote`).
 
 Remote stores go through obstore (Rust ``object_store``: ranged, concurrent, retried with
 backoff): install it with ``pip install "napari-gpu-zarr[remote]"``.
@@ -126,12 +126,12 @@ class Location:
 
     def native_http(self) -> tuple[Any, str] | None:
         """``(client, HTTP base URL)`` when the native HTTP client
-        (:mod:`gpu_zarr.engine.native_http`) can serve this location: ``http(s)://``, or an
+        (:mod:`gpu_zarr.engine.sources.http`) can serve this location: ``http(s)://``, or an
         ``s3://`` one read anonymously (plain HTTPS); None where obstore serves (signed s3,
         gs, a URL with a query, the client off or missing)."""
         if not self.is_remote or "?" in self.url:
             return None
-        from gpu_zarr.engine.native_http import client_for
+        from gpu_zarr.engine.sources.http import client_for
 
         if self.scheme in ("http", "https"):
             client = client_for(self.scheme, self.storage_options)
@@ -240,7 +240,7 @@ def _retrying_store_class() -> Any:
             import obstore
 
             from gpu_zarr import settings
-            from gpu_zarr.engine.remote_body import Limit, deadline_of, read_body
+            from gpu_zarr.engine.sources.remote_body import Limit, deadline_of, read_body
 
             loc = self._gpu_zarr_location
             url = f"{loc.url.rstrip('/')}/{key}" if loc is not None else key
@@ -426,7 +426,7 @@ class _MetadataCache:
         not asked) as soon as they settle the node: its zarr.json is there (zarr-python then
         reads no v2 document of it: they count as absent), or all asked for are in. ``then``
         is called with the node and its documents just before (never raising)."""
-        from gpu_zarr.engine.native_http import UNANSWERED
+        from gpu_zarr.engine.sources.http import UNANSWERED
 
         client, base = nat
         asked = [METADATA_NAMES.index(m) for m in METADATA_NAMES if m in names]
@@ -500,7 +500,7 @@ class _MetadataCache:
         """``node``'s documents: the native client's (``fut``), obstore's for what it did not answer."""
         import asyncio
 
-        from gpu_zarr.engine.native_http import UNANSWERED
+        from gpu_zarr.engine.sources.http import UNANSWERED
 
         got: list[Any] = [UNANSWERED if m in names else None for m in METADATA_NAMES]
         if fut is not None:

@@ -221,7 +221,7 @@ def _decode_with_stages(items: list[tuple[Any, Any]], codec: str, params: dict[s
 
 @dataclass(frozen=True)
 class _Shards:
-    """A sharding codec's index geometry (:class:`gpu_zarr.engine.locate.ShardGeometry`)."""
+    """A sharding codec's index geometry (:class:`gpu_zarr.engine.sources.locate.ShardGeometry`)."""
 
     inner_per_shard: tuple[int, ...]
     index_crc: bool
@@ -234,12 +234,12 @@ async def _check_shard_indexes(codec: Any, batch: list[Any]) -> None:
     zarr's sharding codec hands an inner chunk whatever bytes its index entry spans, cut at
     the shard's end: an entry whose size runs past the data gives Blosc, which ignores bytes
     after its stream, a chunk that decodes. The engine refuses such shards
-    (:func:`~gpu_zarr.engine.locate.index_entries`: entries inside the data, sizes not 0, the
+    (:func:`~gpu_zarr.engine.sources.locate.index_entries`: entries inside the data, sizes not 0, the
     crc32c); so does this pipeline, for the price of the index read once more."""
     from zarr.abc.store import RangeByteRequest, SuffixByteRequest
     from zarr.core.buffer import default_buffer_prototype
 
-    from gpu_zarr.engine.locate import index_entries
+    from gpu_zarr.engine.sources.locate import index_entries
 
     idx = [type(c).__name__ for c in codec.index_codecs]
     if idx not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]):

@@ -9,7 +9,7 @@ import zarr
 pytest.importorskip("obstore")
 
 from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
-from gpu_zarr.engine.remote import FETCHED  # noqa: E402
+from gpu_zarr.engine.sources.remote import FETCHED  # noqa: E402
 from gpu_zarr.lazy import GpuLazyArray  # noqa: E402
 
 PLUGIN = "napari-gpu-zarr"

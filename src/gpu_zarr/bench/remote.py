@@ -150,8 +150,8 @@ def _warm(base: str, workdir: Path, rel: str) -> None:
 
 
 def _clear() -> None:
-    from gpu_zarr.engine.remote import FETCHED
     from gpu_zarr.engine.runtime import get_runtime
+    from gpu_zarr.engine.sources.remote import FETCHED
 
     FETCHED.clear()
     get_runtime().clear_caches()

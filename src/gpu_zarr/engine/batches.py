@@ -22,11 +22,11 @@ import numpy as np
 from gpu_zarr.engine.binary import align_up
 from gpu_zarr.engine.codecs import CodecStage
 from gpu_zarr.engine.layout import Layout
-from gpu_zarr.engine.locate import Located
 from gpu_zarr.engine.ops import Ops
 from gpu_zarr.engine.options import EngineOptions
 from gpu_zarr.engine.plan import Batch, LazyNames, Pieces
 from gpu_zarr.engine.runtime import faults_as_errors, gpu_fault
+from gpu_zarr.engine.sources.locate import Located
 from gpu_zarr.errors import ReadCancelled
 
 __all__ = ["Feed", "Keep", "decoded_stride", "needs_host_check", "piece_names", "run_batches", "run_feed"]

@@ -54,7 +54,7 @@ class Layout:
         How a decoded chunk's elements are ordered: None for C order; else the chunk is
         stored as ``chunk.transpose(transpose)`` in C order (zarr v2 ``order: "F"`` is the
         reversed axes, zarr v3's ``transpose`` codec gives its ``order``).
-    source : gpu_zarr.engine.remote.RemoteSource or None
+    source : gpu_zarr.engine.sources.remote.RemoteSource or None
         Where the bytes come from when the array is remote (``root`` is then its URL);
         None for a local directory store.
     frames : tuple of gpu_zarr.engine.codecs.frames.Frame

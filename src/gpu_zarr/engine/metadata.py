@@ -38,7 +38,7 @@ class _RemoteRoot(str):
 
 def _root_and_source(arr: Any) -> tuple[Path, Any]:
     """(root, remote source): a local directory and None, or a remote array's URL and source."""
-    from gpu_zarr.engine.remote import source_of
+    from gpu_zarr.engine.sources.remote import source_of
 
     src = source_of(arr)
     if src is not None:

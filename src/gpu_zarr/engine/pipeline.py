@@ -26,10 +26,8 @@ from gpu_zarr.engine.batches import Keep, decoded_stride, needs_host_check, piec
 from gpu_zarr.engine.binary import packed_offsets
 from gpu_zarr.engine.codecs import CodecStage
 from gpu_zarr.engine.codecs.chain import stage_for
-from gpu_zarr.engine.fetch import reader_of
 from gpu_zarr.engine.fit import check_fits, nbytes_of
 from gpu_zarr.engine.layout import Layout, batch_key
-from gpu_zarr.engine.locate import Located, locate, merge_located
 from gpu_zarr.engine.metadata import layout_of
 from gpu_zarr.engine.ops import Ops, ops_for
 from gpu_zarr.engine.options import EngineOptions
@@ -44,6 +42,8 @@ from gpu_zarr.engine.plan import (
 )
 from gpu_zarr.engine.remote_read import arena_for, remote_reader, run_remote_groups, run_remote_stream
 from gpu_zarr.engine.runtime import Runtime, faults_as_errors, get_runtime, gpu_fault, host_empty
+from gpu_zarr.engine.sources.files import reader_of
+from gpu_zarr.engine.sources.locate import Located, locate, merge_located
 from gpu_zarr.errors import CorruptChunkError, GPUFault, GPUUnavailable, ReadCancelled, UnsupportedArrayError
 
 __all__ = ["EngineOptions", "EngineResult", "decode_chunks", "last_read_stats", "read", "read_many"]
@@ -341,7 +341,7 @@ def _execute(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, out: 
     stats.update(codec=lay.codec, pieces=len(pieces), missing=len(missing), batches=len(batches),
                  encoded_bytes=int(loc.nbytes[loc.nbytes > 0].sum()), decoded_bytes=nbytes_of(out.shape, out.dtype.itemsize))
     keep = Keep(keys, pieces, every=opts.cache == "all") if cache is not None else None
-    import gpu_zarr.engine.native_read as native_read
+    import gpu_zarr.engine.native.chunkwise as native_read
 
     if ops.host_is_device or (own_ops and device == "cpu" and native_read.serves(lay, out)):
         # the CPU path with the native library: per chunk read, decode, place on C threads (no
@@ -422,9 +422,9 @@ def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces,
     chunks are decoded and placed. The encoded and decoded bytes live in reused scratch
     (fresh memory costs page faults). ``keep`` receives copies of the chunks the cache wants.
     """
-    import gpu_zarr.engine.native_read as native_read
-    from gpu_zarr.engine.fetch import read_range
+    import gpu_zarr.engine.native.chunkwise as native_read
     from gpu_zarr.engine.ops import CpuOps
+    from gpu_zarr.engine.sources.files import read_range
 
     t = time.perf_counter()
     todo = np.flatnonzero(to_read >= 0)

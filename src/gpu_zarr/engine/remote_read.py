@@ -14,27 +14,27 @@ from typing import Any
 
 import numpy as np
 
-import gpu_zarr.engine.native_read as native_read
+import gpu_zarr.engine.native.chunkwise as native_read
 from gpu_zarr import settings
 from gpu_zarr.engine.batches import Feed, Keep, decoded_stride, needs_host_check, run_feed
 from gpu_zarr.engine.binary import packed_offsets
 from gpu_zarr.engine.codecs import CodecStage
 from gpu_zarr.engine.fit import nbytes_of
 from gpu_zarr.engine.layout import Layout
-from gpu_zarr.engine.locate import Located, check_sizes
 from gpu_zarr.engine.native import available as native_available
-from gpu_zarr.engine.native_http import Handoff
 from gpu_zarr.engine.ops import CpuOps, Ops
 from gpu_zarr.engine.options import EngineOptions
 from gpu_zarr.engine.plan import Batch, LazyNames, Pieces, make_batches
 from gpu_zarr.engine.runtime import Runtime, host_empty
+from gpu_zarr.engine.sources.http import Handoff
+from gpu_zarr.engine.sources.locate import Located, check_sizes
 from gpu_zarr.errors import CorruptChunkError, ReadCancelled
 
 __all__ = ["ARENA_PIECES", "FEED_BATCH_BYTES", "GROUP_BYTES", "SMALL_PIECES", "arena_for", "remote_reader",
            "run_remote_groups", "run_remote_stream"]
 
 
-#: remote reads of more pieces than this land in a :class:`~gpu_zarr.engine.remote.BodyArena`
+#: remote reads of more pieces than this land in a :class:`~gpu_zarr.engine.sources.remote.BodyArena`
 #: (reused buffers; a viewer's few chunks get buffers of their own and go to the byte cache)
 ARENA_PIECES = 64
 SMALL_PIECES = 16
@@ -68,7 +68,7 @@ def arena_for(rt: Runtime, pieces: int, ops: Ops | None = None) -> Any:
     runtime's recycled memory."""
     if pieces <= ARENA_PIECES:
         return contextlib.nullcontext(rt.recycled)
-    from gpu_zarr.engine.remote import BodyArena
+    from gpu_zarr.engine.sources.remote import BodyArena
 
     uploads = ops is not None and not ops.host_is_device
     return BodyArena(rt.host_scratch, settings.get("pinned_bytes") // 4,
@@ -77,7 +77,7 @@ def arena_for(rt: Runtime, pieces: int, ops: Ops | None = None) -> Any:
 
 def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: Callable[[], Any], ops: Ops,
                       rt: Runtime, opts: EngineOptions, stats: dict[str, Any], cache: Any) -> tuple[Any, Keep | None]:
-    """The CPU's host path for a remote array: :func:`~gpu_zarr.engine.remote_fetch.stream_remote`
+    """The CPU's host path for a remote array: :func:`~gpu_zarr.engine.sources.remote_stream.stream_remote`
     requests every object at once and hands each answer on as it arrives; answers queue up,
     and a few drain tasks on the decode pool take whatever has arrived: missing pieces
     filled, cached ones placed, the rest decoded with one native call (where they landed when
@@ -90,7 +90,7 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: C
     fetch's ``on_sent``; else at the first answer, or at the end when none came), then the
     caller's ``opts.on_sent``. Returns
     the output and the chunk cache's keeper (its chunks go to the cache once the read is done)."""
-    from gpu_zarr.engine.remote_fetch import Arrived, stream_remote  # (asyncio and obstore's side: lazily)
+    from gpu_zarr.engine.sources.remote_stream import Arrived, stream_remote  # (asyncio and obstore's side: lazily)
 
     assert lay.source is not None
     cores = CORES
@@ -312,7 +312,7 @@ _MISSING, _DECODED = object(), object()  # what a remote piece's last answer sai
 
 def run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, device: str, opts: EngineOptions,
                       ops: Ops, rt: Runtime, stats: dict[str, Any], batch: int, arena: Any) -> None:
-    """The GPU path for a remote array: :func:`~gpu_zarr.engine.remote_fetch.stream_remote`
+    """The GPU path for a remote array: :func:`~gpu_zarr.engine.sources.remote_stream.stream_remote`
     requests every object at once on a thread of its own and queues each answer as it
     arrives; the batch pipeline (:func:`~gpu_zarr.engine.batches.run_feed`) takes whatever has
     arrived -- once ``GROUP_BYTES`` of it is in, or all -- as the next batches, and copies them
@@ -323,8 +323,8 @@ def run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
     decode call costs 5-16 ms whatever it holds (a viewer's plane is one group). Missing pieces
     are filled and cached ones placed at the end. ``arena``: where the answers land; it
     outlives this call, and nothing is left writing into it when this returns or raises."""
-    from gpu_zarr.engine.remote import RemoteBlob
-    from gpu_zarr.engine.remote_fetch import Arrived, stream_remote, whole_cap
+    from gpu_zarr.engine.sources.remote import RemoteBlob
+    from gpu_zarr.engine.sources.remote_stream import Arrived, stream_remote, whole_cap
 
     assert lay.source is not None
     n = len(pieces)
@@ -502,7 +502,7 @@ def _native_arrivals(lay: Layout, stage: CodecStage, out: Any, pieces: Pieces, k
     by up to 8 workers, leaving a core to the rest of the machine (on 2 cores, splitting took
     the CPU from a loopback server sending the plane's other answers: they came 0.2-0.4 ms later)."""
     import gpu_zarr.engine.native as native
-    import gpu_zarr.engine.native_read as native_read
+    import gpu_zarr.engine.native.chunkwise as native_read
 
     codec = native_read.native_codec(lay.codec)
     assert codec is not None
@@ -522,7 +522,7 @@ def _arrivals_done(lay: Layout, arrivals: Any, added: dict[int, tuple[Any, int]]
     """Wait for a small remote read's native decodes; hand wanted chunks to ``keep``. Returns
     the (answer, position) of the pieces the library does not decode; raises on a corrupt one."""
     import gpu_zarr.engine.native as native
-    import gpu_zarr.engine.native_read as native_read
+    import gpu_zarr.engine.native.chunkwise as native_read
 
     keep_bufs = arrivals.keep
     st, det = arrivals.close()
@@ -544,7 +544,7 @@ def remote_reader(lay: Layout, rt: Runtime) -> Any:
     """The fetch stage of a remote array (None for local files)."""
     if lay.source is None:
         return None
-    from gpu_zarr.engine.remote_fetch import RemoteReader
+    from gpu_zarr.engine.sources.remote_stream import RemoteReader
 
     copiers = min(8, os.cpu_count() or 1)
     return RemoteReader(lay.source.requests, rt.pool("remote-copy", copiers), copiers)

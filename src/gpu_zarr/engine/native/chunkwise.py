@@ -86,7 +86,7 @@ def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.nd
         A chunk file is truncated or a chunk does not decode (named).
     """
     import gpu_zarr.engine.native as native
-    from gpu_zarr.engine.fetch import raise_read_errors
+    from gpu_zarr.engine.sources.files import raise_read_errors
 
     codec = native_codec(lay.codec)
     if codec is None:
@@ -144,8 +144,8 @@ def decode_failed(codec: str, name: str, code: int, detail: int) -> CorruptChunk
 def _explain(lay: Any, loc: Any, k: int) -> None:
     """Run the codec's Python host check on the one chunk that failed (the slow path, only
     on an error): it raises CorruptChunkError saying exactly what is wrong, when it can see it."""
-    from gpu_zarr.engine.fetch import read_range
     from gpu_zarr.engine.plan import Batch
+    from gpu_zarr.engine.sources.files import read_range
 
     size = int(loc.nbytes[k])
     buf = np.empty(max(size, 1), np.uint8)

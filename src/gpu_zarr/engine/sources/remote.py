@@ -1,6 +1,6 @@
 """Remote stores (http, s3, gs) through obstore: the objects of one array and their requests.
 
-:mod:`gpu_zarr.engine.remote_fetch` holds the locate and fetch stages built on it.
+:mod:`gpu_zarr.engine.sources.remote_stream` holds the locate and fetch stages built on it.
 
 Whole objects (unsharded chunks, whole shards; a 404 is None: the fill value) and byte ranges
 are fetched with up to ``requests`` in flight, each handed on as it arrives
@@ -12,7 +12,7 @@ Retries: obstore retries 429/5xx, connection errors and timeouts with exponentia
 retried here.
 
 Hostile servers: no answer is held beyond what its request needs. obstore's bodies are read
-as streams (:mod:`gpu_zarr.engine.remote_body`) and given up past their bound: a whole chunk's
+as streams (:mod:`gpu_zarr.engine.sources.remote_body`) and given up past their bound: a whole chunk's
 worst case for its codec (:func:`gpu_zarr.engine.bounds.max_encoded_nbytes`; more is a
 :class:`~gpu_zarr.errors.CorruptChunkError` naming it), a range's length; a server that answers
 no byte ranges is read whole only up to the object's bound. Every answer's range is checked
@@ -40,8 +40,8 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from gpu_zarr import settings
-from gpu_zarr.engine.remote_body import Limit, deadline_of, read_body
 from gpu_zarr.engine.runtime import host_empty
+from gpu_zarr.engine.sources.remote_body import Limit, deadline_of, read_body
 from gpu_zarr.errors import CorruptChunkError, NativeHttpDeclined, ReadCancelled, RemoteError, ShortAnswer
 from gpu_zarr.location import network_cause
 from gpu_zarr.pending import track
@@ -204,7 +204,7 @@ class RemoteSource:
         self.timeout_s = float(settings.get("remote_timeout") if timeout_s is None else timeout_s)
         self.min_rate = int(settings.get("remote_min_rate") if min_rate is None else min_rate)
         self._store, self._store_of = store, store_of
-        #: the native HTTP client (:class:`~gpu_zarr.engine.native_http.HttpClient`) serving this
+        #: the native HTTP client (:class:`~gpu_zarr.engine.sources.http.HttpClient`) serving this
         #: source's requests, or None: obstore serves them (signed s3, gs; no libcurl; a fallback)
         self.http = http
         #: where the native client finds the objects: the URL itself, or an anonymous s3:// read's
@@ -265,7 +265,7 @@ class RemoteSource:
 
     def _limit(self, rel: str, nbytes: int, over: Callable[[int], BaseException] | None = None) -> Limit:
         """How much of an answer about ``rel`` may be taken (``nbytes``), and by when."""
-        from gpu_zarr.engine.native_http import rate_window
+        from gpu_zarr.engine.sources.http import rate_window
 
         url = self.url_of(rel)
         return Limit(int(nbytes), over or (lambda n: ShortAnswer(f"GET {url}: the answer is longer than the {n} bytes "
@@ -472,10 +472,10 @@ class RemoteSource:
         (the native client needs it for whole-object jobs; without it obstore serves them);
         ``arena``: where the native client's answers land (else buffers of their own);
         ``sink``: where the native client hands complete whole bodies to be decoded as they
-        arrive (a :class:`~gpu_zarr.engine.native_http.Sink`, one chunk per job; those answers
+        arrive (a :class:`~gpu_zarr.engine.sources.http.Sink`, one chunk per job; those answers
         come with ``handed`` 1, and obstore's never do); ``parts``: pieces of whole answers
         handed to that sink's set as their bytes arrive (a
-        :class:`~gpu_zarr.engine.native_http.Parts`; ``handed`` counts them). ``on_sent()`` runs once, on this
+        :class:`~gpu_zarr.engine.sources.http.Parts`; ``handed`` counts them). ``on_sent()`` runs once, on this
         thread, before any ``on_done``: as soon as the native client's first requests are
         written (the caller's setup for the answers then overlaps their round trip), else
         before obstore's are made. ``stop()`` is asked while the answers travel (every 0.1 s):
@@ -549,7 +549,7 @@ class RemoteSource:
             return Got(data, size, _mtime(meta), _etag(meta))
         return await self._retry(rel, _what(rng), once)
 
-    # -- the native HTTP client (gpu_zarr.engine.native_http) -----------------------------------
+    # -- the native HTTP client (gpu_zarr.engine.sources.http) -----------------------------------
     def _native(self, jobs: list[tuple[str, Any]], on_done: Callable[[int, Got | None], None], cap: int | None, *,
                 missing_ok: bool = False, arena: Bodies | None = None, sink: Any = None,
                 on_sent: Callable[[], None] | None = None, parts: Any = None,
@@ -560,7 +560,7 @@ class RemoteSource:
         bytes for whole objects; carved from ``arena`` when given).
         Returns the jobs given back to obstore: a server that answers no byte ranges, or a
         body longer than ``cap``; obstore serves this source from then on."""
-        import gpu_zarr.engine.native_http as nh
+        import gpu_zarr.engine.sources.http as nh
 
         http = self.http
         assert http is not None
@@ -621,7 +621,7 @@ class RemoteSource:
     def _judge(self, rel: str, rng: Any, r: Any, buf: np.ndarray, missing_ok: bool, expected: str = "") -> Got | None:
         """One finished native request: its answer (``handed``: what the native client handed to
         the fetch's decode set, its row's ``added``), None (missing), or a clear error."""
-        import gpu_zarr.engine.native_http as nh
+        import gpu_zarr.engine.sources.http as nh
 
         st, code = int(r["status"]), int(r["curl"])
         got_n, size = int(r["got"]), int(r["size"])
@@ -774,8 +774,8 @@ def _what(rng: Any) -> str:
 class Got:
     """One answer: its bytes (a buffer), the object's size, modification time (ns) and etag;
     ``handed``: what of it was handed to the read's native decode set as it arrived (a
-    :class:`~gpu_zarr.engine.native_http.Sink`: 1, the whole body; with
-    :class:`~gpu_zarr.engine.native_http.Parts`: that many of its parts), being decoded already."""
+    :class:`~gpu_zarr.engine.sources.http.Sink`: 1, the whole body; with
+    :class:`~gpu_zarr.engine.sources.http.Parts`: that many of its parts), being decoded already."""
 
     data: Any
     size: int

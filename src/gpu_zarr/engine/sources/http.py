@@ -1,4 +1,4 @@
-"""HTTP(S) GETs from the native library (``_native/gz_http.c``, libcurl's multi interface).
+"""HTTP(S) GETs from the native library (``native/gz_http.c``, libcurl's multi interface).
 
 One job: many GETs -- whole objects, byte ranges, suffixes -- in flight from ONE native call,
 each body written straight into a buffer the caller gives (a staging buffer, a scratch
@@ -7,7 +7,7 @@ callback per finished request so decode overlaps the transfer. No Python per byt
 event loop: on the 2-core machine obstore's client spent 113-163 ms of CPU on the 81 MiB of
 a 128 MiB array where libcurl (TensorStore's client) spent 42-48 ms.
 
-:mod:`gpu_zarr.engine.remote` uses it for ``http(s)://`` stores and anonymous ``s3://`` reads
+:mod:`gpu_zarr.engine.sources.remote` uses it for ``http(s)://`` stores and anonymous ``s3://`` reads
 when it loads (libcurl.so.4, found with dlopen at run time); otherwise, for signed ``s3://`` and
 ``gs://`` (signing, credential chains) and with ``GPU_ZARR_NATIVE_HTTP=0``, obstore serves.
 :func:`status` says which.

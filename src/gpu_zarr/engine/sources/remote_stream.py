@@ -1,4 +1,4 @@
-"""Locate and fetch stages for remote arrays (:mod:`gpu_zarr.engine.remote` makes the requests).
+"""Locate and fetch stages for remote arrays (:mod:`gpu_zarr.engine.sources.remote` makes the requests).
 
 - :func:`stream_remote` is locate and fetch in one: every object a read needs is requested at
   once and handed on (:class:`Arrived`) as it arrives, so decode overlaps the transfer (the
@@ -15,8 +15,8 @@
   (cut at ``PART_BYTES``). A ranged answer whose object changed since its index was fetched
   (another size, modification time or etag; or it is gone) is dropped and the shard is read
   again, its index fetched anew.
-- :class:`RemoteReader` is the fetch stage's :class:`~gpu_zarr.engine.fetch.Reader` on the GPU
-  path: it copies the answers that arrived (:class:`~gpu_zarr.engine.remote.RemoteBlob`) into
+- :class:`RemoteReader` is the fetch stage's :class:`~gpu_zarr.engine.sources.files.Reader` on the GPU
+  path: it copies the answers that arrived (:class:`~gpu_zarr.engine.sources.remote.RemoteBlob`) into
   the same staging buffers as local reads, so decode is unchanged.
 """
 
@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 
 from gpu_zarr.engine.bounds import max_stored_nbytes
-from gpu_zarr.engine.fetch import read_tasks
 from gpu_zarr.engine.layout import Layout
-from gpu_zarr.engine.locate import Located, check_sizes, expected_chunk, index_entries
-from gpu_zarr.engine.native_http import Handoff, Parts, Sink
 from gpu_zarr.engine.plan import Batch, Pieces
-from gpu_zarr.engine.remote import FETCHED, Bodies, Got, RemoteBlob, RemoteSource, Span, changed_while_read
+from gpu_zarr.engine.sources.files import read_tasks
+from gpu_zarr.engine.sources.http import Handoff, Parts, Sink
+from gpu_zarr.engine.sources.locate import Located, check_sizes, expected_chunk, index_entries
+from gpu_zarr.engine.sources.remote import FETCHED, Bodies, Got, RemoteBlob, RemoteSource, Span, changed_while_read
 from gpu_zarr.errors import CorruptChunkError, ShardChanged
 
 __all__ = ["GAP_BYTES", "PART_BYTES", "WHOLE_SHARD_BYTES", "Arrived", "RemoteReader", "stream_remote", "whole_cap"]
@@ -380,7 +380,7 @@ def _runs(offs: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
 
 
 class RemoteReader:
-    """The fetch stage for remote pieces (:class:`~gpu_zarr.engine.fetch.Reader`).
+    """The fetch stage for remote pieces (:class:`~gpu_zarr.engine.sources.files.Reader`).
 
     Parameters
     ----------

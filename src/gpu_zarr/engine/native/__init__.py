@@ -1,4 +1,4 @@
-"""The native host library (``_native/gz_native.c``): load it, expose its batch calls.
+"""The native host library (``native/gz_native.c``): load it, expose its batch calls.
 
 One job: find ``libgz_native.so`` (built next to this module by the package's build hook on
 ``pip install``), load it with ctypes, and offer typed batch calls -- read many byte ranges,
@@ -93,7 +93,7 @@ class NativeStatus:
 
 
 def _candidates() -> list[Path]:
-    here = Path(__file__).with_name("_native")
+    here = Path(__file__).parent
     env = os.environ.get("GPU_ZARR_NATIVE_LIB")
     return ([Path(env)] if env else []) + [here / LIBNAME]
 
@@ -390,7 +390,7 @@ class Arrivals:
     @property
     def handle(self) -> int:
         """The set's native handle (0 once closed): what the native HTTP client hands complete
-        answers to (:class:`~gpu_zarr.engine.native_http.Sink`)."""
+        answers to (:class:`~gpu_zarr.engine.sources.http.Sink`)."""
         return int(self._h or 0)
 
     def add(self, i: int, data: np.ndarray, offset: int, nbytes: int) -> None:

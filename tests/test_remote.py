@@ -784,7 +784,7 @@ def test_big_reads_land_in_the_arena_or_in_their_own_buffers(stores, monkeypatch
     they landed) or, past the arena's bound, in buffers of their own; pixels exact either way, and
     nothing of it goes to the byte cache (the block is reused by the next read)."""
     from gpu_zarr import settings
-    from gpu_zarr.engine import remote_read
+    from gpu_zarr.engine.sources import remote_feed as remote_read
     from gpu_zarr.engine.sources.remote import FETCHED
 
     monkeypatch.setattr(remote_read, "ARENA_PIECES", 4)

@@ -11,7 +11,7 @@ import zarr
 
 pytest.importorskip("obstore")
 
-import gpu_zarr.engine.remote_read as remote_read  # noqa: E402
+import gpu_zarr.engine.sources.remote_feed as remote_read  # noqa: E402
 from gpu_zarr.bench.remote import _clear  # noqa: E402 - one definition: a cold read
 from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
 from gpu_zarr.engine import EngineOptions  # noqa: E402

@@ -1,7 +1,7 @@
 """The knobs of one engine read (:class:`EngineOptions`), with defaults from :mod:`gpu_zarr.settings`.
 
-Every read path takes them: :mod:`gpu_zarr.engine.pipeline` (which re-exports the class),
-:mod:`gpu_zarr.engine.remote_read` and :mod:`gpu_zarr.engine.batches`.
+The entry points take them (:mod:`gpu_zarr.engine.pipeline`, which re-exports the class); the
+scheduler (:mod:`gpu_zarr.engine.scheduler`) and the remote feed read them.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """plan -> fetch -> decode -> place: the engine's entry points (:func:`read`, :func:`read_many`,
-:func:`decode_chunks`) and its local read paths.
+:func:`decode_chunks`).
 
-A read is planned, sized and checked to fit here. A local array's pieces are then located
-and read by the CPU's small-read path (per chunk, no staging) or by the batch pipeline
-(:mod:`gpu_zarr.engine.batches`: batches in flight so the stages overlap); a remote array's
-pieces are read by :mod:`gpu_zarr.engine.remote_read`. Memory stays bounded whatever the
-volume: ``slots`` staging buffers of ``batch_bytes`` and the same on the device for encoded
-and decoded bytes, checked to fit before anything is planned or allocated.
+A read is planned, sized and checked to fit here; its source then makes its pieces into a
+:class:`~gpu_zarr.engine.feed.Feed` -- local files located at once
+(:mod:`gpu_zarr.engine.sources.locate`), a remote store's answers as they arrive
+(:class:`~gpu_zarr.engine.sources.remote_feed.RemoteFeed`) -- and the one scheduler
+(:mod:`gpu_zarr.engine.scheduler`) fetches, decodes and places its batches, on the device or
+on the CPU. Memory stays bounded whatever the volume: ``slots`` staging buffers of
+``batch_bytes`` and the same on the device for encoded and decoded bytes, checked to fit
+before anything is planned or allocated.
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ from typing import Any
 import numpy as np
 
 from gpu_zarr import settings
-from gpu_zarr.engine.batches import Keep, decoded_stride, needs_host_check, piece_names, run_batches
 from gpu_zarr.engine.binary import packed_offsets
 from gpu_zarr.engine.codecs import CodecStage
 from gpu_zarr.engine.codecs.chain import stage_for
+from gpu_zarr.engine.feed import Keep, decoded_stride, needs_host_check
 from gpu_zarr.engine.fit import check_fits, nbytes_of
 from gpu_zarr.engine.layout import Layout, batch_key
 from gpu_zarr.engine.metadata import layout_of
-from gpu_zarr.engine.ops import Ops, ops_for
+from gpu_zarr.engine.ops import CpuOps, Ops, ops_for
 from gpu_zarr.engine.options import EngineOptions
 from gpu_zarr.engine.plan import (
     Batch,
@@ -40,11 +42,12 @@ from gpu_zarr.engine.plan import (
     normalize_selection,
     plan_pieces,
 )
-from gpu_zarr.engine.remote_read import arena_for, remote_reader, run_remote_groups, run_remote_stream
-from gpu_zarr.engine.runtime import Runtime, faults_as_errors, get_runtime, gpu_fault, host_empty
+from gpu_zarr.engine.runtime import Runtime, faults_as_errors, get_runtime, gpu_fault
+from gpu_zarr.engine.scheduler import run_batches, run_feed, run_fused
 from gpu_zarr.engine.sources.files import reader_of
 from gpu_zarr.engine.sources.locate import Located, locate, merge_located
-from gpu_zarr.errors import CorruptChunkError, GPUFault, GPUUnavailable, ReadCancelled, UnsupportedArrayError
+from gpu_zarr.engine.sources.remote_feed import RemoteFeed, arena_for
+from gpu_zarr.errors import CorruptChunkError, GPUFault, GPUUnavailable, UnsupportedArrayError
 
 __all__ = ["EngineOptions", "EngineResult", "decode_chunks", "last_read_stats", "read", "read_many"]
 
@@ -166,10 +169,8 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
     out_nbytes = nbytes_of(box_shape, lay.out_dtype.itemsize)  # Python ints: never wraps
     slots = max(1, opts.slots)
     lanes = max(1, min(slots, opts.lanes)) if device == "gpu" else 1
-    # a remote store on the CPU's host path streams its answers: no batches, no device scratch
-    streams = lay.source is not None and (ops.host_is_device if ops is not None else device == "cpu")
     budget = _budget(opts, device, out_nbytes)
-    batch, scratch = (0, 0) if streams else _size_batches(lay, stage, opts, slots, lanes, budget)
+    batch, scratch = _size_batches(lay, stage, opts, slots, lanes, budget)
     if not region.is_box:
         scratch += out_nbytes  # the box, then the stepped/squeezed copy
     # before anything is planned or allocated: an absurd shape fails here, in microseconds
@@ -181,49 +182,27 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
                          f"(the selection's box); got {given.dtype} {tuple(given.shape)}")
     stats.update(budget_bytes=budget, planned_device_bytes=scratch, lanes=lanes)
     own_ops = ops is None
+    if ops is None and device == "cpu" and lay.source is not None:
+        # a remote read on the CPU decodes answers where they landed, natively as they arrive
+        ops = rt.resource(("remote-decode-ops", opts.threads),
+                          lambda: CpuOps(rt.pool("cpu-decode", opts.threads), opts.threads, fast=True, runtime=rt))
     ops = ops or ops_for(device, slots, lanes, rt)
     pieces = plan_pieces(lay, region.start, region.stop)
     stats["plan_s"] = time.perf_counter() - t0
-
-    if streams:
-        # a remote store on the CPU's host path: locate and fetch in one, each answer decoded
-        # and placed as it arrives (the transfer overlaps the decode)
-        # (the output is made while the requests travel)
-        t = time.perf_counter()
-        cache = rt.chunk_cache(device) if opts.cache and stage.decodes and settings.get("cache_bytes") else None
-        out, keep = run_remote_stream(lay, stage, pieces, (lambda: ops.empty(box_shape, lay.out_dtype))
-                                      if given is None else (lambda: given), ops, rt, opts, stats, cache)
-        result = ops.finish(out, None if region.is_box else region.post)
-        if keep is not None and cache is not None:
-            for key, chunk in keep.chunks:
-                cache.put(key, chunk)
-        stats["stream_s"] = time.perf_counter() - t
-        stats["total_s"] = time.perf_counter() - t0
-        rt.last.stats = stats
-        return EngineResult(result, stats)
-
+    post = None if region.is_box else region.post
     if lay.source is not None:
-        # a remote store on the GPU: each answer uploaded, decoded and placed while the rest
-        # are still on the way
         t = time.perf_counter()
         out = ops.empty(box_shape, lay.out_dtype) if given is None else given
         stats["alloc_s"] = time.perf_counter() - t
-        with arena_for(rt, len(pieces), ops) as arena:
-            run_remote_groups(lay, stage, pieces, out, device, opts, ops, rt, stats, batch, arena)
-        result = ops.finish(out, None if region.is_box else region.post)
-        ops.sync()
-        stats["total_s"] = time.perf_counter() - t0
-        rt.last.stats = stats
-        return EngineResult(result, stats)
-
-    t = time.perf_counter()
-    loc = locate(lay, pieces, rt.pool("locate", min(opts.threads, 64)), rt.shard_indexes())
-    stats["locate_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    out = ops.empty(box_shape, lay.out_dtype) if given is None else given
-    stats["alloc_s"] = time.perf_counter() - t
-    result = _execute(lay, stage, loc, pieces, out, None if region.is_box else region.post, device, opts, ops,
-                      own_ops, rt, stats, batch)
+        result = _execute_remote(lay, stage, pieces, out, post, device, opts, ops, rt, stats, batch)
+    else:
+        t = time.perf_counter()
+        loc = locate(lay, pieces, rt.pool("locate", min(opts.threads, 64)), rt.shard_indexes())
+        stats["locate_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        out = ops.empty(box_shape, lay.out_dtype) if given is None else given
+        stats["alloc_s"] = time.perf_counter() - t
+        result = _execute(lay, stage, loc, pieces, out, post, device, opts, ops, own_ops, rt, stats, batch)
     stats["total_s"] = time.perf_counter() - t0
     rt.last.stats = stats
     return EngineResult(result, stats)
@@ -324,13 +303,16 @@ def read_many(parts: Sequence[Part], out_shape: Sequence[int] | None = None, *, 
 
 def _execute(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, out: Any, post: tuple | None, device: str,
              opts: EngineOptions, ops: Ops, own_ops: bool, rt: Runtime, stats: dict[str, Any], batch: int) -> Any:
-    """Fetch, decode and place the located ``pieces`` into ``out`` (fill value where a piece
-    is missing), then apply ``post`` (steps, dropped axes): the stages after locate, shared
-    by :func:`read` and :func:`read_many`."""
+    """Fetch, decode and place the located ``pieces`` of local files into ``out`` (fill value
+    where a piece is missing), then apply ``post`` (steps, dropped axes): the stages after
+    locate, shared by :func:`read` and :func:`read_many`. On the CPU with the native library
+    the fused executor reads, decodes and places; the staged one takes the rest."""
+    import gpu_zarr.engine.native.chunkwise as chunkwise
+
     missing = np.flatnonzero(loc.nbytes < 0)
     if len(missing):
         ops.fill(out, pieces.table[missing], lay.fill_value)
-    cache = rt.chunk_cache(device) if opts.cache and stage.decodes and settings.get("cache_bytes") else None
+    cache = _cache_of(rt, device, opts, stage)
     keys: list[Any] = []
     to_read = loc.nbytes
     held: list[Any] = []
@@ -341,16 +323,15 @@ def _execute(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, out: 
     stats.update(codec=lay.codec, pieces=len(pieces), missing=len(missing), batches=len(batches),
                  encoded_bytes=int(loc.nbytes[loc.nbytes > 0].sum()), decoded_bytes=nbytes_of(out.shape, out.dtype.itemsize))
     keep = Keep(keys, pieces, every=opts.cache == "all") if cache is not None else None
-    import gpu_zarr.engine.native.chunkwise as native_read
-
-    if ops.host_is_device or (own_ops and device == "cpu" and native_read.serves(lay, out)):
-        # the CPU path with the native library: per chunk read, decode, place on C threads (no
-        # staging, no batch buffers); small reads take this path on every CPU ops
-        _run_chunkwise(lay, stage, loc, pieces, to_read, out, rt, opts.threads, stats, keep, opts)
-    else:
-        kind = _gpu_reader(opts.reader, lay, opts) if device == "gpu" else _cpu_reader(opts.reader)
-        reader = remote_reader(lay, rt) or reader_of(rt, kind, opts.threads)
-        run_batches(lay, stage, loc, pieces, batches, out, ops, reader, opts, stats, keep)
+    todo = np.flatnonzero(to_read >= 0)
+    if len(todo) and (ops.host_is_device or (own_ops and device == "cpu")) and chunkwise.serves(lay, out):
+        rest = run_fused(lay, loc, pieces, todo, out, rt, opts, stats, keep)
+        left = np.full(len(to_read), -1, np.int64)
+        left[rest] = to_read[rest]
+        batches = make_batches(loc.file_id, loc.offset, left, lay.inner_nbytes, batch) if len(rest) else []
+    kind = _gpu_reader(opts.reader, lay, opts) if device == "gpu" else _cpu_reader(opts.reader)
+    if batches:
+        run_batches(lay, stage, loc, pieces, batches, out, ops, reader_of(rt, kind, opts.threads), opts, stats, keep)
     result = ops.finish(out, post)
     ops.sync()
     if keep is not None and cache is not None:  # only now: every stream is done with them
@@ -358,6 +339,32 @@ def _execute(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, out: 
             cache.put(key, chunk)
     del held
     return result
+
+
+def _execute_remote(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, post: tuple | None, device: str,
+                    opts: EngineOptions, ops: Ops, rt: Runtime, stats: dict[str, Any], batch: int) -> Any:
+    """The pieces of a remote array: fetched by a :class:`RemoteFeed`, its batches run by the
+    scheduler as they arrive; then ``post`` as for :func:`_execute`."""
+    cache = _cache_of(rt, device, opts, stage)
+    t = time.perf_counter()
+    with arena_for(rt, len(pieces), ops) as arena:
+        src = RemoteFeed(lay, stage, pieces, out, ops, rt, opts, cache, batch, arena)
+        try:
+            src.start()
+            run_feed(lay, stage, src.located, pieces, src.feed, out, ops, src.reader, opts, stats, src.keep,
+                     src.nslots, src.cap, src.per)
+        finally:
+            src.close()  # nothing writes into the arena or the output after this (also on an error)
+        src.finish(stats)
+    result = ops.finish(out, post)
+    ops.sync()
+    stats["stream_s"] = time.perf_counter() - t
+    return result
+
+
+def _cache_of(rt: Runtime, device: str, opts: EngineOptions, stage: CodecStage) -> Any:
+    """The runtime's decoded-chunk cache where the read uses one, else None."""
+    return rt.chunk_cache(device) if opts.cache and stage.decodes and settings.get("cache_bytes") else None
 
 
 def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence[str] | None = None,
@@ -407,89 +414,6 @@ def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence
         stage.decode(ops, dev_in, batch, prep, dev_out, dst_offsets, lay, names, 0, uploaded)
         ops.sync()
     return dev_out, dst_offsets
-
-
-def _run_chunkwise(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, to_read: np.ndarray, out: Any,
-                   rt: Runtime, threads: int, stats: dict[str, Any], keep: Keep | None = None,
-                   opts: EngineOptions | None = None) -> None:
-    """The small-read path on the CPU: the few chunks of a viewer's plane, with no staging
-    slots and no pipeline, spread over the pool's threads.
-
-    Codecs whose CPU decoder validates its input (``stage.native_checks``: libzstd) run one
-    task per chunk: read, decode, place, with nothing between them holding the GIL for
-    long. The others need the host check, which holds the GIL (per chunk it cost as much as
-    a c-blosc decode): every chunk is read, the check runs once for all of them, then the
-    chunks are decoded and placed. The encoded and decoded bytes live in reused scratch
-    (fresh memory costs page faults). ``keep`` receives copies of the chunks the cache wants.
-    """
-    import gpu_zarr.engine.native.chunkwise as native_read
-    from gpu_zarr.engine.ops import CpuOps
-    from gpu_zarr.engine.sources.files import read_range
-
-    t = time.perf_counter()
-    todo = np.flatnonzero(to_read >= 0)
-    assert lay.source is None, "remote reads take remote_read's paths (run_remote_stream, run_remote_groups)"
-    if len(todo) and native_read.serves(lay, out):
-        # one native call: per chunk read, decode, place on C threads; what it cannot decode
-        # (Blosc with blosclz / snappy, Blosc2 chunks) continues below with numcodecs
-        # in groups of about batch_bytes decoded, so that progress and cancel are looked at
-        per = max(1, (opts.batch_bytes if opts is not None else 256 * MiB) // max(1, lay.inner_nbytes))
-        left, total, done = [], int(lay.inner_nbytes) * len(todo), 0
-        for a in range(0, len(todo), per):
-            if opts is not None and opts.cancel is not None and opts.cancel.is_set():
-                raise ReadCancelled("read cancelled: the partial result was discarded")
-            left.append(native_read.read_chunkwise(lay, loc, pieces, todo[a:a + per], out, rt, threads, keep, stats))
-            done += int(lay.inner_nbytes) * len(todo[a:a + per])
-            if opts is not None and opts.progress is not None:
-                opts.progress(done, total)
-        rest = np.concatenate(left)
-        stats["chunkwise_native"] = len(todo) - len(rest)
-        todo = rest
-    n = len(todo)
-    if n == 0:
-        stats["chunkwise_s"] = time.perf_counter() - t
-        return
-    ops = CpuOps(rt.pool("chunkwise", threads), threads, fast=True, runtime=rt)
-    sizes = loc.nbytes[todo].astype(np.int64)
-    src_offsets, encoded = packed_offsets(sizes)
-    batch = Batch(todo, loc.file_id[todo], loc.offset[todo], src_offsets, sizes,
-                  np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).astype(np.int64), encoded)
-    stride = decoded_stride(lay)
-    decoded = n * stride if stage.decodes else 0
-    files, file_id, offset = loc.files, batch.file_id.tolist(), batch.file_offset.tolist()
-    so, sz, pieces_ = src_offsets.tolist(), sizes.tolist(), todo.tolist()
-    table, inner = pieces.table[todo], lay.inner_nbytes
-    names = piece_names(loc, todo)
-    check = needs_host_check(stage, ops)
-    with rt.host_scratch.lease(encoded + decoded, 1, host_empty) as (scratch,):
-        buf = scratch[:encoded]
-        src = scratch[encoded:encoded + decoded] if stage.decodes else buf
-        src_off = np.arange(n, dtype=np.int64) * stride if stage.decodes else src_offsets
-
-        def read(i: int) -> None:
-            read_range(files[file_id[i]], offset[i], buf[so[i]:so[i] + sz[i]])
-
-        def place(i: int) -> None:
-            ops.place(src, src_off[i:i + 1], table[i:i + 1], out, lay.disk_dtype, perm=lay.transpose)
-            if keep is not None and keep.wants(pieces_[i]):
-                keep(pieces_[i], src[int(src_off[i]):int(src_off[i]) + inner].copy())
-
-        if stage.decodes and not check:
-            one_ops = CpuOps(fast=True, runtime=rt)  # no pool: each task decodes its own chunk
-
-            def whole(i: int) -> None:
-                read(i)
-                stage.decode(one_ops, buf, batch.one(i), None, src, src_off[i:i + 1], lay, names[i:i + 1], 0, None)
-                place(i)
-            ops.map_chunks(whole, n)
-        else:
-            ops.map_chunks(read, n)
-            stats["chunkwise_read_s"] = time.perf_counter() - t
-            if stage.decodes:
-                stage.decode(ops, buf, batch, stage.prepare(buf, batch, lay, names), src, src_off, lay, names, 0, None)
-                stats["chunkwise_decode_s"] = time.perf_counter() - t - stats["chunkwise_read_s"]
-            ops.map_chunks(place, n)
-    stats["chunkwise_s"] = time.perf_counter() - t
 
 
 def _gpu_reader(kind: str, lay: Layout, opts: EngineOptions) -> str:

@@ -254,7 +254,7 @@ def stages_markdown(result: dict[str, Any]) -> str:
     header = ["layout"] + (["pattern"] if browse else []) + ["reader", what, "engine ms", "bound by",
                                                              "stages (median ms per read)"]
     head = ("Where our time goes: the engine's own per-stage timings, median over the timed reads "
-            "(`chunkwise`: the CPU path's read + decode + place per chunk on native threads; `plan` "
+            "(`fused`: the CPU executor: read + decode + place per chunk on native threads; `plan` "
             "includes parsing the selection; `untimed`: the engine's total less its named stages on "
             "the CPU path, i.e. placing chunks from the chunk cache, finishing the output, filling "
             "the cache; on the GPU path the stages overlap, so `bound by` names the longest stage, "

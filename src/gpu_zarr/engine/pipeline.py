@@ -257,20 +257,8 @@ def read_many(parts: Sequence[Part], out_shape: Sequence[int] | None = None, *, 
     stats: dict[str, Any] = {"device": device, "arrays": len(parts)}
     t0 = time.perf_counter()
     lay = parts[0].layout
-    key = batch_key(lay)
     shape = tuple(int(n) for n in (out.shape if out is not None else out_shape or ()))
-    for p in parts:
-        other = batch_key(p.layout)
-        if key is None or other != key:
-            raise UnsupportedArrayError(
-                f"one engine read reads local arrays of one chunk format; {p.layout.root} "
-                f"({'remote' if other is None else other[:3]}) differs from {lay.root} ({key and key[:3]})")
-        nd = p.layout.ndim
-        if not (len(p.start) == len(p.stop) == len(p.at) == nd == len(shape)) or any(
-                not 0 <= a <= b <= n or not 0 <= o <= o + b - a <= m
-                for a, b, n, o, m in zip(p.start, p.stop, p.layout.shape, p.at, shape)):
-            raise ValueError(f"part [{p.start}, {p.stop}) of {p.layout.root} (shape {p.layout.shape}) placed at "
-                             f"{p.at} does not fit its array or the output of shape {shape}")
+    _check_parts(parts, shape)
     stage = stage_for(lay, rt)
     out_nbytes = nbytes_of(shape, lay.out_dtype.itemsize)
     slots = max(1, opts.slots)
@@ -299,6 +287,24 @@ def read_many(parts: Sequence[Part], out_shape: Sequence[int] | None = None, *, 
     result = _execute(lay, stage, loc, pieces, out, None, device, opts, ops, own_ops, rt, stats, batch)
     stats["total_s"] = time.perf_counter() - t0
     return EngineResult(result, stats)
+
+
+def _check_parts(parts: Sequence[Part], shape: tuple[int, ...]) -> None:
+    """Every part is of one local chunk format and fits its array and the output."""
+    lay = parts[0].layout
+    key = batch_key(lay)
+    for p in parts:
+        other = batch_key(p.layout)
+        if key is None or other != key:
+            raise UnsupportedArrayError(
+                f"one engine read reads local arrays of one chunk format; {p.layout.root} "
+                f"({'remote' if other is None else other[:3]}) differs from {lay.root} ({key and key[:3]})")
+        nd = p.layout.ndim
+        if not (len(p.start) == len(p.stop) == len(p.at) == nd == len(shape)) or any(
+                not 0 <= a <= b <= n or not 0 <= o <= o + b - a <= m
+                for a, b, n, o, m in zip(p.start, p.stop, p.layout.shape, p.at, shape)):
+            raise ValueError(f"part [{p.start}, {p.stop}) of {p.layout.root} (shape {p.layout.shape}) placed at "
+                             f"{p.at} does not fit its array or the output of shape {shape}")
 
 
 def _execute(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, out: Any, post: tuple | None, device: str,

@@ -90,6 +90,7 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: C
     fetch's ``on_sent``; else at the first answer, or at the end when none came), then the
     caller's ``opts.on_sent``. Returns
     the output and the chunk cache's keeper (its chunks go to the cache once the read is done)."""
+    from gpu_zarr.engine.sources.remote import remote_source
     from gpu_zarr.engine.sources.remote_stream import Arrived, stream_remote  # (asyncio and obstore's side: lazily)
 
     assert lay.source is not None
@@ -272,7 +273,7 @@ def run_remote_stream(lay: Layout, stage: CodecStage, pieces: Pieces, new_out: C
     # a big read's answers land in reused buffers, held until every drain is done with them
     with arena_for(rt, len(pieces)) as arena:
         try:
-            counts = stream_remote(lay, pieces, lay.source, arrived, arena, handoff, ready, _stop_of(opts))
+            counts = stream_remote(lay, pieces, remote_source(rt, lay), arrived, arena, handoff, ready, _stop_of(opts))
             stats["fetch_s"] = time.perf_counter() - t
             ready()  # (nothing was requested: every piece was known)
             if native:
@@ -323,7 +324,7 @@ def run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
     decode call costs 5-16 ms whatever it holds (a viewer's plane is one group). Missing pieces
     are filled and cached ones placed at the end. ``arena``: where the answers land; it
     outlives this call, and nothing is left writing into it when this returns or raises."""
-    from gpu_zarr.engine.sources.remote import RemoteBlob
+    from gpu_zarr.engine.sources.remote import RemoteBlob, remote_source
     from gpu_zarr.engine.sources.remote_stream import Arrived, stream_remote, whole_cap
 
     assert lay.source is not None
@@ -364,7 +365,7 @@ def run_remote_groups(lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, 
 
     def fetch_all() -> None:
         try:
-            state["counts"] = stream_remote(lay, pieces, lay.source, arrived, arena, stop=_stop_of(opts))
+            state["counts"] = stream_remote(lay, pieces, remote_source(rt, lay), arrived, arena, stop=_stop_of(opts))
         except BaseException as exc:  # noqa: BLE001 - handed to the pipeline, which raises it
             state["error"] = exc
         finally:

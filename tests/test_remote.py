@@ -832,3 +832,46 @@ def test_anonymous_s3_goes_through_the_native_client(moto_s3, stores, monkeypatc
         with pytest.raises(CorruptChunkError, match=r"plain\.zarr/zarr\.json is larger than 8 bytes"):
             src.stream([("zarr.json", None)], lambda i, g: None, cap=8)
         assert src.http is not None
+
+
+# -- the runtime owns the remote state ------------------------------------------------------------------
+@pytest.mark.parametrize("client", ["native", "obstore"])
+def test_a_runtime_of_its_own_keeps_and_releases_the_remote_state(server, stores, client, monkeypatch):
+    """A store opened with a runtime of its own, read with it: the obstore loop, the byte cache,
+    the array's source, the metadata documents and the obstore store are that runtime's (the
+    process's runtime gets none of them), reported, and released by its close()."""
+    import threading
+
+    from gpu_zarr.engine.metadata import layout_of
+    from gpu_zarr.engine.runtime import Runtime
+    from gpu_zarr.engine.sources.remote import remote_source, remote_state
+    from gpu_zarr.location import metadata_cache, object_stores
+
+    rt = Runtime()
+    url = f"{server.url}/sharded.zarr"
+    loc = resolve(url)
+    arr = zarr.open_array(loc.zarr_store(rt), mode="r")
+    lay = layout_of(arr)
+    assert lay.source is not None and lay.source.url == url  # plain data: the runtime has the live source
+    src = remote_source(rt, lay)
+    assert remote_source(rt, lay) is src and src.url == url
+    if client == "obstore":
+        monkeypatch.setattr(src, "http", None)
+    before = set(get_runtime().report()["resources"])
+    np.testing.assert_array_equal(engine_read(arr, device="cpu", runtime=rt, layout=lay).data,
+                                  _disk(stores, "sharded.zarr"))
+    assert set(get_runtime().report()["resources"]) <= before  # nothing of this read in the process's runtime
+    held = rt.report()["resources"]
+    assert {"remote", "metadata-cache"} <= set(held), held
+    assert metadata_cache(rt).nbytes > 0 and src.stats["requests"] > 0
+    state = remote_state(rt)
+    if client == "obstore":
+        assert len(object_stores(rt)) == 1 and state.loop._thread is not None
+    loop_thread = state.loop._thread
+    rt.close()
+    assert rt.report()["resources"] == {}
+    assert state.fetched.nbytes == 0 and state.nbytes == 0 and metadata_cache(rt).nbytes == 0
+    assert remote_source(rt, lay) is not src  # a new state, a new source
+    if loop_thread is not None:
+        assert not loop_thread.is_alive() and loop_thread not in threading.enumerate()
+    rt.close()

@@ -355,3 +355,18 @@ def test_module_state_check_catches_state(tmp_path, monkeypatch):
         assert not _is_immutable(bad), bad
     for good in (1, "a", (1, "b"), frozenset({2}), types.MappingProxyType({"a": 1}), object(), None):
         assert _is_immutable(good), good
+
+
+def test_nothing_set_on_other_objects():
+    """The engine and ``gpu_zarr.location`` set no attribute on an object by name (``setattr``)
+    other than their own (``self``): nothing is hung on other libraries' objects (a zarr store)."""
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        name = _module_name(path)
+        if not any(name == m or name.startswith(m + ".") for m in _STATELESS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setattr" and not (
+                    node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self"):
+                bad.append(f"{name}:{node.lineno}")
+    assert bad == []

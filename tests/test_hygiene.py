@@ -217,3 +217,156 @@ def test_moved_exceptions_importable_from_their_old_modules():
         assert issubclass(cls, errors.GpuZarrError), cls
     assert issubclass(errors.RemoteError, OSError) and issubclass(errors.RemoteUnavailable, ImportError)
     assert issubclass(errors.GuiUnavailable, RuntimeError)
+
+
+# --- no module-level state: the runtime owns what lives across reads ----------------------
+
+import dataclasses  # noqa: E402
+import enum  # noqa: E402
+import functools  # noqa: E402
+import importlib  # noqa: E402
+import types  # noqa: E402
+import typing  # noqa: E402
+
+#: modules whose module-level names must hold no mutable state (the engine, and the location
+#: of stores, whose caches and store registry belong to the runtime)
+_STATELESS = ("gpu_zarr.engine", "gpu_zarr.location")
+
+#: the only module-level state allowed there, each with why
+_STATE_ALLOWED = {
+    # the GPU fault flag: process-wide on purpose, as the CUDA context it describes is
+    "gpu_zarr.engine.runtime._fault", "gpu_zarr.engine.runtime._fault_lock",
+    # the default runtime that user-facing entry points fall back to (get_runtime)
+    "gpu_zarr.engine.runtime._current", "gpu_zarr.engine.runtime._current_lock",
+    # the codec registry: an extension point (as zarr's codec registry), configured once, copied
+    # on write; no read's state
+    "gpu_zarr.engine.codecs._STAGES", "gpu_zarr.engine.codecs._lock",
+    # the native HTTP client's callback trampoline: per thread, the native calls under way on it
+    # (pushed and popped around each call; empty between calls)
+    "gpu_zarr.engine.sources.http._local",
+    # functools caches of pure probes and conversions (the machine's libraries, a kernel's
+    # source compiled, header lines as a C array): the same answer every time
+    "gpu_zarr.engine.native._load", "gpu_zarr.engine.sources.http._lib", "gpu_zarr.engine.sources.http._headers",
+    "gpu_zarr.engine.decode._cpu_decoder", "gpu_zarr.engine.place._module",
+    # our read-only zarr ObjectStore class, made once on first use (zarr is imported then, not
+    # with gpu_zarr.location); its instances keep the runtime they were made with
+    "gpu_zarr.location._retrying_store_class",
+}
+
+_IMMUTABLE_TYPES = (int, float, complex, str, bytes, bool, type(None), range, slice, types.FunctionType,
+                    types.BuiltinFunctionType, type, types.ModuleType, typing.TypeVar, types.GenericAlias,
+                    types.UnionType, enum.Enum)
+
+
+def _is_immutable(v: object, depth: int = 0) -> bool:
+    """``v`` holds no state that can change: numbers, strings, tuples and frozensets of such,
+    read-only mappings of such, dtypes, frozen dataclasses and stateless objects of the package
+    (every attribute immutable), sentinels (``object()``), functions (not caches)."""
+    import ctypes
+
+    import numpy as np
+
+    if depth > 6:
+        return False
+    if isinstance(v, functools._lru_cache_wrapper):  # a cache: state, unless allowed by name
+        return False
+    if isinstance(v, _IMMUTABLE_TYPES) or type(v) is object or isinstance(v, (np.dtype, np.generic)):
+        return True
+    if isinstance(v, ctypes._CFuncPtr):  # type: ignore[attr-defined]  # a C callback (a function)
+        return True
+    if isinstance(v, typing.TypeAliasType if hasattr(typing, "TypeAliasType") else ()):
+        return True
+    if isinstance(v, (tuple, frozenset)):
+        return all(_is_immutable(x, depth + 1) for x in v)
+    if isinstance(v, types.MappingProxyType):
+        return all(_is_immutable(k, depth + 1) and _is_immutable(x, depth + 1) for k, x in v.items())
+    if type(v).__module__.startswith("gpu_zarr."):
+        if dataclasses.is_dataclass(v) and type(v).__dataclass_params__.frozen:  # type: ignore[attr-defined]
+            return all(_is_immutable(getattr(v, f.name), depth + 1) for f in dataclasses.fields(v))
+        attrs = dict(getattr(v, "__dict__", {}))
+        attrs.update({s: getattr(v, s) for s in getattr(type(v), "__slots__", ()) if hasattr(v, s)})
+        return all(_is_immutable(x, depth + 1) for x in attrs.values())
+    return False
+
+
+def _module_bindings(path: Path) -> tuple[set[str], set[str]]:
+    """(names bound at a module's top level, names rebound from inside its functions by ``global``)."""
+    tree = ast.parse(path.read_text())
+    top: set[str] = set()
+    for node in tree.body:
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and (not isinstance(node, ast.AnnAssign)
+                                                                   or node.value is not None):
+            targets = [node.target]
+        for t in targets:
+            for n in ast.walk(t):
+                if isinstance(n, ast.Name):
+                    top.add(n.id)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.decorator_list:
+            top.add(node.name)  # a decorated function: maybe a cache
+    rebound = {name for n in ast.walk(tree) if isinstance(n, ast.Global) for name in n.names}
+    return top, rebound
+
+
+def _module_state() -> list[str]:
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        name = _module_name(path)
+        if not any(name == m or name.startswith(m + ".") for m in _STATELESS):
+            continue
+        top, rebound = _module_bindings(path)
+        mod = importlib.import_module(name)
+        for var in sorted(top | rebound):
+            full = f"{name}.{var}"
+            if full in _STATE_ALLOWED or var in ("__all__", "__getattr__"):
+                continue
+            if var in rebound:
+                found.append(f"{full} (rebound by `global`)")
+            elif not _is_immutable(getattr(mod, var, None)):
+                found.append(f"{full} ({type(getattr(mod, var, None)).__name__})")
+    return found
+
+
+def test_no_module_level_state():
+    """The runtime (:class:`gpu_zarr.engine.runtime.Runtime`) is the one owner of what lives
+    across reads, passed explicitly: no module of the engine, nor ``gpu_zarr.location``, binds a
+    mutable object at its top level (a dict, list or set, a lock, a cache, an object of ours
+    with state) or rebinds one with ``global``, beyond the commented allowlist above."""
+    assert _module_state() == []
+
+
+def test_module_state_check_catches_state(tmp_path, monkeypatch):
+    """The check above sees what it is for: a dict, a lock, an object with state, a cache."""
+    import threading
+
+    class _Holder:
+        def __init__(self) -> None:
+            self.d: dict[str, int] = {}
+
+    _Holder.__module__ = "gpu_zarr.fake"
+
+    @functools.cache
+    def probe() -> int:
+        return 1
+
+    for bad in ({}, [], set(), threading.Lock(), _Holder(), probe, (1, []), types.SimpleNamespace()):
+        assert not _is_immutable(bad), bad
+    for good in (1, "a", (1, "b"), frozenset({2}), types.MappingProxyType({"a": 1}), object(), None):
+        assert _is_immutable(good), good
+
+
+def test_nothing_set_on_other_objects():
+    """The engine and ``gpu_zarr.location`` set no attribute on an object by name (``setattr``)
+    other than their own (``self``): nothing is hung on other libraries' objects (a zarr store)."""
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        name = _module_name(path)
+        if not any(name == m or name.startswith(m + ".") for m in _STATELESS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setattr" and not (
+                    node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self"):
+                bad.append(f"{name}:{node.lineno}")
+    assert bad == []

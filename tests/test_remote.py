@@ -16,7 +16,8 @@ pytest.importorskip("obstore")
 
 from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
 from gpu_zarr.engine import read as engine_read  # noqa: E402
-from gpu_zarr.engine.sources.remote import FETCHED  # noqa: E402
+from gpu_zarr.engine.runtime import get_runtime  # noqa: E402
+from gpu_zarr.engine.sources.remote import byte_cache  # noqa: E402
 from gpu_zarr.errors import CorruptChunkError, NotAZarrError  # noqa: E402
 from gpu_zarr.location import RemoteError, resolve  # noqa: E402
 from gpu_zarr.store import open_array, open_node  # noqa: E402
@@ -59,10 +60,10 @@ def stores(tmp_path_factory):
 
 @pytest.fixture
 def server(stores):
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     with RangeServer(stores, latency=0.002) as srv:
         yield srv
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
 
 
 def _disk(stores, rel):
@@ -124,7 +125,7 @@ def test_remote_small_read_places_into_the_box_it_is_given(server, stores, rel):
     ops = CpuOps(get_runtime().pool("cpu-decode", 4), 4, fast=True)
     arr = open_array(f"{server.url}/{rel}")
     ref = _disk(stores, rel)
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     out = np.full((1,) + ref.shape[1:], 3, ref.dtype)
     got = engine_read(arr, (1,), device="cpu", ops=ops, out=out).data
     np.testing.assert_array_equal(got, ref[1])
@@ -147,13 +148,13 @@ def test_small_remote_reads_decode_on_arrival_either_way(server, stores, rel, cl
     arr = open_array(f"{server.url}/{rel}")
     if client == "obstore":
         pytest.importorskip("obstore")
-        src = source_of(arr)
+        src = source_of(arr, get_runtime())
         assert src is not None
         monkeypatch.setattr(src, "http", None)
     ref = _disk(stores, rel)
     for z in (1, ref.shape[0] - 1, 1):  # (the last plane of plain.zarr and sharded.zarr: never written)
         sel = (z,) + (slice(None),) * (ref.ndim - 3) + (slice(0, 32), slice(5, 37))  # a tile: 2-4 chunks
-        FETCHED.clear()
+        byte_cache(get_runtime()).clear()
         get_runtime().clear_caches()
         res = engine_read(arr, sel, device="cpu", ops=ops)
         np.testing.assert_array_equal(res.data, ref[sel])
@@ -175,7 +176,7 @@ def test_small_remote_reads_decode_on_arrival_either_way(server, stores, rel, cl
 
 
 def test_many_requests_in_flight(stores):
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     with RangeServer(stores, latency=0.05) as srv:
         arr = open_array(f"{srv.url}/plain.zarr")
         engine_read(arr, device="cpu")
@@ -251,19 +252,19 @@ def test_cli_reads_a_url(server, stores):
 
 @pytest.mark.parametrize("fault", ["fail_503", "fail_reset", "fail_truncate"])
 def test_injected_failures_give_exact_pixels(stores, fault):
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     with RangeServer(stores, latency=0.001, seed=3, **{fault: 0.05}) as srv:
         for rel in ("plain.zarr", "sharded.zarr", "v04.ome.zarr/0"):
             ref = _disk(stores, rel)
             for _ in range(2):
-                FETCHED.clear()
+                byte_cache(get_runtime()).clear()
                 arr = open_array(f"{srv.url}/{rel}")
                 np.testing.assert_array_equal(engine_read(arr, device="cpu").data, ref)
                 np.testing.assert_array_equal(np.asarray(arr[...]), ref)
 
 
 def test_persistent_truncation_is_an_error_not_data(stores):
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     arr = None
     with RangeServer(stores) as srv:
         arr = open_array(f"{srv.url}/sharded.zarr")
@@ -273,7 +274,7 @@ def test_persistent_truncation_is_an_error_not_data(stores):
 
 
 def test_errors_name_the_url(stores):
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     with RangeServer(stores, forbidden=("plain.zarr",)) as srv:
         with pytest.raises(RemoteError, match=r"plain\.zarr.*refused access"):
             open_node(f"{srv.url}/plain.zarr")
@@ -296,7 +297,7 @@ def test_corrupt_shard_index_is_named(stores, tmp_path):
     raw = bytearray(shard.read_bytes())
     raw[-3] ^= 0xFF  # the index checksum
     shard.write_bytes(bytes(raw))
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     with RangeServer(tmp_path) as srv:
         with pytest.raises(CorruptChunkError, match="bad.zarr/c/0/0/0"):
             engine_read(open_array(f"{srv.url}/bad.zarr"), device="cpu")
@@ -312,13 +313,13 @@ def test_uncompressed_chunk_of_the_wrong_size_over_http_is_named_never_data(tmp_
     chunk = tmp_path / "u.zarr" / ("2.0.0" if zarr_format == 2 else "c/2/0/0")
     for cut in (chunk.read_bytes()[:-10], chunk.read_bytes() + b"\0" * 6):
         chunk.write_bytes(cut)
-        FETCHED.clear()
+        byte_cache(get_runtime()).clear()
         with RangeServer(tmp_path) as srv:
             arr = open_array(f"{srv.url}/u.zarr")
             for sel in ((2,), Ellipsis):
                 with pytest.raises(CorruptChunkError, match=r"u\.zarr/(2\.0\.0|c/2/0/0).*uncompressed"):
                     engine_read(arr, sel, device="cpu")
-                FETCHED.clear()
+                byte_cache(get_runtime()).clear()
             assert np.array_equal(engine_read(arr, (1,), device="cpu").data, a[1])  # the others read right
 
 
@@ -341,13 +342,13 @@ def test_corrupt_blosc_chunk_over_http_is_named_never_data(tmp_path, cname, dama
     else:
         raw[16:] = np.random.default_rng(3).integers(0, 256, len(raw) - 16, dtype=np.uint8).tobytes()
     chunk.write_bytes(bytes(raw))
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     with RangeServer(tmp_path) as srv:
         arr = open_array(f"{srv.url}/b.zarr")
         for sel in ((2,), Ellipsis):
             with pytest.raises(CorruptChunkError, match=r"b\.zarr/2\.0\.0"):
                 engine_read(arr, sel, device="cpu")
-            FETCHED.clear()
+            byte_cache(get_runtime()).clear()
 
 
 @pytest.mark.parametrize("cname", ["lz4", "blosclz"])
@@ -368,7 +369,7 @@ def test_plane_is_decoded_as_its_answers_arrive(tmp_path, cname):
     a = zarr.create_array(tmp_path / "b.zarr", shape=ref.shape, chunks=(1, 64, 64), dtype="<u2", zarr_format=2,
                           compressors=numcodecs.Blosc(cname=cname, clevel=5, shuffle=1))
     a[...] = ref
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     get_runtime().clear_caches()
     sel = (2, slice(10, 90), slice(5, 70))
     with RangeServer(tmp_path) as srv:
@@ -395,7 +396,7 @@ def test_a_failed_answer_mid_plane_is_an_error_and_the_next_read_is_exact(tmp_pa
     a = zarr.create_array(tmp_path / "f.zarr", shape=ref.shape, chunks=(1, 48, 48), dtype="<u2", zarr_format=2,
                           compressors=numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1))
     a[...] = ref
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     with RangeServer(tmp_path, latency=0.01, forbidden=("f.zarr/2.1.0",)) as srv:
         arr = open_array(f"{srv.url}/f.zarr")
         for _ in range(3):
@@ -408,12 +409,12 @@ def test_a_failed_answer_mid_plane_is_an_error_and_the_next_read_is_exact(tmp_pa
 def test_a_server_without_byte_ranges_reads_exactly(stores, caplog):
     """A server that ignores Range (python's http.server, some static hosts: 200 and the whole
     object) still gives exact pixels: shards are fetched whole once and cut, and the log says so."""
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     with RangeServer(stores, ranges=False) as srv, caplog.at_level("WARNING", logger="gpu_zarr.remote"):
         arr = open_array(f"{srv.url}/sharded.zarr")
         want = _disk(stores, "sharded.zarr")
         for sel in ((5,), (slice(3, 20), slice(10, 40), 7), Ellipsis):
-            FETCHED.clear()
+            byte_cache(get_runtime()).clear()
             np.testing.assert_array_equal(engine_read(arr, sel, device="cpu").data, want[sel])
         assert not any("range" in e["headers"] and e["status"] == 206 for e in srv.log)
     assert "answers no byte ranges" in caplog.text
@@ -424,7 +425,7 @@ def test_s3_through_moto(moto_s3, stores, monkeypatch):
     for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                  "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():
         monkeypatch.setenv(k, v)
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     from gpu_zarr.omezarr import read_omezarr
 
     arr, _ = read_omezarr("s3://pub/data/v05s.ome.zarr", level=0)
@@ -540,7 +541,7 @@ def test_on_sent_runs_once_while_a_remote_reads_requests_travel(tmp_path, stores
         arr = open_array(f"{srv.url}/{rel}")
         seen: list[int] = []
         sel = (2, slice(0, 40), slice(0, 40))
-        FETCHED.clear()
+        byte_cache(get_runtime()).clear()
         res = engine_read(arr, sel, device="cpu",
                           options=EngineOptions(on_sent=lambda: seen.append(len(srv.log))))
         np.testing.assert_array_equal(res.data, ref[sel])
@@ -549,10 +550,10 @@ def test_on_sent_runs_once_while_a_remote_reads_requests_travel(tmp_path, stores
 
         def boom():
             raise RuntimeError("setup failed")
-        FETCHED.clear()
+        byte_cache(get_runtime()).clear()
         with pytest.raises(RuntimeError, match="setup failed"):
             engine_read(arr, sel, device="cpu", options=EngineOptions(on_sent=boom))
-        FETCHED.clear()
+        byte_cache(get_runtime()).clear()
         np.testing.assert_array_equal(engine_read(arr, sel, device="cpu").data, ref[sel])
     local: list[int] = []
     engine_read(open_array(stores / rel), sel, device="cpu", options=EngineOptions(on_sent=lambda: local.append(1)))
@@ -599,11 +600,11 @@ def test_bench_remote_cli_entries(tmp_path, entry):
 def test_429_is_retried_with_backoff_and_gives_exact_pixels(stores):
     import time
 
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     ours: list[tuple[float, float]] = []  # when our open and engine read ran (then zarr's own read)
     with RangeServer(stores, fail_429=0.25, seed=5) as srv:
         for rel in ("plain.zarr", "sharded.zarr"):
-            FETCHED.clear()
+            byte_cache(get_runtime()).clear()
             t0 = time.monotonic()  # (the server's clock)
             arr = open_array(f"{srv.url}/{rel}")
             np.testing.assert_array_equal(engine_read(arr, device="cpu").data, _disk(stores, rel))
@@ -632,7 +633,7 @@ def test_a_stalled_server_times_out_with_the_url(stores):
     import time
 
     opts = {"timeout": 1, "connect_timeout": 1, "max_retries": 1, "retry_timeout": 3}
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     with RangeServer(stores, stall=60) as srv:
         t = time.monotonic()
         with pytest.raises(RemoteError, match=r"127\.0\.0\.1:\d+/plain\.zarr.*did not answer in time"):
@@ -662,18 +663,18 @@ def test_dns_failure_names_the_url():
 
 # -- requests in flight -------------------------------------------------------------------------------
 def test_default_requests_in_flight_is_at_least_64(tmp_path, monkeypatch):
-    from gpu_zarr.engine.sources.remote import RemoteSource, source_of
+    from gpu_zarr.engine.sources.remote import RemoteSource, RemoteState, source_of
 
     monkeypatch.delenv("GPU_ZARR_REMOTE_REQUESTS", raising=False)
     assert resolve("http://127.0.0.1:9/a.zarr").requests() >= 64
-    assert RemoteSource(None, "", "http://127.0.0.1:9/a.zarr").requests >= 64
+    assert RemoteSource(None, "", "http://127.0.0.1:9/a.zarr", state=RemoteState()).requests >= 64
     a = zarr.create_array(tmp_path / "many.zarr", shape=(16, 64, 64), chunks=(1, 16, 16), dtype="<u2",
                           compressors=None, fill_value=0)  # 256 chunks
     a[:] = np.arange(16 * 64 * 64, dtype="<u2").reshape(16, 64, 64)
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     with RangeServer(tmp_path, latency=0.4) as srv:
         arr = open_array(f"{srv.url}/many.zarr")
-        src = source_of(arr)
+        src = source_of(arr, get_runtime())
         assert src is not None and src.requests >= 64
         srv.reset_counters()
         np.testing.assert_array_equal(engine_read(arr, device="cpu").data, a[...])
@@ -735,7 +736,7 @@ def test_s3_behind_a_proxy_with_latency_and_failures(moto_s3, stores, monkeypatc
     with ProxyServer(moto_s3, latency=0.01, fail_503=0.05, fail_reset=0.03, fail_truncate=0.03, seed=11) as px:
         opts = {"endpoint_url": px.url, "key": "testing", "secret": "testing"}
         for rel, level in (("v05s.ome.zarr", 0), ("v04.ome.zarr", 1)):
-            FETCHED.clear()
+            byte_cache(get_runtime()).clear()
             arr, _ = read_omezarr(f"s3://pub/data/{rel}", level=level, storage_options=opts)
             ref = _disk(stores, f"{rel}/{level}")
             np.testing.assert_array_equal(engine_read(arr, device="cpu").data, ref)
@@ -755,7 +756,7 @@ def test_s3_anonymous_access(moto_s3, stores, monkeypatch):
     with ProxyServer(moto_s3) as px:
         # no credentials anywhere: unsigned requests, the default for public buckets
         monkeypatch.setenv("AWS_ENDPOINT_URL", px.url)
-        FETCHED.clear()
+        byte_cache(get_runtime()).clear()
         arr, _ = read_omezarr("s3://pub/data/v05s.ome.zarr", level=1)
         np.testing.assert_array_equal(engine_read(arr, device="cpu").data, _disk(stores, "v05s.ome.zarr/1"))
         assert px.log and not any("authorization" in e["headers"] for e in px.log)
@@ -763,13 +764,13 @@ def test_s3_anonymous_access(moto_s3, stores, monkeypatch):
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
         px.reset_counters()
-        FETCHED.clear()
+        byte_cache(get_runtime()).clear()
         arr = open_array("s3://pub/data/plain.zarr", {"anon": True})
         np.testing.assert_array_equal(engine_read(arr, device="cpu").data, _disk(stores, "plain.zarr"))
         assert px.log and not any("authorization" in e["headers"] for e in px.log)
         # ... and without anon those credentials sign the requests (the check above can fail)
         px.reset_counters()
-        FETCHED.clear()
+        byte_cache(get_runtime()).clear()
         np.asarray(open_array("s3://pub/data/plain.zarr")[0])
         assert px.log and all("authorization" in e["headers"] for e in px.log)
         # the CLI's --anon
@@ -785,15 +786,14 @@ def test_big_reads_land_in_the_arena_or_in_their_own_buffers(stores, monkeypatch
     nothing of it goes to the byte cache (the block is reused by the next read)."""
     from gpu_zarr import settings
     from gpu_zarr.engine.sources import remote_feed as remote_read
-    from gpu_zarr.engine.sources.remote import FETCHED
 
     monkeypatch.setattr(remote_read, "ARENA_PIECES", 4)
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     with settings.set(pinned_bytes=pinned_mib << 20), RangeServer(stores) as srv:
         arr = open_array(f"{srv.url}/plain.zarr")
         for _ in range(2):  # the second read reuses the first one's block
             np.testing.assert_array_equal(engine_read(arr, Ellipsis, device="cpu").data, _disk(stores, "plain.zarr"))
-        assert FETCHED.nbytes == 0
+        assert byte_cache(get_runtime()).nbytes == 0
         s = open_array(f"{srv.url}/sharded.zarr")
         np.testing.assert_array_equal(engine_read(s, Ellipsis, device="cpu").data, _disk(stores, "sharded.zarr"))
 
@@ -817,10 +817,10 @@ def test_anonymous_s3_goes_through_the_native_client(moto_s3, stores, monkeypatc
     with ProxyServer(moto_s3, latency=0.005, fail_503=0.05, fail_reset=0.03, seed=5) as px:
         monkeypatch.setenv("AWS_ENDPOINT_URL", px.url)
         for rel in ("v05s.ome.zarr/0", "plain.zarr"):
-            FETCHED.clear()
+            byte_cache(get_runtime()).clear()
             arr = open_array(f"s3://pub/data/{rel}")
             np.testing.assert_array_equal(engine_read(arr, device="cpu").data, _disk(stores, rel))
-            src = source_of(arr)
+            src = source_of(arr, get_runtime())
             assert src is not None and src.http is not None, "obstore took over"
             assert src.http_url == f"{px.url}/pub/data/{rel}"
         assert not any("authorization" in e["headers"] for e in px.log)
@@ -828,7 +828,50 @@ def test_anonymous_s3_goes_through_the_native_client(moto_s3, stores, monkeypatc
         # a whole object longer than its bound (a chunk's worst case): refused, naming it, and
         # never handed to obstore to be read whole (issue 35: that held any body a server sent)
         arr = open_array("s3://pub/data/plain.zarr")
-        src = source_of(arr)
+        src = source_of(arr, get_runtime())
         with pytest.raises(CorruptChunkError, match=r"plain\.zarr/zarr\.json is larger than 8 bytes"):
             src.stream([("zarr.json", None)], lambda i, g: None, cap=8)
         assert src.http is not None
+
+
+# -- the runtime owns the remote state ------------------------------------------------------------------
+@pytest.mark.parametrize("client", ["native", "obstore"])
+def test_a_runtime_of_its_own_keeps_and_releases_the_remote_state(server, stores, client, monkeypatch):
+    """A store opened with a runtime of its own, read with it: the obstore loop, the byte cache,
+    the array's source, the metadata documents and the obstore store are that runtime's (the
+    process's runtime gets none of them), reported, and released by its close()."""
+    import threading
+
+    from gpu_zarr.engine.metadata import layout_of
+    from gpu_zarr.engine.runtime import Runtime
+    from gpu_zarr.engine.sources.remote import remote_source, remote_state
+    from gpu_zarr.location import metadata_cache, object_stores
+
+    rt = Runtime()
+    url = f"{server.url}/sharded.zarr"
+    loc = resolve(url)
+    arr = zarr.open_array(loc.zarr_store(rt), mode="r")
+    lay = layout_of(arr)
+    assert lay.source is not None and lay.source.url == url  # plain data: the runtime has the live source
+    src = remote_source(rt, lay)
+    assert remote_source(rt, lay) is src and src.url == url
+    if client == "obstore":
+        monkeypatch.setattr(src, "http", None)
+    before = set(get_runtime().report()["resources"])
+    np.testing.assert_array_equal(engine_read(arr, device="cpu", runtime=rt, layout=lay).data,
+                                  _disk(stores, "sharded.zarr"))
+    assert set(get_runtime().report()["resources"]) <= before  # nothing of this read in the process's runtime
+    held = rt.report()["resources"]
+    assert {"remote", "metadata-cache"} <= set(held), held
+    assert metadata_cache(rt).nbytes > 0 and src.stats["requests"] > 0
+    state = remote_state(rt)
+    if client == "obstore":
+        assert len(object_stores(rt)) == 1 and state.loop._thread is not None
+    loop_thread = state.loop._thread
+    rt.close()
+    assert rt.report()["resources"] == {}
+    assert state.fetched.nbytes == 0 and state.nbytes == 0 and metadata_cache(rt).nbytes == 0
+    assert remote_source(rt, lay) is not src  # a new state, a new source
+    if loop_thread is not None:
+        assert not loop_thread.is_alive() and loop_thread not in threading.enumerate()
+    rt.close()

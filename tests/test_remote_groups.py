@@ -1,9 +1,10 @@
-"""The GPU path for remote stores decodes answers in groups as they arrive (``remote_read.run_remote_groups``):
+"""The GPU path for remote stores decodes answers in groups as they arrive (``sources.remote_feed.RemoteFeed``):
 on its CPU twin (the same stream, groups, staging reads and batches), and on the GPU."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -90,7 +91,7 @@ def test_answers_arriving_apart_are_several_groups(root, one_answer_groups):
 
         lay = layout_of(arr)
         assert lay.source is not None
-        lay.source.requests = 4
+        lay = replace(lay, source=replace(lay.source, requests=4))
         res = engine_read(arr, Ellipsis, device="cpu", ops=AsyncCpuOps(), layout=lay)
         np.testing.assert_array_equal(np.asarray(res.data), REF)
         assert res.stats["groups"] >= 4, res.stats
@@ -139,7 +140,7 @@ def test_a_corrupt_chunk_in_an_early_group_stops_the_read_cleanly(root, tmp_path
 
         lay = layout_of(arr)
         assert lay.source is not None
-        lay.source.requests = 2  # 32 chunks two at a time: 16 round trips, the damaged one among the first
+        lay = replace(lay, source=replace(lay.source, requests=2))  # 32 chunks two at a time
         with pytest.raises(CorruptChunkError, match=r"bad\.zarr/c/0/0/0"):
             engine_read(arr, Ellipsis, device="cpu", ops=AsyncCpuOps(), layout=lay)
         _settled(srv, lay.source.requests)
@@ -168,7 +169,7 @@ def test_cancel_between_groups(root, one_answer_groups):
 
         lay = layout_of(arr)
         assert lay.source is not None
-        lay.source.requests = 2  # 32 chunks two at a time: 16 round trips, many groups
+        lay = replace(lay, source=replace(lay.source, requests=2))  # 32 chunks two at a time: 16 round trips, many groups
 
         def progress(done: int, total: int) -> None:
             stop.set()  # cancel once the first batch is placed

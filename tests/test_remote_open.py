@@ -17,7 +17,8 @@ pytest.importorskip("obstore")
 
 from gpu_zarr import settings  # noqa: E402
 from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
-from gpu_zarr.engine.sources.remote import FETCHED  # noqa: E402
+from gpu_zarr.engine.runtime import get_runtime  # noqa: E402
+from gpu_zarr.engine.sources.remote import byte_cache  # noqa: E402
 from gpu_zarr.location import METADATA_NAMES, clear_metadata_cache  # noqa: E402
 from gpu_zarr.store import open_node  # noqa: E402
 
@@ -36,11 +37,11 @@ def root(tmp_path_factory):
 
 @pytest.fixture
 def server(root):
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     clear_metadata_cache()
     with RangeServer(root, latency=0.03) as srv:
         yield srv
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     clear_metadata_cache()
 
 
@@ -153,7 +154,7 @@ def test_children_are_asked_for_as_their_parent_arrives_and_handed_out_once(serv
     from gpu_zarr.omezarr import open_ome
 
     url = f"{server.url}/labels.ome.zarr"
-    location._metadata.early(location.resolve(url))  # (nobody asks for anything)
+    location.metadata_cache(get_runtime()).early(location.resolve(url))  # (nobody asks for anything)
     settled(server)
     asked = [e["path"].split("/labels.ome.zarr/", 1)[-1] for e in server.log]
     assert {"0/zarr.json", "2/zarr.json", "labels/zarr.json", "labels/blobs/zarr.json",
@@ -287,7 +288,7 @@ def test_a_read_inside_a_running_prefetch_waits_for_it(thin):
 
     from gpu_zarr.lazy import GpuLazyArray
 
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     with RangeServer(thin, latency=0.15) as srv:
         arr = GpuLazyArray(f"{srv.url}/t.ome.zarr/0")
         arr._src.prepared()  # (opened: only the prefetch's requests follow)
@@ -315,7 +316,7 @@ def test_the_napari_reader_asks_for_the_first_and_middle_planes_ahead(thin):
     middle step as it opens the levels, together."""
     from gpu_zarr.napari_plugin._reader import read_zarr_layers
 
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     clear_metadata_cache()
     with RangeServer(thin, latency=0.15) as srv:
         layers = read_zarr_layers(f"{srv.url}/t.ome.zarr")
@@ -349,7 +350,7 @@ def test_label_levels_named_otherwise_than_the_images_open_right(root, tmp_path)
         (blobs / ds["path"]).rename(blobs / f"s{ds['path']}")
         ds["path"] = f"s{ds['path']}"
     (blobs / "zarr.json").write_text(json.dumps(doc))
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     clear_metadata_cache()
     with RangeServer(tmp_path, latency=0.01) as srv:
         layers = read_zarr_layers(f"{srv.url}/renamed.ome.zarr")
@@ -375,7 +376,7 @@ def test_the_cascade_asked_for_ahead_is_bounded(tmp_path, monkeypatch):
     monkeypatch.setattr(location._MetadataCache, "PREFETCH", 5)
     clear_metadata_cache()
     with RangeServer(tmp_path) as srv:
-        location._metadata.early(location.resolve(f"{srv.url}/p.ome.zarr"))
+        location.metadata_cache(get_runtime()).early(location.resolve(f"{srv.url}/p.ome.zarr"))
         settled(srv)
         nodes = {e["path"].split("/p.ome.zarr", 1)[1].rsplit("/", 1)[0] for e in srv.log}
     # the root, then at most 5 nodes below it (the first wells, nothing deeper than the budget)

@@ -18,7 +18,8 @@ import zarr
 pytest.importorskip("obstore")
 
 from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
-from gpu_zarr.engine.sources.remote import FETCHED  # noqa: E402
+from gpu_zarr.engine.runtime import get_runtime  # noqa: E402
+from gpu_zarr.engine.sources.remote import byte_cache  # noqa: E402
 
 SECRET = "s3cr3t-t0ken"
 OPTS = {"headers": {"X-Gpu-Zarr-Token": SECRET}}
@@ -39,13 +40,11 @@ def stores(tmp_path_factory):
 
 @pytest.fixture
 def server(stores):
-    FETCHED.clear()
-    from gpu_zarr.engine.runtime import get_runtime
-
+    byte_cache(get_runtime()).clear()
     get_runtime().clear_caches()
     with RangeServer(stores) as srv:
         yield srv
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
 
 
 def _settle(srv: RangeServer) -> None:
@@ -159,7 +158,7 @@ def test_plate_and_well_use_the_options(tmp_path):
     from plates import write_plate  # tests/plates.py
 
     write_plate(tmp_path / "p.ome.zarr")
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     with RangeServer(tmp_path) as srv:
         url = f"{srv.url}/p.ome.zarr"
         assert is_plate(url, OPTS)
@@ -207,13 +206,16 @@ def test_object_stores_kept_are_bounded(monkeypatch):
     """The obstore store of each (URL, options) is kept for reuse, the least recently used dropped past a bound."""
     pytest.importorskip("obstore")
     import gpu_zarr.location as location
+    from gpu_zarr.engine.runtime import Runtime
 
-    monkeypatch.setattr(location, "_MAX_STORES", 3)
-    monkeypatch.setattr(location, "_stores", {})
+    rt = Runtime()  # (its own: the registry starts empty)
+    monkeypatch.setattr(type(location.object_stores(rt)), "MAX", 3)
     locs = [location.resolve(f"http://127.0.0.1:9/s{k}.zarr") for k in range(5)]
-    first = locs[0].object_store()
-    assert locs[0].object_store() is first  # reused
+    first = locs[0].object_store(rt)
+    assert locs[0].object_store(rt) is first  # reused
     for loc in locs[1:]:
-        loc.object_store()
-    assert len(location._stores) == 3
-    assert locs[0].object_store() is not first  # dropped, made again
+        loc.object_store(rt)
+    assert len(location.object_stores(rt)) == 3
+    assert locs[0].object_store(rt) is not first  # dropped, made again
+    rt.close()
+    assert len(location.object_stores(rt)) == 0  # released by close

@@ -22,6 +22,12 @@ Options travel explicitly: every public function that names a store takes
 wells) gets the same options; nothing is remembered between calls. Options are never shown in
 reprs or messages (they may hold credentials). Nothing here writes: every store is opened
 read-only.
+
+What is kept across opens -- the obstore stores made (:func:`object_stores`) and the remote
+metadata documents fetched (:func:`metadata_cache`) -- belongs to a
+:class:`~gpu_zarr.engine.runtime.Runtime`, given explicitly (user-facing calls default to
+the process's :func:`~gpu_zarr.engine.runtime.get_runtime`); the zarr store made here keeps the
+runtime it was made with.
 """
 
 from __future__ import annotations
@@ -32,14 +38,19 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from gpu_zarr import ome_children
 from gpu_zarr.errors import RemoteError, RemoteUnavailable, install_hint
 from gpu_zarr.pending import track
 
+if TYPE_CHECKING:
+    from gpu_zarr.engine.runtime import Runtime
+
 __all__ = ["METADATA_NAMES", "REMOTE_HINT", "REMOTE_SCHEMES", "Location", "RemoteError", "RemoteUnavailable",
-           "clear_metadata_cache", "is_url", "network_cause", "path_and_options", "public_http_url", "resolve"]
+           "clear_metadata_cache", "is_url", "metadata_cache", "network_cause", "object_stores", "path_and_options",
+           "public_http_url", "resolve"]
 
 REMOTE_SCHEMES = ("http", "https", "s3", "s3a", "gs", "gcs")
 REMOTE_HINT = install_hint("remote")
@@ -116,6 +127,11 @@ class Location:
             return Location(os.path.join(self.url, sub), "file")
         return Location(self.url.rstrip("/") + "/" + sub.strip("/"), self.scheme, self.storage_options)
 
+    def key(self) -> tuple[Any, ...]:
+        """What names this store in caches: its URL, its options and, for ``s3://``, the AWS
+        environment it is signed with."""
+        return (self.url, _freeze(self.storage_options), _env_key(self.scheme))
+
     def requests(self) -> int:
         """Requests in flight for the engine's fetch (``storage_options["requests"]``, else
         the ``remote_requests`` setting)."""
@@ -142,42 +158,75 @@ class Location:
         client = client_for("https", self.storage_options)
         return None if client is None else (client, public)
 
-    def object_store(self) -> Any:
-        """The obstore store for this location (cached per URL and options)."""
+    def object_store(self, runtime: Runtime | None = None) -> Any:
+        """The obstore store for this location (kept per URL and options by ``runtime``'s
+        :func:`object_stores`; default: the process's runtime)."""
         if not self.is_remote:
             raise ValueError(f"{self.url} is a local path, not a remote store")
-        key = (self.url, _freeze(self.storage_options), _env_key(self.scheme))
-        with _lock:
-            store = _stores.pop(key, None)
-            if store is None:
-                store = _make_store(self)
-            _stores[key] = store  # the most recent last
-            while len(_stores) > _MAX_STORES:  # bounded: the least recently used goes first
-                _stores.pop(next(iter(_stores)))
-            return store
+        return object_stores(_runtime(runtime)).get(self)
 
-    def zarr_store(self) -> Any:
+    def zarr_store(self, runtime: Runtime | None = None) -> Any:
         """What ``zarr.open(..., mode="r")`` opens: the path itself when local, a read-only
-        ``zarr.storage.ObjectStore`` when remote."""
+        ``zarr.storage.ObjectStore`` when remote, which keeps ``runtime`` (default: the
+        process's) for its metadata cache and obstore store."""
         if not self.is_remote:
             return self.url
         _obstore()  # a missing obstore is RemoteUnavailable, with the install
+        rt = _runtime(runtime)
         if self.native_http() is not None:  # the native client serves it: obstore's store when needed
             _client_and_retry(self.storage_options, self.scheme == "http")  # a bad option fails here
-            _metadata.early(self)
-            return _retrying_store_class()(location=self)
-        return _retrying_store_class()(self.object_store(), location=self)
+            metadata_cache(rt).early(self)
+            return _retrying_store_class()(location=self, runtime=rt)
+        return _retrying_store_class()(self.object_store(rt), location=self, runtime=rt)
 
 
-_store_class: Any = None
+def _runtime(runtime: Runtime | None) -> Runtime:
+    """``runtime``, or the process's (user-facing calls default to it)."""
+    if runtime is not None:
+        return runtime
+    from gpu_zarr.engine.runtime import get_runtime
+
+    return get_runtime()
 
 
+class _Stores:
+    """obstore stores made, per URL, options and environment (building one costs 4-7 ms: TLS
+    roots), the ``MAX`` most recently used."""
+
+    MAX = 64  # stores of distinct URLs and options kept (a notebook that opens many stays bounded)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stores: dict[Any, Any] = {}  # key -> obstore store, least recently used first
+
+    def __len__(self) -> int:
+        return len(self._stores)
+
+    def get(self, loc: Location) -> Any:
+        key = loc.key()
+        with self._lock:
+            store = self._stores.pop(key, None)
+            if store is None:
+                store = _make_store(loc)
+            self._stores[key] = store  # the most recent last
+            while len(self._stores) > self.MAX:  # bounded: the least recently used goes first
+                self._stores.pop(next(iter(self._stores)))
+            return store
+
+    def clear(self) -> None:
+        with self._lock:
+            self._stores.clear()
+
+
+def object_stores(runtime: Runtime) -> _Stores:
+    """The obstore stores ``runtime`` keeps (made on first use, released by its ``close()``)."""
+    return runtime.resource("object-stores", _Stores, close=lambda s: s.clear())
+
+
+@functools.cache  # (a class made once, on first use: zarr is imported then, not with this module)
 def _retrying_store_class() -> Any:
     """``zarr.storage.ObjectStore``, read-only, whose GETs are retried when an answer ends early
     (obstore retries 5xx, resets and timeouts itself, not a body cut short)."""
-    global _store_class
-    if _store_class is not None:
-        return _store_class
     import asyncio
 
     import obstore.exceptions as oe
@@ -187,9 +236,11 @@ def _retrying_store_class() -> Any:
     class ReadOnlyObjectStore(ObjectStore):
         """Built without its obstore store when ``location`` is given: that is built on first
         use (4-7 ms each: TLS roots; an OME-Zarr opens a store per level), and reads that the
-        native HTTP client serves never use it."""
+        native HTTP client serves never use it. ``runtime`` keeps the metadata documents and
+        the obstore stores (default: the process's)."""
 
-        def __init__(self, store: Any = None, *, read_only: bool = True, location: Location | None = None) -> None:
+        def __init__(self, store: Any = None, *, read_only: bool = True, location: Location | None = None,
+                     runtime: Runtime | None = None) -> None:
             if store is not None:
                 super().__init__(store, read_only=True)
             elif location is not None:
@@ -197,18 +248,25 @@ def _retrying_store_class() -> Any:
             else:
                 raise ValueError("an obstore store or a location is needed")
             self._gpu_zarr_location = location  # the engine's remote source names this URL
+            self._gpu_zarr_runtime = _runtime(runtime)
 
         @property
         def store(self) -> Any:
             d = self.__dict__
             if d.get("_obstore") is None:  # (unpickled: zarr's __setstate__ put it under "store")
                 loc = d.get("_gpu_zarr_location")
-                d["_obstore"] = d.get("store") or (loc.object_store() if loc is not None else None)
+                d["_obstore"] = d.get("store") or (loc.object_store(self._rt()) if loc is not None else None)
             return d["_obstore"]
 
         @store.setter
         def store(self, value: Any) -> None:
             self.__dict__["_obstore"] = value
+
+        def _rt(self) -> Runtime:
+            rt = self.__dict__.get("_gpu_zarr_runtime")
+            if rt is None:  # (unpickled: the runtime of this process)
+                rt = self.__dict__["_gpu_zarr_runtime"] = _runtime(None)
+            return rt
 
         def __eq__(self, other: object) -> bool:
             if not isinstance(other, ReadOnlyObjectStore):
@@ -225,12 +283,12 @@ def _retrying_store_class() -> Any:
             return f"object_store://{loc.url if loc is not None else self.store}"
 
         def with_read_only(self, read_only: bool = False) -> Any:
-            return type(self)(self.__dict__.get("_obstore"), location=self._gpu_zarr_location)
+            return type(self)(self.__dict__.get("_obstore"), location=self._gpu_zarr_location, runtime=self._rt())
 
         async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
             node, _, name = key.rpartition("/")
             if byte_range is None and name in METADATA_NAMES and self._gpu_zarr_location is not None:
-                raw = await _metadata.get(self, self._gpu_zarr_location, node, name)
+                raw = await metadata_cache(self._rt()).get(self, self._gpu_zarr_location, node, name)
                 return None if raw is None else prototype.buffer.from_bytes(raw)
             return await self.get_retried(key, prototype, byte_range)
 
@@ -278,13 +336,8 @@ def _retrying_store_class() -> Any:
                         raise
                     await asyncio.sleep(0.05 * 2 ** attempt)
 
-    _store_class = ReadOnlyObjectStore
-    return _store_class
+    return ReadOnlyObjectStore
 
-
-_lock = threading.Lock()
-_stores: dict[Any, Any] = {}  # (url, options, environment) -> obstore store, least recently used first
-_MAX_STORES = 64  # stores of distinct URLs and options kept (a notebook that opens many stays bounded)
 
 #: the documents zarr-python looks for when it opens a node (v3, then v2 and consolidated)
 METADATA_NAMES = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
@@ -328,6 +381,19 @@ class _MetadataCache:
         with self._lock:
             self._docs.clear()
             self._early.clear()
+
+    def close(self) -> None:
+        """Forget everything and end the native fetches' threads."""
+        self.clear()
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(len(d or b"") for _, docs in self._docs.values() for d in docs.values())
 
     @staticmethod
     def _key(loc: Location, node: str) -> tuple[Any, str]:
@@ -529,7 +595,7 @@ class _MetadataCache:
         label images' guessed levels), as paths from the root, and the documents to ask of each:
         only those of ``node``'s format (a zarr hierarchy is all v2 or all v3)."""
         children = [f"{node}/{c}" if node else c
-                    for c in _ome_children(docs) + self._label_levels_guessed(loc, node, docs)]
+                    for c in ome_children.children(docs) + self._label_levels_guessed(loc, node, docs)]
         return children, _V3_NAMES if isinstance(docs.get("zarr.json"), bytes) else _V2_NAMES
 
     def _under_way(self, key: tuple[Any, str]) -> bool:
@@ -541,15 +607,12 @@ class _MetadataCache:
         paths of the image's own levels (the writers' habit: ome-zarr-py, bioformats2raw),
         asked for beside the label images. Else they would be one more round trip, after each
         label image's attributes name them; a wrong guess costs a request nobody waits for."""
-        if node != "labels" and not node.endswith("/labels"):
-            return []
-        names = _ome_lists(docs).get("labels", [])
-        if not names:
+        image_node = ome_children.image_of_labels(node)
+        if image_node is None:
             return []
         with self._lock:
-            image = self._fresh(self._key(loc, node.removesuffix("labels").rstrip("/")))
-        paths = _ome_lists(image).get("levels", []) if image is not None else []
-        return [f"{name}/{p}" for name in names for p in paths]
+            image = self._fresh(self._key(loc, image_node))
+        return ome_children.label_levels_guessed(docs, image)
 
     def _start(self, store: Any, loc: Location, nodes: list[str], budget: list[int],
                names: tuple[str, ...] = METADATA_NAMES, cap: int | None = None) -> list[Any]:
@@ -607,50 +670,16 @@ _V3_NAMES = ("zarr.json",)
 _V2_NAMES = (".zarray", ".zattrs", ".zgroup")  # (consolidated .zmetadata: at the root a reader opens)
 
 
-_metadata = _MetadataCache()
+def metadata_cache(runtime: Runtime) -> _MetadataCache:
+    """The remote metadata documents ``runtime`` keeps (made on first use, released by its
+    ``close()``)."""
+    return runtime.resource("metadata-cache", _MetadataCache, close=lambda c: c.close(), nbytes=lambda c: c.nbytes)
 
 
-def clear_metadata_cache() -> None:
-    """Forget the remote metadata documents kept for ``metadata_ttl`` (a store was rewritten)."""
-    _metadata.clear()
-
-
-def _ome_lists(docs: Mapping[str, bytes | None]) -> dict[str, list[str]]:
-    """The child paths a node's OME attributes (0.4 ``.zattrs`` or 0.5 ``zarr.json``) name, by
-    kind: ``levels`` (multiscale datasets), ``labels`` (a labels group's label images),
-    ``wells`` (a plate's), ``fields`` (a well's images). Anything unreadable gives none."""
-    import json
-
-    attrs: Any = {}
-    try:
-        if docs.get("zarr.json"):
-            attrs = json.loads(docs["zarr.json"] or b"{}").get("attributes", {})
-        elif docs.get(".zattrs"):
-            attrs = json.loads(docs[".zattrs"] or b"{}")
-        ome = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
-        out: dict[str, list[str]] = {
-            "levels": [str(d["path"]) for ms in ome.get("multiscales", []) or []
-                       for d in ms.get("datasets", []) if isinstance(d, dict) and "path" in d],
-            "labels": [str(p) for p in ome.get("labels", []) or [] if isinstance(p, str)],
-            "wells": [str(w["path"]) for w in (ome.get("plate") or {}).get("wells", []) or []
-                      if isinstance(w, dict) and "path" in w],
-            "fields": [str(i["path"]) for i in (ome.get("well") or {}).get("images", []) or []
-                       if isinstance(i, dict) and "path" in i],
-        }
-    except (ValueError, TypeError, AttributeError, KeyError):
-        return {}
-    return {kind: [c.strip("/") for c in dict.fromkeys(paths) if c and ".." not in c.split("/") and "://" not in c]
-            for kind, paths in out.items()}
-
-
-def _ome_children(docs: Mapping[str, bytes | None]) -> list[str]:
-    """Child nodes an OME-NGFF reader opens next, from a node's attributes: multiscale levels
-    (and the image's ``labels`` group), label images, a plate's wells, a well's fields."""
-    kinds = _ome_lists(docs)
-    levels = kinds.get("levels", [])
-    out = [*levels, *(["labels"] if levels else []), *kinds.get("labels", []), *kinds.get("wells", []),
-           *kinds.get("fields", [])]
-    return [c for c in dict.fromkeys(out) if c.strip("/")]
+def clear_metadata_cache(runtime: Runtime | None = None) -> None:
+    """Forget the remote metadata documents kept for ``metadata_ttl`` (a store was rewritten) by
+    ``runtime`` (default: the process's)."""
+    metadata_cache(_runtime(runtime)).clear()
 
 
 def _freeze(v: Any) -> Any:

@@ -28,6 +28,7 @@ import zarr
 from .engine.fit import nbytes_of
 from .errors import GpuZarrError, InvalidOmeMetadata, NotOmeZarrError
 from .location import path_and_options
+from .ome_children import children as child_nodes
 from .reprs import codec_names
 from .store import METADATA_FILES, check_safe, is_zarr_node, open_array, open_node
 
@@ -39,6 +40,7 @@ __all__ = [
     "NotOmeZarrError",
     "OmeImage",
     "check_inside",
+    "child_nodes",
     "find_zarr_node",
     "is_ome_zarr",
     "is_zarr_node",

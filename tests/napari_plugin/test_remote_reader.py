@@ -9,7 +9,8 @@ import zarr
 pytest.importorskip("obstore")
 
 from gpu_zarr.bench.remote_server import RangeServer  # noqa: E402
-from gpu_zarr.engine.sources.remote import FETCHED  # noqa: E402
+from gpu_zarr.engine.runtime import get_runtime  # noqa: E402
+from gpu_zarr.engine.sources.remote import byte_cache  # noqa: E402
 from gpu_zarr.lazy import GpuLazyArray  # noqa: E402
 
 PLUGIN = "napari-gpu-zarr"
@@ -18,7 +19,7 @@ PLUGIN = "napari-gpu-zarr"
 @pytest.mark.parametrize("version", ["0.4", "0.5"])
 def test_viewer_opens_a_url(make_napari_viewer, small_stores, version):
     path = small_stores[version]
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     with RangeServer(path.parent, latency=0.002) as srv:
         url = f"{srv.url}/{path.name}"
         viewer = make_napari_viewer()
@@ -54,7 +55,7 @@ def test_the_middle_plane_is_asked_for_once(make_napari_viewer, tmp_path):
 
     write_sample_omezarr(tmp_path / "t.ome.zarr", version="0.5", shape=(2, 5, 64, 64), levels=2, labels=False,
                          compressor="zstd", chunks=(1, 1, 32, 32))
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     with RangeServer(tmp_path, latency=0.05) as srv:
         viewer = make_napari_viewer()
         layers = viewer.open(f"{srv.url}/t.ome.zarr", plugin=PLUGIN)

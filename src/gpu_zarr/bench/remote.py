@@ -151,9 +151,9 @@ def _warm(base: str, workdir: Path, rel: str) -> None:
 
 def _clear() -> None:
     from gpu_zarr.engine.runtime import get_runtime
-    from gpu_zarr.engine.sources.remote import FETCHED
+    from gpu_zarr.engine.sources.remote import byte_cache
 
-    FETCHED.clear()
+    byte_cache(get_runtime()).clear()
     get_runtime().clear_caches()
 
 

@@ -8,13 +8,51 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gpu_zarr.engine.fit import nbytes_of
 
-__all__ = ["Layout", "batch_key", "chunk_layout"]
+if TYPE_CHECKING:
+    from gpu_zarr.location import Location
+
+__all__ = ["Layout", "RemoteRef", "batch_key", "chunk_layout"]
+
+
+@dataclass(frozen=True)
+class RemoteRef:
+    """Which remote array a :class:`Layout` describes, as plain data: the engine gets the live
+    source (its requests, its shard indexes) from the runtime
+    (:func:`gpu_zarr.engine.sources.remote.remote_source`).
+
+    Attributes
+    ----------
+    url : str
+        The array's URL (messages, cache keys).
+    path : str
+        Its key inside the store ("" at the store's root).
+    base : str
+        The store's URL.
+    location : gpu_zarr.location.Location or None
+        The store as gpu_zarr opened it (URL, scheme, storage options); None for a
+        ``zarr.storage.ObjectStore`` made elsewhere, read through ``store``.
+    requests : int
+        Requests in flight at once.
+    timeout_s : float or None
+        Deadline of one request (None: the ``remote_timeout`` setting).
+    store : obstore store or None
+        The obstore store of a ``zarr.storage.ObjectStore`` not opened by gpu_zarr (the
+        caller's object, read as given); None otherwise.
+    """
+
+    url: str
+    path: str
+    base: str
+    location: Location | None
+    requests: int
+    timeout_s: float | None = None
+    store: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -54,8 +92,8 @@ class Layout:
         How a decoded chunk's elements are ordered: None for C order; else the chunk is
         stored as ``chunk.transpose(transpose)`` in C order (zarr v2 ``order: "F"`` is the
         reversed axes, zarr v3's ``transpose`` codec gives its ``order``).
-    source : gpu_zarr.engine.sources.remote.RemoteSource or None
-        Where the bytes come from when the array is remote (``root`` is then its URL);
+    source : RemoteRef or None
+        Which remote array the bytes come from (``root`` is then its URL), as plain data;
         None for a local directory store.
     frames : tuple of gpu_zarr.engine.codecs.frames.Frame
         Checksums around each (inner) chunk's bytes, outermost first, verified and stripped
@@ -79,7 +117,7 @@ class Layout:
     zarr_format: int
     codec_params: Mapping[str, Any] = field(default_factory=dict)
     transpose: tuple[int, ...] | None = None
-    source: Any = field(default=None, compare=False, repr=False)
+    source: RemoteRef | None = field(default=None, compare=False, repr=False)
     frames: tuple[Any, ...] = ()
     host: Any = field(default=None, compare=False, repr=False)
 

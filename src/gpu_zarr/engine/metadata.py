@@ -37,12 +37,13 @@ class _RemoteRoot(str):
 
 
 def _root_and_source(arr: Any) -> tuple[Path, Any]:
-    """(root, remote source): a local directory and None, or a remote array's URL and source."""
-    from gpu_zarr.engine.sources.remote import source_of
+    """(root, remote array): a local directory and None, or a remote array's URL and its
+    :class:`~gpu_zarr.engine.layout.RemoteRef`."""
+    from gpu_zarr.engine.sources.remote import ref_of
 
-    src = source_of(arr)
-    if src is not None:
-        return _RemoteRoot(src.url), src  # type: ignore[return-value]
+    ref = ref_of(arr)
+    if ref is not None:
+        return _RemoteRoot(ref.url), ref  # type: ignore[return-value]
     return _local_root(arr), None
 
 

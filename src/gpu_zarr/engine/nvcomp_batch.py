@@ -26,6 +26,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -44,20 +45,20 @@ __all__ = [
     "nvcomp_info",
 ]
 
-ALGORITHMS = {"zstd": "Zstd", "lz4": "LZ4", "deflate": "Deflate"}
+ALGORITHMS = MappingProxyType({"zstd": "Zstd", "lz4": "LZ4", "deflate": "Deflate"})
 MIN_VERSION = (6, 0)
 #: The environment variable that points at a libnvcomp.so to use instead of the wheel's.
 LIB_ENV = "GPU_ZARR_NVCOMP_LIBRARY"
 UPGRADE_HINT = ('pip install -U "nvidia-libnvcomp-cu13>=6,<7"  (or nvidia-libnvcomp-cu12 for a CUDA 12 '
                 'driver; both come with napari-gpu-zarr[cuda13] / [cuda12])')
 
-_BACKENDS = {"default": 0, "hardware": 1, "cuda": 2}
-_STATUS = {0: "success", 10: "invalid value", 11: "not supported", 12: "cannot decompress",
+_BACKENDS = MappingProxyType({"default": 0, "hardware": 1, "cuda": 2})
+_STATUS = MappingProxyType({0: "success", 10: "invalid value", 11: "not supported", 12: "cannot decompress",
            13: "bad checksum", 14: "cannot verify checksums", 15: "output buffer too small",
            16: "wrong header length", 17: "alignment", 18: "chunk size too large",
-           20: "wrong input length", 21: "batch size too large", 1000: "CUDA error", 10000: "internal error"}
+           20: "wrong input length", 21: "batch size too large", 1000: "CUDA error", 10000: "internal error"})
 # largest decoded chunk each algorithm accepts (headers: *DecompressionMaxAllowedChunkSize)
-_MAX_CHUNK = {"zstd": (1 << 31) - 1, "lz4": (1 << 32) - 1, "deflate": (1 << 32) - 1}
+_MAX_CHUNK = MappingProxyType({"zstd": (1 << 31) - 1, "lz4": (1 << 32) - 1, "deflate": (1 << 32) - 1})
 
 
 class _DecompressOpts(ctypes.Structure):
@@ -339,11 +340,11 @@ extern "C" __global__ void adler32_batch(const long long* ptrs, const long long*
     }
 }
 """
-_ZSTD_CODES = {1: "too short for a zstd frame", 2: "does not start with the zstd magic number 28b52ffd",
+_ZSTD_CODES = MappingProxyType({1: "too short for a zstd frame", 2: "does not start with the zstd magic number 28b52ffd",
                3: "frame header has its reserved bit set", 4: "frame needs a zstd dictionary, which zarr never uses",
                5: "frame header is truncated", 6: "frame header states another decoded size than the array metadata",
                7: "frame is truncated inside a block", 8: "invalid zstd block header",
-               9: "frame does not end where the chunk ends (truncated checksum or trailing bytes)"}
+               9: "frame does not end where the chunk ends (truncated checksum or trailing bytes)"})
 # a valid zstd frame holding one byte: what a bad frame is replaced with
 _DUMMY_ZSTD = bytes.fromhex("28b52ffd200109000000")
 

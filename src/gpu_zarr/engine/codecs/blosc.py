@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -53,7 +54,7 @@ __all__ = [
 ]
 
 KIND_COPY, KIND_LZ4, KIND_ZSTD, KIND_DEFLATE = 0, 1, 2, 3
-KIND_NAMES = {KIND_COPY: "copy", KIND_LZ4: "lz4", KIND_ZSTD: "zstd", KIND_DEFLATE: "deflate"}
+KIND_NAMES = MappingProxyType({KIND_COPY: "copy", KIND_LZ4: "lz4", KIND_ZSTD: "zstd", KIND_DEFLATE: "deflate"})
 MODE_NONE, MODE_BYTE, MODE_BIT = 0, 1, 2
 
 _HEADER = 16
@@ -61,8 +62,8 @@ _MAX_SPLITS = 16
 _MIN_BUFFERSIZE = 128
 _F_SHUFFLE, _F_MEMCPY, _F_BITSHUFFLE, _F_NOSPLIT = 0x01, 0x02, 0x04, 0x10
 # compressor code (flags >> 5) -> stream kind; blosclz (0) and snappy (2) have none on the GPU
-_COMP_KIND = {1: KIND_LZ4, 3: KIND_DEFLATE, 4: KIND_ZSTD}
-_COMP_NAME = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
+_COMP_KIND = MappingProxyType({1: KIND_LZ4, 3: KIND_DEFLATE, 4: KIND_ZSTD})
+_COMP_NAME = MappingProxyType({0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"})
 _DEFLATE_ALIGN = 8  # nvCOMP's Deflate decompression alignment is at most 4 (deflate.h); 8 is safe
 
 
@@ -402,7 +403,7 @@ def _strip_zlib(staging: np.ndarray, s_src: np.ndarray, s_size: np.ndarray, kind
     return s_src, s_size, adler
 
 
-_ALGO = {KIND_LZ4: "lz4", KIND_ZSTD: "zstd", KIND_DEFLATE: "deflate"}
+_ALGO = MappingProxyType({KIND_LZ4: "lz4", KIND_ZSTD: "zstd", KIND_DEFLATE: "deflate"})
 
 
 class _StreamNames:

@@ -19,6 +19,7 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -46,14 +47,14 @@ __all__ = [
 
 LIBNAME = "libgz_native.so"
 VERSION = 7  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
-CODECS = {"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6}
+CODECS = MappingProxyType({"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6})
 OK, OPEN, SHORT, IO, BOUNDS = 0, 1, 2, 3, 4
 CRC32C_MISMATCH = 18
 UNSUPPORTED = frozenset(range(20, 25))
 _LIBS = ("libzstd", "liblz4", "zlib", "libdeflate")
 # codec -> the libraries that can decode it (any one of them)
-_NEEDS = {"raw": (), "zstd": ("libzstd",), "lz4": ("liblz4",), "zlib": ("zlib", "libdeflate"),
-          "gzip": ("zlib", "libdeflate"), "deflate": ("zlib", "libdeflate"), "blosc": ()}
+_NEEDS = MappingProxyType({"raw": (), "zstd": ("libzstd",), "lz4": ("liblz4",), "zlib": ("zlib", "libdeflate"),
+          "gzip": ("zlib", "libdeflate"), "deflate": ("zlib", "libdeflate"), "blosc": ()})
 
 _i64p = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
 _i32p = np.ctypeslib.ndpointer(np.int32, flags="C_CONTIGUOUS")

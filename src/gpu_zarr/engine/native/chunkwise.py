@@ -12,6 +12,7 @@ them with numcodecs; any other failure raises naming the chunk.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -49,7 +50,7 @@ def serves(lay: Any, out: Any) -> bool:
             and isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable)
 
 
-_HOST_REASONS = {21: "blosclz", 22: "snappy", 23: "blosc2"}
+_HOST_REASONS = MappingProxyType({21: "blosclz", 22: "snappy", 23: "blosc2"})
 
 
 def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.ndarray, rt: Any, threads: int,

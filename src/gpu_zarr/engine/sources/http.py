@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -520,7 +521,8 @@ def _seconds(v: Any) -> float:
 
 
 _ROW = REQ.itemsize // 8  # int64s per row
-_AT = {f: REQ.fields[f][1] // 8 for f in ("start", "end", "dest", "cap")} if REQ.fields else {}  # a field's int64
+#: a field's int64 in a row
+_AT = MappingProxyType({f: REQ.fields[f][1] // 8 for f in ("start", "end", "dest", "cap")} if REQ.fields else {})
 
 
 def new_requests(n: int, starts: Sequence[int] | None = None, ends: Sequence[int] | None = None) -> np.ndarray:

@@ -23,6 +23,13 @@ it is retried and, if it persists, raises :class:`~gpu_zarr.errors.RemoteError`.
 Fetched whole chunks and shard indexes are kept in a bounded LRU of encoded bytes
 (``GPU_ZARR_REMOTE_CACHE_MIB``, default 256), so a viewer's next look at a plane sends no
 request; decoded chunks go to the runtime's chunk cache as for local files.
+
+What lives across reads -- the event loop of obstore's requests, that byte cache, and one
+:class:`RemoteSource` per array (its shard indexes) -- is the runtime's
+(:func:`remote_state`): bounded, reported, released by :meth:`Runtime.close
+<gpu_zarr.engine.runtime.Runtime.close>`. A :class:`~gpu_zarr.engine.layout.Layout` names its
+remote array with a plain :class:`~gpu_zarr.engine.layout.RemoteRef` (:func:`ref_of`);
+:func:`remote_source` gives the live source the runtime keeps for it.
 """
 
 from __future__ import annotations
@@ -33,21 +40,25 @@ import itertools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
 from gpu_zarr import settings
-from gpu_zarr.engine.runtime import host_empty
+from gpu_zarr.engine.layout import RemoteRef
+from gpu_zarr.engine.runtime import Runtime, host_empty
 from gpu_zarr.engine.sources.remote_body import Limit, deadline_of, read_body
 from gpu_zarr.errors import CorruptChunkError, NativeHttpDeclined, ReadCancelled, RemoteError, ShortAnswer
 from gpu_zarr.location import network_cause
 from gpu_zarr.pending import track
 
-__all__ = ["FETCHED", "BodyArena", "Bodies", "Got", "RemoteBlob", "RemoteSource", "Span", "changed_while_read",
-           "source_of"]
+if TYPE_CHECKING:
+    from gpu_zarr.engine.layout import Layout
+
+__all__ = ["BodyArena", "Bodies", "ByteCache", "Got", "RemoteBlob", "RemoteSource", "RemoteState", "Span",
+           "byte_cache", "changed_while_read", "ref_of", "remote_source", "remote_state", "source_of"]
 
 #: what a job GETs: the whole object (None), a byte range (start, end), or its last n bytes ({"suffix": n})
 Span = tuple[int, int] | dict[str, int] | None
@@ -56,11 +67,35 @@ _ATTEMPTS = 4  # our own retries of answers that ended early (obstore retries th
 T = TypeVar("T")
 
 
-# -- one event loop for every remote request of the process -----------------------------------
+# -- one event loop for the remote requests of a runtime -----------------------------------------
 class _Loop:
+    """An asyncio loop on a thread of its own (started on first use), where obstore's requests run."""
+
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Cancel what runs on the loop, stop it and end its thread (the next :meth:`run` starts
+        a new one)."""
+        with self._lock:
+            loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
+        if loop is None or loop.is_closed():
+            return
+
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(timeout=5)
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join(timeout=5)
+        if not loop.is_running():
+            loop.close()
 
     def run(self, coro: Awaitable[T], stop: Callable[[], bool] | None = None) -> T:
         """``coro``'s result, run on the loop's thread. ``stop()`` is asked every ``_TICK_S``:
@@ -69,7 +104,8 @@ class _Loop:
         with self._lock:
             if self._loop is None or self._loop.is_closed():
                 loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, daemon=True, name="gpu-zarr-remote").start()
+                self._thread = threading.Thread(target=loop.run_forever, daemon=True, name="gpu-zarr-remote")
+                self._thread.start()
                 self._loop = loop
             loop = self._loop
         fut: Any = asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
@@ -88,14 +124,12 @@ class _Loop:
 _TICK_S = 0.1  # how often a waiting read looks at its cancel event
 
 
-_LOOP = _Loop()
+NOT_KEPT = object()  # ByteCache.get's default: raise KeyError
 
 
-NOT_KEPT = object()  # _Bytes.get's default: raise KeyError
-
-
-class _Bytes:
-    """A bounded LRU of fetched encoded bytes (whole chunks, shard indexes; None: absent)."""
+class ByteCache:
+    """A bounded LRU of fetched encoded bytes (whole chunks, shard indexes; None: absent),
+    keyed by URL: the runtime keeps one (:func:`byte_cache`)."""
 
     def __init__(self) -> None:
         self._d: OrderedDict[Any, Any] = OrderedDict()
@@ -153,9 +187,6 @@ class _Bytes:
             self.nbytes = 0
 
 
-FETCHED = _Bytes()
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -196,11 +227,17 @@ class RemoteSource:
     timeout_s : float, optional
         Deadline of one request, retries included (default: the ``remote_timeout`` setting;
         0: none); ``min_rate`` is the slowest transfer accepted (default ``remote_min_rate``).
+    state : RemoteState
+        The runtime's remote state (:func:`remote_state`): the event loop obstore's requests run
+        on, the byte cache.
     """
 
     def __init__(self, store: Any, prefix: str, url: str, requests: int = 64, http: Any = None,
                  http_url: str | None = None, store_of: Callable[[], Any] | None = None,
-                 timeout_s: float | None = None, min_rate: int | None = None) -> None:
+                 timeout_s: float | None = None, min_rate: int | None = None, *, state: RemoteState) -> None:
+        self._state = state
+        #: the runtime's byte cache (whole chunks and shard indexes fetched, by URL)
+        self.fetched = state.fetched
         self.timeout_s = float(settings.get("remote_timeout") if timeout_s is None else timeout_s)
         self.min_rate = int(settings.get("remote_min_rate") if min_rate is None else min_rate)
         self._store, self._store_of = store, store_of
@@ -219,7 +256,7 @@ class RemoteSource:
         self._indexes: OrderedDict[str, tuple[Any, int, int, str]] = OrderedDict()
         self._indexes_nbytes = 0
         self.ranges = True  # False once the server said it answers no byte ranges
-        self._whole_pending: dict[str, Any] = {}  # rel -> the whole-object GET under way (on _LOOP)
+        self._whole_pending: dict[str, Any] = {}  # rel -> the whole-object GET under way (on the state's loop)
 
     @property
     def store(self) -> Any:
@@ -366,7 +403,7 @@ class RemoteSource:
                                "answers Range requests (nginx, S3, ...), or check that the URL is the store.")
 
         try:
-            got: tuple[bytes, dict[str, Any]] = FETCHED.get((self.url, rel, "whole"))
+            got: tuple[bytes, dict[str, Any]] = self.fetched.get((self.url, rel, "whole"))
             return got
         except KeyError:
             pass
@@ -380,7 +417,7 @@ class RemoteSource:
                 if len(data) != int(res.meta["size"]):
                     raise ShortAnswer(f"expected {int(res.meta['size'])} bytes, got {len(data)}")
                 self._count(len(data))
-                FETCHED.put((self.url, rel, "whole"), (data, dict(res.meta)))
+                self.fetched.put((self.url, rel, "whole"), (data, dict(res.meta)))
                 return data, dict(res.meta)
             task = self._whole_pending[rel] = track(asyncio.ensure_future(fetch()))  # (shared: may outlive its askers)
             task.add_done_callback(lambda _t: self._whole_pending.pop(rel, None))
@@ -403,7 +440,7 @@ class RemoteSource:
                 out[i] = known[:3]
                 continue
             try:
-                out[i] = FETCHED.get((self.url, r, "index", nbytes, at_end))
+                out[i] = self.fetched.get((self.url, r, "index", nbytes, at_end))
             except KeyError:
                 todo.append(i)
         if todo:  # all in one wave: one round trip
@@ -425,11 +462,11 @@ class RemoteSource:
                         found[j] = (bytes(g.data), g.size, g.mtime, g.etag)
                 left = self._native([(rels[i], rng) for i in todo], one, nbytes, missing_ok=True, stop=stop)
             if left:
-                for j, g in zip(left, _LOOP.run(all_([todo[j] for j in left]), stop)):
+                for j, g in zip(left, self._state.loop.run(all_([todo[j] for j in left]), stop)):
                     found[j] = g
             for i, g in zip(todo, found):
                 out[i] = g[:3] if g is not None else None
-                FETCHED.put((self.url, rels[i], "index", nbytes, at_end), out[i])
+                self.fetched.put((self.url, rels[i], "index", nbytes, at_end), out[i])
                 if g is not None and len(g[0]) == nbytes:
                     self.keep_index(rels[i], *g)
         return out
@@ -498,7 +535,7 @@ class RemoteSource:
         if left:
             sent()
             sub = [jobs[j] for j in left]
-            _LOOP.run(self._stream(sub, lambda k, got: on_done(left[k], got), cap, expected), stop)
+            self._state.loop.run(self._stream(sub, lambda k, got: on_done(left[k], got), cap, expected), stop)
 
     async def _stream(self, jobs: Sequence[tuple[str, Span]],
                       on_done: Callable[[int, Got | None], None], cap: int | None = None,
@@ -809,9 +846,10 @@ class RemoteBlob:
         return self.url
 
 
-def source_of(arr: Any) -> RemoteSource | None:
-    """The remote source of a zarr array opened over obstore (``zarr.storage.ObjectStore``),
-    None for any other store."""
+def ref_of(arr: Any) -> RemoteRef | None:
+    """The plain description of a zarr array opened over obstore (``zarr.storage.ObjectStore``):
+    its URL, key and request settings, for its :class:`~gpu_zarr.engine.layout.Layout`; None
+    for any other store."""
     store = getattr(arr, "store", None)
     try:
         from zarr.storage import ObjectStore
@@ -820,33 +858,96 @@ def source_of(arr: Any) -> RemoteSource | None:
     if not isinstance(store, ObjectStore):
         return None
     loc = getattr(store, "_gpu_zarr_location", None)
-    base = loc.url if loc is not None else repr(store.store)
+    base = (loc.url if loc is not None else repr(store.store)).rstrip("/")
     path = str(getattr(arr, "path", "") or "")
     requests = loc.requests() if loc is not None else int(settings.get("remote_requests"))
-    with _SOURCES_LOCK:  # one source per open store and array: its shard indexes stay known
-        per = getattr(store, "_gpu_zarr_sources", None)
-        if per is None:
-            per = {}
-            try:
-                setattr(store, "_gpu_zarr_sources", per)  # noqa: B010 - zarr's class has no such field
-            except AttributeError:  # a store that takes no attribute: a source per read
-                pass
-        src = per.get(path)
-        if src is None or src.requests != max(1, int(requests)):
-            http, http_url = None, None
-            nat = loc.native_http() if loc is not None else None
-            if nat is not None:  # http(s), or an anonymous s3:// read (plain HTTPS)
-                http = nat[0]
-                if nat[1] != base:
-                    http_url = nat[1] + ("/" + path if path else "")
-            timeout = loc.storage_options.get("timeout") if loc is not None else None
-            src = per[path] = RemoteSource(None, path, base.rstrip("/") + ("/" + path if path else ""), requests,
-                                           http, http_url, store_of=lambda: store.store,
-                                           timeout_s=_seconds(timeout) if timeout is not None else None)
-    return src
+    timeout = loc.storage_options.get("timeout") if loc is not None else None
+    return RemoteRef(base + ("/" + path if path else ""), path, base, loc, max(1, int(requests)),
+                     _seconds(timeout) if timeout is not None else None, None if loc is not None else store.store)
 
 
-_SOURCES_LOCK = threading.Lock()
+class RemoteState:
+    """What a runtime keeps for remote reads: the event loop obstore's requests run on, the byte
+    cache (:class:`ByteCache`), and one :class:`RemoteSource` per array (URL, key, options and
+    request settings: its shard indexes and what the server was found to do stay known),
+    the ``MAX_SOURCES`` most recently used."""
+
+    MAX_SOURCES = 256
+
+    def __init__(self) -> None:
+        self.loop = _Loop()
+        self.fetched = ByteCache()
+        self._sources: OrderedDict[Hashable, RemoteSource] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def source(self, key: Hashable, make: Callable[[], RemoteSource]) -> RemoteSource:
+        """The source kept under ``key``, made by ``make()`` when there is none."""
+        with self._lock:
+            src = self._sources.pop(key, None)
+            if src is None:
+                src = make()
+            self._sources[key] = src  # the most recent last
+            while len(self._sources) > self.MAX_SOURCES:
+                self._sources.popitem(last=False)
+            return src
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the byte cache and the sources' shard indexes."""
+        with self._lock:
+            sources = list(self._sources.values())
+        return int(self.fetched.nbytes) + sum(int(s._indexes_nbytes) for s in sources)
+
+    def close(self) -> None:
+        """Stop the loop (cancelling what runs on it), forget every source and cached byte."""
+        self.loop.close()
+        with self._lock:
+            self._sources.clear()
+        self.fetched.clear()
+
+
+def remote_state(rt: Runtime) -> RemoteState:
+    """The runtime's :class:`RemoteState` (made on first use, released by ``rt.close()``)."""
+    return rt.resource("remote", RemoteState, close=lambda s: s.close(), nbytes=lambda s: s.nbytes)
+
+
+def byte_cache(rt: Runtime) -> ByteCache:
+    """The runtime's cache of fetched encoded bytes (whole chunks, shard indexes)."""
+    return remote_state(rt).fetched
+
+
+def remote_source(rt: Runtime, lay: Layout | RemoteRef) -> RemoteSource:
+    """The live source the runtime keeps for a remote layout (or its
+    :class:`~gpu_zarr.engine.layout.RemoteRef`): one per URL, key, store options and request
+    settings."""
+    ref = lay if isinstance(lay, RemoteRef) else lay.source
+    if ref is None:
+        raise ValueError("a local array has no remote source")
+    state = remote_state(rt)
+    loc = ref.location
+    if loc is None:  # a zarr ObjectStore not opened by gpu_zarr: its obstore store, as given (kept
+        # alive by the source, so its id names it while the source is kept)
+        key: Hashable = ("store", id(ref.store), ref.path, ref.requests, ref.timeout_s)
+        store = ref.store
+        return state.source(key, lambda: RemoteSource(store, ref.path, ref.url, ref.requests,
+                                                      timeout_s=ref.timeout_s, state=state))
+
+    def make() -> RemoteSource:
+        http, http_url = None, None
+        nat = loc.native_http()
+        if nat is not None:  # http(s), or an anonymous s3:// read (plain HTTPS)
+            http = nat[0]
+            if nat[1] != ref.base:
+                http_url = nat[1] + ("/" + ref.path if ref.path else "")
+        return RemoteSource(None, ref.path, ref.url, ref.requests, http, http_url,
+                            store_of=lambda: loc.object_store(rt), timeout_s=ref.timeout_s, state=state)
+    return state.source(("location", loc.key(), ref.path, ref.requests, ref.timeout_s), make)
+
+
+def source_of(arr: Any, rt: Runtime) -> RemoteSource | None:
+    """The live source ``rt`` keeps for a zarr array opened over obstore, None for any other store."""
+    ref = ref_of(arr)
+    return None if ref is None else remote_source(rt, ref)
 
 
 def _seconds(v: Any) -> float:

@@ -96,9 +96,11 @@ class RemoteFeed:
 
     def __init__(self, lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, ops: Ops, rt: Runtime,
                  opts: EngineOptions, cache: Any, batch: int, arena: Any) -> None:
+        from gpu_zarr.engine.sources.remote import remote_source
         from gpu_zarr.engine.sources.remote_stream import whole_cap
 
         assert lay.source is not None
+        self.source = remote_source(rt, lay)  # the live source of the read: its requests, its caches
         self.lay, self.stage, self.pieces, self.out, self.ops, self.rt, self.opts = lay, stage, pieces, out, ops, rt, opts
         self.cache, self.arena = cache, arena
         n = len(pieces)
@@ -125,7 +127,7 @@ class RemoteFeed:
         self.group_bytes = 0 if ops.host_is_device else GROUP_BYTES
         self.located = Located(self.files, self.file_id, self.offset, self.nbytes, LazyNames(n, self.name),
                                np.zeros(0, np.int64))
-        self.reader = _reader(lay, rt)
+        self.reader = _reader(self.source.requests, rt)
         self.cond = threading.Condition()
         self.queue: list[Any] = []
         self.queued = 0  # encoded bytes queued since the last group
@@ -174,8 +176,7 @@ class RemoteFeed:
         from gpu_zarr.engine.sources.remote_stream import stream_remote
 
         try:
-            assert self.lay.source is not None
-            self.counts = stream_remote(self.lay, self.pieces, self.lay.source, self.arrived, self.arena,
+            self.counts = stream_remote(self.lay, self.pieces, self.source, self.arrived, self.arena,
                                         self.set.handoff if self.set is not None else None, self.ready,
                                         _stop_of(self.opts))
             self.ready()  # (nothing was requested: every piece was known)
@@ -334,12 +335,11 @@ class RemoteFeed:
             total = int(np.prod(out.shape, dtype=np.int64)) * out.dtype.itemsize
             self.opts.progress(total, total)
         got = self.nbytes[self.nbytes >= 0]
-        assert lay.source is not None
         stats.update(self.counts, groups=self.groups, batches=len(self.feed), fetch_s=self.fetch_s,
                      pieces=len(pieces), missing=len(missing), cache_hits=len(cached), codec=lay.codec,
                      encoded_bytes=int(got.sum()), decoded_bytes=int(np.prod(out.shape, dtype=np.int64)) *
                      out.dtype.itemsize,
-                     reader=f"remote ({lay.source.requests} requests in flight, decoded as they arrive)")
+                     reader=f"remote ({self.source.requests} requests in flight, decoded as they arrive)")
         stats.update(self.set_stats)
 
 
@@ -430,13 +430,12 @@ class _NativeSet:
             self.arrivals = None
 
 
-def _reader(lay: Layout, rt: Runtime) -> Any:
+def _reader(requests: int, rt: Runtime) -> Any:
     """The fetch stage of a remote array: copies of the answers' pieces into a slot."""
     from gpu_zarr.engine.sources.remote_stream import RemoteReader
 
     copiers = min(8, CORES)
-    assert lay.source is not None
-    return RemoteReader(lay.source.requests, rt.pool("remote-copy", copiers), copiers)
+    return RemoteReader(requests, rt.pool("remote-copy", copiers), copiers)
 
 
 def _check_cancel(opts: EngineOptions) -> None:

@@ -36,7 +36,7 @@ from gpu_zarr.engine.plan import Batch, Pieces
 from gpu_zarr.engine.sources.files import read_tasks
 from gpu_zarr.engine.sources.http import Handoff, Parts, Sink
 from gpu_zarr.engine.sources.locate import Located, check_sizes, expected_chunk, index_entries
-from gpu_zarr.engine.sources.remote import FETCHED, Bodies, Got, RemoteBlob, RemoteSource, Span, changed_while_read
+from gpu_zarr.engine.sources.remote import Bodies, Got, RemoteBlob, RemoteSource, Span, changed_while_read
 from gpu_zarr.errors import CorruptChunkError, ShardChanged
 
 __all__ = ["GAP_BYTES", "PART_BYTES", "WHOLE_SHARD_BYTES", "Arrived", "RemoteReader", "stream_remote", "whole_cap"]
@@ -138,7 +138,7 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
     todo = []
     miss = object()
     u = source.url
-    for i, got in enumerate(FETCHED.find([(u, k) for k in keys], miss)):
+    for i, got in enumerate(source.fetched.find([(u, k) for k in keys], miss)):
         if got is miss:
             todo.append(i)
         else:
@@ -148,7 +148,7 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         i = todo[j]
         value = (got.data, got.mtime) if got is not None else None
         if arena is None or arena.lasting:
-            FETCHED.put((source.url, keys[i]), value)
+            source.fetched.put((source.url, keys[i]), value)
         hand(i, value, got.handed if got is not None else 0)
     counts["requests"] += len(todo)
     sink = Sink(handoff, array.array("q", todo)) if handoff is not None else None
@@ -332,7 +332,7 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         # index of this read and read again (pieces of unchanged shards are placed twice, alike)
         for s in known:
             source.forget_index(keys[s])
-            FETCHED.drop((source.url, keys[s], "index", index_size, layout.index_at_end))  # fetched again
+            source.fetched.drop((source.url, keys[s], "index", index_size, layout.index_at_end))  # fetched again
         counts["stale"] = counts.get("stale", 0) + 1
         if counts["stale"] > 2:
             raise CorruptChunkError(f"the shards of {source.url} keep changing while read; try again later") from None

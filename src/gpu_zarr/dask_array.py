@@ -376,6 +376,51 @@ def _one(arr: Any, path: str, level: int | None, chunks: Any, backend: str, gpu:
     return da.Array(graph, name, norm, meta=meta)
 
 
+def _plain(arr: Any, path: str, opts: Mapping[str, Any], level: int | None, chunks: Any,
+           backend: str) -> dask.array.Array:
+    """A plain zarr array (not an OME-Zarr image: ``level`` may only be None or 0)."""
+    if level not in (None, 0):
+        raise ValueError(f"level={level} was given, but {path} is a plain zarr array, not an OME-Zarr "
+                         "image with levels; pass level=None (or 0).")
+    return _one(arr, path, None, chunks, backend, _client_uses_gpu(backend), opts)
+
+
+def _from_path(where: Any, storage_options: Mapping[str, Any] | None, level: int | None, chunks: Any,
+               backend: str) -> dask.array.Array | list[dask.array.Array]:
+    """A path or URL: an OME-Zarr image's levels (every one, or ``level``), or a plain array."""
+    import zarr
+
+    from gpu_zarr.location import path_and_options
+    from gpu_zarr.omezarr import open_ome
+    from gpu_zarr.store import open_node
+
+    path, opts = path_and_options(where, storage_options)
+    node = open_node(path, opts)
+    if not isinstance(node, zarr.Group):
+        return _plain(node, path, opts, level, chunks, backend)
+    image = open_ome(path, with_labels=False, storage_options=opts)
+    n = len(image.levels)
+    if level is not None:
+        image.level_path(level)  # IndexError / TypeError for a level that does not exist
+    gpu = _client_uses_gpu(backend)
+    out = [_one(image.open_level(i), image.level_path(i), i, chunks, backend, gpu, opts)
+           for i in (range(n) if level is None else [level % n])]
+    return out if level is None else out[0]
+
+
+def _from_array(arr: Any, storage_options: Mapping[str, Any] | None, level: int | None, chunks: Any,
+                backend: str) -> dask.array.Array:
+    """An opened zarr array, which the workers reopen by its path."""
+    if not hasattr(arr, "shape") or not hasattr(arr, "chunks"):
+        raise NotAZarrError(f"to_dask expects a zarr array or a path to one (or to an OME-Zarr "
+                            f"image), got {type(arr).__name__}")
+    if storage_options:
+        raise ValueError("storage_options apply to a path or URL; this is an opened zarr array (its store "
+                         "has its own options): pass the URL instead, or leave storage_options out")
+    path, opts = _array_path(arr)
+    return _plain(arr, path, opts, level, chunks, backend)
+
+
 def to_dask(path_or_array: Any, *, level: int | None = None, chunks: Any = None,
             backend: str = "auto", storage_options: Mapping[str, Any] | None = None,
             ) -> dask.array.Array | list[dask.array.Array]:
@@ -449,36 +494,8 @@ def to_dask(path_or_array: Any, *, level: int | None = None, chunks: Any = None,
                           "per GPU: the extra [dask-cuda13] or [dask-cuda12])") from exc
     check_backend(backend)
 
-    from gpu_zarr.location import Location, path_and_options
+    from gpu_zarr.location import Location
 
     if isinstance(path_or_array, (str, os.PathLike, Location)):
-        import zarr
-
-        from gpu_zarr.omezarr import open_ome
-        from gpu_zarr.store import open_node
-
-        path, opts = path_and_options(path_or_array, storage_options)
-        node = open_node(path, opts)
-        if isinstance(node, zarr.Group):
-            image = open_ome(path, with_labels=False, storage_options=opts)
-            n = len(image.levels)
-            if level is not None:
-                image.level_path(level)  # IndexError / TypeError for a level that does not exist
-            gpu = _client_uses_gpu(backend)
-            out = [_one(image.open_level(i), image.level_path(i), i, chunks, backend, gpu, opts)
-                   for i in (range(n) if level is None else [level % n])]
-            return out if level is None else out[0]
-        arr = node
-    else:
-        arr = path_or_array
-        if not hasattr(arr, "shape") or not hasattr(arr, "chunks"):
-            raise NotAZarrError(f"to_dask expects a zarr array or a path to one (or to an OME-Zarr "
-                                f"image), got {type(arr).__name__}")
-        if storage_options:
-            raise ValueError("storage_options apply to a path or URL; this is an opened zarr array (its store "
-                             "has its own options): pass the URL instead, or leave storage_options out")
-        path, opts = _array_path(arr)
-    if level not in (None, 0):
-        raise ValueError(f"level={level} was given, but {path} is a plain zarr array, not an OME-Zarr "
-                         "image with levels; pass level=None (or 0).")
-    return _one(arr, path, None, chunks, backend, _client_uses_gpu(backend), opts)
+        return _from_path(path_or_array, storage_options, level, chunks, backend)
+    return _from_array(path_or_array, storage_options, level, chunks, backend)

@@ -446,6 +446,68 @@ def _as_tuple(x: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(v) for v in x)
 
 
+def _multiscales(ome: Mapping[str, Any], p: str) -> tuple[Mapping[str, Any], list[Any]]:
+    """The first ``multiscales`` entry of an image's OME attributes and its ``datasets``,
+    checked for shape (not yet against the arrays)."""
+    if "multiscales" not in ome:
+        found = sorted(ome) or "no attributes"
+        extra = " (an HCS plate/well: open it with gpu_zarr.plate.open_plate / open_well)" if {"plate", "well"} & set(ome) else ""
+        raise NotOmeZarrError(
+            f"expected OME-NGFF 'multiscales' metadata in {p} (zarr v3: attributes['ome'], "
+            f"zarr v2: .zattrs), found {found}{extra}"
+        )
+    ms_list = ome["multiscales"]
+    if not isinstance(ms_list, list) or not ms_list or not isinstance(ms_list[0], Mapping):
+        raise InvalidOmeMetadata(f"{p}: 'multiscales' must be a non-empty list of dicts, found {ms_list!r}")
+    ms = ms_list[0]
+    datasets = ms.get("datasets")
+    if not isinstance(datasets, list) or not datasets:
+        raise InvalidOmeMetadata(f"{p}: multiscales[0] has no 'datasets' (expected a list of levels)")
+    return ms, datasets
+
+
+def _dataset_array(node: zarr.Group, p: str, i: int, ds: Any) -> tuple[str, zarr.Array]:
+    """The path and the array of ``datasets[i]``, which must name an array inside the image."""
+    if not isinstance(ds, Mapping) or "path" not in ds:
+        raise InvalidOmeMetadata(f"{p}: datasets[{i}] must be a dict with 'path', found {ds!r}")
+    sub = str(ds["path"])
+    _check_inside(p, i, sub)
+    try:
+        arr = node[sub]
+    except KeyError as exc:
+        raise InvalidOmeMetadata(
+            f"{p}: datasets[{i}] names the array {sub!r}, but there is no such array"
+        ) from exc
+    except GpuZarrError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - zarr's own error (dtype, codec, metadata), with context
+        raise InvalidOmeMetadata(
+            f"{p}: datasets[{i}] names the array {sub!r}, which zarr cannot open: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(arr, zarr.Array):
+        raise InvalidOmeMetadata(f"{p}: datasets[{i}] path {sub!r} is a group, expected an array")
+    return sub, arr
+
+
+def _level(p: str, i: int, sub: str, arr: zarr.Array, ds: Mapping[str, Any], ms: Mapping[str, Any]) -> Level:
+    """One level: its array's layout, and its scale and translation (the dataset's own
+    transformations composed with the multiscale's)."""
+    ndim = arr.ndim
+    where = f"{p} datasets[{i}] ({sub})"
+    s, t = _parse_transforms(ds.get("coordinateTransformations"), ndim, where)
+    gs, gt = _parse_transforms(ms.get("coordinateTransformations"), ndim, f"{p} multiscales")
+    return Level(
+        path=sub,
+        shape=_as_tuple(arr.shape),
+        dtype=str(arr.dtype),
+        chunks=_as_tuple(arr.chunks),
+        scale=tuple(a * b for a, b in zip(gs, s, strict=True)),
+        translation=tuple(a * b + c for a, b, c in zip(gs, t, gt, strict=True)),
+        codecs=codec_names(arr),
+        shards=_as_tuple(sh) if (sh := getattr(arr, "shards", None)) else None,
+    )
+
+
 def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True,
              storage_options: Mapping[str, Any] | None = None) -> OmeImage:
     """Read the OME-NGFF metadata of an image group.
@@ -484,44 +546,13 @@ def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True,
     ome, version = ome_attrs(node.attrs)
     if "multiscales" not in ome and "bioformats2raw.layout" in ome:
         return open_ome(_join(p, "0"), with_labels=with_labels, storage_options=opts)
-    if "multiscales" not in ome:
-        found = sorted(ome) or "no attributes"
-        extra = " (an HCS plate/well: open it with gpu_zarr.plate.open_plate / open_well)" if {"plate", "well"} & set(ome) else ""
-        raise NotOmeZarrError(
-            f"expected OME-NGFF 'multiscales' metadata in {p} (zarr v3: attributes['ome'], "
-            f"zarr v2: .zattrs), found {found}{extra}"
-        )
-    ms_list = ome["multiscales"]
-    if not isinstance(ms_list, list) or not ms_list or not isinstance(ms_list[0], Mapping):
-        raise InvalidOmeMetadata(f"{p}: 'multiscales' must be a non-empty list of dicts, found {ms_list!r}")
-    ms = ms_list[0]
+    ms, datasets = _multiscales(ome, p)
     version = version or str(ms.get("version", ""))
-    datasets = ms.get("datasets")
-    if not isinstance(datasets, list) or not datasets:
-        raise InvalidOmeMetadata(f"{p}: multiscales[0] has no 'datasets' (expected a list of levels)")
-
     levels: list[Level] = []
     ndim: int | None = None
     axes: list[Axis] = []
     for i, ds in enumerate(datasets):
-        if not isinstance(ds, Mapping) or "path" not in ds:
-            raise InvalidOmeMetadata(f"{p}: datasets[{i}] must be a dict with 'path', found {ds!r}")
-        sub = str(ds["path"])
-        _check_inside(p, i, sub)
-        try:
-            arr = node[sub]
-        except KeyError as exc:
-            raise InvalidOmeMetadata(
-                f"{p}: datasets[{i}] names the array {sub!r}, but there is no such array"
-            ) from exc
-        except GpuZarrError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - zarr's own error (dtype, codec, metadata), with context
-            raise InvalidOmeMetadata(
-                f"{p}: datasets[{i}] names the array {sub!r}, which zarr cannot open: {type(exc).__name__}: {exc}"
-            ) from exc
-        if not isinstance(arr, zarr.Array):
-            raise InvalidOmeMetadata(f"{p}: datasets[{i}] path {sub!r} is a group, expected an array")
+        sub, arr = _dataset_array(node, p, i, ds)
         if ndim is None:
             ndim = arr.ndim
             axes = _parse_axes(ms.get("axes"), ndim, p)
@@ -529,23 +560,7 @@ def open_ome(path: str | os.PathLike[str], *, with_labels: bool = True,
             raise InvalidOmeMetadata(
                 f"{p}: level {sub!r} has {arr.ndim} dimensions, level 0 has {ndim}"
             )
-        where = f"{p} datasets[{i}] ({sub})"
-        s, t = _parse_transforms(ds.get("coordinateTransformations"), ndim, where)
-        gs, gt = _parse_transforms(ms.get("coordinateTransformations"), ndim, f"{p} multiscales")
-        scale = tuple(a * b for a, b in zip(gs, s, strict=True))
-        translation = tuple(a * b + c for a, b, c in zip(gs, t, gt, strict=True))
-        levels.append(
-            Level(
-                path=sub,
-                shape=_as_tuple(arr.shape),
-                dtype=str(arr.dtype),
-                chunks=_as_tuple(arr.chunks),
-                scale=scale,
-                translation=translation,
-                codecs=codec_names(arr),
-                shards=_as_tuple(sh) if (sh := getattr(arr, "shards", None)) else None,
-            )
-        )
+        levels.append(_level(p, i, sub, arr, ds, ms))
 
     image = OmeImage(
         path=p,

@@ -218,6 +218,34 @@ def _write_pyramid(group: Any, data: np.ndarray, levels: int, *, mean: bool, zar
         level = _downsample(level, 2, mean=mean)
 
 
+def _image_label(lab: np.ndarray, version: str, seed: int) -> dict[str, Any]:
+    """The ``image-label`` metadata of the label image: a random opaque colour per label."""
+    rng = np.random.default_rng(seed + 1)
+    n = int(lab.max())
+    colors = [
+        {"label-value": int(v), "rgba": [int(c) for c in rng.integers(64, 256, 3)] + [255]}
+        for v in range(1, n + 1)
+    ]
+    image_label: dict[str, Any] = {"colors": colors, "source": {"image": "../../"}}
+    if version == "0.4":
+        image_label["version"] = "0.4"
+    return image_label
+
+
+def _write_labels(root: zarr.Group, lab: np.ndarray, version: str, levels: int, seed: int, *,
+                  zarr_format: int, chunks: tuple[int, ...], compressor: str | None) -> None:
+    """``labels/blobs``: the instance labels as a multiscale label image (nearest downsampling)."""
+    lgroup = root.create_group("labels")
+    _set_ome_attrs(lgroup, version, {"labels": [_LABEL_NAME]})
+    cells = lgroup.create_group(_LABEL_NAME)
+    _set_ome_attrs(cells, version, {
+        "multiscales": [_multiscales(levels, version, _LABEL_NAME, 3)],
+        "image-label": _image_label(lab, version, seed),
+    })
+    _write_pyramid(cells, lab, levels, mean=False, zarr_format=zarr_format, chunks=chunks,
+                   compressor=compressor, dim_names="zyx")
+
+
 def write_sample_omezarr(
     path: str | os.PathLike[str],
     *,
@@ -288,24 +316,8 @@ def write_sample_omezarr(
     _write_pyramid(root, image, levels, mean=True, zarr_format=zarr_format, chunks=chunks,
                    compressor=compressor, dim_names="czyx")
     if labels:
-        lgroup = root.create_group("labels")
-        _set_ome_attrs(lgroup, version, {"labels": [_LABEL_NAME]})
-        cells = lgroup.create_group(_LABEL_NAME)
-        rng = np.random.default_rng(seed + 1)
-        n = int(lab.max())
-        colors = [
-            {"label-value": int(v), "rgba": [int(c) for c in rng.integers(64, 256, 3)] + [255]}
-            for v in range(1, n + 1)
-        ]
-        image_label: dict[str, Any] = {"colors": colors, "source": {"image": "../../"}}
-        if version == "0.4":
-            image_label["version"] = "0.4"
-        _set_ome_attrs(cells, version, {
-            "multiscales": [_multiscales(levels, version, _LABEL_NAME, 3)],
-            "image-label": image_label,
-        })
-        _write_pyramid(cells, lab, levels, mean=False, zarr_format=zarr_format, chunks=chunks,
-                       compressor=compressor, dim_names="zyx")
+        _write_labels(root, lab, version, levels, seed, zarr_format=zarr_format, chunks=chunks,
+                      compressor=compressor)
     return path
 
 

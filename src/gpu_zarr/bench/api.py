@@ -8,6 +8,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +185,248 @@ def _size_tag(size: str, shape: tuple[int, ...]) -> str:
     return size if size in ("full", "small", "tiny") else "x".join(map(str, shape))
 
 
+@dataclass(frozen=True)
+class _Options:
+    """The arguments of :func:`run`, as one record that its steps share."""
+
+    path: str | Path | None
+    level: int
+    mode: str
+    size: str
+    device: str
+    readers: Sequence[str]
+    layouts: Sequence[str]
+    repeat: int
+    peer_repeat: int | None
+    planes: int
+    patterns: Sequence[str]
+    cold: bool
+    workdir: str | Path
+    out: str | Path | None
+    rewrite: bool
+    seed: int
+    write_threads: int | None
+    progress: bool | str
+    argv: Sequence[str] | None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a run reads and on which device, settled before anything is written."""
+
+    dev: str
+    dev_why: str
+    n_readers: int
+    thr_readers: list[Any]  # throughput mode only
+    pats: tuple[str, ...]  # browse mode only
+    user: Any  # the user's volume, or None for the synthetic ones
+    shape: tuple[int, ...]
+    lays: list[Any]
+    stem: str
+
+
+def _plan(o: _Options) -> _Plan:
+    """Check the options and settle device, readers and volumes; unknown names fail here."""
+    import gpu_zarr.bench.browse as browse
+    import gpu_zarr.bench.throughput as throughput
+    import gpu_zarr.bench.volumes as volumes
+
+    if o.mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {o.mode!r}")
+    if o.repeat < 1 or (o.peer_repeat is not None and o.peer_repeat < 1):
+        raise ValueError("repeat and peer_repeat must be >= 1")
+    dev, dev_why = _resolve_device(o.device)
+    # the readers first: an unknown name fails before anything is written
+    thr_readers: list[Any] = []
+    pats: tuple[str, ...] = ()
+    if o.mode == "throughput":
+        thr_readers = throughput.default_readers(dev, list(o.readers))
+        n_readers = len(thr_readers)
+    else:
+        n_readers = len(browse.default_plane_readers(dev, list(o.readers)))
+        pats = tuple(o.patterns)
+        for p in pats:
+            if p not in browse.PATTERNS:
+                raise ValueError(f"unknown browse pattern {p!r}; choose from {browse.PATTERNS}")
+
+    user = volumes.user_volume(o.path, o.level) if o.path is not None else None
+    if user is not None:
+        if o.layouts:
+            raise ValueError("layouts select synthetic volumes; they do not apply to a user store")
+        shape = user.shape
+        lays: list[Any] = []
+        lvl = f"-level{o.level}" if user.meta.get("ome_level") is not None else ""
+        stem = f"store-{Path(str(o.path)).name}{lvl}-{o.mode}-{dev}"
+    else:
+        table = volumes.THROUGHPUT_SHAPES if o.mode == "throughput" else volumes.BROWSE_SHAPES
+        shape = volumes.parse_shape(o.size, table)
+        lays = layouts_for(o.mode, shape, list(o.layouts))
+        stem = f"{o.mode}-{_size_tag(o.size, shape)}-{dev}"
+    return _Plan(dev, dev_why, n_readers, thr_readers, pats, user, shape, lays, stem)
+
+
+def _new_record(o: _Options, p: _Plan) -> dict[str, Any]:
+    """The run's record before any measurement: what is read, how, and where."""
+    user, shape = p.user, p.shape
+    result: dict[str, Any] = {
+        "mode": o.mode,
+        "complete": False,
+        "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "argv": list(o.argv) if o.argv is not None else None,
+        "device": p.dev,
+        "device_reason": p.dev_why,
+        "stem": p.stem,
+        "size": o.size if user is None else None,
+        "shape": list(shape),
+        "dtype": user.dtype if user is not None else _dtypes(p.lays),
+        "nbytes": user.nbytes if user is not None else int(2 * shape[0] * shape[1] * shape[2]),
+        "repeat": o.repeat,
+        "peer_repeat": o.peer_repeat if o.peer_repeat is not None else o.repeat,
+        "workdir": str(o.workdir) if user is None else None,
+        "store": str(o.path) if user is not None else None,
+        "level": o.level if user is not None else None,
+        "layouts": [],
+    }
+    if o.mode == "browse":
+        result.update(planes=o.planes, seed=o.seed, browse_patterns=list(p.pats))
+    return result
+
+
+def _json_path(out: str | Path | None, result: dict[str, Any], stem: str) -> Path | None:
+    """Where the partial JSON goes after each volume (None without ``out``); creates ``out``."""
+    if out is None:
+        return None
+    _check_out(Path(out), result)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    return Path(out) / f"{stem}.json"
+
+
+def _progress_style(progress: bool | str) -> str:
+    """``progress`` as one of ``bar``, ``lines`` or ``off``."""
+    show = {True: "bar", False: "off"}.get(progress, progress) if isinstance(progress, bool) else progress
+    if show not in ("bar", "lines", "off"):
+        raise ValueError(f"progress must be True, False, 'bar', 'lines' or 'off', got {progress!r}")
+    return show
+
+
+def _record_environment(p: _Plan, result: dict[str, Any], log: Callable[[str], None]) -> None:
+    """Log what is measured, and record the machine (and its GPU's name) in ``result``."""
+    import gpu_zarr.bench.env as env
+
+    what = f"store {p.user.path} {p.user.shape} {p.user.dtype}" if p.user else f"shape {p.shape} uint16"
+    log(f"gpu-zarr bench: mode {result['mode']}, device {p.dev} ({p.dev_why}), {what}")
+    result["environment"] = env.environment(p.dev)
+    gpu = result["environment"].get("gpu", {})
+    if isinstance(gpu, dict) and gpu.get("name"):
+        result["device_name"] = gpu["name"]
+    caps = result["environment"].get("capabilities", {})
+    if caps.get("report"):
+        log("capabilities:\n" + caps["report"])
+
+
+def _volumes(o: _Options, p: _Plan, prog: Any, log: Callable[[str], None]) -> list[Any]:
+    """The volumes to time: the user's, or the synthetic ones (written unless reusable)."""
+    import gpu_zarr.bench.volumes as volumes
+
+    if p.user is not None:
+        vols = [p.user]
+    else:
+        wtask = prog.task("writing volumes (MiB)", 1)
+
+        def wprogress(done: int, total: int) -> None:
+            prog.update(wtask, done >> 20, total >> 20)
+
+        vols = volumes.ensure_volumes(
+            Path(o.workdir), o.mode, p.lays, (p.shape[0], p.shape[1], p.shape[2]), seed=o.seed,
+            rewrite=o.rewrite, log=log, progress=wprogress, threads=o.write_threads,
+        )
+        prog.update(wtask, 1, 1)
+    for v in vols:
+        log(f"volume {v.name}: {v.to_json().get('codec')}, chunks {v.to_json().get('chunks')}, "
+            f"ratio {v.ratio:.3f}, {'reused' if v.reused else 'written'}")
+    return vols
+
+
+_TimeOne = Callable[[Any], dict[str, Any]]
+
+
+def _throughput_timer(o: _Options, p: _Plan, vols: list[Any], result: dict[str, Any],
+                      log: Callable[[str], None], advance: Callable[[], None]) -> _TimeOne:
+    """Throughput: record the targets and the cold-read setup (the disk's rate measured once
+    when ``cold``); returns the timing of one volume."""
+    import gpu_zarr.bench.env as env
+    import gpu_zarr.bench.report as report
+    import gpu_zarr.bench.throughput as throughput
+    import gpu_zarr.bench.volumes as volumes
+
+    cold_cache = env.ColdCache() if o.cold else None
+    if p.dev == "gpu" and p.user is None and tuple(p.shape) == volumes.THROUGHPUT_SHAPES["full"]:
+        result["targets"] = throughput.TARGETS  # they are for the 4 GiB volume
+        result["extra_gpu_target_bytes"] = throughput.EXTRA_GPU_TARGET
+    cold_reader = report.primary_ours(
+        {"layouts": [{"readers": {r.name: {} for r in p.thr_readers if not r.skip_reason}}]}
+    )
+    result["cold"] = {"requested": bool(o.cold), "reader": cold_reader if o.cold else None}
+    if cold_cache is not None:
+        src = max(vols, key=lambda v: v.stored_bytes / max(1, len(env.store_files(v.path))))
+        disk = cold_cache.measure_disk(src.path)
+        result["cold"]["disk"] = disk
+        log("disk rate: " + (f"{disk['gib_per_s']:.2f} GiB/s ({disk['drop']})"
+                             if disk.get("gib_per_s") else f"not measured: {disk.get('error')}"))
+
+    def time_one(v: Any) -> dict[str, Any]:
+        return throughput.time_volume(
+            v, throughput.default_readers(p.dev, list(o.readers)), p.dev,
+            repeat=o.repeat, peer_repeat=o.peer_repeat, log=log,
+            advance=advance, cold=cold_cache, cold_reader=cold_reader,
+        )
+    return time_one
+
+
+def _browse_timer(o: _Options, p: _Plan, log: Callable[[str], None],
+                  advance: Callable[[], None]) -> _TimeOne:
+    """Browse: the timing of one volume."""
+    import gpu_zarr.bench.browse as browse
+
+    def time_one(v: Any) -> dict[str, Any]:
+        return browse.time_planes(
+            v, browse.default_plane_readers(p.dev, list(o.readers)), planes=o.planes, seed=o.seed,
+            log=log, advance=advance, patterns=p.pats,
+        )
+    return time_one
+
+
+def _measure(o: _Options, p: _Plan, result: dict[str, Any], json_path: Path | None) -> None:
+    """Write or open the volumes and time every reader on each, into ``result["layouts"]``;
+    a volume whose timing fails is recorded and the run goes on."""
+    import gpu_zarr.bench.report as report
+    from gpu_zarr.bench.progress import Progress
+
+    show = _progress_style(o.progress)
+    with Progress(enabled=show == "bar") as prog:
+        log = prog.log if show != "off" else (lambda _msg: None)
+        _record_environment(p, result, log)
+        vols = _volumes(o, p, prog, log)
+        ttask = prog.task("timing", len(vols) * p.n_readers, plain_lines=False)
+
+        def advance() -> None:
+            prog.advance(ttask)
+
+        if o.mode == "throughput":
+            time_one = _throughput_timer(o, p, vols, result, log, advance)
+        else:
+            time_one = _browse_timer(o, p, log, advance)
+        for v in vols:
+            log(f"{v.name} ({v.nbytes / 2**30:.2f} GiB, ratio {v.ratio:.2f}):")
+            try:
+                rec = time_one(v)
+            except Exception as exc:  # the harness itself: record and go on
+                rec = _harness_error(v, exc, log)
+            result["layouts"].append(rec)
+            if json_path is not None:
+                report.write_json(result, json_path)
+
+
 def run(
     path: str | Path | None = None,
     *,
@@ -252,147 +495,17 @@ def run(
         Its ``data`` holds everything measured; it renders as tables and a chart in a
         notebook.
     """
-    import gpu_zarr.bench.browse as browse
-    import gpu_zarr.bench.env as env
-    import gpu_zarr.bench.throughput as throughput
-    import gpu_zarr.bench.volumes as volumes
-    from gpu_zarr.bench.progress import Progress
-
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if repeat < 1 or (peer_repeat is not None and peer_repeat < 1):
-        raise ValueError("repeat and peer_repeat must be >= 1")
-    dev, dev_why = _resolve_device(device)
-    # the readers first: an unknown name fails before anything is written
-    if mode == "throughput":
-        thr_readers = throughput.default_readers(dev, list(readers))
-        n_readers = len(thr_readers)
-    else:
-        n_readers = len(browse.default_plane_readers(dev, list(readers)))
-        pats = tuple(patterns)
-        for p in pats:
-            if p not in browse.PATTERNS:
-                raise ValueError(f"unknown browse pattern {p!r}; choose from {browse.PATTERNS}")
-
-    user = volumes.user_volume(path, level) if path is not None else None
-    if user is not None:
-        if layouts:
-            raise ValueError("layouts select synthetic volumes; they do not apply to a user store")
-        shape = user.shape
-        lays: list[Any] = []
-        lvl = f"-level{level}" if user.meta.get("ome_level") is not None else ""
-        stem = f"store-{Path(str(path)).name}{lvl}-{mode}-{dev}"
-    else:
-        table = volumes.THROUGHPUT_SHAPES if mode == "throughput" else volumes.BROWSE_SHAPES
-        shape = volumes.parse_shape(size, table)
-        lays = layouts_for(mode, shape, list(layouts))
-        stem = f"{mode}-{_size_tag(size, shape)}-{dev}"
-
+    opts = _Options(**locals())  # every argument, as one record for the steps below
+    plan = _plan(opts)
     t_start = time.perf_counter()
-    result: dict[str, Any] = {
-        "mode": mode,
-        "complete": False,
-        "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "argv": list(argv) if argv is not None else None,
-        "device": dev,
-        "device_reason": dev_why,
-        "stem": stem,
-        "size": size if user is None else None,
-        "shape": list(shape),
-        "dtype": user.dtype if user is not None else _dtypes(lays),
-        "nbytes": user.nbytes if user is not None else int(2 * shape[0] * shape[1] * shape[2]),
-        "repeat": repeat,
-        "peer_repeat": peer_repeat if peer_repeat is not None else repeat,
-        "workdir": str(workdir) if user is None else None,
-        "store": str(path) if user is not None else None,
-        "level": level if user is not None else None,
-        "layouts": [],
-    }
-    if mode == "browse":
-        result.update(planes=planes, seed=seed, browse_patterns=list(pats))
-    json_path = None
-    if out is not None:
-        _check_out(Path(out), result)
-        Path(out).mkdir(parents=True, exist_ok=True)
-        json_path = Path(out) / f"{stem}.json"
-
-    import gpu_zarr.bench.report as report
-
-    show = {True: "bar", False: "off"}.get(progress, progress) if isinstance(progress, bool) else progress
-    if show not in ("bar", "lines", "off"):
-        raise ValueError(f"progress must be True, False, 'bar', 'lines' or 'off', got {progress!r}")
-    with Progress(enabled=show == "bar") as prog:
-        log = prog.log if show != "off" else (lambda _msg: None)
-        what = f"store {user.path} {user.shape} {user.dtype}" if user else f"shape {shape} uint16"
-        log(f"gpu-zarr bench: mode {mode}, device {dev} ({dev_why}), {what}")
-        result["environment"] = env.environment(dev)
-        gpu = result["environment"].get("gpu", {})
-        if isinstance(gpu, dict) and gpu.get("name"):
-            result["device_name"] = gpu["name"]
-        caps = result["environment"].get("capabilities", {})
-        if caps.get("report"):
-            log("capabilities:\n" + caps["report"])
-
-        # 1. volumes
-        if user is not None:
-            vols = [user]
-        else:
-            wtask = prog.task("writing volumes (MiB)", 1)
-
-            def wprogress(done: int, total: int) -> None:
-                prog.update(wtask, done >> 20, total >> 20)
-
-            vols = volumes.ensure_volumes(
-                Path(workdir), mode, lays, (shape[0], shape[1], shape[2]), seed=seed, rewrite=rewrite,
-                log=log, progress=wprogress, threads=write_threads,
-            )
-            prog.update(wtask, 1, 1)
-        for v in vols:
-            log(f"volume {v.name}: {v.to_json().get('codec')}, chunks {v.to_json().get('chunks')}, "
-                f"ratio {v.ratio:.3f}, {'reused' if v.reused else 'written'}")
-
-        # 2. timing
-        ttask = prog.task("timing", len(vols) * n_readers, plain_lines=False)
-        cold_cache = env.ColdCache() if cold and mode == "throughput" else None
-        if mode == "throughput":
-            if dev == "gpu" and user is None and tuple(shape) == volumes.THROUGHPUT_SHAPES["full"]:
-                result["targets"] = throughput.TARGETS  # they are for the 4 GiB volume
-                result["extra_gpu_target_bytes"] = throughput.EXTRA_GPU_TARGET
-            cold_reader = report.primary_ours(
-                {"layouts": [{"readers": {r.name: {} for r in thr_readers if not r.skip_reason}}]}
-            )
-            result["cold"] = {"requested": bool(cold), "reader": cold_reader if cold else None}
-            if cold_cache is not None:
-                src = max(vols, key=lambda v: v.stored_bytes / max(1, len(env.store_files(v.path))))
-                disk = cold_cache.measure_disk(src.path)
-                result["cold"]["disk"] = disk
-                log("disk rate: " + (f"{disk['gib_per_s']:.2f} GiB/s ({disk['drop']})"
-                                     if disk.get("gib_per_s") else f"not measured: {disk.get('error')}"))
-        for v in vols:
-            log(f"{v.name} ({v.nbytes / 2**30:.2f} GiB, ratio {v.ratio:.2f}):")
-            try:
-                if mode == "throughput":
-                    rec = throughput.time_volume(
-                        v, throughput.default_readers(dev, list(readers)), dev,
-                        repeat=repeat, peer_repeat=peer_repeat, log=log,
-                        advance=lambda: prog.advance(ttask), cold=cold_cache, cold_reader=cold_reader,
-                    )
-                else:
-                    rec = browse.time_planes(
-                        v, browse.default_plane_readers(dev, list(readers)), planes=planes, seed=seed,
-                        log=log, advance=lambda: prog.advance(ttask), patterns=pats,
-                    )
-            except Exception as exc:  # the harness itself: record and go on
-                rec = _harness_error(v, exc, log)
-            result["layouts"].append(rec)
-            if json_path is not None:
-                report.write_json(result, json_path)
-
+    result = _new_record(opts, plan)
+    json_path = _json_path(out, result, plan.stem)
+    _measure(opts, plan, result, json_path)
     result["complete"] = True
     result["elapsed_s"] = round(time.perf_counter() - t_start, 2)
     res = BenchResult(result)
     if out is not None:
-        res.save(out, stem)
+        res.save(out, plan.stem)
     return res
 
 

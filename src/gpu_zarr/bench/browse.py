@@ -198,6 +198,95 @@ def _key(idx: Key) -> str:
     return ",".join(f"{k[0]}:{k[1]}" if isinstance(k, (tuple, list)) else str(k) for k in idx)
 
 
+class _PlaneSet:
+    """What every reader of one volume reads (the warm-up plane, each pattern's keys and
+    bytes per read), and zarr's CPU read of those keys, which every reader's result is
+    compared with: read when first needed, unless the zarr-cpu reader's own comes first."""
+
+    def __init__(self, vol: VolumeInfo, planes: int, seed: int, patterns: tuple[str, ...], tile: int) -> None:
+        self.path = str(vol.path)
+        self.warm, self.pats = plane_patterns(vol.shape, planes, seed, patterns, tile)
+        itemsize = np.dtype(vol.dtype).itemsize
+        self.read_bytes = {
+            p: (math.prod(tile_shape(vol.shape, tile)) if p == "tile" else math.prod(vol.shape[-2:])) * itemsize
+            for p in self.pats}
+        self.every = sorted({i for idxs in self.pats.values() for i in idxs}, key=_key)
+        self.ref: dict[Key, np.ndarray] | None = None
+
+    def reference(self) -> dict[Key, np.ndarray]:
+        if self.ref is None:
+            self.ref = _reference(self.path, self.every)
+        return self.ref
+
+    def check(self, got: dict[Key, np.ndarray], reader: PlaneReader, rec: dict[str, Any]) -> None:
+        """Record in ``rec`` whether the planes ``got`` equal the reference."""
+        if self.ref is None and reader.name == "zarr-cpu":
+            self.ref = got
+            rec["correct"] = True
+            rec["correct_detail"] = "is the reference"
+        else:
+            bad = [i for i in self.every if not np.array_equal(got[i], self.reference()[i])]
+            _verdict(rec, bad, len(self.every), "values")
+
+
+def _time_external(reader: PlaneReader, ps: _PlaneSet, rec: dict[str, Any], log: Callable[[str], None]) -> bool:
+    """A reader in its own process, which times itself and hands back fingerprints; False
+    (the failure recorded and logged) when it failed."""
+    res = reader.run_all(ps.path, ps.warm, ps.pats)  # type: ignore[attr-defined]
+    if "error" in res:
+        rec["error"] = res["error"]
+        if "traceback" in res:
+            rec["traceback"] = res["traceback"]
+        log(f"  {reader.name:<18} FAILED: {rec['error'][:300]}")
+        return False
+    bad = []
+    for pattern, idxs in ps.pats.items():
+        child = res["patterns"][pattern]
+        rec["patterns"][pattern] = _summary(child["ms"], ps.read_bytes[pattern], pattern)
+        bad += [i for i, fp in zip(idxs, child["fingerprints"], strict=True)
+                if [int(x) for x in fp] != fingerprint(ps.reference()[i])]
+    _verdict(rec, bad, len(ps.every), "fingerprint")
+    return True
+
+
+def _time_in_process(reader: PlaneReader, ps: _PlaneSet, rec: dict[str, Any]) -> None:
+    """A reader in this process: opened, one untimed first-call plane, then each pattern's
+    reads timed (with the engine's stage times for ours) and checked."""
+    reader.open(ps.path)
+    rec.update(reader.info)
+    reader.plane(ps.warm)  # untimed: first-call set-up
+    got: dict[Key, np.ndarray] = {}
+    ours = reader.kind == "ours"
+    for pattern, idxs in ps.pats.items():
+        times: list[float] = []
+        stages: list[dict[str, Any]] = []
+        for i in idxs:
+            before = _engine_stats() if ours else None
+            index = index_of(i)
+            t0 = time.perf_counter()
+            p = reader.plane(index)
+            times.append((time.perf_counter() - t0) * 1e3)
+            if ours:
+                st = _engine_stats()
+                if st is not None and st != before:  # else this read did not use the engine
+                    stages.append(st)
+            got.setdefault(i, np.asarray(p))
+        rec["patterns"][pattern] = _summary(times, ps.read_bytes[pattern], pattern, stages)
+    ps.check(got, reader, rec)
+
+
+def _log_reader(reader: PlaneReader, rec: dict[str, Any], first_pattern: str, log: Callable[[str], None]) -> None:
+    """The first pattern's p50 and p95 into ``rec``; every pattern's in the log line."""
+    first = rec["patterns"].get(first_pattern, {})
+    rec["p50_ms"], rec["p95_ms"] = first.get("p50_ms"), first.get("p95_ms")
+    extra = f", whole-volume load {rec['load_s']:.2f} s" if "load_s" in rec else ""
+    tag = "" if rec["correct"] else "  MISMATCH"
+    txt = "  ".join(
+        f"{p} p50 {r['p50_ms']:7.2f} p95 {r['p95_ms']:7.2f} ms" for p, r in rec["patterns"].items()
+    )
+    log(f"  {reader.name:<18} {txt}{extra}{tag}")
+
+
 def time_planes(
     vol: VolumeInfo,
     readers: list[PlaneReader],
@@ -215,29 +304,16 @@ def time_planes(
     """
     if len(vol.shape) < 2:
         raise ValueError(f"{vol.path}: browsing needs an array of at least 2 dimensions, got {vol.shape}")
-    path = str(vol.path)
     env.warm_files(vol.path)
-    warm, pats = plane_patterns(vol.shape, planes, seed, patterns, tile)
+    ps = _PlaneSet(vol, planes, seed, patterns, tile)
     record: dict[str, Any] = {
         **vol.to_json(),
-        "patterns": {p: [_jsonable(i) for i in idxs] for p, idxs in pats.items()},
-        "warmup_plane": list(warm),
+        "patterns": {p: [_jsonable(i) for i in idxs] for p, idxs in ps.pats.items()},
+        "warmup_plane": list(ps.warm),
         "readers": {},
     }
-    if "tile" in pats:
+    if "tile" in ps.pats:
         record["tile_shape"] = list(tile_shape(vol.shape, tile))
-    ref: dict[Key, np.ndarray] | None = None
-    itemsize = np.dtype(vol.dtype).itemsize
-    read_bytes = {p: (math.prod(tile_shape(vol.shape, tile)) if p == "tile" else math.prod(vol.shape[-2:])) * itemsize
-                  for p in pats}
-    every = sorted({i for idxs in pats.values() for i in idxs}, key=_key)
-
-    def reference() -> dict[Key, np.ndarray]:
-        nonlocal ref
-        if ref is None:
-            ref = _reference(path, every)
-        return ref
-
     for reader in readers:
         rec: dict[str, Any] = {"kind": reader.kind, "description": reader.description, "patterns": {}}
         record["readers"][reader.name] = rec
@@ -248,57 +324,11 @@ def time_planes(
             continue
         try:
             if getattr(reader, "external", False):
-                res = reader.run_all(path, warm, pats)  # type: ignore[attr-defined]
-                if "error" in res:
-                    rec["error"] = res["error"]
-                    if "traceback" in res:
-                        rec["traceback"] = res["traceback"]
-                    log(f"  {reader.name:<18} FAILED: {rec['error'][:300]}")
+                if not _time_external(reader, ps, rec, log):
                     continue
-                bad = []
-                for pattern, idxs in pats.items():
-                    child = res["patterns"][pattern]
-                    rec["patterns"][pattern] = _summary(child["ms"], read_bytes[pattern], pattern)
-                    bad += [i for i, fp in zip(idxs, child["fingerprints"], strict=True)
-                            if [int(x) for x in fp] != fingerprint(reference()[i])]
-                _verdict(rec, bad, len(every), "fingerprint")
             else:
-                reader.open(path)
-                rec.update(reader.info)
-                reader.plane(warm)  # untimed: first-call set-up
-                got: dict[Key, np.ndarray] = {}
-                ours = reader.kind == "ours"
-                for pattern, idxs in pats.items():
-                    times: list[float] = []
-                    stages: list[dict[str, Any]] = []
-                    for i in idxs:
-                        before = _engine_stats() if ours else None
-                        index = index_of(i)
-                        t0 = time.perf_counter()
-                        p = reader.plane(index)
-                        times.append((time.perf_counter() - t0) * 1e3)
-                        if ours:
-                            st = _engine_stats()
-                            if st is not None and st != before:  # else this read did not use the engine
-                                stages.append(st)
-                        got.setdefault(i, np.asarray(p))
-                    rec["patterns"][pattern] = _summary(times, read_bytes[pattern], pattern, stages)
-                if ref is None and reader.name == "zarr-cpu":
-                    ref = got
-                    rec["correct"] = True
-                    rec["correct_detail"] = "is the reference"
-                else:
-                    bad = [i for i in every if not np.array_equal(got[i], reference()[i])]
-                    _verdict(rec, bad, len(every), "values")
-                del got
-            first = rec["patterns"].get(patterns[0], {})
-            rec["p50_ms"], rec["p95_ms"] = first.get("p50_ms"), first.get("p95_ms")  # the first pattern's
-            extra = f", whole-volume load {rec['load_s']:.2f} s" if "load_s" in rec else ""
-            tag = "" if rec["correct"] else "  MISMATCH"
-            txt = "  ".join(
-                f"{p} p50 {r['p50_ms']:7.2f} p95 {r['p95_ms']:7.2f} ms" for p, r in rec["patterns"].items()
-            )
-            log(f"  {reader.name:<18} {txt}{extra}{tag}")
+                _time_in_process(reader, ps, rec)
+            _log_reader(reader, rec, patterns[0], log)
         except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
             record_failure(rec, exc, log, f"{reader.name:<18}")
         finally:

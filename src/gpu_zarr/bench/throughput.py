@@ -144,6 +144,141 @@ def _cold_read(
         rec["cold_fraction_of_limit"] = rec["cold_gib_per_s"] / limit
 
 
+class _Reference:
+    """zarr's CPU read of one volume, which every reader's result is compared with: read
+    when first needed, unless a zarr-cpu peer's own read comes first and becomes it."""
+
+    def __init__(self, path: str, device: str) -> None:
+        self.path, self.device = path, device
+        self.data: Any = None
+        self.name: str | None = None
+        self._fingerprint: list[int] | None = None
+
+    def get(self) -> Any:
+        if self.data is None:
+            self.data, self.name = _reference(self.path, self.device), "zarr-cpu (untimed)"
+        return self.data
+
+    def fingerprint(self) -> list[int]:
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self.get())
+        return self._fingerprint
+
+    def check(self, out: Any, reader: Reader, rec: dict[str, Any]) -> None:
+        """Record in ``rec`` whether ``out`` equals the reference."""
+        if self.data is None and reader.kind == "peer" and reader.name.startswith("zarr-cpu"):
+            self.data, self.name = out, reader.name
+            rec["correct"] = True
+            rec["correct_detail"] = "is the reference"
+        else:
+            ok, why = _equal(out, self.get(), self.device)
+            rec["correct"] = ok
+            rec["correct_detail"] = f"{why} (vs {self.name})"
+
+
+def _warm_up(reader: Reader, path: str, device: str, record: dict[str, Any], rec: dict[str, Any]) -> None:
+    """The untimed warm-up: ours on every volume (with a sampled memory peak), a peer once per
+    process or per codec chain (the page cache is warm already)."""
+    is_ours = reader.kind == "ours"
+    if reader.info is not None:
+        try:
+            rec.update(reader.info(path))
+        except Exception as exc:
+            rec["info_error"] = error_text(exc)
+        _free_device_memory(device)
+    key = reader.name if reader.warmup == "process" else (
+        f"{reader.name}|v{record.get('zarr_format')}|{record.get('codec')}|"
+        f"{'sharded' if record.get('shards') else 'chunked'}")
+    if is_ours or key not in _INITIALISED:
+        out, dt, mem = _run_one(reader, path, device, measure_mem=is_ours, sample_mem=is_ours)
+        rec["warmup_s"] = dt
+        if mem.get("device_peak_bytes_sampled") is not None:
+            rec["device_peak_bytes_sampled"] = mem["device_peak_bytes_sampled"]
+        del out
+        _free_device_memory(device)
+        _INITIALISED.add(key)
+
+
+def _warm_reads(
+    reader: Reader, path: str, device: str, n_timed: int, rec: dict[str, Any]
+) -> tuple[list[float], Any]:
+    """``n_timed`` timed reads (each after the previous result is freed), with the memory peaks
+    and, for ours, the engine's stage times, into ``rec``; returns the times and the last result."""
+    is_ours = reader.kind == "ours"
+    out = None
+    times: list[float] = []
+    peaks: list[int] = []
+    stages: list[Any] = []
+    for _ in range(n_timed):
+        if out is not None:
+            del out
+            out = None
+            _free_device_memory(device)
+        before = _stats() if is_ours else None
+        out, dt, mem = _run_one(reader, path, device, measure_mem=is_ours, sample_mem=False)
+        times.append(dt)
+        if "pool_peak_bytes" in mem:
+            peaks.append(mem["pool_peak_bytes"])
+            rec["pool_held_before_bytes"] = mem["pool_held_before_bytes"]
+        if is_ours:
+            st = _stats()
+            if st is not None and st != before:  # else this read did not use the engine
+                stages.append(st)
+    assert out is not None  # n_timed >= 1
+    rec["output_bytes"] = int(out.nbytes)
+    if peaks:
+        rec["peak_gpu_bytes"] = max(peaks)
+        rec["extra_gpu_bytes"] = max(peaks) - int(out.nbytes)
+        rec["peak_within_target"] = rec["extra_gpu_bytes"] <= EXTRA_GPU_TARGET
+    if stages:
+        rec["stages"] = stages
+        rec.update(stage_summary(stages))  # stages_ms, bound_by, engine_total_ms
+    return times, out
+
+
+def _time_reader(
+    reader: Reader, vol: VolumeInfo, device: str, n_timed: int, record: dict[str, Any],
+    rec: dict[str, Any], ref: _Reference, cold: env.ColdCache | None,
+) -> list[float]:
+    """One reader on one volume into ``rec``: an external reader times itself; any other is
+    warmed up, read cold once when ``cold`` is given, timed warm and checked against zarr's
+    CPU read. Returns the warm read times."""
+    path = str(vol.path)
+    if reader.external is not None:
+        rec.update(reader.external(path, n_timed, ref.fingerprint))
+        if "error" in rec:
+            raise BenchReaderFailed(rec["error"])
+        times: list[float] = rec["warm_s"]
+        return times
+    _warm_up(reader, path, device, record, rec)
+    if cold is not None:
+        _cold_read(reader, vol, device, cold, rec)
+    times, out = _warm_reads(reader, path, device, n_timed, rec)
+    ref.check(out, reader, rec)  # the first reader, or computed here
+    return times
+
+
+def _record_rate(reader: Reader, rec: dict[str, Any], times: list[float], nbytes: int,
+                 log: Callable[[str], None]) -> None:
+    """The median warm rate into ``rec``, and its log line."""
+    med = statistics.median(times)
+    rec["warm_s"] = times
+    rec["median_s"] = med
+    rec["gib_per_s"] = nbytes / med / 2**30
+    tag = "" if rec["correct"] else "  MISMATCH"
+    cold_txt = f", cold {rec['cold_gib_per_s']:.2f}" if "cold_gib_per_s" in rec else ""
+    mem_txt = (
+        f", peak +{rec['extra_gpu_bytes'] / 2**30:.2f} GiB over output"
+        if "extra_gpu_bytes" in rec
+        else ""
+    )
+    backend = f" [{rec['backend']}]" if rec.get("backend") else ""
+    log(
+        f"  {reader.name:<17} {rec['gib_per_s']:8.2f} GiB/s warm (median {med:.3f} s of {len(times)})"
+        f"{cold_txt}{mem_txt}{backend}{tag}"
+    )
+
+
 def time_volume(
     vol: VolumeInfo,
     readers: list[Reader],
@@ -167,26 +302,9 @@ def time_volume(
         When given, ``cold_reader`` (one of ours) also makes one read after the page
         cache is dropped, reported against the disk rate x compression ratio.
     """
-    path = str(vol.path)
-    nbytes = vol.nbytes
     record: dict[str, Any] = {**vol.to_json(), "readers": {}}
-    ref: Any = None
-    ref_name: str | None = None
-    ref_fp: list[int] | None = None
+    ref = _Reference(str(vol.path), device)
     env.warm_files(vol.path)
-
-    def reference() -> Any:
-        nonlocal ref, ref_name
-        if ref is None:
-            ref, ref_name = _reference(path, device), "zarr-cpu (untimed)"
-        return ref
-
-    def reference_fingerprint() -> list[int]:
-        nonlocal ref_fp
-        if ref_fp is None:
-            ref_fp = fingerprint(reference())
-        return ref_fp
-
     for reader in readers:
         rec: dict[str, Any] = {"kind": reader.kind, "description": reader.description}
         record["readers"][reader.name] = rec
@@ -195,102 +313,21 @@ def time_volume(
             log(f"  {reader.name:<17} skipped: {reader.skip_reason}")
             advance()
             continue
-        is_ours = reader.kind == "ours"
-        n_timed = repeat if is_ours or peer_repeat is None else peer_repeat
-        out = None
+        n_timed = repeat if reader.kind == "ours" or peer_repeat is None else peer_repeat
         try:
-            if reader.external is not None:
-                rec.update(reader.external(path, n_timed, reference_fingerprint))
-                if "error" in rec:
-                    raise BenchReaderFailed(rec["error"])
-                times = rec["warm_s"]
-            else:
-                # warm-up (untimed): ours on every volume (with a sampled memory peak), a peer
-                # once per process or per codec chain (the page cache is warm already)
-                if reader.info is not None:
-                    try:
-                        rec.update(reader.info(path))
-                    except Exception as exc:
-                        rec["info_error"] = error_text(exc)
-                    _free_device_memory(device)
-                key = reader.name if reader.warmup == "process" else (
-                    f"{reader.name}|v{record.get('zarr_format')}|{record.get('codec')}|"
-                    f"{'sharded' if record.get('shards') else 'chunked'}")
-                if is_ours or key not in _INITIALISED:
-                    out, dt, mem = _run_one(reader, path, device, measure_mem=is_ours, sample_mem=is_ours)
-                    rec["warmup_s"] = dt
-                    if mem.get("device_peak_bytes_sampled") is not None:
-                        rec["device_peak_bytes_sampled"] = mem["device_peak_bytes_sampled"]
-                    del out
-                    out = None
-                    _free_device_memory(device)
-                    _INITIALISED.add(key)
-                if cold is not None and reader.name == cold_reader:
-                    _cold_read(reader, vol, device, cold, rec)
-                times = []
-                peaks: list[int] = []
-                stages: list[Any] = []
-                for _ in range(n_timed):
-                    if out is not None:
-                        del out
-                        out = None
-                        _free_device_memory(device)
-                    before = _stats() if is_ours else None
-                    out, dt, mem = _run_one(reader, path, device, measure_mem=is_ours, sample_mem=False)
-                    times.append(dt)
-                    if "pool_peak_bytes" in mem:
-                        peaks.append(mem["pool_peak_bytes"])
-                        rec["pool_held_before_bytes"] = mem["pool_held_before_bytes"]
-                    if is_ours:
-                        st = _stats()
-                        if st is not None and st != before:  # else this read did not use the engine
-                            stages.append(st)
-                assert out is not None  # n_timed >= 1
-                rec["output_bytes"] = int(out.nbytes)
-                if peaks:
-                    rec["peak_gpu_bytes"] = max(peaks)
-                    rec["extra_gpu_bytes"] = max(peaks) - int(out.nbytes)
-                    rec["peak_within_target"] = rec["extra_gpu_bytes"] <= EXTRA_GPU_TARGET
-                if stages:
-                    rec["stages"] = stages
-                    rec.update(stage_summary(stages))  # stages_ms, bound_by, engine_total_ms
-                # correctness against zarr's CPU read (the first reader, or computed here)
-                if ref is None and reader.kind == "peer" and reader.name.startswith("zarr-cpu"):
-                    ref, ref_name = out, reader.name
-                    rec["correct"] = True
-                    rec["correct_detail"] = "is the reference"
-                else:
-                    ok, why = _equal(out, reference(), device)
-                    rec["correct"] = ok
-                    rec["correct_detail"] = f"{why} (vs {ref_name})"
-                out = None
-            med = statistics.median(times)
-            rec["warm_s"] = times
-            rec["median_s"] = med
-            rec["gib_per_s"] = nbytes / med / 2**30
-            tag = "" if rec["correct"] else "  MISMATCH"
-            cold_txt = f", cold {rec['cold_gib_per_s']:.2f}" if "cold_gib_per_s" in rec else ""
-            mem_txt = (
-                f", peak +{rec['extra_gpu_bytes'] / 2**30:.2f} GiB over output"
-                if "extra_gpu_bytes" in rec
-                else ""
-            )
-            backend = f" [{rec['backend']}]" if rec.get("backend") else ""
-            log(
-                f"  {reader.name:<17} {rec['gib_per_s']:8.2f} GiB/s warm (median {med:.3f} s of {len(times)})"
-                f"{cold_txt}{mem_txt}{backend}{tag}"
-            )
+            times = _time_reader(reader, vol, device, n_timed, record, rec, ref,
+                                 cold if reader.name == cold_reader else None)
+            _record_rate(reader, rec, times, vol.nbytes, log)
         except BenchReaderFailed as exc:
             log(f"  {reader.name:<17} FAILED: {str(exc)[:300]}")
         except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
             record_failure(rec, exc, log, f"{reader.name:<17}")
         finally:
-            out = None
             _free_device_memory(device)
             advance()
-    ref = None
+    ref.data = None
     _free_device_memory(device)
-    record["reference"] = ref_name
+    record["reference"] = ref.name
     record["ratios"] = summarise(record)
     return record
 

@@ -513,6 +513,90 @@ def _slab_planes(layouts: list[Layout], shape: tuple[int, ...], target_bytes: in
     return min(step * n, max(step, shape[0]))
 
 
+_Todo = list[tuple[Layout, Path, dict[str, Any]]]
+
+
+def _check_space(base: Path, todo: _Todo, nbytes: int) -> None:
+    """Refuse to start writing volumes that would not fit (raw about 1x, compressed 0.8x)."""
+    need = sum(nbytes * lay.np_dtype.itemsize / DTYPE.itemsize * (1.0 if lay.codec == "raw" else 0.8)
+               for lay, _, _ in todo)
+    free = shutil.disk_usage(base).free
+    if need > free * 0.95:
+        raise RuntimeError(
+            f"not enough disk space in {base}: the volumes need about {need / 2**30:.1f} GiB, "
+            f"{free / 2**30:.1f} GiB free; choose another --workdir or a smaller --size"
+        )
+
+
+def _fill(
+    arrays: list[tuple[Layout, Path, dict[str, Any], Any]],
+    shape: tuple[int, int, int],
+    seed: int,
+    total: int,
+    progress: Callable[[int, int], None] | None,
+    threads: int | None,
+) -> None:
+    """Write the data into every array in one pass: each slab of planes is generated once (on
+    worker threads) and written to every array; then each array is marked complete."""
+    import zarr
+
+    planes = _slab_planes([lay for lay, *_ in arrays], shape, 256 << 20)
+    slabs = [(z, min(z + planes, shape[0])) for z in range(0, shape[0], planes)]
+    ncpu = os.cpu_count() or 4
+    workers = threads or max(2, min(8, ncpu // 2))
+
+    def write_slab(z0: int, z1: int) -> int:
+        slab = make_slab(shape, z0, z1, seed)
+        as_dtype: dict[str, np.ndarray] = {DTYPE.name: slab}
+        written = 0
+        for lay, _path, _spec, arr in arrays:
+            data = as_dtype.get(lay.dtype)
+            if data is None:
+                data = as_dtype[lay.dtype] = _as_dtype(slab, lay.dtype)
+            arr[z0:z1] = data
+            written += data.nbytes
+        return written
+
+    with zarr.config.set(
+        {"async.concurrency": max(64, 4 * ncpu), "threading.max_workers": max(8, ncpu)}
+    ):
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            done = 0  # summed in this thread, as the slabs' results come back
+            for n in pool.map(lambda s: write_slab(*s), slabs):
+                done += n
+                if progress is not None:
+                    progress(done, total)
+        for _lay, _path, spec, arr in arrays:
+            arr.attrs["gpu_zarr_bench"] = {**spec, "complete": True}
+
+
+def _write_volumes(
+    base: Path,
+    todo: _Todo,
+    shape: tuple[int, int, int],
+    seed: int,
+    log: Callable[[str], None],
+    progress: Callable[[int, int], None] | None,
+    threads: int | None,
+) -> dict[str, VolumeInfo]:
+    """Create and write the volumes of ``todo``; returns them by layout name."""
+    nbytes = math.prod(shape) * DTYPE.itemsize
+    _check_space(base, todo, nbytes)
+    log(
+        f"writing {len(todo)} volume(s) of shape {tuple(shape)} "
+        f"({nbytes / 2**30:.2f} GiB each as uint16) under {base}: "
+        + ", ".join(lay.name + ("" if lay.dtype == DTYPE.name else f" ({lay.dtype})") for lay, _, _ in todo)
+    )
+    t0 = time.perf_counter()
+    arrays = [(lay, path, spec, _create(path, lay, shape, spec)) for lay, path, spec in todo]
+    total = sum(nbytes * lay.np_dtype.itemsize // DTYPE.itemsize for lay, *_ in arrays)
+    _fill(arrays, shape, seed, total, progress, threads)
+    dt = time.perf_counter() - t0
+    log(f"wrote {total / 2**30:.2f} GiB in {dt:.1f} s ({total / 2**30 / dt:.2f} GiB/s)")
+    return {lay.name: VolumeInfo(lay.name, path, tuple(shape), lay.dtype, False, dt, stored_bytes(path), lay)
+            for lay, path, _spec, _arr in arrays}
+
+
 def ensure_volumes(
     workdir: Path,
     group: str,
@@ -535,12 +619,10 @@ def ensure_volumes(
     progress
         Called as ``progress(done_bytes, total_bytes)`` while writing.
     """
-    import zarr
-
     base = Path(workdir) / group / "x".join(str(s) for s in shape)
     base.mkdir(parents=True, exist_ok=True)
     infos: dict[str, VolumeInfo] = {}
-    todo: list[tuple[Layout, Path, dict[str, Any]]] = []
+    todo: _Todo = []
     for lay in layouts:
         path = base / f"{lay.name}.zarr"
         spec = lay.spec(shape, seed)
@@ -548,60 +630,8 @@ def ensure_volumes(
             infos[lay.name] = VolumeInfo(lay.name, path, tuple(shape), lay.dtype, True, 0.0, stored_bytes(path), lay)
         else:
             todo.append((lay, path, spec))
-
     if todo:
-        nbytes = math.prod(shape) * DTYPE.itemsize
-        need = sum(nbytes * lay.np_dtype.itemsize / DTYPE.itemsize * (1.0 if lay.codec == "raw" else 0.8)
-                   for lay, _, _ in todo)
-        free = shutil.disk_usage(base).free
-        if need > free * 0.95:
-            raise RuntimeError(
-                f"not enough disk space in {base}: the volumes need about {need / 2**30:.1f} GiB, "
-                f"{free / 2**30:.1f} GiB free; choose another --workdir or a smaller --size"
-            )
-        log(
-            f"writing {len(todo)} volume(s) of shape {tuple(shape)} "
-            f"({nbytes / 2**30:.2f} GiB each as uint16) under {base}: "
-            + ", ".join(lay.name + ("" if lay.dtype == DTYPE.name else f" ({lay.dtype})") for lay, _, _ in todo)
-        )
-        t0 = time.perf_counter()
-        arrays = [(lay, path, spec, _create(path, lay, shape, spec)) for lay, path, spec in todo]
-        planes = _slab_planes([lay for lay, *_ in todo], shape, 256 << 20)
-        slabs = [(z, min(z + planes, shape[0])) for z in range(0, shape[0], planes)]
-        ncpu = os.cpu_count() or 4
-        workers = threads or max(2, min(8, ncpu // 2))
-        total = sum(nbytes * lay.np_dtype.itemsize // DTYPE.itemsize for lay, *_ in arrays)
-        done = 0
-        lock = threading.Lock()
-
-        def write_slab(z0: int, z1: int) -> int:
-            slab = make_slab(shape, z0, z1, seed)
-            as_dtype: dict[str, np.ndarray] = {DTYPE.name: slab}
-            written = 0
-            for lay, _path, _spec, arr in arrays:
-                data = as_dtype.get(lay.dtype)
-                if data is None:
-                    data = as_dtype[lay.dtype] = _as_dtype(slab, lay.dtype)
-                arr[z0:z1] = data
-                written += data.nbytes
-            return written
-
-        with zarr.config.set(
-            {"async.concurrency": max(64, 4 * ncpu), "threading.max_workers": max(8, ncpu)}
-        ):
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                for n in pool.map(lambda s: write_slab(*s), slabs):
-                    with lock:
-                        done += n
-                    if progress is not None:
-                        progress(done, total)
-            for _lay, _path, spec, arr in arrays:
-                arr.attrs["gpu_zarr_bench"] = {**spec, "complete": True}
-        dt = time.perf_counter() - t0
-        log(f"wrote {total / 2**30:.2f} GiB in {dt:.1f} s ({total / 2**30 / dt:.2f} GiB/s)")
-        for lay, path, _spec, _arr in arrays:
-            infos[lay.name] = VolumeInfo(lay.name, path, tuple(shape), lay.dtype, False, dt, stored_bytes(path), lay)
-
+        infos.update(_write_volumes(base, todo, shape, seed, log, progress, threads))
     return [infos[lay.name] for lay in layouts]
 
 

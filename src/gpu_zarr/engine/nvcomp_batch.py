@@ -715,49 +715,69 @@ class BatchedDecoder:
         a_in, a_out, a_tmp = self.alignment
         src_base, dst_base = int(src.data.ptr), int(dst.data.ptr)
         keep: list = []
-        cp = self._cupy
         if ((src_base + so) % a_in).any():
             # nvCOMP wants aligned inputs (e.g. deflate after a gzip header): gather them
-            padded = _round_up(ss, a_in)
-            staged_so = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
-            with stream:
-                staged_in = cp.empty(max(int(padded.sum()), 1), np.uint8)
+            staged_so, staged_in = self._staging(ss, a_in, stream)
             copy_spans(src, so, staged_in, staged_so, ss, stream, keep, runtime=self.runtime)
             keep.append(staged_in)
             src_base, so = int(staged_in.data.ptr), staged_so
-        out_do, staged_out = do, None
-        if ((dst_base + do) % a_out).any():
-            padded = _round_up(ds, a_out)
-            out_do = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
-            with stream:
-                staged_out = cp.empty(max(int(padded.sum()), 1), np.uint8)
+        out_do, staged_out, out_base = do, None, dst_base
+        if ((dst_base + do) % a_out).any():  # decoded into aligned staging, then copied into place
+            out_do, staged_out = self._staging(ds, a_out, stream)
             keep.append(staged_out)
             out_base = int(staged_out.data.ptr)
-        else:
-            out_base = dst_base
         temp = self.temp_bytes(n, max_out, int(ds.sum()))
         with stream:
             scratch = self._ensure("_scratch", temp + a_tmp) if temp else None
             # device table: [in_ptr | in_bytes | out_bytes | out_actual | out_ptr | status | frame code]
             # + [crc32] (n uint32 in an 8n area)
             meta = self._ensure("_meta", 8 * 8 * n)
-        host = _pinned(11 * n)  # 7n table out, 4n results back
+        host = self._upload_table(meta, n, src_base + so, ss, ds, out_base + out_do, stream)
+        self._launch(int(meta.data.ptr), n, scratch, temp, stream, names)
+        res, status = self._results(meta, n, max_out, stream, checksum)
+        result = host[7 * n:7 * n + res.size]
+        _d2h(result, int(res.data.ptr), stream)
+        keep += [host, res, status]
+        event = stream.record()
+        if staged_out is not None:
+            copy_spans(staged_out, out_do, dst, do, ds, stream, keep, runtime=self.runtime)
+            event = stream.record()
+        return PendingBatch(self.algo, event, result, ds, names, n, keep, checksum)
+
+    def _staging(self, sizes: np.ndarray, align: int, stream: Any) -> tuple[np.ndarray, Any]:
+        """A device buffer for spans of ``sizes`` bytes, each at an ``align``-ed offset:
+        (the offsets, the buffer)."""
+        padded = _round_up(sizes, align)
+        offsets = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
+        with stream:
+            buf = self._cupy.empty(max(int(padded.sum()), 1), np.uint8)
+        return offsets, buf
+
+    def _upload_table(self, meta: Any, n: int, in_ptrs: np.ndarray, in_bytes: np.ndarray, out_bytes: np.ndarray,
+                      out_ptrs: np.ndarray, stream: Any) -> np.ndarray:
+        """Copy the batch's pointer/size table into ``meta`` (zstd: then let the GPU check each
+        frame, see ``zstd_sanitize``); returns the pinned host buffer (7n table out, 4n results back)."""
+        host = _pinned(11 * n)
         table = host[:7 * n].reshape(7, n)
-        table[0] = src_base + so
-        table[1] = ss
-        table[2] = ds
+        table[0] = in_ptrs
+        table[1] = in_bytes
+        table[2] = out_bytes
         table[3] = 0
-        table[4] = out_base + out_do
+        table[4] = out_ptrs
         table[5] = 0
         table[6] = 0
-        base = int(meta.data.ptr)
-        _h2d(base, host[:7 * n], stream)
+        _h2d(int(meta.data.ptr), host[:7 * n], stream)
         if self.algo == "zstd":
             dummy = self._dummy(stream)
             with stream:
                 _kernel("zstd_sanitize")(((n + 127) // 128,), (128,),
                                          (meta[:56 * n].view(np.int64), np.int64(n), np.int64(dummy.data.ptr),
                                           np.int64(dummy.nbytes), meta[48 * n:56 * n].view(np.int64)))
+        return host
+
+    def _launch(self, base: int, n: int, scratch: Any, temp: int, stream: Any, names: Sequence[str] | None) -> None:
+        """The one nvCOMP call that decodes the batch whose table is at ``base``."""
+        a_tmp = self.alignment[2]
         tptr = 0
         if scratch is not None:
             tptr = int(scratch.data.ptr)
@@ -770,6 +790,13 @@ class BatchedDecoder:
                 f"nvCOMP {self.algo} refused a batch of {n} chunks (status {rc}: {_STATUS.get(rc, 'unknown')})"
                 + (f", chunks {names[0]} .. {names[n - 1]}" if names is not None else "")
                 + ". Nothing was decoded.")
+
+    def _results(self, meta: Any, n: int, max_out: int, stream: Any,
+                 checksum: tuple[str, np.ndarray] | None) -> tuple[Any, Any]:
+        """Queue the checksums (when asked) and gather on the device what the host checks:
+        actual sizes, statuses, frame codes [, checksums] as one int64 array; returns it and
+        the statuses."""
+        base = int(meta.data.ptr)
         parts = [meta[24 * n:32 * n].view(np.int64), None, meta[48 * n:56 * n].view(np.int64)]
         if checksum is not None:
             if checksum[0] == "CRC-32":
@@ -783,16 +810,8 @@ class BatchedDecoder:
         with stream:
             # statuses are 4-byte enums at the start of their 8-byte-per-chunk area: widen them
             parts[1] = meta[40 * n:44 * n].view(np.int32).astype(np.int64)
-            res = cp.concatenate(parts)
-        status = parts[1]
-        result = host[7 * n:7 * n + res.size]
-        _d2h(result, int(res.data.ptr), stream)
-        keep += [host, res, status]
-        event = stream.record()
-        if staged_out is not None:
-            copy_spans(staged_out, out_do, dst, do, ds, stream, keep, runtime=self.runtime)
-            event = stream.record()
-        return PendingBatch(self.algo, event, result, ds, names, n, keep, checksum)
+            res = self._cupy.concatenate(parts)
+        return res, parts[1]
 
     def _crc32(self, ptrs: int, sizes: int, n: int, out: int, max_bytes: int, stream: Any) -> None:
         """CRC-32 (gzip's polynomial) of n device buffers, written as uint32 at ``out``, queued on stream."""

@@ -188,6 +188,60 @@ def _host_decode(staging: np.ndarray, offs: np.ndarray, sizes: np.ndarray, idx: 
     return out
 
 
+@dataclass
+class _Headers:
+    """The 16-byte Blosc headers of a batch's chunks, one array entry per chunk."""
+
+    version: np.ndarray
+    flags: np.ndarray
+    typesize: np.ndarray
+    blocksize: np.ndarray
+    cbytes: np.ndarray
+    comp: np.ndarray  # compressor code (flags >> 5)
+    blosc2: np.ndarray  # a Blosc2-format chunk (version >= 3, or both shuffle bits set)
+
+
+def _read_headers(staging: np.ndarray, offs: np.ndarray, sizes: np.ndarray, nbytes: int,
+                  names: Sequence[str] | None) -> _Headers:
+    """Read every chunk's header and check what holds whatever the compressor."""
+    all_k = np.arange(len(offs))
+    _check(sizes < _HEADER, names, all_k,
+           lambda i: f"it has {sizes[i]} bytes, fewer than the 16-byte Blosc header")
+    hdr = staging[offs[:, None] + np.arange(_HEADER)]
+    version = hdr[:, 0].astype(np.int64)
+    flags = hdr[:, 2].astype(np.int64)
+    ts = hdr[:, 3].astype(np.int64)
+    ints = le_ints(staging, offs[:, None] + np.array([4, 8, 12]), 4)  # nbytes, blocksize, cbytes
+    c_nbytes, c_block, c_cbytes = ints[:, 0], ints[:, 1], ints[:, 2]
+
+    _check(version == 0, names, all_k, lambda i: "header version byte is 0 (not a Blosc header)")
+    _check(c_nbytes != nbytes, names, all_k,
+           lambda i: f"header says it decodes to {c_nbytes[i]} bytes, the array's chunks hold {nbytes}")
+    _check((c_cbytes < _HEADER) | (c_cbytes > sizes), names, all_k,
+           lambda i: f"header says it has {c_cbytes[i]} bytes, the chunk has {sizes[i]}")
+    blosc2 = (version >= 3) | ((flags & (_F_SHUFFLE | _F_BITSHUFFLE)) == (_F_SHUFFLE | _F_BITSHUFFLE))
+    return _Headers(version, flags, ts, c_block, c_cbytes, flags >> 5, blosc2)
+
+
+def _routes(h: _Headers, nbytes: int, names: Sequence[str] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each chunk is decoded, as masks: memcpyed (copied whole, never shuffled), on the
+    host (Blosc2, or a compressor with no GPU decoder) or on the GPU; with the checks that
+    depend on it."""
+    all_k = np.arange(len(h.flags))
+    blosc2 = h.blosc2
+    memcpy = ((h.flags & _F_MEMCPY) != 0) & ~blosc2
+    known = np.isin(h.comp, list(_COMP_NAME))
+    _check(~blosc2 & ~memcpy & ~known, names, all_k, lambda i: f"unknown compressor code {h.comp[i]} in the flags")
+    host = ~memcpy & (blosc2 | ~np.isin(h.comp, list(_COMP_KIND)))
+    gpu = ~memcpy & ~host
+    _check(memcpy & (h.cbytes != nbytes + _HEADER), names, all_k,
+           lambda i: f"a memcpyed chunk must hold {nbytes + _HEADER} bytes, its header says {h.cbytes[i]}")
+    # c-blosc refuses a typesize of 0 whatever the shuffle: so must we (else its data would pass)
+    _check(h.typesize < 1, names, all_k, lambda i: "typesize 0 in the header")
+    _check(gpu & (h.blocksize < 1), names, all_k, lambda i: f"block size {h.blocksize[i]} in the header")
+    return memcpy, host, gpu
+
+
 def parse_batch(staging: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray, nbytes: int,
                 names: Sequence[str] | None = None, *, align: int = 16) -> BloscPlan:
     """Parse and check every Blosc chunk of a batch; lay out its streams and blocks.
@@ -217,57 +271,27 @@ def parse_batch(staging: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndar
     """
     offs = np.asarray(src_offsets, np.int64)
     sizes = np.asarray(src_sizes, np.int64)
-    n = len(offs)
     plan = BloscPlan(nbytes=int(nbytes))
-    if n == 0:
+    if len(offs) == 0:
         return plan
-    all_k = np.arange(n)
-    _check(sizes < _HEADER, names, all_k,
-           lambda i: f"it has {sizes[i]} bytes, fewer than the 16-byte Blosc header")
-    hdr = staging[offs[:, None] + np.arange(_HEADER)]
-    version = hdr[:, 0].astype(np.int64)
-    flags = hdr[:, 2].astype(np.int64)
-    ts = hdr[:, 3].astype(np.int64)
-    ints = le_ints(staging, offs[:, None] + np.array([4, 8, 12]), 4)  # nbytes, blocksize, cbytes
-    c_nbytes, c_block, c_cbytes = ints[:, 0], ints[:, 1], ints[:, 2]
-    comp = flags >> 5
-
-    _check(version == 0, names, all_k, lambda i: "header version byte is 0 (not a Blosc header)")
-    _check(c_nbytes != nbytes, names, all_k,
-           lambda i: f"header says it decodes to {c_nbytes[i]} bytes, the array's chunks hold {nbytes}")
-    _check((c_cbytes < _HEADER) | (c_cbytes > sizes), names, all_k,
-           lambda i: f"header says it has {c_cbytes[i]} bytes, the chunk has {sizes[i]}")
-
-    blosc2 = (version >= 3) | ((flags & (_F_SHUFFLE | _F_BITSHUFFLE)) == (_F_SHUFFLE | _F_BITSHUFFLE))
-    memcpy = ((flags & _F_MEMCPY) != 0) & ~blosc2
-    known = np.isin(comp, list(_COMP_NAME))
-    _check(~blosc2 & ~memcpy & ~known, names, all_k, lambda i: f"unknown compressor code {comp[i]} in the flags")
-    host = ~memcpy & (blosc2 | ~np.isin(comp, list(_COMP_KIND)))
-    gpu = ~memcpy & ~host
-    _check(memcpy & (c_cbytes != nbytes + _HEADER), names, all_k,
-           lambda i: f"a memcpyed chunk must hold {nbytes + _HEADER} bytes, its header says {c_cbytes[i]}")
-    # c-blosc refuses a typesize of 0 whatever the shuffle: so must we (else its data would pass)
-    _check(ts < 1, names, all_k, lambda i: "typesize 0 in the header")
-    _check(gpu & (c_block < 1), names, all_k, lambda i: f"block size {c_block[i]} in the header")
-
+    h = _read_headers(staging, offs, sizes, nbytes, names)
+    memcpy, host, gpu = _routes(h, nbytes, names)
     # memcpyed chunks: copied whole, never shuffled
     plan.m_chunk = np.flatnonzero(memcpy)
     plan.m_src = offs[plan.m_chunk] + _HEADER
-
-    # host chunks
     hk = np.flatnonzero(host)
-    if len(hk):
-        why = np.where(blosc2[hk], "blosc2", np.array([_COMP_NAME.get(int(c), "?") for c in comp[hk]]))
+    if len(hk):  # host chunks: decoded here, with the reasons counted
+        why = np.where(h.blosc2[hk], "blosc2", np.array([_COMP_NAME.get(int(c), "?") for c in h.comp[hk]]))
         u, cnt = np.unique(why, return_counts=True)
         plan.h_reasons = {str(a): int(b) for a, b in zip(u, cnt)}
         plan.h_chunk = hk
-        plan.h_data = _host_decode(staging, offs, sizes, hk, int(nbytes), names, version)
+        plan.h_data = _host_decode(staging, offs, sizes, hk, int(nbytes), names, h.version)
 
     gk = np.flatnonzero(gpu)
     if len(gk) == 0:
         return plan
-    _parse_streams(plan, staging, offs[gk], c_cbytes[gk], c_block[gk], ts[gk], flags[gk], comp[gk], gk,
-                   int(nbytes), names, align)
+    _parse_streams(plan, staging, offs[gk], h.cbytes[gk], h.blocksize[gk], h.typesize[gk], h.flags[gk], h.comp[gk],
+                   gk, int(nbytes), names, align)
     return plan
 
 

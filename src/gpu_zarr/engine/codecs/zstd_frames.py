@@ -63,6 +63,69 @@ def _fail(names: Sequence[str], k: int, what: str) -> CorruptChunkError:
     )
 
 
+def _refuse_first(names: Sequence[str], bad: np.ndarray, what: str) -> None:
+    """Raise :func:`_fail` for the first chunk index in ``bad``; nothing when it is empty."""
+    if len(bad):
+        raise _fail(names, int(bad[0]), what)
+
+
+def _check_magic(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, names: Sequence[str]) -> None:
+    """Each frame is long enough for a frame header and starts with the zstd magic number."""
+    short = np.flatnonzero(sizes < 6)
+    if len(short):
+        raise _fail(names, int(short[0]), f"{int(sizes[short[0]])} bytes is too short for a zstd frame")
+    bad = np.flatnonzero(le_uints(buf, offsets, 4) != _MAGIC)
+    if len(bad):
+        k = int(bad[0])
+        raise _fail(names, k, f"starts with bytes {bytes(buf[offsets[k]:offsets[k] + 4]).hex()}, not the "
+                              "zstd magic number 28b52ffd")
+
+
+def _frame_headers(buf: np.ndarray, offsets: np.ndarray, end: np.ndarray, expected: np.ndarray,
+                   names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Walk the frame headers: returns where each frame's first block starts, its content
+    size (-1 when the header omits it, else it must match ``expected`` where that is
+    known) and whether a checksum follows the last block (0 or 1)."""
+    fhd = buf[offsets + 4].astype(np.int64)
+    reserved, has_ck, dict_flag = (fhd >> 3) & 1, (fhd >> 2) & 1, fhd & 3
+    _refuse_first(names, np.flatnonzero(reserved != 0), "frame header has its reserved bit set")
+    _refuse_first(names, np.flatnonzero(dict_flag != 0), "frame needs a zstd dictionary, which zarr never uses")
+    fcs_size, at = _header_layout(fhd)
+    pos = offsets + at
+    _refuse_first(names, np.flatnonzero(pos + fcs_size + 3 > end), "frame header is truncated")
+    fcs = np.full(len(offsets), -1, np.int64)
+    for nb in (1, 2, 4, 8):
+        m = fcs_size == nb
+        if m.any():
+            fcs[m] = _fcs_value(le_uints(buf, pos[m], nb), nb)
+    bad = np.flatnonzero((fcs >= 0) & (expected >= 0) & (fcs != expected))
+    if len(bad):
+        k = int(bad[0])
+        raise _fail(names, k, f"frame header says {int(fcs[k])} decoded bytes; the array metadata "
+                              f"says a chunk holds {int(expected[k])}")
+    return pos + fcs_size, fcs, has_ck
+
+
+def _walk_blocks(buf: np.ndarray, pos: np.ndarray, end: np.ndarray, names: Sequence[str]) -> np.ndarray:
+    """Walk every frame's blocks from ``pos`` (one numpy step per block position for all
+    frames still in their blocks); returns where each frame's last block ends."""
+    pos = pos.copy()
+    active = np.ones(len(pos), bool)
+    while True:
+        idx = np.flatnonzero(active)
+        if len(idx) == 0:
+            return pos
+        p = pos[idx]
+        _refuse_first(names, idx[p + 3 > end[idx]], "frame ends inside a block header (truncated)")
+        h = le_uints(buf, p, 3)
+        last, btype, bsize = h & 1, (h >> 1) & 3, h >> 3
+        _refuse_first(names, idx[(btype == 3) | (bsize > _MAX_BLOCK)], "invalid zstd block header")
+        p = p + 3 + np.where(btype == 1, 1, bsize)
+        _refuse_first(names, idx[p > end[idx]], "frame is truncated inside a block")
+        pos[idx] = p
+        active[idx[last == 1]] = False
+
+
 def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expected: int | np.ndarray,
                  names: Sequence[str]) -> FrameInfo:
     """Validate the zstd frames ``buf[offsets[i] : offsets[i] + sizes[i]]``.
@@ -90,60 +153,9 @@ def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expect
     if n == 0:
         return FrameInfo(np.zeros(0, np.int64))
     expected = np.broadcast_to(np.asarray(expected, np.int64), (n,))
-    short = np.flatnonzero(sizes < 6)
-    if len(short):
-        raise _fail(names, int(short[0]), f"{int(sizes[short[0]])} bytes is too short for a zstd frame")
-    magic = le_uints(buf, offsets, 4)
-    bad = np.flatnonzero(magic != _MAGIC)
-    if len(bad):
-        k = int(bad[0])
-        raise _fail(names, k, f"starts with bytes {bytes(buf[offsets[k]:offsets[k] + 4]).hex()}, not the "
-                              "zstd magic number 28b52ffd")
-    fhd = buf[offsets + 4].astype(np.int64)
-    reserved, has_ck, dict_flag = (fhd >> 3) & 1, (fhd >> 2) & 1, fhd & 3
-    bad = np.flatnonzero(reserved != 0)
-    if len(bad):
-        raise _fail(names, int(bad[0]), "frame header has its reserved bit set")
-    bad = np.flatnonzero(dict_flag != 0)
-    if len(bad):
-        raise _fail(names, int(bad[0]), "frame needs a zstd dictionary, which zarr never uses")
-    fcs_size, at = _header_layout(fhd)
-    pos = offsets + at
-    bad = np.flatnonzero(pos + fcs_size + 3 > end)
-    if len(bad):
-        raise _fail(names, int(bad[0]), "frame header is truncated")
-    fcs = np.full(n, -1, np.int64)
-    for nb in (1, 2, 4, 8):
-        m = fcs_size == nb
-        if m.any():
-            fcs[m] = _fcs_value(le_uints(buf, pos[m], nb), nb)
-    pos = pos + fcs_size
-    bad = np.flatnonzero((fcs >= 0) & (expected >= 0) & (fcs != expected))
-    if len(bad):
-        k = int(bad[0])
-        raise _fail(names, k, f"frame header says {int(fcs[k])} decoded bytes; the array metadata "
-                              f"says a chunk holds {int(expected[k])}")
-    active = np.ones(n, bool)
-    while True:
-        idx = np.flatnonzero(active)
-        if len(idx) == 0:
-            break
-        p = pos[idx]
-        over = idx[p + 3 > end[idx]]
-        if len(over):
-            raise _fail(names, int(over[0]), "frame ends inside a block header (truncated)")
-        h = le_uints(buf, p, 3)
-        last, btype, bsize = h & 1, (h >> 1) & 3, h >> 3
-        bad = idx[(btype == 3) | (bsize > _MAX_BLOCK)]
-        if len(bad):
-            raise _fail(names, int(bad[0]), "invalid zstd block header")
-        p = p + 3 + np.where(btype == 1, 1, bsize)
-        over = idx[p > end[idx]]
-        if len(over):
-            raise _fail(names, int(over[0]), "frame is truncated inside a block")
-        pos[idx] = p
-        active[idx[last == 1]] = False
-    pos = pos + 4 * has_ck
+    _check_magic(buf, offsets, sizes, names)
+    pos, fcs, has_ck = _frame_headers(buf, offsets, end, expected, names)
+    pos = _walk_blocks(buf, pos, end, names) + 4 * has_ck
     bad = np.flatnonzero(pos != end)
     if len(bad):
         k = int(bad[0])

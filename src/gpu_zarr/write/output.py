@@ -4,9 +4,12 @@ which is renamed into place only once the whole array (or OME-Zarr group) is wri
 So an interrupted write never leaves anything that looks like a complete array at the
 destination: at worst a ``.<name>.gpu-zarr-<id>.partial`` folder, removed by :meth:`abort`.
 With ``overwrite=True`` the old destination is moved aside, the new one renamed in, and the
-old one removed. Files are written with ``os.writev`` (the GIL is released while the kernel
-copies), each from the parts it is made of (a shard's chunks, then its index), never joined
-in Python first.
+old one removed. Each file is created anew (``O_EXCL``: the temporary folder is ours alone)
+from the parts it is made of (a shard's chunks, then its index), never joined in Python
+first: a batch of files goes to the native library in one call (:func:`gpu_zarr.engine.native.write_files`:
+``pwritev`` on native threads, no Python per file) when it is loaded, else each file is
+written with ``os.writev`` on the writer's threads (the GIL is released while the kernel
+copies). Both say what the file system refused in the same :class:`WriteError`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import shutil
 import threading
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Executor, Future, wait
 from pathlib import Path
 from typing import Any
 
@@ -104,32 +108,67 @@ class Destination:
         with self._lock:
             self._made.add(folder)
 
+    def write_files(self, files: Sequence[tuple[str, Sequence[Any]]], pool: Executor, threads: int) -> int:
+        """Write each ``(key, parts)`` of ``files`` (as :meth:`write`); returns the bytes written.
+
+        One call into the native library on ``threads`` native threads when it is loaded, else
+        :meth:`write` per file on ``pool``. Every file has finished (or failed) when this
+        returns or raises, so the parts' buffers may be reused at once.
+
+        Raises
+        ------
+        WriteError
+            The file system refused a file (the first one in ``files`` that failed is named).
+        """
+        from gpu_zarr.engine import native
+
+        if not files:
+            return 0
+        if not native.available():
+            futures: list[Future[int]] = [pool.submit(self.write, key, parts) for key, parts in files]
+            wait(futures)
+            return sum(f.result() for f in futures)
+        targets = [self.tmp / key for key, _ in files]
+        status, detail = native.write_files(targets, [list(parts) for _, parts in files], threads)
+        bad = (status != native.OK).nonzero()[0]
+        if len(bad):
+            k = int(bad[0])
+            code = int(detail[k])
+            what = "create" if int(status[k]) == native.OPEN else "write"
+            raise os_error(OSError(code, os.strerror(code)), targets[k], what)
+        done = int(detail.sum())
+        with self._lock:
+            self.bytes_written += done
+        return done
+
     def write(self, key: str, parts: Sequence[Any]) -> int:
-        """Write the file ``key`` (relative, "/"-separated) from ``parts`` (bytes-like objects,
-        written in order); returns the bytes written. Safe to call from many threads."""
+        """Write the file ``key`` (relative, "/"-separated; it must not exist yet) from ``parts``
+        (bytes-like objects, written in order); returns the bytes written. Safe to call from many
+        threads."""
         target = self.tmp / key
         self._folder(target.parent)
         views = [memoryview(p).cast("B") for p in parts]
         views = [v for v in views if v.nbytes]
         total = sum(v.nbytes for v in views)
         try:
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         except OSError as exc:
             raise os_error(exc, target, "create") from None
+        done = 0
         try:
-            done = 0
-            while views:
-                n = os.writev(fd, views[:_IOV_MAX])
-                done += n
-                while views and n >= views[0].nbytes:  # drop what went out; keep the rest of a short write
-                    n -= views[0].nbytes
-                    views.pop(0)
-                if views and n:
-                    views[0] = views[0][n:]
+            try:
+                while views:
+                    n = os.writev(fd, views[:_IOV_MAX])
+                    done += n
+                    while views and n >= views[0].nbytes:  # drop what went out; keep the rest of a short write
+                        n -= views[0].nbytes
+                        views.pop(0)
+                    if views and n:
+                        views[0] = views[0][n:]
+            finally:
+                os.close(fd)  # a failed close is a failed write (NFS reports a full disk there)
         except OSError as exc:
             raise os_error(exc, target, "write") from None
-        finally:
-            os.close(fd)
         with self._lock:
             self.bytes_written += done
         return total

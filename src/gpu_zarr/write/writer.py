@@ -4,8 +4,9 @@ For each batch (a few shards, about ``batch_bytes`` of data): read the blocks (s
 dask compute), move them where the encoder works (one copy to or from the GPU), cut them
 into their inner chunks in ONE contiguous buffer (one copy per unit, no Python per chunk),
 encode the whole batch (one nvCOMP call, or numcodecs on worker threads), lay out each
-shard (chunks, then its crc32c index) and write each file with one ``writev`` on writer
-threads. ``lanes`` batches run at once, each on its own thread (and its own CUDA stream),
+shard (chunks, then its crc32c index) and write the batch's files in one call
+(:meth:`~gpu_zarr.write.output.Destination.write_files`: native threads, or ``writev`` on
+writer threads). ``lanes`` batches run at once, each on its own thread (and its own CUDA stream),
 so one batch's encode overlaps another's file writes.
 """
 
@@ -15,12 +16,13 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
+from gpu_zarr import settings
 from gpu_zarr.errors import WriteError
 from gpu_zarr.write.output import Destination
 from gpu_zarr.write.plan import Unit, WritePlan
@@ -108,6 +110,29 @@ def _gather(blocks: list[Any], units: list[Unit], plan: WritePlan, fill: Any, xp
     return out
 
 
+def _shard_files(units: list[Unit], enc: Any, plan: WritePlan, prefix: str) -> tuple[list[tuple[str, list[Any]]], int]:
+    """Each unit's file of an encoded batch, ``(key, parts)`` (a shard: its chunks, then its
+    index), and their total bytes."""
+    files: list[tuple[str, list[Any]]] = []
+    k = 0
+    total = 0
+    for unit in units:
+        m = int(unit.present.sum())
+        key = f"{prefix}/{plan.key(unit.index)}" if prefix else plan.key(unit.index)
+        parts = list(enc.parts[k:k + m])
+        if plan.shards is not None:
+            sizes = np.zeros(len(unit.present), np.int64)
+            sizes[unit.present] = enc.sizes[k:k + m]
+            _, index, nbytes = shard_layout(sizes, unit.present)
+            parts.append(index)
+        else:
+            nbytes = int(enc.sizes[k])
+        total += nbytes
+        files.append((key, parts))
+        k += m
+    return files, total
+
+
 def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Destination, prefix: str, *,
                 fill_value: Any, stages: Stages, progress: Progress, batch_bytes: int, lanes: int,
                 writers: ThreadPoolExecutor) -> int:
@@ -124,6 +149,7 @@ def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Destination
     from gpu_zarr.engine.runtime import get_runtime
 
     runtime = get_runtime()
+    threads = int(settings.get("threads"))
     lanes = max(1, lanes)
     stored = [0]
     lock = threading.Lock()
@@ -151,27 +177,11 @@ def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Destination
                 enc = encoder.encode(chunks)
             del chunks
             t0 = time.perf_counter()
-            futures: list[Future] = []
-            k = 0
-            total = 0
-            for unit in units:
-                m = int(unit.present.sum())
-                key = f"{prefix}/{plan.key(unit.index)}" if prefix else plan.key(unit.index)
-                parts = enc.parts[k:k + m]
-                if plan.shards is not None:
-                    sizes = np.zeros(len(unit.present), np.int64)
-                    sizes[unit.present] = enc.sizes[k:k + m]
-                    _, index, nbytes = shard_layout(sizes, unit.present)
-                    parts = [*parts, index]
-                else:
-                    nbytes = int(enc.sizes[k])
-                total += nbytes
-                futures.append(writers.submit(dest.write, key, parts))
-                k += m
-            wait(futures)  # every file of the batch finished (or failed) before buffers go back or errors leave
-            enc.release()
-            for f in futures:
-                f.result()
+            files, total = _shard_files(units, enc, plan, prefix)
+            try:
+                dest.write_files(files, writers, threads)  # every file finished (or failed) when it returns
+            finally:
+                enc.release()
             stages.add("write", time.perf_counter() - t0)
             raw = sum(int(np.prod([b - a for a, b in zip(u.start, u.stop, strict=True)])) for u in units)
             progress.add(raw * plan.dtype.itemsize, total)

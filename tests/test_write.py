@@ -177,7 +177,9 @@ def test_bad_arguments_are_usage_errors(tmp_path):
     with pytest.raises(UsageError, match="expected a numpy array"):
         write_zarr([[1, 2]], tmp_path / "b", chunks=1)
     with pytest.raises(UsageError, match="local"):
-        write_zarr(a, "s3://bucket/x.zarr", chunks=CHUNKS)
+        write_zarr(a, "ftp://bucket/x.zarr", chunks=CHUNKS)
+    with pytest.raises(UsageError, match="local path"):
+        write_zarr(a, tmp_path / "b", chunks=CHUNKS, storage_options={"anon": True})
     assert list(tmp_path.iterdir()) == []
 
 

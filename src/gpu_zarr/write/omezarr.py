@@ -17,7 +17,7 @@ import numpy as np
 from gpu_zarr import settings
 from gpu_zarr.errors import UsageError
 from gpu_zarr.write import ome
-from gpu_zarr.write.api import ArrayJob, WriteResult, choose_encoder, refuse_storage_options, run_jobs
+from gpu_zarr.write.api import ArrayJob, WriteResult, choose_encoder, run_jobs
 from gpu_zarr.write.codecs import codec_spec
 from gpu_zarr.write.metadata import group_documents
 from gpu_zarr.write.plan import make_plan
@@ -129,7 +129,7 @@ def write_ome_zarr(data: Any, path: str | os.PathLike[str], *, axes: str | Seque
     data : array
         The full-resolution image.
     path : str or path
-        A local folder (must not exist unless ``overwrite=True``).
+        A local folder or a remote store's URL (must not hold a zarr unless ``overwrite=True``).
     axes : str or sequence
         ``"tczyx"``-like names (types follow: t time, c channel, z/y/x space), or OME axis dicts.
     scale : sequence of float, optional
@@ -167,7 +167,6 @@ def write_ome_zarr(data: Any, path: str | os.PathLike[str], *, axes: str | Seque
     averages); ``nearest`` keeps pixel ``2i``, so it has none.
     """
     t0 = time.perf_counter()
-    refuse_storage_options(storage_options)
     if ome_version not in ome.VERSIONS:
         raise UsageError(f"ome_version={ome_version!r}: expected one of {', '.join(ome.VERSIONS)}")
     for what, m, allowed in (("downsample", downsample, METHODS), ("label_downsample", label_downsample,
@@ -242,7 +241,8 @@ def write_ome_zarr(data: Any, path: str | os.PathLike[str], *, axes: str | Seque
                              label_downsample)
             groups[f"labels/{lname}"] = group_documents(zarr_format, ome.label_image_attrs(
                 ome_version, lax, ls, lt, name=lname, method=label_downsample))
-    return run_jobs(path, jobs, groups, spec, encoder=encoder, overwrite=overwrite, stages=stages, t0=t0)
+    return run_jobs(path, jobs, groups, spec, encoder=encoder, overwrite=overwrite, stages=stages, t0=t0,
+                    storage_options=storage_options)
 
 
 def _project(chunks: Any, image_axes: list[ome.Axis], axes_: list[ome.Axis]) -> Any:

@@ -22,11 +22,11 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_zarr.errors import DestinationExists, UsageError, WriteError
 
-__all__ = ["Destination", "is_zarr_node"]
+__all__ = ["Destination", "Output", "is_zarr_node", "open_destination"]
 
 _ZARR_DOCS = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
 _IOV_MAX = 1024
@@ -47,6 +47,44 @@ def os_error(exc: OSError, path: Path | str, what: str) -> WriteError:
     return WriteError(f"cannot {what} {path}: {exc.strerror or exc}" + (f"; {fix}" if fix else ""))
 
 
+class Output(Protocol):
+    """Where a write goes: a local :class:`Destination`, or a remote
+    :class:`~gpu_zarr.write.remote.RemoteDestination`."""
+
+    path: Any
+    bytes_written: int
+
+    def write_files(self, files: Sequence[tuple[str, Sequence[Any]]], pool: Executor, threads: int) -> int: ...
+    def write_documents(self, prefix: str, docs: dict[str, bytes]) -> None: ...
+    def free_bytes(self) -> int | None: ...
+    def commit(self) -> None: ...
+    def abort(self) -> None: ...
+
+
+def open_destination(path: Any, *, overwrite: bool = False, storage_options: Any = None) -> Output:
+    """The output for ``path``: a local folder (a path or ``file://``), or a remote store
+    (``s3://``, ``gs://``, ``http(s)://``, with ``storage_options``: :mod:`gpu_zarr.location`).
+
+    Raises
+    ------
+    UsageError
+        An unknown URL scheme, or storage_options for a local path.
+    DestinationExists, WriteError
+        As :class:`Destination` and :class:`~gpu_zarr.write.remote.RemoteDestination` say.
+    """
+    from gpu_zarr.location import resolve
+
+    try:
+        loc = resolve(path, storage_options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not loc.is_remote:
+        return Destination(loc.url, overwrite=overwrite)
+    from gpu_zarr.write.remote import RemoteDestination
+
+    return RemoteDestination(loc, overwrite=overwrite)
+
+
 class Destination:
     """A local destination folder written through a temporary folder and one rename.
 
@@ -60,7 +98,7 @@ class Destination:
     Raises
     ------
     UsageError
-        A URL (remote stores are not written yet).
+        A URL (:func:`open_destination` opens remote stores).
     DestinationExists
         ``path`` exists and ``overwrite`` is False.
     WriteError
@@ -71,8 +109,7 @@ class Destination:
     def __init__(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
         text = os.fspath(path)
         if "://" in text:
-            raise UsageError(f"{text}: the writer writes local folders only (remote destinations are not "
-                             "supported yet); write locally, then upload the folder")
+            raise UsageError(f"{text}: a URL, not a local folder (open_destination opens remote stores)")
         self.path = Path(text).expanduser().absolute()
         self.overwrite = bool(overwrite)
         if self.path.exists() or self.path.is_symlink():
@@ -93,7 +130,7 @@ class Destination:
         self._lock = threading.Lock()
         self.bytes_written = 0
 
-    def free_bytes(self) -> int:
+    def free_bytes(self) -> int | None:
         """Free bytes on the destination's file system."""
         return int(shutil.disk_usage(self.tmp).free)
 

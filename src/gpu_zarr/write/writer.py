@@ -24,7 +24,7 @@ import numpy as np
 
 from gpu_zarr import settings
 from gpu_zarr.errors import WriteError
-from gpu_zarr.write.output import Destination
+from gpu_zarr.write.output import Output
 from gpu_zarr.write.plan import Unit, WritePlan
 from gpu_zarr.write.shard import shard_layout
 from gpu_zarr.write.source import Source, is_cupy
@@ -66,13 +66,15 @@ class Progress:
             self.raw_done += raw
             self.stored += stored
 
-    def check_space(self, dest: Destination) -> None:
+    def check_space(self, dest: Output) -> None:
         """Raise :class:`WriteError` when the rest, at the compression ratio so far, will not fit."""
         with self._lock:
             if not self.raw_done:
                 return
             need = (self.total_raw - self.raw_done) * self.stored / self.raw_done
         free = dest.free_bytes()
+        if free is None:  # an object store: no free space to project against
+            return
         if need * 1.05 > free:
             raise WriteError(f"not enough free space at {dest.path.parent}: the rest of this write needs about "
                              f"{need / 2**30:.2f} GiB at its compression ratio so far, {free / 2**30:.2f} GiB "
@@ -133,7 +135,7 @@ def _shard_files(units: list[Unit], enc: Any, plan: WritePlan, prefix: str) -> t
     return files, total
 
 
-def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Destination, prefix: str, *,
+def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Output, prefix: str, *,
                 fill_value: Any, stages: Stages, progress: Progress, batch_bytes: int, lanes: int,
                 writers: ThreadPoolExecutor) -> int:
     """Write every chunk (or shard) of one array under ``prefix``; returns the bytes stored.

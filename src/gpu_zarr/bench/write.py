@@ -166,7 +166,7 @@ def _convert_writer(name: str, src: Path, chunks: tuple[int, ...], shards: tuple
         return "tensorstore is not installed"
     import tensorstore as ts
 
-    from gpu_zarr.write.omezarr import _level_geometry
+    from gpu_zarr.write.omezarr import level_geometry
 
     attrs = json.loads((src / ".zattrs").read_text())
     multiscales = [{k: v for k, v in m.items() if k != "version"} for m in attrs["multiscales"]]
@@ -178,7 +178,7 @@ def _convert_writer(name: str, src: Path, chunks: tuple[int, ...], shards: tuple
         base = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(src / "0")}}, read=True).result()
         for k in range(n_levels):
             lv = base if k == 0 else ts.downsample(base, [1] + [2 ** k] * (base.rank - 1), "mean")
-            ch, sh = _level_geometry(lv.shape, chunks, shards)
+            ch, sh = level_geometry(lv.shape, chunks, shards)
             codecs = [{"name": "sharding_indexed", "configuration": {
                 "chunk_shape": list(ch), "codecs": inner, "index_codecs": [
                     {"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}]

@@ -25,7 +25,7 @@ from gpu_zarr.write.pyramid import METHODS, downsample
 from gpu_zarr.write.source import as_source, is_cupy, is_dask
 from gpu_zarr.write.writer import Stages
 
-__all__ = ["default_chunks", "default_levels", "write_ome_zarr"]
+__all__ = ["default_chunks", "default_levels", "level_geometry", "write_ome_zarr"]
 
 _MAX_LEVELS = 12
 
@@ -77,7 +77,7 @@ def _pyramid(data: Any, levels: int, axes: Sequence[int], method: str, to_gpu: b
     return out
 
 
-def _level_geometry(shape: Sequence[int], chunks: Sequence[int], shards: Any) -> tuple[tuple[int, ...], Any]:
+def level_geometry(shape: Sequence[int], chunks: Sequence[int], shards: Any) -> tuple[tuple[int, ...], Any]:
     """Chunks no larger than the level; explicit shards kept a multiple of them, within the level."""
     ch = tuple(max(1, min(c, s)) for c, s in zip(chunks, shape, strict=True))
     if shards in (None, True, False):
@@ -250,7 +250,7 @@ class _Pyramids:
         lv = _pyramid(arr, self.n_levels, ome.spatial_downsample_axes(axes_), method, self.to_gpu, self.stages)
         for k, level_data in enumerate(lv):
             shape = tuple(int(s) for s in level_data.shape)
-            ch, sh = _level_geometry(shape, _project(self.chunks, self.image_axes, axes_),
+            ch, sh = level_geometry(shape, _project(self.chunks, self.image_axes, axes_),
                                      _project_shards(self.shards, self.image_axes, axes_))
             plan = make_plan(shape, dt, ch, sh, self.zarr_format, shard_bytes=int(settings.get("shard_bytes")),
                              separator="/")

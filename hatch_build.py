@@ -20,7 +20,8 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 SRC = Path("src/gpu_zarr/engine/native/gz_native.c")
-SOURCES = (SRC, SRC.with_name("gz_http.c"))  # one library: host codecs and reads, and the HTTP client
+SOURCES = (SRC, SRC.with_name("gz_http.c"), SRC.with_name("gz_write.c"))  # one library: host codecs and reads,
+# the HTTP client, and the writer's file output
 LIB = "libgz_native.so"
 
 

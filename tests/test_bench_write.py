@@ -15,6 +15,8 @@ def test_write_mode_is_routed():
     assert _without_write_mode(["--mode", "write", "--repeat", "1"]) == ["--repeat", "1"]
     assert _without_write_mode(["--mode=write"]) == []
     assert _without_write_mode(["--mode", "browse"]) is None
+    assert _without_write_mode(["--mode", "convert", "--layouts", "sharded"]) == [
+        "--layouts", "convert", "--writers", "ours-gpu,ours-cpu,tensorstore", "--layouts", "sharded"]
 
 
 def test_small_write_benchmark(tmp_path, capsys):
@@ -44,3 +46,44 @@ def test_run_records_a_failing_writer(monkeypatch, tmp_path):
     monkeypatch.setattr(w, "_writer", broken)
     res = run(size_mib=1, chunks=(1, 64, 64), layouts=["plain"], writers=["zarr"], repeat=1, log=lambda s: None)
     assert res["layouts"]["plain"]["zarr"] == {"error": "RuntimeError: disk on fire"}
+
+
+def test_small_convert_benchmark(tmp_path, capsys):
+    """``--mode convert``: an OME-Zarr 0.4 (v2, Blosc) store into sharded OME-Zarr 0.5 zstd, ours
+    against TensorStore; both results read back as the same pyramid shapes and level 0 pixels."""
+    pytest.importorskip("tensorstore")
+    pytest.importorskip("dask")
+    import numpy as np
+    import zarr
+
+    import gpu_zarr.bench.write as w
+
+    kept = {}
+    real = w._convert_writer
+
+    def keeping(name, src, *a):  # convert once more into a folder that stays, to compare the results
+        fn = real(name, src, *a)
+        if not isinstance(fn, str):
+            fn(tmp_path / f"kept-{name}.zarr")
+            kept[name] = tmp_path / f"kept-{name}.zarr"
+        return fn
+
+    import unittest.mock
+
+    out = tmp_path / "c.json"
+    with unittest.mock.patch.object(w, "_convert_writer", keeping):
+        rc = main(["bench", "--mode", "convert", "--size-mib", "2", "--chunks", "1,64,128", "--shard-mib", "1",
+                   "--repeat", "1", "--convert-levels", "2", "--out", str(out), "--workdir", str(tmp_path / "wd")])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert list(res["layouts"]) == ["convert"] and res["convert_levels"] == 2
+    recs = res["layouts"]["convert"]
+    assert recs["ours-cpu"]["gib_per_s"] > 0 and recs["tensorstore"]["gib_per_s"] > 0
+    assert "skipped" in recs["ours-gpu"] or recs["ours-gpu"]["gib_per_s"] > 0
+    assert "x the fastest peer" in capsys.readouterr().out
+    ours, theirs = (zarr.open_group(kept[n], mode="r") for n in ("ours-cpu", "tensorstore"))
+    assert ours.attrs["ome"]["multiscales"][0]["datasets"][1]["path"] == "1"
+    for k in ("0", "1"):
+        assert ours[k].shape == theirs[k].shape and ours[k].shards == theirs[k].shards
+    np.testing.assert_array_equal(ours["0"][...], theirs["0"][...])
+    assert not (tmp_path / "wd" / "convert-source-v04.ome.zarr").exists()

@@ -177,7 +177,9 @@ def test_bad_arguments_are_usage_errors(tmp_path):
     with pytest.raises(UsageError, match="expected a numpy array"):
         write_zarr([[1, 2]], tmp_path / "b", chunks=1)
     with pytest.raises(UsageError, match="local"):
-        write_zarr(a, "s3://bucket/x.zarr", chunks=CHUNKS)
+        write_zarr(a, "ftp://bucket/x.zarr", chunks=CHUNKS)
+    with pytest.raises(UsageError, match="local path"):
+        write_zarr(a, tmp_path / "b", chunks=CHUNKS, storage_options={"anon": True})
     assert list(tmp_path.iterdir()) == []
 
 
@@ -196,20 +198,107 @@ def test_tensorstore_and_our_reader_read_what_we_write(tmp_path, fmt, shards, co
 
 
 @pytest.mark.parametrize("err,match", [(28, "file system is full"), (30, "read-only")])
-def test_full_or_read_only_file_system_mid_write(tmp_path, monkeypatch, err, match):
+@pytest.mark.parametrize("path", ["python", "native"])
+def test_full_or_read_only_file_system_mid_write(tmp_path, monkeypatch, err, match, path):
     """ENOSPC / EROFS from the kernel while chunks are written (a real full or read-only mount
-    cannot be made in a test as an ordinary user): a clear WriteError, nothing left behind."""
+    cannot be made in a test as an ordinary user): a clear WriteError naming the file, nothing
+    left behind, from the pure-Python path and from the native one alike."""
     import gpu_zarr.write.output as output
+    from gpu_zarr.engine import native
 
-    real, calls = os.writev, []
+    calls = []
+    if path == "python":
+        real = os.writev
+        monkeypatch.setattr(native, "available", lambda: False)
 
-    def writev(fd, views):
-        calls.append(1)
-        if len(calls) > 2:
-            raise OSError(err, os.strerror(err))
-        return real(fd, views)
+        def writev(fd, views):
+            calls.append(1)
+            if len(calls) > 2:
+                raise OSError(err, os.strerror(err))
+            return real(fd, views)
 
-    monkeypatch.setattr(output.os, "writev", writev)
-    with settings.set(batch_bytes=1 << 20, lanes=1), pytest.raises(WriteError, match=match):
+        monkeypatch.setattr(output.os, "writev", writev)
+    else:
+        if not native.available():
+            pytest.skip(f"native library: {native.status().reason}")
+        real_files = native.write_files
+
+        def write_files(paths, pieces, threads):
+            calls.append(1)
+            st, det = real_files(paths, pieces, threads)
+            if len(calls) > 1:
+                st[-1], det[-1] = native.IO, err
+            return st, det
+
+        monkeypatch.setattr(native, "write_files", write_files)
+    with settings.set(batch_bytes=1 << 20, lanes=1), pytest.raises(WriteError, match=match) as info:
         write_zarr(_data(), tmp_path / "w", chunks=CHUNKS, shards=(8, 64, 128), encoder="cpu")
+    assert "cannot write " in str(info.value) and "/c/" in str(info.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def _tree(path) -> dict[str, bytes]:
+    return {str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("fmt,shards", [(3, (16, 64, 128)), (3, False), (2, None)], ids=["v3-sharded", "v3", "v2"])
+def test_native_and_python_file_output_write_the_same_bytes(tmp_path, monkeypatch, fmt, shards):
+    from gpu_zarr.engine import native
+
+    if not native.available():
+        pytest.skip(f"native library: {native.status().reason}")
+    a = _data()
+    with settings.set(batch_bytes=1 << 20):
+        write_zarr(a, tmp_path / "native", chunks=CHUNKS, shards=shards, zarr_format=fmt, encoder="cpu")
+        monkeypatch.setattr(native, "available", lambda: False)
+        write_zarr(a, tmp_path / "python", chunks=CHUNKS, shards=shards, zarr_format=fmt, encoder="cpu")
+    native_tree, python_tree = _tree(tmp_path / "native"), _tree(tmp_path / "python")
+    assert len(native_tree) > 10 and native_tree == python_tree
+
+
+_EFBIG_SCRIPT = """
+import resource, signal, sys
+import numpy as np
+from gpu_zarr import write_zarr
+from gpu_zarr.errors import WriteError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.RLIM_INFINITY))
+a = np.random.default_rng(0).integers(0, 60000, (16, 256, 256)).astype("uint16")
+try:
+    write_zarr(a, sys.argv[1], chunks=(8, 128, 128), shards=(8, 256, 256), encoder="cpu")
+except WriteError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("native_on", ["1", "0"], ids=["native", "python"])
+def test_a_real_errno_from_the_kernel_is_a_clear_error(tmp_path, native_on):
+    """A real failed write (EFBIG past RLIMIT_FSIZE: it fails for root too) from the native
+    threads and from the Python path: the same WriteError naming the file, nothing left behind."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GPU_ZARR_NATIVE": native_on, "PYTHONPATH": os.pathsep.join(
+        [str(__import__("pathlib").Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", _EFBIG_SCRIPT, str(tmp_path / "big")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"cannot write {tmp_path}/.big.gpu-zarr-") and "/c/" in out.stdout, out.stdout
+    assert "File too large" in out.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_native_write_files_reports_each_file(tmp_path):
+    from gpu_zarr.engine import native
+
+    if not native.available():
+        pytest.skip(f"native library: {native.status().reason}")
+    (tmp_path / "there").write_bytes(b"old")
+    pieces = [[b"ab", np.arange(4, dtype=np.uint8), memoryview(b""), bytearray(b"z")], [], [b"new"]]
+    st, det = native.write_files([tmp_path / "a" / "b" / "one", tmp_path / "empty", tmp_path / "there"], pieces, 3)
+    assert st.tolist() == [native.OK, native.OK, native.OPEN] and det.tolist()[:2] == [7, 0]
+    assert det[2] == 17  # EEXIST: never overwritten
+    assert (tmp_path / "a/b/one").read_bytes() == b"ab\x00\x01\x02\x03z" and (tmp_path / "there").read_bytes() == b"old"
+    many = [[bytes([k % 256])] * 3000 for k in range(3)]  # past IOV_MAX pieces per file
+    st, det = native.write_files([tmp_path / f"m{k}" for k in range(3)], many, 2)
+    assert (st == native.OK).all() and all((tmp_path / f"m{k}").read_bytes() == bytes([k]) * 3000 for k in range(3))

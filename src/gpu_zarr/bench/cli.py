@@ -128,13 +128,18 @@ def _list(size: str) -> int:
     return 0
 
 
+_CONVERT = ["--layouts", "convert", "--writers", "ours-gpu,ours-cpu,tensorstore"]
+
+
 def _without_write_mode(argv: list[str]) -> list[str] | None:
-    """``argv`` less its ``--mode write`` (or ``--mode=write``), or None when that is not there."""
+    """``argv`` less its ``--mode write`` (or ``--mode=write``), or None when that is not there.
+    ``--mode convert`` is the write benchmark's convert layout (ours against TensorStore): its
+    options first, so that the caller's own ``--layouts`` / ``--writers`` still win."""
     for k, a in enumerate(argv):
-        if a == "--mode=write":
-            return argv[:k] + argv[k + 1:]
-        if a == "--mode" and argv[k + 1:k + 2] == ["write"]:
-            return argv[:k] + argv[k + 2:]
+        if a in ("--mode=write", "--mode=convert"):
+            return (_CONVERT if a.endswith("convert") else []) + argv[:k] + argv[k + 1:]
+        if a == "--mode" and argv[k + 1:k + 2] in (["write"], ["convert"]):
+            return (_CONVERT if argv[k + 1] == "convert" else []) + argv[:k] + argv[k + 2:]
     return None
 
 

@@ -6,8 +6,16 @@ The volume is uint16 with image-like structure (a random walk along x plus noise
 writer writes it to ``--workdir`` (the page cache: no fsync, as the issue measures) once to
 warm up, then ``--repeat`` times, each into a new folder (the removal of the last one is not
 timed, for any writer); the median is reported in GiB/s of decoded data, with the
-stored size. Layouts: ``sharded`` (v3, shards of ``--shard-mib``), ``plain`` (v3 chunks) and
-``pyramid`` (a 4-level OME-Zarr 0.5 from the in-memory volume).
+stored size. Layouts: ``sharded`` (v3, shards of ``--shard-mib``), ``plain`` (v3 chunks),
+``pyramid`` (a 4-level OME-Zarr 0.5 from the in-memory volume) and ``convert``.
+
+``convert`` (also ``gpu-zarr bench --mode convert``: this benchmark with ``--layouts convert``
+and our writers against TensorStore): the volume is first written (untimed) as an OME-Zarr 0.4
+store, zarr v2 with Blosc-LZ4 (shuffle, level 5), ``--convert-levels`` levels; then each writer
+converts it into sharded OME-Zarr 0.5 with zstd ``--level``, the same chunks, shards and level
+count: ours with :func:`gpu_zarr.write.convert.convert` (the pyramid computed again from level 0),
+TensorStore by reading the v2 level 0 and writing each sharded v3 level (level ``k`` through its
+``downsample`` driver, mean by ``2**k`` along y and x) plus the group's ``zarr.json``.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import numpy as np
 
 __all__ = ["LAYOUTS", "WRITERS", "build_parser", "main", "run"]
 
-LAYOUTS = ("sharded", "plain", "pyramid")
+LAYOUTS = ("sharded", "plain", "pyramid", "convert")
 WRITERS = ("ours-gpu", "ours-cpu", "zarr", "tensorstore", "ome-zarr-py", "ngff-zarr")
 GiB = 1 << 30
 
@@ -127,6 +135,64 @@ def _writer(name: str, layout: str, data: np.ndarray, chunks: tuple[int, ...], s
     return f"{name} does not write the {layout} layout"
 
 
+def _convert_source(root: Path, data: np.ndarray, chunks: tuple[int, ...], levels: int) -> Path:
+    """The OME-Zarr 0.4 (zarr v2, Blosc-LZ4) store every ``convert`` writer reads (written once, untimed)."""
+    from gpu_zarr.write.omezarr import write_ome_zarr
+
+    src = root / "convert-source-v04.ome.zarr"
+    write_ome_zarr(data, src, axes="zyx", levels=levels, chunks=chunks, codec="blosc-lz4", ome_version="0.4",
+                   encoder="cpu", overwrite=True)
+    return src
+
+
+def _convert_writer(name: str, src: Path, chunks: tuple[int, ...], shards: tuple[int, ...] | None,
+                    level: int) -> Callable[[Path], Any] | str:
+    """A function converting ``src`` into sharded OME-Zarr 0.5 at a path, or why it cannot run here."""
+    import importlib.util
+
+    if name.startswith("ours"):
+        enc = name.removeprefix("ours-")
+        if enc == "gpu":
+            from gpu_zarr.capabilities import probe
+
+            if not (probe().gpu and probe().nvcomp):
+                return "no usable GPU with nvCOMP"
+        from gpu_zarr.write.convert import convert
+
+        return lambda p: convert(src, p, chunks=chunks, shards=shards, level=level, encoder=enc, overwrite=True)
+    if name != "tensorstore":
+        return f"{name} does not write the convert layout"
+    if not importlib.util.find_spec("tensorstore"):
+        return "tensorstore is not installed"
+    import tensorstore as ts
+
+    from gpu_zarr.write.omezarr import level_geometry
+
+    attrs = json.loads((src / ".zattrs").read_text())
+    multiscales = [{k: v for k, v in m.items() if k != "version"} for m in attrs["multiscales"]]
+    n_levels = len(multiscales[0]["datasets"])
+    inner = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd", "configuration": {"level": level}}]
+
+    def ts_convert(p: Path) -> None:
+        shutil.rmtree(p, ignore_errors=True)
+        base = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(src / "0")}}, read=True).result()
+        for k in range(n_levels):
+            lv = base if k == 0 else ts.downsample(base, [1] + [2 ** k] * (base.rank - 1), "mean")
+            ch, sh = level_geometry(lv.shape, chunks, shards)
+            codecs = [{"name": "sharding_indexed", "configuration": {
+                "chunk_shape": list(ch), "codecs": inner, "index_codecs": [
+                    {"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}]
+            out = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(p / str(k))},
+                           "metadata": {"shape": list(lv.shape), "data_type": "uint16", "codecs": codecs,
+                                        "dimension_names": ["z", "y", "x"],
+                                        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(sh)}}}},
+                          create=True, delete_existing=True).result()
+            out.write(lv).result()
+        (p / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {
+            "ome": {"version": "0.5", "multiscales": multiscales}}}))
+    return ts_convert
+
+
 def _ome_scaler() -> Any:
     from ome_zarr.scale import Scaler
 
@@ -139,7 +205,8 @@ def _stored(p: Path) -> int:
 
 def run(*, size_mib: int = 2048, chunks: Sequence[int] = (1, 512, 1024), shard_mib: int = 64, level: int = 3,
         layouts: Sequence[str] = LAYOUTS, writers: Sequence[str] = WRITERS, repeat: int = 3,
-        workdir: str | None = None, seed: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
+        workdir: str | None = None, seed: int = 0, convert_levels: int = 4,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the write benchmark; returns the records (also what ``--out`` saves as JSON)."""
     chunks = tuple(int(c) for c in chunks)
     data = _volume(size_mib, chunks, seed)
@@ -148,10 +215,14 @@ def run(*, size_mib: int = 2048, chunks: Sequence[int] = (1, 512, 1024), shard_m
     root.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {"shape": list(data.shape), "dtype": "uint16", "chunks": list(chunks), "shards": list(shards),
                            "nbytes": int(data.nbytes), "level": level, "repeat": repeat, "layouts": {}}
+    src = _convert_source(root, data, chunks, convert_levels) if "convert" in layouts else None
+    if src is not None:
+        out["convert_levels"] = convert_levels
     for layout in layouts:
         recs: dict[str, Any] = {}
         for name in writers:
-            fn = _writer(name, layout, data, chunks, shards, level)
+            fn = (_convert_writer(name, src, chunks, shards, level) if layout == "convert" and src is not None
+                  else _writer(name, layout, data, chunks, shards, level))
             if isinstance(fn, str):
                 recs[name] = {"skipped": fn}
                 continue
@@ -174,6 +245,8 @@ def run(*, size_mib: int = 2048, chunks: Sequence[int] = (1, 512, 1024), shard_m
             log(f"{layout:8s} {name:12s} {recs[name]['gib_per_s']:7.2f} GiB/s  ratio {recs[name]['ratio']:.3f}")
             shutil.rmtree(path, ignore_errors=True)
         out["layouts"][layout] = recs
+    if src is not None:
+        shutil.rmtree(src, ignore_errors=True)
     if workdir is None:
         shutil.rmtree(root, ignore_errors=True)
     return out
@@ -182,7 +255,9 @@ def run(*, size_mib: int = 2048, chunks: Sequence[int] = (1, 512, 1024), shard_m
 def markdown(res: dict[str, Any]) -> str:
     """The results as a Markdown table (GiB/s; ours against the fastest peer per layout)."""
     lines = [f"write {res['nbytes'] / GiB:.2f} GiB uint16 {tuple(res['shape'])}, chunks {tuple(res['chunks'])}, "
-             f"shards {tuple(res['shards'])}, zstd level {res['level']}, median of {res['repeat']}", "",
+             f"shards {tuple(res['shards'])}, zstd level {res['level']}, median of {res['repeat']}"
+             + (f"; convert: OME-Zarr 0.4 (v2, Blosc-LZ4) of {res['convert_levels']} levels into sharded 0.5"
+                if "convert_levels" in res else ""), "",
              "| layout | writer | GiB/s | ratio | note |", "|---|---|---|---|---|"]
     for layout, recs in res["layouts"].items():
         peers = [r["gib_per_s"] for n, r in recs.items() if not n.startswith("ours") and "gib_per_s" in r]
@@ -208,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=None, help="where the stores are written (default: a temporary folder)")
     p.add_argument("--out", default=None, help="write the records as JSON (and .md beside it)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--convert-levels", type=int, default=4, help="pyramid levels of the convert layout's source "
+                   "(and of what is written)")
     return p
 
 
@@ -217,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     res = run(size_mib=args.size_mib, chunks=[int(v) for v in args.chunks.split(",")], shard_mib=args.shard_mib,
               level=args.level, layouts=[v for v in args.layouts.split(",") if v],
               writers=[v for v in args.writers.split(",") if v], repeat=args.repeat, workdir=args.workdir,
-              seed=args.seed)
+              seed=args.seed, convert_levels=args.convert_levels)
     md = markdown(res)
     print(md)
     if args.out:

@@ -19,13 +19,12 @@ from gpu_zarr.errors import INSTALL_HINT, GPUUnavailable, UsageError
 from gpu_zarr.write.codecs import CodecSpec, codec_spec
 from gpu_zarr.write.encode import GPU_CODECS, CpuEncoder, GpuEncoder
 from gpu_zarr.write.metadata import array_documents
-from gpu_zarr.write.output import Destination
+from gpu_zarr.write.output import open_destination
 from gpu_zarr.write.plan import WritePlan, make_plan
 from gpu_zarr.write.source import Source, as_source
 from gpu_zarr.write.writer import Progress, Stages, write_array
 
-__all__ = ["ENCODERS", "ArrayJob", "WriteResult", "choose_encoder", "refuse_storage_options", "run_jobs",
-           "write_zarr"]
+__all__ = ["ENCODERS", "ArrayJob", "WriteResult", "choose_encoder", "run_jobs", "write_zarr"]
 
 ENCODERS = ("auto", "gpu", "cpu")
 
@@ -126,11 +125,16 @@ def choose_encoder(spec: CodecSpec, encoder: str, threads: int) -> tuple[Any, st
 
 def run_jobs(path: str | os.PathLike[str], jobs: list[ArrayJob], groups: Mapping[str, dict[str, bytes]],
              spec: CodecSpec, *, encoder: str, overwrite: bool, stages: Stages | None = None,
-             t0: float | None = None) -> WriteResult:
-    """Write ``jobs`` (arrays) and ``groups`` (prefix -> group documents) as one tree at ``path``."""
+             t0: float | None = None, storage_options: Mapping[str, Any] | None = None) -> WriteResult:
+    """Write ``jobs`` (arrays) and ``groups`` (prefix -> group documents) as one tree at ``path``
+    (a local folder, or a remote store with ``storage_options``).
+
+    The metadata goes last, the arrays' and then the groups' (deepest first, the root last):
+    a remote write, which has no final rename, never shows a node before its data is there.
+    """
     t0 = time.perf_counter() if t0 is None else t0
     stages = stages or Stages()
-    dest = Destination(path, overwrite=overwrite)
+    dest = open_destination(path, overwrite=overwrite, storage_options=storage_options)
     threads = int(settings.get("threads"))
     enc, reason = choose_encoder(spec, encoder, threads)
     progress = Progress(sum(j.source.nbytes for j in jobs))
@@ -144,12 +148,12 @@ def run_jobs(path: str | os.PathLike[str], jobs: list[ArrayJob], groups: Mapping
                                   stages=stages, progress=progress, batch_bytes=int(settings.get("batch_bytes")),
                                   lanes=int(settings.get("lanes")), writers=writers)
         with stages.time("metadata"):
-            for prefix, docs in groups.items():
-                dest.write_documents(prefix, docs)
             for job in jobs:
                 dest.write_documents(job.prefix, array_documents(
                     job.plan, spec, fill_value=job.fill_value, attributes=job.attributes,
                     dimension_names=job.dimension_names))
+            for prefix in sorted(groups, key=lambda p: -len([s for s in p.split("/") if s])):
+                dest.write_documents(prefix, groups[prefix])
         with stages.time("commit"):
             dest.commit()
     except BaseException:
@@ -161,13 +165,6 @@ def run_jobs(path: str | os.PathLike[str], jobs: list[ArrayJob], groups: Mapping
     nbytes = sum(j.source.nbytes for j in jobs)
     return WriteResult(str(dest.path), [j.prefix for j in jobs], nbytes, stored, seconds,
                        nbytes / seconds / 2**30 if seconds > 0 else 0.0, enc.name, reason, dict(stages.seconds))
-
-
-def refuse_storage_options(storage_options: Mapping[str, Any] | None) -> None:
-    """Raise :class:`UsageError` for storage options: remote destinations are not written yet."""
-    if storage_options:
-        raise UsageError("storage_options are for remote destinations, which the writer does not write yet; "
-                         "write to a local path")
 
 
 def write_zarr(data: Any, path: str | os.PathLike[str], *, chunks: Sequence[int] | int,
@@ -182,7 +179,8 @@ def write_zarr(data: Any, path: str | os.PathLike[str], *, chunks: Sequence[int]
         A dask array is written block by block as its blocks are computed: at most
         ``settings.get("lanes")`` batches of about ``batch_bytes`` are in memory at once.
     path : str or path
-        A local folder; it must not exist unless ``overwrite=True``.
+        A local folder, or a remote store's URL (``s3://``, ``gs://``, ``http(s)://``); it
+        must not hold a zarr unless ``overwrite=True``.
     chunks : int or sequence of int
         Chunk shape (the inner chunks of a sharded array).
     shards : sequence of int, None or False
@@ -195,11 +193,12 @@ def write_zarr(data: Any, path: str | os.PathLike[str], *, chunks: Sequence[int]
     zarr_format : {3, 2}
     fill_value : scalar
     overwrite : bool
-        Replace an existing zarr at ``path`` (never a folder that is not a zarr).
+        Replace an existing zarr at ``path`` (never a folder, or objects, that are not a zarr).
     encoder : {"auto", "gpu", "cpu"}
         Where chunks are encoded: nvCOMP on the GPU (zstd), or numcodecs on CPU threads.
     storage_options : mapping, optional
-        For remote destinations (not written yet: must be None).
+        Options of a remote ``path`` (credentials, endpoint, ``requests`` in flight: as the
+        reader's, :mod:`gpu_zarr.location`).
 
     Returns
     -------
@@ -212,22 +211,22 @@ def write_zarr(data: Any, path: str | os.PathLike[str], *, chunks: Sequence[int]
     DestinationExists
         ``path`` exists and ``overwrite`` is False.
     WriteError
-        The file system refused (read-only, full, permissions) or there is not enough free
-        space; nothing is left at ``path``.
+        The file system or store refused (read-only, full, permissions) or there is not
+        enough free space; nothing that looks complete is left at ``path``.
     GPUUnavailable
         ``encoder="gpu"`` without a usable GPU and nvCOMP.
 
     Notes
     -----
-    The data is written into a temporary folder beside ``path`` and renamed into place once
-    complete, so an interrupted write never leaves an array that looks complete.
+    A local write goes into a temporary folder beside ``path``, renamed into place once
+    complete; a remote one puts the metadata last (:mod:`gpu_zarr.write.remote`). Either way
+    an interrupted write never leaves an array that looks complete.
     """
     t0 = time.perf_counter()
-    refuse_storage_options(storage_options)
     source = as_source(data)
     dtype = source.dtype.newbyteorder("<") if source.dtype.byteorder == ">" else source.dtype
     spec = codec_spec(codec, level, dtype.itemsize)
     plan = make_plan(source.shape, dtype, chunks, shards, zarr_format,
                      shard_bytes=int(settings.get("shard_bytes")))
     return run_jobs(path, [ArrayJob(source, plan, "", fill_value)], {}, spec, encoder=encoder,
-                    overwrite=overwrite, t0=t0)
+                    overwrite=overwrite, t0=t0, storage_options=storage_options)

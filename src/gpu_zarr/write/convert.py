@@ -1,5 +1,6 @@
 """``gpu-zarr convert SRC DST``: any zarr array or OME-Zarr image the reader opens, local or
-remote, rewritten as sharded OME-Zarr 0.5 (or plain zarr v3) by the writer.
+remote, rewritten as sharded OME-Zarr 0.5 (or plain zarr v3) by the writer, into a local
+folder or a remote store.
 
 The source is read block by block through :func:`gpu_zarr.to_dask` (decoded on the GPU where
 there is one), so memory stays bounded; an OME-Zarr image keeps its axes, units, level-0
@@ -36,7 +37,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: 
             level: int | None = None, chunks: Sequence[int] | int | None = None,
             shards: Sequence[int] | int | bool | None = None, levels: int | None = None,
             ome_version: str = "0.5", overwrite: bool = False, encoder: str = "auto",
-            storage_options: Mapping[str, Any] | None = None) -> WriteResult:
+            storage_options: Mapping[str, Any] | None = None,
+            dst_storage_options: Mapping[str, Any] | None = None) -> WriteResult:
     """Rewrite ``src`` (zarr array or OME-Zarr image, local or remote) at ``dst``.
 
     Parameters
@@ -44,7 +46,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: 
     src : str or path
         What :func:`gpu_zarr.read_zarr` / :func:`gpu_zarr.read_omezarr` open (a URL too).
     dst : str or path
-        A local folder (must not exist unless ``overwrite=True``).
+        A local folder or a remote store's URL (must not hold a zarr unless ``overwrite=True``).
     codec, level, chunks, shards, overwrite, encoder
         As in :func:`gpu_zarr.write_ome_zarr`; ``chunks`` default to the source's chunks
         (its inner chunks when sharded).
@@ -53,7 +55,9 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: 
     ome_version : {"0.5", "0.4"}
         0.5 writes zarr v3 (sharded), 0.4 zarr v2; a plain array becomes v3 or v2 likewise.
     storage_options : mapping, optional
-        Options of a remote ``src``.
+        Options of a remote ``src`` (and of a remote ``dst`` unless ``dst_storage_options`` is given).
+    dst_storage_options : mapping, optional
+        Options of a remote ``dst`` (default: ``storage_options`` when ``dst`` is a URL).
 
     Returns
     -------
@@ -63,6 +67,10 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: 
     from gpu_zarr.omezarr import is_ome_zarr, open_ome
 
     text = os.fspath(src)
+    from gpu_zarr.location import is_url
+
+    dst_opts = dst_storage_options if dst_storage_options is not None else (
+        storage_options if is_url(os.fspath(dst)) else None)
     if is_ome_zarr(text, storage_options=storage_options):
         image = open_ome(text, storage_options=storage_options)
         data = _dask(text, 0, storage_options)
@@ -75,7 +83,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: 
                              chunks=chunks if chunks is not None else lv0.chunks, shards=shards, codec=codec,
                              level=level, channel_names=[c.name for c in image.channels] or None,
                              labels=labels or None, ome_version=ome_version, name=image.name or None,
-                             overwrite=overwrite, encoder=encoder)
+                             overwrite=overwrite, encoder=encoder, storage_options=dst_opts)
     else:
         import zarr
 
@@ -86,7 +94,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: 
         data = _dask(text, None, storage_options)
         res = write_zarr(data, dst, chunks=chunks if chunks is not None else arr.chunks, shards=shards, codec=codec,
                          level=level, zarr_format=3 if ome_version == "0.5" else 2, fill_value=arr.fill_value,
-                         overwrite=overwrite, encoder=encoder)
+                         overwrite=overwrite, encoder=encoder, storage_options=dst_opts)
     res.seconds = time.perf_counter() - t0
     res.gib_per_s = res.nbytes / res.seconds / 2**30 if res.seconds > 0 else 0.0
     return res
@@ -106,7 +114,8 @@ def _shape_arg(text: str) -> tuple[int, ...] | bool:
 
 def add_cli(sub: Any, add_store_options: Any = None, store_options_of: Any = None) -> None:
     """Add ``gpu-zarr convert`` to the command's subparsers (its arguments live here, with the
-    writer); ``add_store_options`` adds the command's remote-store options (for SRC) and
+    writer); ``add_store_options`` adds the command's remote-store options (for SRC, and for a
+    remote DST) and
     ``store_options_of`` turns the parsed arguments into ``storage_options``."""
     from gpu_zarr.write.codecs import CODECS
 

@@ -17,7 +17,7 @@ import numpy as np
 from gpu_zarr import settings
 from gpu_zarr.errors import UsageError
 from gpu_zarr.write import ome
-from gpu_zarr.write.api import ArrayJob, WriteResult, choose_encoder, refuse_storage_options, run_jobs
+from gpu_zarr.write.api import ArrayJob, WriteResult, choose_encoder, run_jobs
 from gpu_zarr.write.codecs import codec_spec
 from gpu_zarr.write.metadata import group_documents
 from gpu_zarr.write.plan import make_plan
@@ -25,7 +25,7 @@ from gpu_zarr.write.pyramid import METHODS, downsample
 from gpu_zarr.write.source import as_source, is_cupy, is_dask
 from gpu_zarr.write.writer import Stages
 
-__all__ = ["default_chunks", "default_levels", "write_ome_zarr"]
+__all__ = ["default_chunks", "default_levels", "level_geometry", "write_ome_zarr"]
 
 _MAX_LEVELS = 12
 
@@ -77,7 +77,7 @@ def _pyramid(data: Any, levels: int, axes: Sequence[int], method: str, to_gpu: b
     return out
 
 
-def _level_geometry(shape: Sequence[int], chunks: Sequence[int], shards: Any) -> tuple[tuple[int, ...], Any]:
+def level_geometry(shape: Sequence[int], chunks: Sequence[int], shards: Any) -> tuple[tuple[int, ...], Any]:
     """Chunks no larger than the level; explicit shards kept a multiple of them, within the level."""
     ch = tuple(max(1, min(c, s)) for c, s in zip(chunks, shape, strict=True))
     if shards in (None, True, False):
@@ -129,7 +129,7 @@ def write_ome_zarr(data: Any, path: str | os.PathLike[str], *, axes: str | Seque
     data : array
         The full-resolution image.
     path : str or path
-        A local folder (must not exist unless ``overwrite=True``).
+        A local folder or a remote store's URL (must not hold a zarr unless ``overwrite=True``).
     axes : str or sequence
         ``"tczyx"``-like names (types follow: t time, c channel, z/y/x space), or OME axis dicts.
     scale : sequence of float, optional
@@ -167,82 +167,121 @@ def write_ome_zarr(data: Any, path: str | os.PathLike[str], *, axes: str | Seque
     averages); ``nearest`` keeps pixel ``2i``, so it has none.
     """
     t0 = time.perf_counter()
-    refuse_storage_options(storage_options)
-    if ome_version not in ome.VERSIONS:
-        raise UsageError(f"ome_version={ome_version!r}: expected one of {', '.join(ome.VERSIONS)}")
-    for what, m, allowed in (("downsample", downsample, METHODS), ("label_downsample", label_downsample,
-                                                                  ("mode", "nearest"))):
-        if m not in allowed:
-            raise UsageError(f"{what}={m!r}: expected one of {', '.join(allowed)}")
+    _check_choices(ome_version, downsample, label_downsample)
     src = as_source(data)
     if src.kind == "reader":
         raise UsageError("write_ome_zarr takes a numpy, cupy or dask array")
-    ndim = len(src.shape)
-    ax = ome.parse_axes(axes, ndim, units)
+    ax = ome.parse_axes(axes, len(src.shape), units)
     ds_axes = ome.spatial_downsample_axes(ax)
     zarr_format = 3 if ome_version == "0.5" else 2
-    dtype = src.dtype.newbyteorder("<") if src.dtype.byteorder == ">" else src.dtype
+    dtype = _little(src.dtype)
     spec = codec_spec(codec, level, dtype.itemsize)
     chunk_t = default_chunks(src.shape, ds_axes) if chunks is None else chunks
     plan0 = make_plan(src.shape, dtype, chunk_t, shards, zarr_format, shard_bytes=int(settings.get("shard_bytes")))
     n_levels = default_levels(src.shape, plan0.chunks, ds_axes) if levels is None else int(levels)
     if not 1 <= n_levels <= _MAX_LEVELS:
         raise UsageError(f"levels={levels!r}: expected 1..{_MAX_LEVELS}")
-    # the pyramid goes where the encoder works: probe it once, before any downsampling
-    enc, _ = choose_encoder(spec, encoder, 1)
-    to_gpu = enc.xp_name == "cupy"
-    enc.close()
-    stages = Stages()
+    queue = _Pyramids(ax, chunk_t, shards, zarr_format, n_levels, _encodes_on_gpu(spec, encoder))
     c_axis = next((k for k, a in enumerate(ax) if a.type == "channel"), None)
-    sep = "/"
-    jobs: list[ArrayJob] = []
-    groups: dict[str, dict[str, bytes]] = {}
+    image_levels = queue.add("", src.array, ax, downsample, dtype)
+    scales, trans = _scales(scale, len(src.shape), n_levels, ds_axes, downsample)
+    omero_block = _omero(channel_names, src.shape, c_axis, dtype, image_levels[-1], ome_version)
+    title = name if name is not None else os.fspath(path).rstrip("/").rsplit("/", 1)[-1].removesuffix(".zarr")
+    groups = {"": group_documents(zarr_format, ome.image_attrs(ome_version, ax, scales, trans, name=title,
+                                                                method=downsample, omero_block=omero_block))}
+    if labels:
+        groups.update(_add_labels(queue, labels, src.shape, c_axis, scales[0], label_downsample, ome_version))
+    return run_jobs(path, queue.jobs, groups, spec, encoder=encoder, overwrite=overwrite, stages=queue.stages,
+                    t0=t0, storage_options=storage_options)
 
-    def add_image(prefix: str, arr: Any, axes_: list[ome.Axis], method: str, dt: np.dtype) -> list[Any]:
+
+def _check_choices(ome_version: str, downsample: str, label_downsample: str) -> None:
+    """Raise :class:`UsageError` for an unknown OME version or downsampling method."""
+    if ome_version not in ome.VERSIONS:
+        raise UsageError(f"ome_version={ome_version!r}: expected one of {', '.join(ome.VERSIONS)}")
+    for what, m, allowed in (("downsample", downsample, METHODS), ("label_downsample", label_downsample,
+                                                                  ("mode", "nearest"))):
+        if m not in allowed:
+            raise UsageError(f"{what}={m!r}: expected one of {', '.join(allowed)}")
+
+
+def _encodes_on_gpu(spec: Any, encoder: str) -> bool:
+    """Whether the encoder works on the GPU (the pyramid is computed where it works): probed once,
+    before any downsampling."""
+    enc, _ = choose_encoder(spec, encoder, 1)
+    enc.close()
+    return bool(enc.xp_name == "cupy")
+
+
+def _add_labels(queue: _Pyramids, labels: Mapping[str, Any], shape: tuple[int, ...], c_axis: int | None,
+                scale0: list[float], method: str, ome_version: str) -> dict[str, dict[str, bytes]]:
+    """Queue every level of each label image; returns the label groups' documents (by prefix)."""
+    ax, fmt = queue.image_axes, queue.zarr_format
+    groups = {"labels": group_documents(fmt, ome.labels_group_attrs(ome_version, list(labels)))}
+    for lname, larr in labels.items():
+        lsrc = as_source(larr)
+        lax = _label_axes(lname, lsrc, shape, ax, c_axis)
+        queue.add(f"labels/{lname}/", lsrc.array, lax, method, _little(lsrc.dtype))
+        keep = [k for k, a in enumerate(ax) if a in lax]
+        ls, lt = _scales([scale0[k] for k in keep], len(lax), queue.n_levels, ome.spatial_downsample_axes(lax),
+                         method)
+        groups[f"labels/{lname}"] = group_documents(fmt, ome.label_image_attrs(ome_version, lax, ls, lt,
+                                                                                name=lname, method=method))
+    return groups
+
+
+def _little(dtype: np.dtype) -> np.dtype:
+    """``dtype`` in little-endian byte order (what the writer stores)."""
+    return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
+
+
+class _Pyramids:
+    """The arrays of one OME-Zarr write: every level of the image and of each label image."""
+
+    def __init__(self, image_axes: list[ome.Axis], chunks: Any, shards: Any, zarr_format: int, n_levels: int,
+                 to_gpu: bool) -> None:
+        self.image_axes, self.chunks, self.shards = image_axes, chunks, shards
+        self.zarr_format, self.n_levels, self.to_gpu = zarr_format, n_levels, to_gpu
+        self.stages = Stages()
+        self.jobs: list[ArrayJob] = []
+
+    def add(self, prefix: str, arr: Any, axes_: list[ome.Axis], method: str, dt: np.dtype) -> list[Any]:
         """Queue every level of one image (or label image) under ``prefix``; returns the levels."""
-        lv = _pyramid(arr, n_levels, ome.spatial_downsample_axes(axes_), method, to_gpu, stages)
+        lv = _pyramid(arr, self.n_levels, ome.spatial_downsample_axes(axes_), method, self.to_gpu, self.stages)
         for k, level_data in enumerate(lv):
             shape = tuple(int(s) for s in level_data.shape)
-            ch, sh = _level_geometry(shape, _project(chunk_t, ax, axes_), _project_shards(shards, ax, axes_))
-            plan = make_plan(shape, dt, ch, sh, zarr_format, shard_bytes=int(settings.get("shard_bytes")),
-                             separator=sep)
-            jobs.append(ArrayJob(as_source(level_data), plan, f"{prefix}{k}",
-                                 dimension_names=[a.name for a in axes_] if zarr_format == 3 else None))
+            ch, sh = level_geometry(shape, _project(self.chunks, self.image_axes, axes_),
+                                     _project_shards(self.shards, self.image_axes, axes_))
+            plan = make_plan(shape, dt, ch, sh, self.zarr_format, shard_bytes=int(settings.get("shard_bytes")),
+                             separator="/")
+            self.jobs.append(ArrayJob(as_source(level_data), plan, f"{prefix}{k}",
+                                      dimension_names=[a.name for a in axes_] if self.zarr_format == 3 else None))
         return lv
 
-    image_levels = add_image("", src.array, ax, downsample, dtype)
-    scales, trans = _scales(scale, ndim, n_levels, ds_axes, downsample)
+
+def _omero(channel_names: Sequence[str] | None, shape: Sequence[int], c_axis: int | None, dtype: np.dtype,
+           smallest: Any, ome_version: str) -> Any:
+    """The ``omero`` block (channel names and windows), or None without channels or names."""
     names = list(channel_names) if channel_names is not None else (
-        [str(i) for i in range(src.shape[c_axis])] if c_axis is not None else None)
-    omero_block = None
-    if names is not None:
-        if c_axis is not None and len(names) != src.shape[c_axis]:
-            raise UsageError(f"channel_names has {len(names)} names; the c axis has {src.shape[c_axis]} channels")
-        omero_block = ome.omero(names, dtype, _windows(image_levels[-1], c_axis), ome_version)
-    title = name if name is not None else os.fspath(path).rstrip("/").rsplit("/", 1)[-1].removesuffix(".zarr")
-    groups[""] = group_documents(zarr_format, ome.image_attrs(ome_version, ax, scales, trans, name=title,
-                                                              method=downsample, omero_block=omero_block))
-    if labels:
-        groups["labels"] = group_documents(zarr_format, ome.labels_group_attrs(ome_version, list(labels)))
-        for lname, larr in labels.items():
-            lsrc = as_source(larr)
-            if lsrc.dtype.kind not in "biu":
-                raise UsageError(f"label image {lname!r} has dtype {lsrc.dtype}: expected an integer dtype")
-            if lsrc.shape == src.shape:
-                lax = ax
-            elif c_axis is not None and lsrc.shape == tuple(s for k, s in enumerate(src.shape) if k != c_axis):
-                lax = [a for k, a in enumerate(ax) if k != c_axis]
-            else:
-                raise UsageError(f"label image {lname!r} has shape {lsrc.shape}: expected the image's "
-                                 f"{src.shape}" + (" (or without its c axis)" if c_axis is not None else ""))
-            ldtype = lsrc.dtype.newbyteorder("<") if lsrc.dtype.byteorder == ">" else lsrc.dtype
-            add_image(f"labels/{lname}/", lsrc.array, lax, label_downsample, ldtype)
-            keep = [k for k, a in enumerate(ax) if a in lax]
-            ls, lt = _scales([scales[0][k] for k in keep], len(lax), n_levels, ome.spatial_downsample_axes(lax),
-                             label_downsample)
-            groups[f"labels/{lname}"] = group_documents(zarr_format, ome.label_image_attrs(
-                ome_version, lax, ls, lt, name=lname, method=label_downsample))
-    return run_jobs(path, jobs, groups, spec, encoder=encoder, overwrite=overwrite, stages=stages, t0=t0)
+        [str(i) for i in range(shape[c_axis])] if c_axis is not None else None)
+    if names is None:
+        return None
+    if c_axis is not None and len(names) != shape[c_axis]:
+        raise UsageError(f"channel_names has {len(names)} names; the c axis has {shape[c_axis]} channels")
+    return ome.omero(names, dtype, _windows(smallest, c_axis), ome_version)
+
+
+def _label_axes(lname: str, lsrc: Any, shape: tuple[int, ...], ax: list[ome.Axis],
+                c_axis: int | None) -> list[ome.Axis]:
+    """A label image's axes: the image's, or the image's without ``c``; its dtype an integer one."""
+    if lsrc.dtype.kind not in "biu":
+        raise UsageError(f"label image {lname!r} has dtype {lsrc.dtype}: expected an integer dtype")
+    if lsrc.shape == shape:
+        return ax
+    if c_axis is not None and lsrc.shape == tuple(s for k, s in enumerate(shape) if k != c_axis):
+        return [a for k, a in enumerate(ax) if k != c_axis]
+    raise UsageError(f"label image {lname!r} has shape {lsrc.shape}: expected the image's "
+                     f"{shape}" + (" (or without its c axis)" if c_axis is not None else ""))
 
 
 def _project(chunks: Any, image_axes: list[ome.Axis], axes_: list[ome.Axis]) -> Any:

@@ -4,8 +4,9 @@ For each batch (a few shards, about ``batch_bytes`` of data): read the blocks (s
 dask compute), move them where the encoder works (one copy to or from the GPU), cut them
 into their inner chunks in ONE contiguous buffer (one copy per unit, no Python per chunk),
 encode the whole batch (one nvCOMP call, or numcodecs on worker threads), lay out each
-shard (chunks, then its crc32c index) and write each file with one ``writev`` on writer
-threads. ``lanes`` batches run at once, each on its own thread (and its own CUDA stream),
+shard (chunks, then its crc32c index) and write the batch's files in one call
+(:meth:`~gpu_zarr.write.output.Destination.write_files`: native threads, or ``writev`` on
+writer threads). ``lanes`` batches run at once, each on its own thread (and its own CUDA stream),
 so one batch's encode overlaps another's file writes.
 """
 
@@ -15,14 +16,15 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
+from gpu_zarr import settings
 from gpu_zarr.errors import WriteError
-from gpu_zarr.write.output import Destination
+from gpu_zarr.write.output import Output
 from gpu_zarr.write.plan import Unit, WritePlan
 from gpu_zarr.write.shard import shard_layout
 from gpu_zarr.write.source import Source, is_cupy
@@ -64,13 +66,15 @@ class Progress:
             self.raw_done += raw
             self.stored += stored
 
-    def check_space(self, dest: Destination) -> None:
+    def check_space(self, dest: Output) -> None:
         """Raise :class:`WriteError` when the rest, at the compression ratio so far, will not fit."""
         with self._lock:
             if not self.raw_done:
                 return
             need = (self.total_raw - self.raw_done) * self.stored / self.raw_done
         free = dest.free_bytes()
+        if free is None:  # an object store: no free space to project against
+            return
         if need * 1.05 > free:
             raise WriteError(f"not enough free space at {dest.path.parent}: the rest of this write needs about "
                              f"{need / 2**30:.2f} GiB at its compression ratio so far, {free / 2**30:.2f} GiB "
@@ -108,7 +112,30 @@ def _gather(blocks: list[Any], units: list[Unit], plan: WritePlan, fill: Any, xp
     return out
 
 
-def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Destination, prefix: str, *,
+def _shard_files(units: list[Unit], enc: Any, plan: WritePlan, prefix: str) -> tuple[list[tuple[str, list[Any]]], int]:
+    """Each unit's file of an encoded batch, ``(key, parts)`` (a shard: its chunks, then its
+    index), and their total bytes."""
+    files: list[tuple[str, list[Any]]] = []
+    k = 0
+    total = 0
+    for unit in units:
+        m = int(unit.present.sum())
+        key = f"{prefix}/{plan.key(unit.index)}" if prefix else plan.key(unit.index)
+        parts = list(enc.parts[k:k + m])
+        if plan.shards is not None:
+            sizes = np.zeros(len(unit.present), np.int64)
+            sizes[unit.present] = enc.sizes[k:k + m]
+            _, index, nbytes = shard_layout(sizes, unit.present)
+            parts.append(index)
+        else:
+            nbytes = int(enc.sizes[k])
+        total += nbytes
+        files.append((key, parts))
+        k += m
+    return files, total
+
+
+def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Output, prefix: str, *,
                 fill_value: Any, stages: Stages, progress: Progress, batch_bytes: int, lanes: int,
                 writers: ThreadPoolExecutor) -> int:
     """Write every chunk (or shard) of one array under ``prefix``; returns the bytes stored.
@@ -124,6 +151,7 @@ def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Destination
     from gpu_zarr.engine.runtime import get_runtime
 
     runtime = get_runtime()
+    threads = int(settings.get("threads"))
     lanes = max(1, lanes)
     stored = [0]
     lock = threading.Lock()
@@ -151,27 +179,11 @@ def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Destination
                 enc = encoder.encode(chunks)
             del chunks
             t0 = time.perf_counter()
-            futures: list[Future] = []
-            k = 0
-            total = 0
-            for unit in units:
-                m = int(unit.present.sum())
-                key = f"{prefix}/{plan.key(unit.index)}" if prefix else plan.key(unit.index)
-                parts = enc.parts[k:k + m]
-                if plan.shards is not None:
-                    sizes = np.zeros(len(unit.present), np.int64)
-                    sizes[unit.present] = enc.sizes[k:k + m]
-                    _, index, nbytes = shard_layout(sizes, unit.present)
-                    parts = [*parts, index]
-                else:
-                    nbytes = int(enc.sizes[k])
-                total += nbytes
-                futures.append(writers.submit(dest.write, key, parts))
-                k += m
-            wait(futures)  # every file of the batch finished (or failed) before buffers go back or errors leave
-            enc.release()
-            for f in futures:
-                f.result()
+            files, total = _shard_files(units, enc, plan, prefix)
+            try:
+                dest.write_files(files, writers, threads)  # every file finished (or failed) when it returns
+            finally:
+                enc.release()
             stages.add("write", time.perf_counter() - t0)
             raw = sum(int(np.prod([b - a for a, b in zip(u.start, u.stop, strict=True)])) for u in units)
             progress.add(raw * plan.dtype.itemsize, total)

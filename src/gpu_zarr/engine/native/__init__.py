@@ -2,7 +2,8 @@
 
 One job: find ``libgz_native.so`` (built next to this module by the package's build hook on
 ``pip install``), load it with ctypes, and offer typed batch calls -- read many byte ranges,
-decode many chunks, place many chunks, or all three per chunk -- each spread over native
+decode many chunks, place many chunks, or all three per chunk; and the writer's one: create
+many files from their pieces (``native/gz_write.c``) -- each spread over native
 threads with no Python per file or chunk (ctypes releases the GIL for the call).
 :func:`status` says whether it loaded and which codec libraries it found (dlopen at run
 time: libzstd, liblz4, zlib, libdeflate), or why not. ``GPU_ZARR_NATIVE=0`` turns it off:
@@ -43,6 +44,7 @@ __all__ = [
     "Arrivals",
     "scratch_per_thread",
     "status",
+    "write_files",
 ]
 
 LIBNAME = "libgz_native.so"
@@ -124,6 +126,10 @@ def _load() -> tuple[Any, NativeStatus]:
     lib.gz_place.argtypes = [_i64, _vp, _i64, _i64p, _i64, _i64p, _int, _i64p, _int, _int, _vp, _i64, _int, _i32p]
     lib.gz_fused.argtypes = [_int, _vp, _i64, _i64, _i64p, _i64p, _i64p, _i64, _i64p, _int, _i64p, _int, _int, _vp,
                              _i64, _vp, _vp, _i64, _int, _i32p, _i64p, _int]
+    # a build without the writer's call (older than gz_write.c) raises AttributeError here: refused, rebuild
+    lib.gz_write_files.restype = _i64
+    lib.gz_write_files.argtypes = [_vp, _i64, _i64p, np.ctypeslib.ndpointer(np.uint64, flags="C_CONTIGUOUS"), _i64p,
+                                   _int, _i32p, _i64p]
     lib.gz_arrivals_open.restype = _vp
     lib.gz_arrivals_open.argtypes = [_int, _i64, _i64, _i64p, _int, _i64p, _int, _int, _vp, _i64, _vp, _vp, _int,
                                      _int, _i32p, _i64p]
@@ -234,6 +240,38 @@ def read(files: list[Any], file_id: Any, file_offset: Any, sizes: Any, dst_offse
         paths = _Paths(files)
         library().gz_read(ctypes.cast(paths.array, _vp), paths.n, n, fid, foff, size, doff, _ptr(dst), dst.nbytes,
                           int(group_bytes), int(threads), st, det)
+    return st, det
+
+
+def _piece_address(p: Any) -> tuple[int, int, Any]:
+    """(address, length, what keeps it alive) of a bytes-like piece (numpy array, bytes, memoryview)."""
+    a = p if isinstance(p, np.ndarray) and p.flags.c_contiguous else np.frombuffer(memoryview(p).cast("B"), np.uint8)
+    return (address(a) if a.nbytes else 0), int(a.nbytes), a
+
+
+def write_files(paths: list[Any], pieces: list[list[Any]], threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """Create file i (``paths[i]``, which must not exist; missing parent folders are made) from
+    ``pieces[i]`` (bytes-like objects, C-contiguous, written in order) on ``threads`` native threads.
+
+    Returns
+    -------
+    (status, detail)
+        Per file: :data:`OK` (detail: the bytes written), or ``OPEN`` / ``IO`` (detail: the errno).
+    """
+    n = len(paths)
+    if len(pieces) != n:
+        raise ValueError(f"{n} paths but {len(pieces)} lists of pieces")
+    st, det = np.empty(n, np.int32), np.empty(n, np.int64)
+    if not n:
+        return st, det
+    flat = [_piece_address(p) for ps in pieces for p in ps]
+    first = np.zeros(n + 1, np.int64)
+    np.cumsum([len(ps) for ps in pieces], out=first[1:])
+    ptrs = np.array([f[0] for f in flat], np.uint64) if flat else np.zeros(1, np.uint64)
+    lens = np.array([f[1] for f in flat], np.int64) if flat else np.zeros(1, np.int64)
+    names = _Paths(paths)
+    library().gz_write_files(ctypes.cast(names.array, _vp), n, first, ptrs, lens, int(threads), st, det)
+    del flat  # the pieces' arrays were alive for the whole call
     return st, det
 
 

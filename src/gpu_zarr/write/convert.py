@@ -2,8 +2,9 @@
 remote, rewritten as sharded OME-Zarr 0.5 (or plain zarr v3) by the writer, into a local
 folder or a remote store.
 
-The source is read block by block through :func:`gpu_zarr.to_dask` (decoded on the GPU where
-there is one), so memory stays bounded; an OME-Zarr image keeps its axes, units, level-0
+The source is read once, whole, by the reader (decoded on the GPU where there is one) when it
+takes at most a quarter of the memory it goes to, else block by block through
+:func:`gpu_zarr.to_dask`, so memory stays bounded; an OME-Zarr image keeps its axes, units, level-0
 scale, channel names and labels, and its pyramid is computed again from level 0 (mean for
 the image, mode for labels: :mod:`gpu_zarr.write.pyramid`).
 """
@@ -31,6 +32,35 @@ def _dask(path: str, level: int | None, storage_options: Mapping[str, Any] | Non
     from gpu_zarr.dask_array import to_dask
 
     return to_dask(path, level=level, storage_options=storage_options)
+
+
+def _source(path: str, level: int | None, storage_options: Mapping[str, Any] | None) -> Any:
+    """The source array (level 0 of an OME image): read whole, once, by the reader (onto the
+    GPU when there is one) when it takes at most a quarter of the memory it goes to -- its
+    pyramid is then computed in memory from that one read -- else block by block through dask
+    (memory bounded: each level's blocks are read again from the source)."""
+    d = _dask(path, level, storage_options)
+    nbytes = int(d.nbytes)
+    from gpu_zarr.capabilities import probe
+
+    on_gpu = probe().backend_status("kvikio")[0]
+    try:
+        if on_gpu:
+            from gpu_zarr.engine.fit import device_memory
+
+            room: int | None = device_memory()[0]
+        else:
+            from gpu_zarr.engine.fit import host_available_bytes
+
+            room = host_available_bytes()
+    except Exception:  # noqa: BLE001 - no answer: blocks, which always fit
+        room = None
+    if room is None or nbytes > room // 4:
+        return d
+    from gpu_zarr.zarr_io import read_zarr
+
+    return read_zarr(path, prefer="auto" if on_gpu else "cpu", progress=None,
+                     storage_options=storage_options).data
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: str | None = "zstd",
@@ -73,12 +103,12 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: 
         storage_options if is_url(os.fspath(dst)) else None)
     if is_ome_zarr(text, storage_options=storage_options):
         image = open_ome(text, storage_options=storage_options)
-        data = _dask(text, 0, storage_options)
+        data = _source(text, 0, storage_options)
         lv0 = image.levels[0]
         axes = [{"name": a.name, "type": a.type, "unit": a.unit} for a in image.axes]
         labels = {}
         for name, lab in image.labels.items():
-            labels[name] = _dask(lab.path, 0, storage_options)
+            labels[name] = _source(lab.path, 0, storage_options)
         res = write_ome_zarr(data, dst, axes=axes, scale=list(lv0.scale), levels=levels or len(image.levels),
                              chunks=chunks if chunks is not None else lv0.chunks, shards=shards, codec=codec,
                              level=level, channel_names=[c.name for c in image.channels] or None,
@@ -91,7 +121,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: 
             arr = zarr.open_array(text, mode="r", storage_options=dict(storage_options or {}) or None)
         except Exception as exc:  # noqa: BLE001 - zarr's errors differ by store and version
             raise NotAZarrError(f"{text} is neither an OME-Zarr image nor a zarr array ({exc})") from None
-        data = _dask(text, None, storage_options)
+        data = _source(text, None, storage_options)
         res = write_zarr(data, dst, chunks=chunks if chunks is not None else arr.chunks, shards=shards, codec=codec,
                          level=level, zarr_format=3 if ome_version == "0.5" else 2, fill_value=arr.fill_value,
                          overwrite=overwrite, encoder=encoder, storage_options=dst_opts)

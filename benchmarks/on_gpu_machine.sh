@@ -28,8 +28,12 @@ mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpus.txt"
 # the native host library (git-ignored build output): built here with the flags of hatch_build.py
-[ -f src/gpu_zarr/engine/native/libgz_native.so ] || gcc -O3 -shared -fPIC -pthread -fvisibility=hidden \
-  src/gpu_zarr/engine/native/gz_native.c src/gpu_zarr/engine/native/gz_http.c -o src/gpu_zarr/engine/native/libgz_native.so -ldl || echo "native library not built"
+# (again whenever a source is newer than the library: a machine keeps the build of an earlier call)
+N=src/gpu_zarr/engine/native
+if [ ! -f $N/libgz_native.so ] || [ -n "$(find $N -name '*.c' -newer $N/libgz_native.so)" ]; then
+  gcc -O3 -shared -fPIC -pthread -fvisibility=hidden $N/gz_native.c $N/gz_http.c $N/gz_write.c -o $N/libgz_native.so -ldl \
+    || echo "native library not built"
+fi
 WORK=/tmp/gzb
 bench() { timeout "$1" python3 -m gpu_zarr.bench --device gpu --workdir $WORK --out "$OUT" --no-progress "${@:2}"; }
 

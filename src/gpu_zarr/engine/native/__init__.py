@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 LIBNAME = "libgz_native.so"
-VERSION = 7  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
+VERSION = 8  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
 CODECS = MappingProxyType({"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6})
 OK, OPEN, SHORT, IO, BOUNDS = 0, 1, 2, 3, 4
 CRC32C_MISMATCH = 18
@@ -126,7 +126,6 @@ def _load() -> tuple[Any, NativeStatus]:
     lib.gz_place.argtypes = [_i64, _vp, _i64, _i64p, _i64, _i64p, _int, _i64p, _int, _int, _vp, _i64, _int, _i32p]
     lib.gz_fused.argtypes = [_int, _vp, _i64, _i64, _i64p, _i64p, _i64p, _i64, _i64p, _int, _i64p, _int, _int, _vp,
                              _i64, _vp, _vp, _i64, _int, _i32p, _i64p, _int]
-    # a build without the writer's call (older than gz_write.c) raises AttributeError here: refused, rebuild
     lib.gz_write_files.restype = _i64
     lib.gz_write_files.argtypes = [_vp, _i64, _i64p, np.ctypeslib.ndpointer(np.uint64, flags="C_CONTIGUOUS"), _i64p,
                                    _int, _i32p, _i64p]

@@ -140,7 +140,7 @@ API const char *gz_library_error(int k) {
     return (k >= 0 && k < 4) ? L.why[k] : "";
 }
 
-API int gz_version(void) { return 7; }
+API int gz_version(void) { return 8; }
 
 /* ---------------------------------------------------------------- decoder contexts
  * One per worker for the call's duration, taken from and returned to a small global pool

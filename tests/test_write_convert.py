@@ -75,15 +75,13 @@ def test_convert_plain_array(tmp_path):
 def test_convert_reads_a_source_whole_or_in_blocks_to_the_same_store(ome04, tmp_path, monkeypatch):
     """A source that fits a quarter of the memory it goes to is read once, whole; a bigger one
     block by block through dask (here: the machine said to have no room): byte-equal stores."""
-    import gpu_zarr.engine.fit as fit
     from gpu_zarr.write import convert as convert_mod
 
     src, a, _ = ome04
     whole = convert_mod._source(str(src), 0, None)
     assert not hasattr(whole, "dask") and np.array_equal(whole.get() if hasattr(whole, "get") else whole, a)
     convert(src, tmp_path / "whole.zarr", levels=3, encoder="cpu")
-    monkeypatch.setattr(fit, "host_available_bytes", lambda: 0)
-    monkeypatch.setattr(fit, "device_memory", lambda: (0, 0))
+    monkeypatch.setattr(convert_mod, "_room", lambda on_gpu: 0)
     assert hasattr(convert_mod._source(str(src), 0, None), "dask")
     convert(src, tmp_path / "blocks.zarr", levels=3, encoder="cpu")
     for k in ("0", "1", "2", "labels/cells/0", "labels/cells/2"):

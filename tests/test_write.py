@@ -302,3 +302,14 @@ def test_native_write_files_reports_each_file(tmp_path):
     many = [[bytes([k % 256])] * 3000 for k in range(3)]  # past IOV_MAX pieces per file
     st, det = native.write_files([tmp_path / f"m{k}" for k in range(3)], many, 2)
     assert (st == native.OK).all() and all((tmp_path / f"m{k}").read_bytes() == bytes([k]) * 3000 for k in range(3))
+
+
+def test_encode_batches_are_the_cpu_batch_or_the_gpu_setting():
+    """The CPU twin encodes ``batch_bytes`` at a time; the GPU ``write_batch_bytes`` when set
+    (else sized from the free GPU memory: on the GPU machine)."""
+    from gpu_zarr import settings
+    from gpu_zarr.write.api import encode_batch_bytes
+
+    with settings.set(batch_bytes=64 << 20, write_batch_bytes=1 << 30):
+        assert encode_batch_bytes(False, 3) == 64 << 20
+        assert encode_batch_bytes(True, 3) == 1 << 30

@@ -55,6 +55,14 @@ shard_bytes    ``GPU_ZARR_SHARD_MIB``      decoded bytes of a shard the writer s
                                            itself (``shards=None``): chunks grown
                                            along the last axes up to this
                                            (default 32 MiB)
+write_batch_bytes ``GPU_ZARR_WRITE_BATCH_MIB`` data bytes the GPU writer encodes in one
+                                           nvCOMP call per lane (a call costs about
+                                           the same whatever it holds, so big batches
+                                           write fastest); default 0: as much as a
+                                           quarter of the free GPU memory holds, each
+                                           lane's batch counted three times, between
+                                           ``batch_bytes`` and 2 GiB. The CPU twin
+                                           uses ``batch_bytes``
 metadata_ttl   ``GPU_ZARR_METADATA_TTL_S`` seconds a remote store's metadata documents
                                            (zarr.json, .zarray, .zattrs, .zgroup,
                                            .zmetadata) are reused by later opens of
@@ -123,6 +131,7 @@ def _defaults() -> dict[str, Any]:
                                      MiB),
         "metadata_ttl": _env_int("GPU_ZARR_METADATA_TTL_S", 10),
         "shard_bytes": _env_int("GPU_ZARR_SHARD_MIB", 32 * MiB, MiB),
+        "write_batch_bytes": _env_int("GPU_ZARR_WRITE_BATCH_MIB", 0, MiB),  # 0: automatic
         "metadata_bytes": _env_int("GPU_ZARR_METADATA_MIB", 8 * MiB, MiB),
         "remote_timeout": _env_int("GPU_ZARR_REMOTE_TIMEOUT_S", 60),
         "remote_min_rate": _env_int("GPU_ZARR_REMOTE_MIN_RATE", 1024),
@@ -147,6 +156,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "cache_bytes": lambda v: isinstance(v, int) and v >= 0,
     "metadata_ttl": lambda v: isinstance(v, (int, float)) and v >= 0,
     "shard_bytes": lambda v: isinstance(v, int) and v >= 1,
+    "write_batch_bytes": lambda v: isinstance(v, int) and v >= 0,
     "metadata_bytes": lambda v: isinstance(v, int) and v >= 1024,
     "remote_timeout": lambda v: isinstance(v, (int, float)) and v >= 0,
     "remote_min_rate": lambda v: isinstance(v, int) and v >= 1,

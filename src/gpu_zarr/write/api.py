@@ -48,7 +48,7 @@ class WriteResult:
     gib_per_s : float
         ``nbytes`` per second, in GiB/s.
     encoder, reason : str
-        "gpu" (nVCOMP) or "cpu" (numcodecs), and why.
+        "gpu" (nvCOMP) or "cpu" (numcodecs), and why.
     stages : dict of str to float
         Seconds per stage (read, transfer, downsample, gather, encode, write, metadata,
         commit), summed over lanes: overlapping lanes can add up past ``seconds``.
@@ -123,6 +123,26 @@ def choose_encoder(spec: CodecSpec, encoder: str, threads: int) -> tuple[Any, st
     return GpuEncoder(spec, get_runtime()), "nvCOMP batched zstd encode on the GPU"
 
 
+def encode_batch_bytes(on_gpu: bool, lanes: int) -> int:
+    """Data bytes a lane encodes at once: ``batch_bytes`` on the CPU; on the GPU
+    ``write_batch_bytes``, or (0) as much as a quarter of the free GPU memory holds with each
+    lane's batch counted three times (the chunks, nvCOMP's output, the packed frames; on the host
+    twice: the blocks read and the pinned frames), between
+    ``batch_bytes`` and 2 GiB: nvCOMP's batched encode costs about the same per call whatever
+    it holds, so fewer, bigger calls write faster (``benchmarks/README.md``, the writer)."""
+    base = int(settings.get("batch_bytes"))
+    if not on_gpu:
+        return base
+    fixed = int(settings.get("write_batch_bytes"))
+    if fixed:
+        return fixed
+    from gpu_zarr.engine.fit import device_memory, host_available_bytes
+
+    free, _ = device_memory()
+    host = host_available_bytes() or free  # the blocks read and the pinned frames of each lane, on the host
+    return int(max(base, min(2 << 30, free // 4 // (3 * max(1, lanes)), host // 4 // (2 * max(1, lanes)))))
+
+
 def run_jobs(path: str | os.PathLike[str], jobs: list[ArrayJob], groups: Mapping[str, dict[str, bytes]],
              spec: CodecSpec, *, encoder: str, overwrite: bool, stages: Stages | None = None,
              t0: float | None = None, storage_options: Mapping[str, Any] | None = None) -> WriteResult:
@@ -143,10 +163,11 @@ def run_jobs(path: str | os.PathLike[str], jobs: list[ArrayJob], groups: Mapping
         from gpu_zarr.engine.runtime import get_runtime
 
         writers = get_runtime().pool("write-files", threads)  # kept: no threads started per write
+        lanes = int(settings.get("lanes"))
+        batch = encode_batch_bytes(enc.xp_name == "cupy", lanes)
         for job in jobs:
             stored += write_array(job.source, job.plan, enc, dest, job.prefix, fill_value=job.fill_value,
-                                  stages=stages, progress=progress, batch_bytes=int(settings.get("batch_bytes")),
-                                  lanes=int(settings.get("lanes")), writers=writers)
+                                  stages=stages, progress=progress, batch_bytes=batch, lanes=lanes, writers=writers)
         with stages.time("metadata"):
             for job in jobs:
                 dest.write_documents(job.prefix, array_documents(

@@ -161,184 +161,212 @@ def _stream_shards(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
                    counts: dict[str, int], arena: Bodies | None,
                    on_sent: Callable[[], None] | None = None, handoff: Handoff | None = None,
                    stop: Callable[[], bool] | None = None) -> dict[str, int]:
-    per = np.asarray(layout.inner_per_shard, np.int64)
-    shard_coords, inner_coords = pieces.coords // per, pieces.coords % per
-    inner_lin = np.asarray(np.ravel_multi_index(inner_coords.T, tuple(per)), np.int64)
-    uniq, shard_of = np.unique(shard_coords, axis=0, return_inverse=True)
-    shard_of = shard_of.reshape(-1)
-    keys = [layout.chunk_key(tuple(c)) for c in uniq.tolist()]
-    n_inner = int(np.prod(layout.inner_per_shard))
-    index_size = n_inner * 16 + (4 if layout.index_crc else 0)
-    order = np.argsort(shard_of, kind="stable")  # each shard's pieces, in one sort (not a pass per shard)
-    bounds = np.searchsorted(shard_of[order], np.arange(len(keys) + 1))
-    members = [order[bounds[s]:bounds[s + 1]] for s in range(len(keys))]
-    whole_ok = n_inner * int(layout.inner_nbytes) <= WHOLE_SHARD_BYTES
-    chunk_cap = whole_cap(layout)  # no index entry may claim more (checked before a range is asked for)
-    shard_cap = n_inner * chunk_cap + index_size
-
-    def _namer(url: str, sel: np.ndarray) -> Callable[[int], str]:
-        return lambda j: f"{url} inner chunk {tuple(int(v) for v in inner_coords[int(sel[j])])}"
-
-    def name_of(s: int) -> Callable[[int], str]:
-        return _namer(source.url_of(keys[s]), members[s])
-
-    def missing(s: int) -> None:
-        sel = members[s]
-        on_arrived(Arrived(sel, None, np.zeros(len(sel), np.int64), np.full(len(sel), -1, np.int64), 0,
-                           source.url_of(keys[s]), -1, name_of(s)))
-
-    def from_whole(s: int, got: Got, order: np.ndarray | None, raw: bytes | None) -> None:
-        """A whole shard: its index from its own bytes, then its pieces (``order``: theirs when
-        it had parts, the first ``got.handed`` of them handed already; ``raw``: the index they
-        were cut by)."""
-        data = got.data
-        url = source.url_of(keys[s])
-        index = _whole_shard_index(layout, source, keys[s], data, got.mtime, got.etag)
-        kept = source.cached_index(keys[s])  # (kept just now, from these bytes)
-        if got.handed and (kept is None or kept[0] != raw):
-            raise changed_while_read(url, "its size, Last-Modified and ETag are those of the version whose index cut "
-                                          "it, its bytes are not")
-        sel = members[s] if order is None else order
-        entries = index[inner_lin[sel]]
-        ok = entries[:, 0] != np.uint64(2**64 - 1)
-        offset = np.where(ok, entries[:, 0], 0).astype(np.int64)
-        nbytes = np.where(ok, entries[:, 1], 0).astype(np.int64)
-        nbytes[~ok] = -1
-        on_arrived(Arrived(sel, data, offset, nbytes, 0, url, got.mtime, _namer(url, sel), got.handed))
-
-    # which shards come whole, which by ranges (their indexes known or fetched in one wave)
-    whole: list[int] = []
-    known: dict[int, tuple[np.ndarray, int, int, str]] = {}
-    need: list[int] = []
-    for s in range(len(keys)):
-        idx = source.cached_index(keys[s])
-        if whole_ok and len(members[s]) == n_inner:  # all of it: one GET, even with its index known
-            whole.append(s)
-        elif idx is not None and len(idx[0]) == index_size:
-            known[s] = (index_entries(layout, source.url_of(keys[s]), idx[0], idx[1], chunk_cap), idx[1], idx[2],
-                        idx[3])
-        elif whole_ok and 2 * len(members[s]) >= n_inner:
-            whole.append(s)
-        else:
-            need.append(s)
-    if need:
-        counts["index_requests"] += len(need)
-        found = source.get_indexes([keys[s] for s in need], index_size, layout.index_at_end, shard_cap, stop)
-        for s, f in zip(need, found):
-            if f is None:
-                missing(s)
-                continue
-            raw, fsize, mtime = f
-            cached = source.cached_index(keys[s])
-            known[s] = (index_entries(layout, source.url_of(keys[s]), raw, fsize, chunk_cap), fsize, mtime,
-                        cached[3] if cached is not None else "")
-
-    jobs: list[tuple[str, Span]] = []
-    what: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, int]] = []  # shard, pieces, offsets, sizes, start
-    for s in whole:
-        jobs.append((keys[s], None))
-        what.append((s, members[s], np.zeros(0, np.int64), np.zeros(0, np.int64), -1))
-    for s, (index, _fsize, _mtime, _etag) in known.items():
-        sel = members[s]
-        entries = index[inner_lin[sel]]
-        ok = entries[:, 0] != np.uint64(2**64 - 1)
-        if not ok.all():
-            miss = sel[~ok]
-            on_arrived(Arrived(miss, None, np.zeros(len(miss), np.int64), np.full(len(miss), -1, np.int64), 0,
-                               source.url_of(keys[s]), _mtime, _namer(source.url_of(keys[s]), miss)))
-        sel = sel[ok]
-        offs, sizes = entries[ok, 0].astype(np.int64), entries[ok, 1].astype(np.int64)
-        for a in _runs(offs, sizes):
-            start, end = int(offs[a].min()), int((offs[a] + sizes[a]).max())
-            jobs.append((keys[s], (start, end)))
-            what.append((s, sel[a], offs[a] - start, sizes[a], start))
-
-    # whole shards: their inner chunks go to the read's decode set as the shard's bytes pass
-    # each one's end (the set opens while the requests travel). Their index known, from the
-    # start; else it is fetched beside the shard, in the same wave (a suffix GET: the same round
-    # trip), and the bytes that come after it hand them (native HTTP only: obstore's answers
-    # come whole)
-    cold = [j for j, s in enumerate(whole) if source.cached_index(keys[s]) is None] \
-        if handoff is not None and getattr(source, "http", None) is not None else []
-    index_of: dict[int, int] = {}  # an index job -> its shard's whole job
-    for j in cold:
-        index_of[len(jobs)] = j
-        jobs.append((keys[whole[j]], {"suffix": index_size} if layout.index_at_end else (0, index_size)))
-        what.append((whole[j], members[whole[j]], np.zeros(0, np.int64), np.zeros(0, np.int64), -2))
-    counts["index_requests"] += len(cold)
-    cut: dict[int, tuple[np.ndarray, bytes]] = {}  # per such job: its pieces' order, the index that cut them
-    parts = Parts(len(jobs), late=bool(cold)) if handoff is not None and whole else None
-
-    def cut_by(j: int, raw: bytes, fsize: int, mtime: int, etag: str) -> tuple[Any, ...] | None:
-        """Whole job j's parts by the index ``raw``, as :meth:`Parts.set` takes them after j
-        (None when it is not a valid index)."""
-        s = whole[j]
-        sel = members[s]
-        try:
-            entries = index_entries(layout, source.url_of(keys[s]), raw, fsize, chunk_cap)[inner_lin[sel]]
-        except CorruptChunkError:
-            return None  # (the shard's own bytes say so when it comes)
-        ok = entries[:, 0] != np.uint64(2**64 - 1)
-        offs, sizes = entries[:, 0].astype(np.int64), entries[:, 1].astype(np.int64)
-        order = np.lexsort((offs, np.where(ok, offs + sizes, -1)))  # missing first, then by their ends
-        first = int((~ok).sum())
-        cut[j] = (np.concatenate([sel[order[first:]], sel[order[:first]]]), raw)
-        return (sel[order[first:]], offs[order[first:]], sizes[order[first:]], fsize,
-                mtime // 10**9 if mtime > 0 else -1, etag)
-
-    for j, s in enumerate(whole if parts is not None else ()):
-        got_idx = source.cached_index(keys[s])
-        if got_idx is None or len(got_idx[0]) != index_size:
-            continue
-        made = cut_by(j, *got_idx)
-        if made is not None:
-            assert parts is not None
-            parts.set(j, *made)
-    sink = Sink(handoff, array.array("q", [-1]) * len(jobs)) if handoff is not None and (cut or cold) else None
-
-    def index_came(j: int, got: Got | None) -> None:
-        """Whole job j's index, fetched beside it: its parts are handed from now on."""
-        if got is None or got.size < 0 or len(got.data) != index_size or parts is None:
-            return  # (gone, or shorter than its index: the shard's own answer says what it is)
-        made = cut_by(j, bytes(got.data), got.size, got.mtime, got.etag)
-        if made is not None:
-            parts.publish(j, *made)
-
-    def done(j: int, got: Got | None) -> None:
-        s, sel, offs, sizes, start = what[j]
-        if j in index_of:
-            index_came(index_of[j], got)
-            return
-        if got is None:  # a whole shard that does not exist
-            missing(s)
-            return
-        if start < 0:
-            order, raw = cut.get(j, (None, None))
-            from_whole(s, got, order, raw)
-            return
-        _fs, _fsize, mtime, etag = known[s]
-        if got.size != _fsize or got.mtime != mtime or (etag and got.etag and got.etag != etag):
-            raise ShardChanged(f"{source.url_of(keys[s])} changed since its index was fetched")
-        on_arrived(Arrived(sel, got.data, offs, sizes, start, source.url_of(keys[s]), mtime,
-                           _namer(source.url_of(keys[s]), sel)))
-
-    counts["requests"] += len(jobs)
-    counts["whole_shards"] += len(whole)
+    s = _ShardStream(layout, pieces, source, on_arrived, counts)
+    s.choose(stop)
+    s.ranges()
+    s.cold_indexes(handoff)
     try:
-        source.stream(jobs, done, shard_cap, arena, sink, on_sent=on_sent, parts=parts if sink is not None else None,
-                      stop=stop)
+        s.send(arena, handoff, on_sent, stop)
     except ShardChanged:
         # a shard changed since its index was fetched: nothing of it was handed on. Forget every
         # index of this read and read again (pieces of unchanged shards are placed twice, alike)
-        for s in known:
-            source.forget_index(keys[s])
-            source.fetched.drop((source.url, keys[s], "index", index_size, layout.index_at_end))  # fetched again
+        s.forget()
         counts["stale"] = counts.get("stale", 0) + 1
         if counts["stale"] > 2:
             raise CorruptChunkError(f"the shards of {source.url} keep changing while read; try again later") from None
         # (on_sent ran, or no job was sent; no parts: what was handed is not handed again)
         return _stream_shards(layout, pieces, source, on_arrived, counts, arena, stop=stop)
     return counts
+
+
+class _ShardStream:
+    """The requests of one sharded read: which shards come whole, which by ranges of their inner
+    chunks (their indexes known, or fetched in one wave first), and what each answer hands on."""
+
+    def __init__(self, layout: Layout, pieces: Pieces, source: RemoteSource, on_arrived: Callable[[Arrived], None],
+                 counts: dict[str, int]) -> None:
+        self.layout, self.source, self.on_arrived, self.counts = layout, source, on_arrived, counts
+        per = np.asarray(layout.inner_per_shard, np.int64)
+        shard_coords, self.inner_coords = pieces.coords // per, pieces.coords % per
+        self.inner_lin = np.asarray(np.ravel_multi_index(self.inner_coords.T, tuple(per)), np.int64)
+        uniq, shard_of = np.unique(shard_coords, axis=0, return_inverse=True)
+        shard_of = shard_of.reshape(-1)
+        self.keys = [layout.chunk_key(tuple(c)) for c in uniq.tolist()]
+        self.n_inner = int(np.prod(layout.inner_per_shard))
+        self.index_size = self.n_inner * 16 + (4 if layout.index_crc else 0)
+        order = np.argsort(shard_of, kind="stable")  # each shard's pieces, in one sort (not a pass per shard)
+        bounds = np.searchsorted(shard_of[order], np.arange(len(self.keys) + 1))
+        self.members = [order[bounds[s]:bounds[s + 1]] for s in range(len(self.keys))]
+        self.whole_ok = self.n_inner * int(layout.inner_nbytes) <= WHOLE_SHARD_BYTES
+        self.chunk_cap = whole_cap(layout)  # no index entry may claim more (checked before a range is asked for)
+        self.shard_cap = self.n_inner * self.chunk_cap + self.index_size
+        self.whole: list[int] = []
+        self.known: dict[int, tuple[np.ndarray, int, int, str]] = {}
+        self.jobs: list[tuple[str, Span]] = []
+        self.what: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, int]] = []  # shard, pieces, offsets, sizes, start
+        self.index_of: dict[int, int] = {}  # an index job -> its shard's whole job
+        self.cut: dict[int, tuple[np.ndarray, bytes]] = {}  # per such job: its pieces' order, the index that cut them
+        self.parts: Parts | None = None
+
+    def url(self, s: int) -> str:
+        return self.source.url_of(self.keys[s])
+
+    def namer(self, url: str, sel: np.ndarray) -> Callable[[int], str]:
+        inner = self.inner_coords
+        return lambda j: f"{url} inner chunk {tuple(int(v) for v in inner[int(sel[j])])}"
+
+    def missing(self, s: int, sel: np.ndarray | None = None, mtime: int = -1) -> None:
+        sel = self.members[s] if sel is None else sel
+        self.on_arrived(Arrived(sel, None, np.zeros(len(sel), np.int64), np.full(len(sel), -1, np.int64), 0,
+                                self.url(s), mtime, self.namer(self.url(s), sel)))
+
+    def choose(self, stop: Callable[[], bool] | None) -> None:
+        """Which shards come whole, which by ranges (their indexes known or fetched in one wave)."""
+        source, layout = self.source, self.layout
+        need: list[int] = []
+        for s in range(len(self.keys)):
+            idx = source.cached_index(self.keys[s])
+            if self.whole_ok and len(self.members[s]) == self.n_inner:  # all of it: one GET, even with its index known
+                self.whole.append(s)
+            elif idx is not None and len(idx[0]) == self.index_size:
+                self.known[s] = (index_entries(layout, self.url(s), idx[0], idx[1], self.chunk_cap), idx[1], idx[2],
+                                 idx[3])
+            elif self.whole_ok and 2 * len(self.members[s]) >= self.n_inner:
+                self.whole.append(s)
+            else:
+                need.append(s)
+        if not need:
+            return
+        self.counts["index_requests"] += len(need)
+        found = source.get_indexes([self.keys[s] for s in need], self.index_size, layout.index_at_end,
+                                   self.shard_cap, stop)
+        for s, f in zip(need, found):
+            if f is None:
+                self.missing(s)
+                continue
+            raw, fsize, mtime = f
+            cached = source.cached_index(self.keys[s])
+            self.known[s] = (index_entries(layout, self.url(s), raw, fsize, self.chunk_cap), fsize, mtime,
+                             cached[3] if cached is not None else "")
+
+    def ranges(self) -> None:
+        """A job per whole shard, and per run of close inner chunks of the others."""
+        for s in self.whole:
+            self.jobs.append((self.keys[s], None))
+            self.what.append((s, self.members[s], np.zeros(0, np.int64), np.zeros(0, np.int64), -1))
+        for s, (index, _fsize, mtime, _etag) in self.known.items():
+            sel = self.members[s]
+            entries = index[self.inner_lin[sel]]
+            ok = entries[:, 0] != np.uint64(2**64 - 1)
+            if not ok.all():
+                self.missing(s, sel[~ok], mtime)
+            sel = sel[ok]
+            offs, sizes = entries[ok, 0].astype(np.int64), entries[ok, 1].astype(np.int64)
+            for a in _runs(offs, sizes):
+                start, end = int(offs[a].min()), int((offs[a] + sizes[a]).max())
+                self.jobs.append((self.keys[s], (start, end)))
+                self.what.append((s, sel[a], offs[a] - start, sizes[a], start))
+
+    def cold_indexes(self, handoff: Handoff | None) -> None:
+        """Whole shards' inner chunks go to the read's decode set as the shard's bytes pass each
+        one's end (the set opens while the requests travel). Their index known, from the start;
+        else it is fetched beside the shard, in the same wave (a suffix GET: the same round
+        trip), and the bytes that come after it hand them (native HTTP only: obstore's answers
+        come whole)."""
+        source, layout = self.source, self.layout
+        cold = [j for j, s in enumerate(self.whole) if source.cached_index(self.keys[s]) is None] \
+            if handoff is not None and getattr(source, "http", None) is not None else []
+        for j in cold:
+            self.index_of[len(self.jobs)] = j
+            size = self.index_size
+            self.jobs.append((self.keys[self.whole[j]], {"suffix": size} if layout.index_at_end else (0, size)))
+            self.what.append((self.whole[j], self.members[self.whole[j]], np.zeros(0, np.int64), np.zeros(0, np.int64),
+                              -2))
+        self.counts["index_requests"] += len(cold)
+        self.parts = Parts(len(self.jobs), late=bool(cold)) if handoff is not None and self.whole else None
+        for j, s in enumerate(self.whole if self.parts is not None else ()):
+            got_idx = source.cached_index(self.keys[s])
+            if got_idx is None or len(got_idx[0]) != self.index_size:
+                continue
+            made = self.cut_by(j, *got_idx)
+            if made is not None:
+                assert self.parts is not None
+                self.parts.set(j, *made)
+
+    def cut_by(self, j: int, raw: bytes, fsize: int, mtime: int, etag: str) -> tuple[Any, ...] | None:
+        """Whole job j's parts by the index ``raw``, as :meth:`Parts.set` takes them after j
+        (None when it is not a valid index)."""
+        s = self.whole[j]
+        sel = self.members[s]
+        try:
+            entries = index_entries(self.layout, self.url(s), raw, fsize, self.chunk_cap)[self.inner_lin[sel]]
+        except CorruptChunkError:
+            return None  # (the shard's own bytes say so when it comes)
+        ok = entries[:, 0] != np.uint64(2**64 - 1)
+        offs, sizes = entries[:, 0].astype(np.int64), entries[:, 1].astype(np.int64)
+        order = np.lexsort((offs, np.where(ok, offs + sizes, -1)))  # missing first, then by their ends
+        first = int((~ok).sum())
+        self.cut[j] = (np.concatenate([sel[order[first:]], sel[order[:first]]]), raw)
+        return (sel[order[first:]], offs[order[first:]], sizes[order[first:]], fsize,
+                mtime // 10**9 if mtime > 0 else -1, etag)
+
+    def index_came(self, j: int, got: Got | None) -> None:
+        """Whole job j's index, fetched beside it: its parts are handed from now on."""
+        if got is None or got.size < 0 or len(got.data) != self.index_size or self.parts is None:
+            return  # (gone, or shorter than its index: the shard's own answer says what it is)
+        made = self.cut_by(j, bytes(got.data), got.size, got.mtime, got.etag)
+        if made is not None:
+            self.parts.publish(j, *made)
+
+    def from_whole(self, s: int, got: Got, order: np.ndarray | None, raw: bytes | None) -> None:
+        """A whole shard: its index from its own bytes, then its pieces (``order``: theirs when
+        it had parts, the first ``got.handed`` of them handed already; ``raw``: the index they
+        were cut by)."""
+        data, url, key = got.data, self.url(s), self.keys[s]
+        index = _whole_shard_index(self.layout, self.source, key, data, got.mtime, got.etag)
+        kept = self.source.cached_index(key)  # (kept just now, from these bytes)
+        if got.handed and (kept is None or kept[0] != raw):
+            raise changed_while_read(url, "its size, Last-Modified and ETag are those of the version whose index cut "
+                                          "it, its bytes are not")
+        sel = self.members[s] if order is None else order
+        entries = index[self.inner_lin[sel]]
+        ok = entries[:, 0] != np.uint64(2**64 - 1)
+        offset = np.where(ok, entries[:, 0], 0).astype(np.int64)
+        nbytes = np.where(ok, entries[:, 1], 0).astype(np.int64)
+        nbytes[~ok] = -1
+        self.on_arrived(Arrived(sel, data, offset, nbytes, 0, url, got.mtime, self.namer(url, sel), got.handed))
+
+    def done(self, j: int, got: Got | None) -> None:
+        s, sel, offs, sizes, start = self.what[j]
+        if j in self.index_of:
+            self.index_came(self.index_of[j], got)
+            return
+        if got is None:  # a whole shard that does not exist
+            self.missing(s)
+            return
+        if start < 0:
+            order, raw = self.cut.get(j, (None, None))
+            self.from_whole(s, got, order, raw)
+            return
+        _fs, fsize, mtime, etag = self.known[s]
+        if got.size != fsize or got.mtime != mtime or (etag and got.etag and got.etag != etag):
+            raise ShardChanged(f"{self.url(s)} changed since its index was fetched")
+        self.on_arrived(Arrived(sel, got.data, offs, sizes, start, self.url(s), mtime, self.namer(self.url(s), sel)))
+
+    def send(self, arena: Bodies | None, handoff: Handoff | None, on_sent: Callable[[], None] | None,
+             stop: Callable[[], bool] | None) -> None:
+        sink = (Sink(handoff, array.array("q", [-1]) * len(self.jobs))
+                if handoff is not None and (self.cut or self.index_of) else None)
+        self.counts["requests"] += len(self.jobs)
+        self.counts["whole_shards"] += len(self.whole)
+        self.source.stream(self.jobs, self.done, self.shard_cap, arena, sink, on_sent=on_sent,
+                           parts=self.parts if sink is not None else None, stop=stop)
+
+    def forget(self) -> None:
+        """Every index this read used, forgotten (fetched again)."""
+        for s in self.known:
+            self.source.forget_index(self.keys[s])
+            self.source.fetched.drop((self.source.url, self.keys[s], "index", self.index_size, self.layout.index_at_end))
 
 
 def _whole_shard_index(layout: Layout, source: RemoteSource, key: str, data: Any, mtime: int, etag: str) -> np.ndarray:

@@ -370,3 +370,30 @@ def test_nothing_set_on_other_objects():
                     node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self"):
                 bad.append(f"{name}:{node.lineno}")
     assert bad == []
+
+
+#: the longest a function (or a method, or a class a function makes) may be, counted in lines
+#: from its ``def`` to its last line, docstring included
+MAX_FUNCTION_LINES = 80
+
+
+def _long_functions(root: Path) -> list[str]:
+    long = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({n} lines)")
+    return long
+
+
+def test_no_function_is_longer_than_80_lines():
+    assert _long_functions(SRC) == []
+
+
+def test_long_function_check_finds_one(tmp_path):
+    body = "\n".join(f"    x{k} = {k}" for k in range(MAX_FUNCTION_LINES))
+    (tmp_path / "m.py").write_text(f"def short():\n    return 1\n\n\ndef long():\n{body}\n")
+    found = _long_functions(tmp_path)
+    assert len(found) == 1 and "long (81 lines)" in found[0]

@@ -234,10 +234,8 @@ def _retrying_store_class() -> Any:
     from zarr.storage import ObjectStore
 
     class ReadOnlyObjectStore(ObjectStore):
-        """Built without its obstore store when ``location`` is given: that is built on first
-        use (4-7 ms each: TLS roots; an OME-Zarr opens a store per level), and reads that the
-        native HTTP client serves never use it. ``runtime`` keeps the metadata documents and
-        the obstore stores (default: the process's)."""
+        """With ``location``, its obstore store is built on first use (TLS roots cost ms; reads the native
+        client serves never need it); ``runtime`` (default: the process's) keeps documents and stores."""
 
         def __init__(self, store: Any = None, *, read_only: bool = True, location: Location | None = None,
                      runtime: Runtime | None = None) -> None:
@@ -279,8 +277,7 @@ def _retrying_store_class() -> Any:
         __hash__ = None  # type: ignore[assignment]
 
         def __str__(self) -> str:
-            loc = self._gpu_zarr_location
-            return f"object_store://{loc.url if loc is not None else self.store}"
+            return f"object_store://{self._gpu_zarr_location.url if self._gpu_zarr_location else self.store}"
 
         def with_read_only(self, read_only: bool = False) -> Any:
             return type(self)(self.__dict__.get("_obstore"), location=self._gpu_zarr_location, runtime=self._rt())
@@ -295,37 +292,7 @@ def _retrying_store_class() -> Any:
         async def get_document(self, key: str) -> bytes | None:
             """A metadata document (None: absent), read as a stream and refused past the
             ``metadata_bytes`` setting: a server's 400 MiB answer is never held."""
-            import obstore
-
-            from gpu_zarr import settings
-            from gpu_zarr.engine.sources.remote_body import Limit, deadline_of, read_body
-
-            loc = self._gpu_zarr_location
-            url = f"{loc.url.rstrip('/')}/{key}" if loc is not None else key
-            most = int(settings.get("metadata_bytes"))
-            timeout = float(_seconds((loc.storage_options if loc is not None else {}).get(
-                "timeout", settings.get("remote_timeout"))).total_seconds())
-
-            def over(n: int) -> BaseException:
-                return RemoteError(f"the metadata document {url} is larger than {n / (1 << 20):g} MiB, the most read "
-                                   "(setting metadata_bytes): it was not read. If the store really has such a document "
-                                   "(a big plate's consolidated .zmetadata), raise the limit: GPU_ZARR_METADATA_MIB=64, "
-                                   "or gpu_zarr.settings.set(metadata_bytes=64 << 20).")
-            for attempt in range(4):
-                try:
-                    res = await obstore.get_async(self.store, key)
-                    if int(res.meta["size"]) > most:  # (said before its body is read)
-                        raise over(most)
-                    lim = Limit(most, over, deadline_of(timeout), int(settings.get("remote_min_rate")),
-                                max(1.0, min(10.0, timeout / 2)) if timeout > 0 else 10.0, url)
-                    return await read_body(res, lim)
-                except FileNotFoundError:
-                    return None
-                except oe.GenericError:
-                    if attempt == 3:
-                        raise
-                    await asyncio.sleep(0.05 * 2 ** attempt)
-            raise AssertionError("unreachable")
+            return await _get_document(self.store, self._gpu_zarr_location, key)
 
         async def get_retried(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
             for attempt in range(4):
@@ -337,6 +304,44 @@ def _retrying_store_class() -> Any:
                     await asyncio.sleep(0.05 * 2 ** attempt)
 
     return ReadOnlyObjectStore
+
+
+async def _get_document(store: Any, loc: Location | None, key: str) -> bytes | None:
+    """Document ``key`` of the obstore ``store`` (at ``loc``) read as a stream, at most
+    ``metadata_bytes`` of it; None when it is absent; obstore's generic errors retried."""
+    import asyncio
+
+    import obstore
+    import obstore.exceptions as oe
+
+    from gpu_zarr import settings
+    from gpu_zarr.engine.sources.remote_body import Limit, deadline_of, read_body
+
+    url = f"{loc.url.rstrip('/')}/{key}" if loc is not None else key
+    most = int(settings.get("metadata_bytes"))
+    timeout = float(_seconds((loc.storage_options if loc is not None else {}).get(
+        "timeout", settings.get("remote_timeout"))).total_seconds())
+
+    def over(n: int) -> BaseException:
+        return RemoteError(f"the metadata document {url} is larger than {n / (1 << 20):g} MiB, the most read "
+                           "(setting metadata_bytes): it was not read. If the store really has such a document "
+                           "(a big plate's consolidated .zmetadata), raise the limit: GPU_ZARR_METADATA_MIB=64, "
+                           "or gpu_zarr.settings.set(metadata_bytes=64 << 20).")
+    for attempt in range(4):
+        try:
+            res = await obstore.get_async(store, key)
+            if int(res.meta["size"]) > most:  # (said before its body is read)
+                raise over(most)
+            lim = Limit(most, over, deadline_of(timeout), int(settings.get("remote_min_rate")),
+                        max(1.0, min(10.0, timeout / 2)) if timeout > 0 else 10.0, url)
+            return await read_body(res, lim)
+        except FileNotFoundError:
+            return None
+        except oe.GenericError:
+            if attempt == 3:
+                raise
+            await asyncio.sleep(0.05 * 2 ** attempt)
+    raise AssertionError("unreachable")
 
 
 #: the documents zarr-python looks for when it opens a node (v3, then v2 and consolidated)

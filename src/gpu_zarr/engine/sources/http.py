@@ -353,18 +353,7 @@ class HttpClient:
         n = len(urls)
         if n == 0:
             return reqs
-        landing = dests if isinstance(dests, Landing) else None
-        if landing is not None:
-            caps = list(landing.caps[:n])
-            if len(caps) < n or min(caps) < 0:
-                raise ValueError(f"{n} requests need {n} capacities >= 0, got {landing.caps!r}")
-            if agents is None:
-                agents = agents_for(sum(caps), n)
-            if agents > 1:  # (several threads receive from the start: the destinations first)
-                dests, landing = landing.make(), None
-        if landing is None:
-            assert not isinstance(dests, Landing)
-            addrs, caps = _places(dests, n)
+        dests, landing, addrs, caps, agents = _destinations(dests, n, agents)
         raw = _raw(reqs)
         if raw is None or len(reqs) < n:
             raise ValueError(f"reqs must be a request table of new_requests with at least {n} rows")
@@ -384,36 +373,8 @@ class HttpClient:
             if landing is None:
                 sink.to.alive.append(dests)  # (the set may read them after this returns)
         cancel = ctypes.c_int32(0)
-        failed: list[BaseException] = []
-
-        def land(landing: Landing) -> None:
-            made = landing.make()
-            addrs, have = _places(made, n)
-            if any([h < c for h, c in zip(have, caps)]):
-                raise ValueError(f"the destinations made hold {have} bytes; the requests need {caps}")
-            _set(raw, "dest", n, addrs)
-            if sink is not None:
-                sink.to.alive.append(made)
-
-        def done(i: int) -> None:
-            if failed:
-                return
-            try:
-                if i == -2:  # a tick: no answer, the caller's chance to stop (and Python's to see Ctrl-C)
-                    if stop is not None and stop():
-                        from gpu_zarr.errors import ReadCancelled
-
-                        raise ReadCancelled("read cancelled: the requests in flight were stopped")
-                elif i < 0:
-                    if landing is not None:
-                        land(landing)
-                    if on_sent is not None:
-                        on_sent()
-                elif on_done is not None:
-                    on_done(int(i))
-            except BaseException as exc:  # noqa: BLE001 - raised below, after the native call returns
-                failed.append(exc)
-                cancel.value = 1
+        cb = _Callbacks(raw, n, caps, landing, sink, on_sent, on_done, stop, cancel)
+        done, failed = cb.done, cb.failed
         if sending is not None:
             sending.set()
         if agents is None:
@@ -434,12 +395,7 @@ class HttpClient:
             calls.pop()
         if failed:
             raise failed[0]
-        if rc == -4:
-            raise MemoryError("the native HTTP client could not allocate its request table")
-        if rc == -5:
-            raise ValueError(f"{n} URLs of which one holds a NUL character: {[u for u in urls if chr(0) in u][:1]!r}")
-        if rc < 0 and rc != -3:
-            raise RuntimeError(f"the native HTTP client failed ({rc})")
+        _check_rc(rc, urls)
         return reqs
 
     def get_small(self, urls: Sequence[str], cap: int, in_flight: int = 64, sending: threading.Event | None = None,
@@ -549,3 +505,74 @@ def _set(raw: array.array, name: str, n: int, values: Sequence[int]) -> None:
     """Field ``name`` of the first ``n`` rows of the table over ``raw`` = ``values``."""
     at = _AT[name]
     raw[at:at + n * _ROW:_ROW] = array.array("q", values)
+
+
+def _destinations(dests: Any, n: int, agents: int | None) -> tuple[Any, Landing | None, Any, list[int], int | None]:
+    """(dests, landing, their addresses, capacities, agents): a :class:`Landing` is made now when
+    several threads receive from the start (else once the requests are written: addresses None)."""
+    landing = dests if isinstance(dests, Landing) else None
+    addrs = None
+    if landing is not None:
+        caps = list(landing.caps[:n])
+        if len(caps) < n or min(caps) < 0:
+            raise ValueError(f"{n} requests need {n} capacities >= 0, got {landing.caps!r}")
+        if agents is None:
+            agents = agents_for(sum(caps), n)
+        if agents > 1:  # (several threads receive from the start: the destinations first)
+            dests, landing = landing.make(), None
+    if landing is None:
+        assert not isinstance(dests, Landing)
+        addrs, caps = _places(dests, n)
+    return dests, landing, addrs, list(caps), agents
+
+
+def _check_rc(rc: int, urls: Sequence[str]) -> None:
+    """Raise what the native fetch's return code says (-3: cancelled, raised by the caller)."""
+    if rc == -4:
+        raise MemoryError("the native HTTP client could not allocate its request table")
+    if rc == -5:
+        raise ValueError(f"{len(urls)} URLs of which one holds a NUL character: {[u for u in urls if chr(0) in u][:1]!r}")
+    if rc < 0 and rc != -3:
+        raise RuntimeError(f"the native HTTP client failed ({rc})")
+
+
+class _Callbacks:
+    """What the native fetch calls back (on the fetching thread): a tick (``stop`` asked), the
+    requests written (the landing made, ``on_sent``), or request ``i`` done (``on_done``). An
+    exception there is kept in ``failed`` and cancels the fetch; the fetch raises it."""
+
+    def __init__(self, raw: Any, n: int, caps: Sequence[int], landing: Landing | None, sink: Sink | None,
+                 on_sent: Callable[[], None] | None, on_done: Callable[[int], None] | None,
+                 stop: Callable[[], bool] | None, cancel: Any) -> None:
+        self.raw, self.n, self.caps, self.landing, self.sink = raw, n, caps, landing, sink
+        self.on_sent, self.on_done, self.stop, self.cancel = on_sent, on_done, stop, cancel
+        self.failed: list[BaseException] = []
+
+    def land(self, landing: Landing) -> None:
+        made = landing.make()
+        addrs, have = _places(made, self.n)
+        if any([h < c for h, c in zip(have, self.caps)]):
+            raise ValueError(f"the destinations made hold {have} bytes; the requests need {self.caps}")
+        _set(self.raw, "dest", self.n, addrs)
+        if self.sink is not None:
+            self.sink.to.alive.append(made)
+
+    def done(self, i: int) -> None:
+        if self.failed:
+            return
+        try:
+            if i == -2:  # a tick: no answer, the caller's chance to stop (and Python's to see Ctrl-C)
+                if self.stop is not None and self.stop():
+                    from gpu_zarr.errors import ReadCancelled
+
+                    raise ReadCancelled("read cancelled: the requests in flight were stopped")
+            elif i < 0:
+                if self.landing is not None:
+                    self.land(self.landing)
+                if self.on_sent is not None:
+                    self.on_sent()
+            elif self.on_done is not None:
+                self.on_done(int(i))
+        except BaseException as exc:  # noqa: BLE001 - raised by the fetch, after the native call returns
+            self.failed.append(exc)
+            self.cancel.value = 1

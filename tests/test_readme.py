@@ -20,7 +20,7 @@ def test_the_two_commands_and_the_sections_in_order():
     ci = (ROOT / ".ci" / "run").read_text()
     assert 'pip install -e ".[test]" && python -m pytest\n' in ci  # CI runs the README's test command
     heads = re.findall(r"^## (.+)$", README, flags=re.M)
-    assert heads == ["What it does", "napari", "Python", "Jupyter", "Remote stores", "HCS plates", "Command line",
+    assert heads == ["What it does", "napari", "Python", "Writing", "Jupyter", "Remote stores", "HCS plates", "Command line",
                      "Speed", "Tests", "More"], heads
     assert len(README.splitlines()) < 160  # short: details live in docs/ and benchmarks/README.md
 

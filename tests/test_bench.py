@@ -583,16 +583,15 @@ def test_stage_summary_names_the_bound_and_what_the_engine_does_not_time():
     from gpu_zarr.bench.report import stages_markdown
 
     # the CPU path: sequential stages; the rest of the total is `untimed` (e.g. cached chunks placed)
-    cached = [{"plan_s": 0.001, "locate_s": 0.004, "alloc_s": 0.0, "chunkwise_s": 0.001, "total_s": t,
+    cached = [{"plan_s": 0.001, "locate_s": 0.004, "alloc_s": 0.0, "fused_s": 0.001, "total_s": t,
                "cache_hits": 1024} for t in (0.017, 0.018, 0.030)]
     st = stage_summary(cached)
     assert st["engine_reads"] == 3 and st["engine_total_ms"] == pytest.approx(18.0)
     assert st["stages_ms"]["untimed"] == pytest.approx(12.0) and st["bound_by"] == "untimed"
     assert st["cache_hits_median"] == 1024
-    # chunkwise split into read and decode: the part names the bound, and is not counted twice
-    split = stage_summary([{"plan_s": 0.0, "chunkwise_s": 0.010, "chunkwise_read_s": 0.007,
-                            "chunkwise_decode_s": 0.003, "total_s": 0.011}])
-    assert split["bound_by"] == "chunkwise_read" and split["stages_ms"]["untimed"] == pytest.approx(1.0)
+    # the fused executor bounds a plane read from disk
+    fused = stage_summary([{"plan_s": 0.0, "locate_s": 0.001, "fused_s": 0.010, "total_s": 0.012}])
+    assert fused["bound_by"] == "fused" and fused["stages_ms"]["untimed"] == pytest.approx(1.0)
     # the pipelined (GPU) path: stages overlap, no `untimed`
     piped = stage_summary([{"setup_s": 0.001, "read_s": 0.040, "wait_read_s": 0.002, "decode_s": 0.005,
                             "total_s": 0.030}])

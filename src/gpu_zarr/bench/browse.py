@@ -137,7 +137,7 @@ def stage_summary(stats: list[dict[str, Any]]) -> dict[str, Any]:
     the longest, not a share of the total), ``engine_reads`` and the median
     ``cache_hits`` when the chunk cache served chunks.
 
-    On the sequential (chunkwise, CPU) path the engine's total less its named stages is
+    On the sequential (fused, CPU) executor the engine's total less its named stages is
     reported as the stage ``untimed``: the work the engine does not time by name (placing
     chunks from the chunk cache, finishing the output, putting chunks into the cache).
     """
@@ -153,19 +153,12 @@ def stage_summary(stats: list[dict[str, Any]]) -> dict[str, Any]:
     totals = [float(st["total_s"]) for st in stats if isinstance(st.get("total_s"), (int, float))]
     if totals:
         out["engine_total_ms"] = round(float(np.median(totals)) * 1e3, 4)
-    # the coarse chunkwise stage holds its read and decode parts: name the part when known
-    leaf = {k: v for k, v in stages.items()
-            if not (k == "chunkwise" and ("chunkwise_read" in stages or "chunkwise_decode" in stages))}
-    if leaf:
-        out["bound_by"] = max(leaf, key=lambda k: leaf[k])
+    if stages:
+        out["bound_by"] = max(stages, key=lambda k: stages[k])
     hits = [st["cache_hits"] for st in stats if isinstance(st.get("cache_hits"), int)]
     if any(hits):
         out["cache_hits_median"] = float(np.median(hits))
     return out
-
-
-#: the parts of ``chunkwise_s`` (not added again)
-_PARTS = ("chunkwise_read_s", "chunkwise_decode_s")
 
 
 def _untimed(st: dict[str, Any]) -> float | None:
@@ -174,7 +167,7 @@ def _untimed(st: dict[str, Any]) -> float | None:
     total = st.get("total_s")
     if not isinstance(total, (int, float)) or "setup_s" in st or "wait_read_s" in st:
         return None
-    named = sum(float(v) for k, v in st.items() if k.endswith("_s") and k not in (*_NOT_STAGES, *_PARTS)
+    named = sum(float(v) for k, v in st.items() if k.endswith("_s") and k not in _NOT_STAGES
                 and isinstance(v, (int, float)))
     return max(0.0, float(total) - named)
 

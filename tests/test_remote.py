@@ -21,6 +21,7 @@ from gpu_zarr.engine.sources.remote import byte_cache  # noqa: E402
 from gpu_zarr.errors import CorruptChunkError, NotAZarrError  # noqa: E402
 from gpu_zarr.location import RemoteError, resolve  # noqa: E402
 from gpu_zarr.store import open_array, open_node  # noqa: E402
+from s3 import moto_server  # noqa: E402
 
 
 def _sharded_ome(src: Path, dst: Path) -> None:
@@ -699,15 +700,7 @@ def test_cli_info_of_a_url(server):
 # -- S3 (moto) behind a loopback proxy: latency, failures, anonymous access, no writes --------------------
 @pytest.fixture(scope="module")
 def moto_s3(stores):
-    moto_server = pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    srv.start()
-    try:
-        host, port = srv.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                          aws_secret_access_key="testing")
+    with moto_server() as (endpoint, s3):
         s3.create_bucket(Bucket="pub")
         s3.put_bucket_policy(Bucket="pub", Policy=json.dumps({  # a public bucket, as IDR's or the Cell Painting Gallery's
             "Version": "2012-10-17",
@@ -718,8 +711,6 @@ def moto_s3(stores):
                 if f.is_file():
                     s3.upload_file(str(f), "pub", f"data/{f.relative_to(stores)}")
         yield endpoint
-    finally:
-        srv.stop()
 
 
 def _no_aws_env(monkeypatch):

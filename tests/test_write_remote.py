@@ -15,25 +15,16 @@ from gpu_zarr.location import clear_metadata_cache  # noqa: E402
 from gpu_zarr.write import remote  # noqa: E402
 from gpu_zarr.write.api import write_zarr  # noqa: E402
 from gpu_zarr.write.omezarr import write_ome_zarr  # noqa: E402
+from s3 import moto_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def s3():
     """(endpoint, storage_options, boto3 client) of a fresh moto S3 server with the bucket "out"."""
-    moto_server = pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    srv.start()
-    try:
-        host, port = srv.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                              aws_secret_access_key="testing")
+    with moto_server() as (endpoint, client):
         client.create_bucket(Bucket="out")
         opts = {"key": "testing", "secret": "testing", "endpoint_url": endpoint, "timeout": 30, "max_retries": 1}
         yield endpoint, opts, client
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,10 @@ from typing import Any
 from gpu_zarr.write.codecs import CodecSpec
 from gpu_zarr.write.plan import WritePlan
 
-__all__ = ["array_documents", "group_documents"]
+__all__ = ["ZARR_DOCS", "array_documents", "group_documents"]
+
+#: the documents that make a folder (or an object prefix) a zarr node
+ZARR_DOCS = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
 
 
 def _documents(store_dict: Mapping[str, Any]) -> dict[str, bytes]:

@@ -25,16 +25,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpu_zarr.errors import DestinationExists, UsageError, WriteError
+from gpu_zarr.write.metadata import ZARR_DOCS
 
 __all__ = ["Destination", "Output", "is_zarr_node", "open_destination"]
 
-_ZARR_DOCS = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
 _IOV_MAX = 1024
 
 
 def is_zarr_node(path: Path) -> bool:
     """Whether ``path`` is a folder holding a zarr metadata document."""
-    return path.is_dir() and any((path / d).is_file() for d in _ZARR_DOCS)
+    return path.is_dir() and any((path / d).is_file() for d in ZARR_DOCS)
 
 
 def os_error(exc: OSError, path: Path | str, what: str) -> WriteError:

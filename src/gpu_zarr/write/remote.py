@@ -26,13 +26,13 @@ from concurrent.futures import Executor, Future, wait
 from typing import Any
 
 from gpu_zarr.errors import DestinationExists, UsageError, WriteError
+from gpu_zarr.write.metadata import ZARR_DOCS
 
 __all__ = ["PART_BYTES", "RemoteDestination"]
 
 #: objects above this size go out as multipart uploads, in parts of this size (S3's parts
 #: are 5 MiB at least; larger parts mean fewer requests per shard)
 PART_BYTES = 8 << 20
-_ZARR_DOCS = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
 
 
 def _nbytes(p: Any) -> int:
@@ -96,7 +96,7 @@ class RemoteDestination:
             raise self._error(exc, "", "list") from None
 
     def _prepare(self) -> None:
-        is_zarr = any(self._has(d) for d in _ZARR_DOCS)
+        is_zarr = any(self._has(d) for d in ZARR_DOCS)
         keys = self._existing()
         if is_zarr and not self.overwrite:
             raise DestinationExists(f"{self.path} already holds a zarr; pass overwrite=True (--overwrite) to replace "
@@ -108,7 +108,7 @@ class RemoteDestination:
             if keys is None:
                 raise WriteError(f"{self.path}: this store cannot list its objects, so an old zarr there cannot be "
                                  "replaced cleanly; remove it yourself or choose another path")
-            self._delete(sorted(keys, key=lambda k: k.rsplit("/", 1)[-1] not in _ZARR_DOCS))  # metadata first
+            self._delete(sorted(keys, key=lambda k: k.rsplit("/", 1)[-1] not in ZARR_DOCS))  # metadata first
 
     def _delete(self, keys: Sequence[str]) -> None:
         import obstore

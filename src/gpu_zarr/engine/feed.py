@@ -15,10 +15,18 @@ from gpu_zarr.engine.binary import align_up
 from gpu_zarr.engine.codecs import CodecStage
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.ops import Ops
+from gpu_zarr.engine.options import EngineOptions
 from gpu_zarr.engine.plan import Batch, LazyNames, Pieces
 from gpu_zarr.engine.sources.locate import Located
+from gpu_zarr.errors import ReadCancelled
 
-__all__ = ["Feed", "Keep", "decoded_stride", "needs_host_check", "piece_names"]
+__all__ = ["Feed", "Keep", "check_cancel", "decoded_stride", "needs_host_check", "piece_names"]
+
+
+def check_cancel(opts: EngineOptions) -> None:
+    """Raise ReadCancelled when the read's cancel event is set."""
+    if opts.cancel is not None and opts.cancel.is_set():
+        raise ReadCancelled("read cancelled: the partial result was discarded")
 
 
 def needs_host_check(stage: CodecStage, ops: Ops) -> bool:

@@ -24,23 +24,17 @@ from typing import Any
 import numpy as np
 
 from gpu_zarr.engine.codecs import CodecStage
-from gpu_zarr.engine.feed import Feed, Keep, decoded_stride, needs_host_check, piece_names
+from gpu_zarr.engine.feed import Feed, Keep, check_cancel, decoded_stride, needs_host_check, piece_names
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.ops import Ops
 from gpu_zarr.engine.options import EngineOptions
 from gpu_zarr.engine.plan import Batch, Pieces
 from gpu_zarr.engine.runtime import Runtime, faults_as_errors, gpu_fault
 from gpu_zarr.engine.sources.locate import Located
-from gpu_zarr.errors import ReadCancelled
 
 __all__ = ["run_batches", "run_feed", "run_fused"]
 
 MiB = 1 << 20
-
-
-def _cancelled(opts: EngineOptions) -> None:
-    if opts.cancel is not None and opts.cancel.is_set():
-        raise ReadCancelled("read cancelled: the partial result was discarded")
 
 
 def run_fused(lay: Layout, loc: Located, pieces: Pieces, todo: np.ndarray, out: Any, rt: Runtime,
@@ -54,7 +48,7 @@ def run_fused(lay: Layout, loc: Located, pieces: Pieces, todo: np.ndarray, out: 
     per = max(1, opts.batch_bytes // max(1, lay.inner_nbytes))
     left, total, done = [np.zeros(0, np.int64)], int(lay.inner_nbytes) * len(todo), 0
     for a in range(0, len(todo), per):
-        _cancelled(opts)
+        check_cancel(opts)
         group = todo[a:a + per]
         left.append(chunkwise.read_chunkwise(lay, loc, pieces, group, out, rt, opts.threads, keep, stats))
         done += int(lay.inner_nbytes) * len(group)
@@ -217,7 +211,7 @@ class _Staged:
             self.submit(k)
         k = 0
         while True:
-            _cancelled(self.opts)
+            check_cancel(self.opts)
             t = time.perf_counter()
             got = self.futures.pop(k).result() if k in self.futures else None  # read and checked on the fetch thread
             self.timings["wait_read_s"] += time.perf_counter() - t

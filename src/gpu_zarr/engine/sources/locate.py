@@ -247,23 +247,19 @@ def index_entries(layout: ShardGeometry, path: Any, raw: bytes, fsize: int, max_
     off, nb = index[:, 0], index[:, 1]
     # in Python-safe terms: an offset or size near 2**64 must not wrap around the sum
     bad = present & ((off < data_lo) | (off > data_hi) | (nb > data_hi - np.minimum(off, data_hi)) | (nb == 0))
+    def refuse(which: np.ndarray, why: str) -> None:
+        k = int(np.flatnonzero(which)[0])
+        inner = tuple(int(v) for v in np.unravel_index(k, layout.inner_per_shard))
+        raise CorruptChunkError(f"shard {path}: inner chunk {inner}: its index entry " + why.format(off=int(off[k]),
+                                                                                                     nb=int(nb[k])))
     if max_nbytes is not None:
         huge = present & (nb > np.uint64(max_nbytes))
         if huge.any():
-            k = int(np.flatnonzero(huge)[0])
-            inner = tuple(int(v) for v in np.unravel_index(k, layout.inner_per_shard))
-            raise CorruptChunkError(
-                f"shard {path}: inner chunk {inner}: its index entry claims {int(nb[k])} bytes, more than the "
-                f"{max_nbytes} its codec writes at most for one inner chunk; the shard is corrupt. Nothing of it was "
-                "read. Rewrite or delete it.")
+            refuse(huge, f"claims {{nb}} bytes, more than the {max_nbytes} its codec writes at most for one inner "
+                         "chunk; the shard is corrupt. Nothing of it was read. Rewrite or delete it.")
     if bad.any():
-        k = int(np.flatnonzero(bad)[0])
-        inner = tuple(int(v) for v in np.unravel_index(k, layout.inner_per_shard))
-        raise CorruptChunkError(
-            f"shard {path}: inner chunk {inner}: its index entry (offset {int(off[k])}, {int(nb[k])} bytes) "
-            f"points outside the shard's data ({data_lo}..{data_hi} bytes); the shard is truncated or corrupt. "
-            "Rewrite or delete it."
-        )
+        refuse(bad, f"(offset {{off}}, {{nb}} bytes) points outside the shard's data ({data_lo}..{data_hi} bytes); "
+                    "the shard is truncated or corrupt. Rewrite or delete it.")
     return index
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from gpu_zarr import settings
 from gpu_zarr.engine.codecs import CodecStage
-from gpu_zarr.engine.feed import Feed, Keep
+from gpu_zarr.engine.feed import Feed, Keep, check_cancel
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.ops import Ops
 from gpu_zarr.engine.options import EngineOptions
@@ -96,10 +96,11 @@ class RemoteFeed:
 
     def __init__(self, lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, ops: Ops, rt: Runtime,
                  opts: EngineOptions, cache: Any, batch: int, arena: Any) -> None:
-        from gpu_zarr.engine.sources.remote import remote_source
+        from gpu_zarr.engine.sources.remote import RemoteBlob, remote_source
         from gpu_zarr.engine.sources.remote_stream import whole_cap
 
         assert lay.source is not None
+        self._blob = RemoteBlob  # (an answer's bytes as a "file" of the batches)
         self.source = remote_source(rt, lay)  # the live source of the read: its requests, its caches
         self.lay, self.stage, self.pieces, self.out, self.ops, self.rt, self.opts = lay, stage, pieces, out, ops, rt, opts
         self.cache, self.arena = cache, arena
@@ -213,7 +214,7 @@ class RemoteFeed:
         with self.cond:
             while not (self.done or self.stopped or (self.queue and self.queued >= self.group_bytes)):
                 self.cond.wait(0.05)
-                _check_cancel(self.opts)
+                check_cancel(self.opts)
             took, self.queue = self.queue, []
             self.queued = 0
             finished, error, stopped = self.done, self.error, self.stopped
@@ -225,7 +226,7 @@ class RemoteFeed:
 
     def more(self) -> tuple[list[Batch], bool]:
         """The next group's batches (waits for answers); True once there are no more."""
-        _check_cancel(self.opts)
+        check_cancel(self.opts)
         took, finished = self._wait()
         sel: list[int] = []
         for a in took:
@@ -241,9 +242,7 @@ class RemoteFeed:
         cached; ``look``: ask the cache)."""
         sel = []
         fid = len(self.files)
-        from gpu_zarr.engine.sources.remote import RemoteBlob
-
-        self.files.append(RemoteBlob(a.url, a.data if a.data is not None else b"", a.base))
+        self.files.append(self._blob(a.url, a.data if a.data is not None else b"", a.base))
         for j in positions:
             p, nb = int(a.pieces[j]), int(a.nbytes[j])
             if nb < 0:
@@ -436,11 +435,6 @@ def _reader(requests: int, rt: Runtime) -> Any:
 
     copiers = min(8, CORES)
     return RemoteReader(requests, rt.pool("remote-copy", copiers), copiers)
-
-
-def _check_cancel(opts: EngineOptions) -> None:
-    if opts.cancel is not None and opts.cancel.is_set():
-        raise ReadCancelled("read cancelled: the partial result was discarded")
 
 
 def _stop_of(opts: EngineOptions) -> Callable[[], bool] | None:

@@ -118,35 +118,76 @@ class EngineBackend:
             self._runtime = get_runtime()
         return self._runtime
 
-    def small_read_bytes(self, region: Any) -> int | None:
+    def small_read_bytes(self, region: Any, to_device: bool = True) -> int | None:
+        touched, est = self.host_choice(region, to_device)
+        return touched if touched is not None and (est is None or est.executor == "cpu") else None
+
+    def host_choice(self, region: Any, to_device: bool = True) -> tuple[int | None, Any]:
+        """(decoded bytes of the chunks the read touches, the executor estimate) when it may
+        decode on CPU threads; (None, None) when it decodes on the GPU regardless. A local
+        read up to ``small_read`` is weighed (:func:`gpu_zarr.engine.choice.choose`); a remote
+        one up to ``remote_host_read`` decodes on the host as the answers arrive (the network,
+        not the decoder, bounds it: no estimate)."""
         lay, limit = self.layout, settings.get("small_read")
-        if lay.source is not None:  # a remote store: the host decodes as the answers arrive
+        if lay.source is not None:
             limit = max(limit, settings.get("remote_host_read"))
-        if (lay.codec == "raw" and not lay.frames) or not limit:
+        touched = self._touched(region)
+        if touched is None or not limit or touched[1] > limit:
+            return None, None
+        if lay.source is not None:
+            return touched[1], None
+        return touched[1], self._estimate(*touched, to_device)
+
+    def _touched(self, region: Any) -> tuple[int, int] | None:
+        """(chunks, their decoded bytes) a read of ``region`` touches; None when it has nothing
+        to decode (raw chunks: read straight to the GPU) or touches nothing."""
+        lay = self.layout
+        if lay.codec == "raw" and not lay.frames:
             return None
         chunks = 1
         for a, b, c in zip(region.start, region.stop, lay.inner_shape):
             if b <= a:
                 return None
             chunks *= (b - 1) // c - a // c + 1
-        touched = chunks * lay.inner_nbytes
-        return touched if touched <= limit else None
+        return chunks, chunks * lay.inner_nbytes
+
+    def _estimate(self, chunks: int, touched: int, to_device: bool) -> Any:
+        choice = _choice()
+        return choice.choose(choice.decode_rates(self.runtime), choice.codec_key(self.layout), chunks, touched,
+                             settings.get("threads"), to_device=to_device, batch_bytes=settings.get("batch_bytes"))
 
     def read(self, arr: Any, region: Any, selection: Any, *, options: Any, progress: Callable[[int, int], None] | None,
              cancel: Any, where: str) -> tuple[Any, dict[str, Any], str]:
-        EngineOptions, engine_read, CpuOps = _engine()
-        small = self.small_read_bytes(region)
-        if small is None:
+        EngineOptions, engine_read, _ = _engine()
+        on_gpu = where != "host"
+        small, est = self.host_choice(region, on_gpu)
+        if small is None or (est is not None and est.executor == "gpu"):
             opts = options or EngineOptions()
             if progress is not None or cancel is not None:
                 opts = opts.with_(progress=progress or opts.progress, cancel=cancel or opts.cancel)
             res = engine_read(None, region, device="gpu", options=opts, layout=self.layout, runtime=self.runtime)
-            return res.data, res.stats, ""
-        # decoded chunkwise on CPU threads; with ``cache`` (viewers) the decoded chunks are kept
-        # in the runtime's host chunk cache, so the next planes of thick chunks are copies.
-        # (The options made once, not made and then copied; the CPU ops kept by the runtime: on
+            if est is None:
+                return res.data, res.stats, ""
+            res.stats.update(est.stats())
+            return res.data, res.stats, f"; {est.describe()}: decoded on the GPU"
+        data, stats, threads = self._read_on_host(region, options, progress, cancel, on_gpu)
+        stats["small_read"] = True
+        if est is not None:
+            stats.update(est.stats())
+            self._record(stats, threads)
+        kind = "small read" if small <= settings.get("small_read") else "remote read, decoded as the answers arrived,"
+        return data, stats, (f"; {kind} ({small / (1 << 20):.1f} MiB of chunks): decoded on {threads} CPU "
+                             "threads" + (", one copy to the GPU" if on_gpu else ", returned in host memory")
+                             + (f" ({est.describe()})" if est is not None else ""))
+
+    def _read_on_host(self, region: Any, options: Any, progress: Callable[[int, int], None] | None, cancel: Any,
+                      on_gpu: bool) -> tuple[Any, dict[str, Any], int]:
+        """The read decoded chunkwise on CPU threads: (data, stats, threads); on the GPU after
+        one copy when ``on_gpu``. With ``cache`` (viewers) the decoded chunks are kept in the
+        runtime's host chunk cache, so the next planes of thick chunks are copies."""
+        EngineOptions, engine_read, CpuOps = _engine()
+        # (the options made once, not made and then copied; the CPU ops kept by the runtime: on
         # a CPU that idled, these steps took ~0.2 ms of a plane's time before its requests left)
-        on_gpu = where != "host"
         # the page-locked box a plane is placed in, then (a remote plane, on the GPU) its copy to
         # the GPU set up while the requests travel: after the answers cupy's steps ran cold (the
         # copy took 0.23 ms of a plane's time on the H200, 0.05 of it copying)
@@ -161,25 +202,27 @@ class EngineBackend:
         threads = opts.threads
         ops = rt.resource(("small-read-ops", threads),
                           lambda: CpuOps(rt.pool("cpu-decode", threads), threads, fast=True, runtime=rt))
-        if not on_gpu:
+        if staged is None:
             res = engine_read(None, region, device="cpu", options=opts, layout=self.layout, ops=ops, runtime=rt)
-            data, stats = res.data, res.stats
-        else:
-            # placed in page-locked staging and copied to the GPU from there (a 2 MiB plane on the
-            # H200: 0.06 ms, against 0.3-0.7 ms from ordinary memory)
-            dtype = self.layout.out_dtype
-            assert staged is not None
-            with rt.pinned.lease(nbytes_of(region.box_shape, dtype), 1, rt.pinned_alloc) as (buf,):
-                staged.box = buf.view(dtype).reshape(region.box_shape)
-                res = engine_read(None, region, device="cpu", options=opts, layout=self.layout, ops=ops, runtime=rt,
-                                  out=staged.box)
-                data = staged.to_gpu(res.data)
-                stats = res.stats
-        stats["small_read"] = True
-        kind = "small read" if small <= settings.get("small_read") else "remote read, decoded as the answers arrived,"
-        return data, stats, (f"; {kind} ({small / (1 << 20):.1f} MiB of chunks): decoded on {opts.threads} CPU "
-                             "threads" + (", one copy to the GPU" if on_gpu else ", returned in host memory"))
+            return res.data, res.stats, threads
+        # placed in page-locked staging and copied to the GPU from there (a 2 MiB plane on the
+        # H200: 0.06 ms, against 0.3-0.7 ms from ordinary memory)
+        dtype = self.layout.out_dtype
+        with rt.pinned.lease(nbytes_of(region.box_shape, dtype), 1, rt.pinned_alloc) as (buf,):
+            staged.box = buf.view(dtype).reshape(region.box_shape)
+            res = engine_read(None, region, device="cpu", options=opts, layout=self.layout, ops=ops, runtime=rt,
+                              out=staged.box)
+            return staged.to_gpu(res.data), res.stats, threads
 
+    def _record(self, stats: dict[str, Any], threads: int) -> None:
+        """Record the host decode rate of a read the native threads decoded (fused executor,
+        nothing from the chunk cache): what later reads' estimates use."""
+        decoded = int(stats.get("chunkwise_native") or 0)
+        if decoded and not stats.get("cache_hits") and stats.get("fused_s"):
+            choice = _choice()
+            choice.decode_rates(self.runtime).record(choice.codec_key(self.layout),
+                                                     decoded * self.layout.inner_nbytes, float(stats["fused_s"]),
+                                                     min(threads, decoded))
 
     def read_parts_into(self, parts: Any, out: np.ndarray, *, options: Any = None) -> tuple[dict[str, Any], str]:
         """Read boxes of several arrays of this one's chunk format into their places in the host
@@ -187,10 +230,16 @@ class EngineBackend:
         when all of them together are a small read (``settings`` ``small_read``), else on the
         GPU, then one copy to the host. Returns (stats, what to add to the choice's reason)."""
         limit = settings.get("small_read")
-        touched = [self.small_read_bytes(p) for p in parts]
-        if limit and all(t is not None for t in touched) and sum(t or 0 for t in touched) <= limit:
-            stats = _read_parts_on_host(self.runtime, parts, out, options)
-            return stats, f"; one engine read of {len(parts)} arrays, decoded on CPU threads (small read)"
+        touched = [self._touched(p) for p in parts]
+        if limit and self.layout.source is None and all(t is not None for t in touched):
+            chunks, total = (sum(t[k] for t in touched if t is not None) for k in (0, 1))
+            if total <= limit:
+                est = self._estimate(chunks, total, False)
+                if est.executor == "cpu":
+                    stats = _read_parts_on_host(self.runtime, parts, out, options)
+                    stats.update(est.stats())
+                    return stats, (f"; one engine read of {len(parts)} arrays, decoded on CPU threads (small read; "
+                                   f"{est.describe()})")
         from gpu_zarr.engine import EngineOptions, read_many
 
         res = read_many(parts, out.shape, device="gpu", options=options or EngineOptions(), runtime=self.runtime)
@@ -199,6 +248,14 @@ class EngineBackend:
             box = tuple(slice(a, a + b - s) for a, s, b in zip(p.at, p.start, p.stop))
             out[box] = host[box]
         return res.stats, f"; one engine read of {len(parts)} arrays, decoded on the GPU"
+
+
+@functools.cache
+def _choice() -> Any:
+    """:mod:`gpu_zarr.engine.choice`, imported on first use (the engine is imported lazily)."""
+    import gpu_zarr.engine.choice as choice
+
+    return choice
 
 
 @functools.cache

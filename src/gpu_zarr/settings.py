@@ -37,10 +37,12 @@ cache_bytes    ``GPU_ZARR_CACHE_MIB``      decoded chunks kept for lazy arrays (
                                            this); least recently used first out
                                            (default 1024 MiB; 0 turns it off)
 small_read     ``GPU_ZARR_SMALL_READ_MIB`` compressed reads touching at most this many
-                                           decoded bytes decode on CPU threads (nvCOMP
-                                           costs 5-16 ms a call whatever its size);
-                                           default 6 MiB per core, at most 128 MiB;
-                                           0 turns it off
+                                           decoded bytes may decode on CPU threads; they
+                                           do when that is estimated faster than on the
+                                           GPU (nvCOMP costs 5-16 ms a call whatever its
+                                           size; host rates measured per codec:
+                                           :mod:`gpu_zarr.engine.choice`); default 6 MiB
+                                           per core, at most 128 MiB; 0 turns it off
 remote_host_read ``GPU_ZARR_REMOTE_HOST_READ_MIB`` the same for remote stores
                                            (at least ``small_read``): their reads
                                            touching at most this many decoded bytes

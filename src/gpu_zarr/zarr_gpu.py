@@ -33,7 +33,8 @@ from zarr.core.codec_pipeline import BatchedCodecPipeline
 from zarr.registry import register_pipeline
 
 from gpu_zarr import nvcomp_zstd, settings
-from gpu_zarr.engine.runtime import faults_as_errors
+from gpu_zarr.engine import choice
+from gpu_zarr.engine.runtime import faults_as_errors, get_runtime
 from gpu_zarr.errors import CorruptChunkError, GPUFault, UnsupportedArrayError
 from gpu_zarr.nvcomp_zstd import is_gpu_prototype
 
@@ -203,10 +204,14 @@ def _decode_with_stages(items: list[tuple[Any, Any]], codec: str, params: dict[s
                                     f"{tuple(spec.shape)} {dtype}, found {data.nbytes}; the chunk is truncated, "
                                     "damaged or belongs to another array.")
         encoded.append(data)
-    # a small batch (a viewer's tile) decodes on CPU threads, one copy to the GPU: nvCOMP's
-    # per-call latency costs more than it saves there (the engine's small-read policy)
-    limit = settings.get("small_read")
-    on_gpu = device == "gpu" and not (limit and n * len(present) <= limit)
+    # a small batch (a viewer's tile) decodes on CPU threads, one copy to the GPU, when that is
+    # estimated faster: nvCOMP's per-call latency costs more than it saves there (the engine's
+    # choice, :mod:`gpu_zarr.engine.choice`)
+    limit, on_gpu = settings.get("small_read"), device == "gpu"
+    if on_gpu and limit and n * len(present) <= limit:
+        est = choice.choose(choice.decode_rates(get_runtime()), choice.codec_key(lay), len(present), n * len(present),
+                            settings.get("threads"), to_device=True, batch_bytes=settings.get("batch_bytes"))
+        on_gpu = est.executor == "gpu"
     buf, offsets = decode_chunks(lay, encoded, names=[names[k] for k in present], device="gpu" if on_gpu else "cpu")
     if device == "gpu" and not on_gpu:
         import cupy

@@ -100,6 +100,8 @@ LAYOUTS = [
     ("v2-raw-slash", dict(fmt=2, codec="raw", separator="/")),
     ("v2-fill-null", dict(fmt=2, codec="zstd", fill_value=None)),
     ("v3-v2keys", dict(fmt=3, codec="raw", chunk_key_encoding={"name": "v2", "separator": "."})),
+    ("v3-v2keys-slash", dict(fmt=3, codec="zstd", chunk_key_encoding={"name": "v2", "separator": "/"})),
+    ("v3-dot-keys", dict(fmt=3, codec="zstd", chunk_key_encoding={"name": "default", "separator": "."})),
     ("v3-raw-bigendian", dict(fmt=3, codec="raw", dtype=">i2", endian="big")),
     ("v3-zstd-bigendian", dict(fmt=3, codec="zstd", dtype=">f8", endian="big")),
     ("v3-fill-7", dict(fmt=3, codec="zstd", fill_value=7)),

@@ -84,3 +84,25 @@ def test_small_plans_in_plain_python_equal_numpys(monkeypatch):
         for a, b in ((small.coords, big.coords), (small.table, big.table)):
             assert a.dtype == b.dtype == np.int64 and a.shape == b.shape
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (6, 7, 8)])
+@pytest.mark.parametrize("fmt,encoding", [(2, "."), (2, "/"), (3, ("default", "/")), (3, ("default", ".")),
+                                          (3, ("v2", ".")), (3, ("v2", "/"))])
+def test_chunk_keys_are_zarrs(tmp_path, shape, fmt, encoding):
+    """The layout names chunks as plain data (prefix, separator), exactly as zarr's own encoder."""
+    import zarr
+
+    from gpu_zarr.engine.metadata import layout_of
+
+    kw: dict = {"dimension_separator": encoding} if fmt == 2 else {
+        "chunk_key_encoding": {"name": encoding[0], "separator": encoding[1]}}
+    if fmt == 2:
+        a = zarr.open_array(str(tmp_path / "a.zarr"), mode="w", shape=shape, chunks=tuple(max(1, s // 2) for s in shape),
+                            dtype="<u2", zarr_format=2, **kw)
+    else:
+        a = zarr.create_array(str(tmp_path / "a.zarr"), shape=shape, chunks=tuple(max(1, s // 2) for s in shape),
+                              dtype="<u2", **kw)
+    keys = layout_of(zarr.open_array(str(tmp_path / "a.zarr"), mode="r")).chunk_key
+    for coords in [tuple(0 for _ in shape), tuple(range(1, len(shape) + 1)), tuple(9 for _ in shape)]:
+        assert keys(coords) == a.metadata.encode_chunk_key(coords)

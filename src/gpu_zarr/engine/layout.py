@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +17,7 @@ from gpu_zarr.engine.fit import nbytes_of
 if TYPE_CHECKING:
     from gpu_zarr.location import Location
 
-__all__ = ["Layout", "RemoteRef", "batch_key", "chunk_layout"]
+__all__ = ["ChunkKeys", "Layout", "RemoteRef", "batch_key", "chunk_layout"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,20 @@ class RemoteRef:
 
 
 @dataclass(frozen=True)
+class ChunkKeys:
+    """How chunk-grid coordinates name a stored object, as plain data (zarr's chunk key
+    encodings): v3's ``default`` is ``prefix="c"`` (``c/0/1/2``), v2 and v3's ``v2`` encoding
+    have no prefix (``0.1.2``, a 0-d array's chunk is ``0``)."""
+
+    prefix: str
+    separator: str
+
+    def __call__(self, coords: tuple[int, ...]) -> str:
+        parts = ([self.prefix] if self.prefix else []) + [str(int(c)) for c in coords]
+        return self.separator.join(parts) if parts else "0"
+
+
+@dataclass(frozen=True)
 class Layout:
     """Geometry, codec and files of one zarr array, as the engine reads it.
 
@@ -83,8 +97,8 @@ class Layout:
         Shard index followed by a crc32c checksum.
     root : pathlib.Path
         Directory of the array on the local file system.
-    chunk_key : callable
-        Chunk-grid coordinates -> key relative to ``root`` (zarr's own encoder).
+    chunk_key : ChunkKeys
+        Chunk-grid coordinates -> key relative to ``root``.
     zarr_format : int
     codec_params : mapping
         Parameters of the codec stage (e.g. a Blosc typesize), empty when it needs none.
@@ -113,7 +127,7 @@ class Layout:
     index_at_end: bool
     index_crc: bool
     root: Path
-    chunk_key: Callable[[tuple[int, ...]], str]
+    chunk_key: ChunkKeys
     zarr_format: int
     codec_params: Mapping[str, Any] = field(default_factory=dict)
     transpose: tuple[int, ...] | None = None
@@ -166,4 +180,4 @@ def chunk_layout(shape: tuple[int, ...], dtype: np.dtype, codec: str, params: Ma
     disk = np.dtype(dtype)
     out = disk.newbyteorder("=") if disk.byteorder not in ("=", "|") else disk
     return Layout(tuple(shape), disk, out, np.zeros((), out)[()], tuple(shape), tuple(shape), codec, False, True,
-                  False, Path("."), lambda coords: "", 2, codec_params=dict(params or {}), transpose=transpose)
+                  False, Path("."), ChunkKeys("", "."), 2, codec_params=dict(params or {}), transpose=transpose)

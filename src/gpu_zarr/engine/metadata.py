@@ -16,7 +16,7 @@ import numpy as np
 
 from gpu_zarr.engine.codecs import stage_named, stages
 from gpu_zarr.engine.codecs.chain import HOST, Chain, parse_v2, parse_v3, steps_label
-from gpu_zarr.engine.layout import Layout
+from gpu_zarr.engine.layout import ChunkKeys, Layout
 from gpu_zarr.errors import UnsupportedArrayError
 
 __all__ = ["codec_of_chain", "codec_of_v2_compressor", "describe", "layout_of", "native_dtype"]
@@ -209,5 +209,24 @@ def _layout(arr: Any, shape: tuple[int, ...], chunks: tuple[int, ...], inner: tu
     disk = _disk_dtype(dtype, chain, zarr_format)
     out = native_dtype(disk)
     return Layout(shape, disk, out, _fill(arr, out), chunks, inner, chain.codec, sharded, index_at_end, index_crc,
-                  root, arr.metadata.encode_chunk_key, zarr_format, codec_params=dict(chain.params),
+                  root, _chunk_keys(arr.metadata), zarr_format, codec_params=dict(chain.params),
                   transpose=chain.transpose, source=source, frames=chain.frames, host=chain.host)
+
+
+def _chunk_keys(meta: Any) -> ChunkKeys:
+    """The array's chunk key encoding as plain data, checked against zarr's own encoder."""
+    def text(v: Any) -> str:
+        return str(getattr(v, "value", v))
+
+    if meta.zarr_format == 2:
+        keys = ChunkKeys("", text(getattr(meta, "dimension_separator", None) or "."))
+    else:
+        enc = meta.chunk_key_encoding
+        name, sep = text(getattr(enc, "name", "")), text(getattr(enc, "separator", "/"))
+        if name not in ("default", "v2"):
+            raise _unsupported("chunk key encodings default or v2", f"chunk key encoding {name!r}")
+        keys = ChunkKeys("c" if name == "default" else "", sep)
+    probe = tuple(range(1, len(meta.shape) + 1))
+    if keys(probe) != meta.encode_chunk_key(probe):
+        raise _unsupported(f"chunk keys like {keys(probe)!r}", f"zarr names chunk {probe} {meta.encode_chunk_key(probe)!r}")
+    return keys

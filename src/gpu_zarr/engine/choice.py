@@ -10,7 +10,9 @@ cross moves with the codec and the CPU. :func:`choose` estimates both times from
 - **this process's host decode rates**, per codec (:class:`DecodeRates`, owned by the
   runtime): every read decoded on CPU threads records its decoded bytes per second per
   thread (read and place included: what that executor costs). A codec not yet decoded here
-  uses a seed rate (:data:`SEED_HOST_RATE`), replaced by the first measurement;
+  uses a seed rate (:data:`SEED_HOST_RATE`), replaced by the first measurement; measurements
+  are held between a quarter and eight times the seed, so one disturbed read cannot send a
+  damaged store's few chunks to nvCOMP (undefined on corrupt input) or a big read to the CPU;
 - **nvCOMP's per-call latency** by codec (:data:`GPU_CALL_S`) and its rate once the call is
   busy (:data:`GPU_RATE`), and the host-device copies (:data:`COPY_RATE`).
 
@@ -52,8 +54,11 @@ COPY_RATE = 20.0 * GiB
 GPU_SETUP_S = 1e-3
 #: a measurement moves the rate this far towards itself (reads vary 20-30 % run to run)
 _WEIGHT = 0.3
-#: reads smaller than this say little about a rate (thread start-up, page faults dominate)
+#: reads of less than this per thread say little about a rate (thread wake-up, page faults)
 _MIN_SAMPLE = 256 << 10
+#: a measured rate is held within these factors of its seed: one disturbed read (a cold page
+#: cache, a busy machine) must not send tiny reads to the GPU or big ones to the CPU
+_CLAMP = (0.25, 8.0)
 
 
 def codec_key(lay: Any) -> str:
@@ -83,10 +88,11 @@ class DecodeRates:
 
     def record(self, key: str, decoded_bytes: int, seconds: float, threads: int) -> None:
         """One read decoded ``decoded_bytes`` of codec ``key`` on ``threads`` threads in
-        ``seconds`` (reads under 256 KiB, or timed at 0, are left out)."""
-        if decoded_bytes < _MIN_SAMPLE or seconds <= 0 or threads < 1:
+        ``seconds`` (reads of under 256 KiB a thread, or timed at 0, are left out)."""
+        if threads < 1 or decoded_bytes < _MIN_SAMPLE * threads or seconds <= 0:
             return
-        rate = decoded_bytes / seconds / threads
+        seed = SEED_HOST_RATE.get(key, SEED_HOST_RATE["host"])
+        rate = min(max(decoded_bytes / seconds / threads, _CLAMP[0] * seed), _CLAMP[1] * seed)
         with self._lock:
             old = self._rates.get(key)
             self._rates[key] = rate if old is None else old + _WEIGHT * (rate - old)

@@ -13,6 +13,7 @@
 #   bash benchmarks/on_gpu_machine.sh team     # browsing thin chunks: the native team of threads vs threads per call
 #   bash benchmarks/on_gpu_machine.sh remote   # remote tests and `bench --remote` (GPU and CPU decode) with TensorStore
 #   bash benchmarks/on_gpu_machine.sh dask1    # dask on one GPU: one worker against the plain read, 16 GiB volumes
+#   bash benchmarks/on_gpu_machine.sh ab       # today's tree against .ab-old/src on the README's 4 GiB layouts, in turns
 #   bash benchmarks/on_gpu_machine.sh pack     # everything in $OUT into $OUT/results.tgz (the device tool returns 8 files)
 # Results go to $OUT (default ./gpu-results).
 set -uo pipefail
@@ -139,6 +140,26 @@ speed)
       --configs "${C#,}" > "$OUT/budget.txt" 2>&1
     tail -12 "$OUT/budget.txt"
   fi
+  ;;
+ab)
+  # no-regression check: the README's 4 GiB layouts read by today's tree and by an older one, in turns (old, new,
+  # old, new: the machine's drift falls on both), each in a process of its own on the same volumes. The old tree:
+  #   mkdir -p .ab-old && git archive OLD src | tar -x -C .ab-old      (carried: run's carry=[".ab-old"])
+  [ -d .ab-old/src ] || { echo "no .ab-old/src: git archive OLD src | tar -x -C .ab-old, and carry it"; exit 1; }
+  O=.ab-old/src/gpu_zarr/engine/native
+  if [ -d $O ] && [ ! -f $O/libgz_native.so ]; then
+    gcc -O3 -shared -fPIC -pthread -fvisibility=hidden $O/*.c -o $O/libgz_native.so -ldl || echo "old native library not built"
+  fi
+  L=${AB_LAYOUTS:-raw-v3-32MiB,zstd-v3-4MiB,zstd-v3-1MiB,sharded-zstd-v3-64MiB-1MiB,blosc-lz4-shuffle-v2,blosc-zstd-bitshuffle-v2,sharded-blosc-zstd-v3}
+  for turn in 1 2; do
+    for side in old new; do
+      S=$([ $side = old ] && echo .ab-old/src || echo src)
+      PYTHONPATH=/tmp/site:$S timeout 130 python3 -m gpu_zarr.bench --device gpu --workdir $WORK --no-progress \
+        --repeat 3 --layouts $L --readers ours-kvikio --out "$OUT/ab-$side-$turn" > "$OUT/ab-$side-$turn.log" 2>&1
+      echo "$side turn $turn: exit $?"
+    done
+  done
+  python3 benchmarks/ab.py "$OUT" | tee "$OUT/ab.md"
   ;;
 scale)
   timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_dask_gpu.py > "$OUT/tests-dask.txt" 2>&1

@@ -134,6 +134,7 @@ def _stats(times: list[float]) -> dict:
 def bench_small(path: str, selections: list, threads: int) -> dict:
     import zarr
 
+    from gpu_zarr import settings
     from gpu_zarr.engine import native
     from gpu_zarr.engine.metadata import layout_of
     from gpu_zarr.engine.ops import CpuOps
@@ -156,13 +157,8 @@ def bench_small(path: str, selections: list, threads: int) -> dict:
 
     if native.available():
         timed("ours (native)", ours)
-    os.environ["GPU_ZARR_NATIVE"] = "0"
-    native._load.cache_clear()
-    try:
+    with settings.set(native=False):
         timed("ours (Python, GPU_ZARR_NATIVE=0)", ours)
-    finally:
-        del os.environ["GPU_ZARR_NATIVE"]
-        native._load.cache_clear()
     timed("numcodecs thread pool", lambda sel: _numcodecs_pool(arr, lay, sel, pool, threads))
     try:
         import tensorstore as ts

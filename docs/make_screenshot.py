@@ -13,7 +13,6 @@ runs :func:`make` on every GUI test run, so the script cannot rot.
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time
@@ -77,8 +76,11 @@ def make(out: Path, viewer: Any = None) -> Any:
 
 def main(argv: list[str]) -> int:
     out = Path(argv[0]) if argv else DEFAULT_OUT
-    # the sample goes to a private cache, never the user's ~/.cache
-    os.environ.setdefault("GPU_ZARR_CACHE", str(Path(tempfile.gettempdir()) / "gpu-zarr-screenshot-cache"))
+    from gpu_zarr import settings
+
+    # the sample goes to a private cache (unless GPU_ZARR_CACHE names one), never the user's ~/.cache
+    if not settings.get("cache_dir"):
+        settings.set(cache_dir=str(Path(tempfile.gettempdir()) / "gpu-zarr-screenshot-cache"))
     img = make(out)
     print(f"wrote {out} ({img.shape[1]}x{img.shape[0]})")
     return 0

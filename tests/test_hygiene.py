@@ -397,3 +397,68 @@ def test_long_function_check_finds_one(tmp_path):
     (tmp_path / "m.py").write_text(f"def short():\n    return 1\n\n\ndef long():\n{body}\n")
     found = _long_functions(tmp_path)
     assert len(found) == 1 and "long (81 lines)" in found[0]
+
+
+# --- every GPU_ZARR_* variable is read in settings.py --------------------------------------
+
+#: the one module that reads our environment variables (each a setting: see its table)
+_SETTINGS_PY = SRC / "settings.py"
+
+
+def _is_environ(node: ast.AST) -> bool:
+    """``os.environ`` or a bare ``environ``."""
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
+        isinstance(node, ast.Name) and node.id == "environ")
+
+
+def _our_variable(node: ast.AST | None, constants: dict[str, str]) -> bool:
+    """``node`` names a GPU_ZARR_* variable: a string, an f-string or a module constant holding one."""
+    if isinstance(node, ast.Name):
+        return constants.get(node.id, "").startswith("GPU_ZARR_")
+    return node is not None and any(isinstance(n, ast.Constant) and isinstance(n.value, str)
+                                    and n.value.startswith("GPU_ZARR_") for n in ast.walk(node))
+
+
+def _environment_reads(root: Path, skip: Path | None = None) -> list[str]:
+    """Where a module under ``root`` (but ``skip``) reads a GPU_ZARR_* environment variable:
+    ``os.environ.get/setdefault/pop(...)``, ``os.environ[...]``, ``... in os.environ``,
+    ``os.getenv(...)``; other variables (XDG_CACHE_HOME, DISPLAY) are not ours to move."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path == skip:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                     and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                     for t in n.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(tree):
+            key: ast.AST | None = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+                if _is_environ(node.func.value) or node.func.attr == "getenv":
+                    key = node.args[0]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getenv":
+                key = node.args[0] if node.args else None
+            elif isinstance(node, ast.Subscript) and _is_environ(node.value):
+                key = node.slice
+            elif isinstance(node, ast.Compare) and any(_is_environ(c) for c in node.comparators):
+                key = node.left
+            if _our_variable(key, constants):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_only_settings_reads_our_environment_variables():
+    """Every GPU_ZARR_* knob is a setting (``gpu_zarr.settings``: a default, its variable read at
+    import, a check, ``settings.get/set``, a row in its table); no other module reads one."""
+    assert _environment_reads(SRC, skip=_SETTINGS_PY) == []
+    assert _environment_reads(SRC) != []  # (settings.py itself reads them: the scan sees reads)
+
+
+def test_environment_read_check_finds_them(tmp_path):
+    (tmp_path / "m.py").write_text(
+        'import os\nfrom os import environ, getenv\nVAR = "GPU_ZARR_X"\n'
+        'a = os.environ.get("GPU_ZARR_A", "1")\nb = os.environ["GPU_ZARR_B"]\nc = os.getenv(VAR)\n'
+        'd = "GPU_ZARR_D" in os.environ\ne = getenv(f"GPU_ZARR_{a}")\nf = environ.setdefault("GPU_ZARR_F", "")\n'
+        'ok = os.environ.get("XDG_CACHE_HOME"), os.environ["DISPLAY"], "HOME" in os.environ\n')
+    found = _environment_reads(tmp_path)
+    assert [f.rpartition(":")[2] for f in found] == ["4", "5", "6", "7", "8", "9"], found

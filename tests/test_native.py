@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from blosc_cases import BLOSC_LAYOUTS, payload, write_blosc
+from gpu_zarr import settings
 from gpu_zarr.engine import native
 from gpu_zarr.engine.ops import CpuOps
 from gpu_zarr.engine.pipeline import EngineOptions, read
@@ -31,17 +32,14 @@ MiB = 1 << 20
 
 
 @pytest.fixture(params=["native", "fallback"])
-def mode(request, monkeypatch):
-    """Run a test with the native library (when built) and with GPU_ZARR_NATIVE=0."""
+def mode(request):
+    """Run a test with the native library (when built) and with it turned off (the ``native``
+    setting, GPU_ZARR_NATIVE=0)."""
     if request.param == "native" and not native.available():
         pytest.skip(f"native library: {native.status().reason}")
-    if request.param == "fallback":
-        monkeypatch.setenv("GPU_ZARR_NATIVE", "0")
-        native._load.cache_clear()
-        assert not native.available()
-    yield request.param
-    monkeypatch.undo()
-    native._load.cache_clear()
+    with settings.set(native=request.param == "native"):
+        assert native.available() == (request.param == "native")
+        yield request.param
 
 
 def _dec(codec, enc: bytes, nbytes: int, threads: int = 2):
@@ -61,21 +59,16 @@ def test_status_reports_codecs():
     assert "loaded" in s.summary()
 
 
-def test_turned_off(monkeypatch):
-    monkeypatch.setenv("GPU_ZARR_NATIVE", "0")
-    native._load.cache_clear()
+def test_turned_off():
+    from gpu_zarr.capabilities import probe
+
     try:
-        assert not native.available()
-        assert "GPU_ZARR_NATIVE=0" in native.status().reason
-        assert make_reader("cpu-auto", 2).name == "threads"
-        from gpu_zarr.capabilities import probe
-
-        assert "not loaded" in probe(refresh=True).report()
+        with settings.set(native=False):
+            assert not native.available() and native.library() is None
+            assert "GPU_ZARR_NATIVE=0" in native.status().reason
+            assert make_reader("cpu-auto", 2).name == "threads"
+            assert "not loaded" in probe(refresh=True).report()
     finally:
-        monkeypatch.undo()
-        native._load.cache_clear()
-        from gpu_zarr.capabilities import probe
-
         probe(refresh=True)
 
 

@@ -12,6 +12,7 @@ import pytest
 import zarr
 
 from gpu_zarr import progress as gp
+from gpu_zarr import settings
 from gpu_zarr.errors import ReadCancelled
 from gpu_zarr.zarr_io import read_zarr
 from stores import write
@@ -36,16 +37,13 @@ def test_callable_none_false_and_bad_values():
         pass
 
 
-def test_auto_is_off_by_env_and_without_a_terminal(monkeypatch):
-    monkeypatch.setenv("GPU_ZARR_PROGRESS", "0")
-    with gp.progress_callback("auto") as got:
+def test_auto_is_off_by_setting_and_without_a_terminal(monkeypatch):
+    with settings.set(progress="off"), gp.progress_callback("auto") as got:  # GPU_ZARR_PROGRESS=0
         assert got is None
-    monkeypatch.delenv("GPU_ZARR_PROGRESS")
     monkeypatch.setattr(gp, "_stderr_is_terminal", lambda: False)
-    with gp.progress_callback("auto") as got:  # pytest captures stderr: not a terminal
+    with settings.set(progress="auto"), gp.progress_callback("auto") as got:  # not a terminal
         assert got is None
-    monkeypatch.setenv("GPU_ZARR_PROGRESS", "1")
-    with gp.progress_callback("auto") as got:
+    with settings.set(progress="on"), gp.progress_callback("auto") as got:  # GPU_ZARR_PROGRESS=1
         assert isinstance(got, gp.TqdmProgress) and got.delay == gp.AUTO_DELAY_S and not got.notebook
 
 
@@ -67,9 +65,9 @@ def test_text_bar_shows_bytes_and_rate(arr, capsys):
     assert "MiB" in err and "iB/s" in err  # binary units: ... MiB/s or GiB/s
 
 
-def test_auto_bar_waits_a_second(arr, capsys, monkeypatch):
-    monkeypatch.setenv("GPU_ZARR_PROGRESS", "1")
-    read_zarr(arr, prefer="cpu")  # default "auto": a fast read shows nothing
+def test_auto_bar_waits_a_second(arr, capsys):
+    with settings.set(progress="on"):
+        read_zarr(arr, prefer="cpu")  # default "auto": a fast read shows nothing
     assert "gpu_zarr read" not in capsys.readouterr().err
 
     def slow(done, total):

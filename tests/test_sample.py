@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import zarr
 
+from gpu_zarr import settings
 from gpu_zarr.omezarr import open_ome
 from gpu_zarr.sample import SAMPLE_NAME, default_cache_dir, make_volume, sample_path, write_sample_omezarr
 
@@ -71,8 +72,14 @@ def test_write_sample_refuses_to_overwrite(tmp_path):
         write_sample_omezarr(tmp_path / "c.zarr", shape=(1, 2, 8, 8), compressor="lz5")
 
 
-def test_sample_path_writes_once_and_reuses(tmp_path, monkeypatch):
-    monkeypatch.setenv("GPU_ZARR_CACHE", str(tmp_path / "cache"))
+@pytest.fixture
+def cache_setting(tmp_path):
+    """The ``cache_dir`` setting (``GPU_ZARR_CACHE``) at ``tmp_path / "cache"`` for one test."""
+    with settings.set(cache_dir=str(tmp_path / "cache")):
+        yield tmp_path / "cache"
+
+
+def test_sample_path_writes_once_and_reuses(tmp_path, cache_setting):
     assert default_cache_dir() == tmp_path / "cache"
     p = sample_path()
     assert p == tmp_path / "cache" / SAMPLE_NAME and (p / "zarr.json").is_file()
@@ -88,6 +95,6 @@ def test_sample_path_writes_once_and_reuses(tmp_path, monkeypatch):
 
 
 def test_default_cache_dir_without_env(monkeypatch, tmp_path):
-    monkeypatch.delenv("GPU_ZARR_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert default_cache_dir() == tmp_path / "napari-gpu-zarr"
+    with settings.set(cache_dir=""):
+        assert default_cache_dir() == tmp_path / "napari-gpu-zarr"

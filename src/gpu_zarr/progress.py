@@ -8,8 +8,9 @@
 - ``None`` or ``False``: no progress;
 - ``"auto"`` (the default): a bar that appears only when the read takes longer than about
   a second — tqdm's notebook bar (bytes, GiB/s) in Jupyter, a text bar on a terminal,
-  nothing when stderr is not a terminal (logs, CI); ``GPU_ZARR_PROGRESS=0`` turns it off,
-  ``GPU_ZARR_PROGRESS=1`` shows it even without a terminal;
+  nothing when stderr is not a terminal (logs, CI); the ``progress`` setting "off"
+  (``GPU_ZARR_PROGRESS=0``) turns it off, "on" (``GPU_ZARR_PROGRESS=1``) shows it even
+  without a terminal;
 - ``True``: a bar from the start, wherever the output goes.
 
 :func:`release_after_interrupt` is what a read does when it is interrupted (kernel
@@ -22,12 +23,13 @@ back, so an interrupted notebook read does not keep GPU memory alive through
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from gpu_zarr import settings
 
 __all__ = ["ProgressArg", "TqdmProgress", "in_notebook", "progress_callback", "release_after_interrupt"]
 
@@ -48,15 +50,6 @@ def in_notebook() -> bool:
     except Exception:  # noqa: BLE001 - a broken IPython is not a notebook
         return False
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
-
-
-def _env_setting() -> str | None:
-    v = os.environ.get("GPU_ZARR_PROGRESS", "").strip().lower()
-    if v in ("0", "false", "off", "no"):
-        return "off"
-    if v in ("1", "true", "on", "yes"):
-        return "on"
-    return None
 
 
 class TqdmProgress:
@@ -155,13 +148,13 @@ def progress_callback(progress: ProgressArg = "auto", *, desc: str = "gpu_zarr r
     if progress is not True and progress != "auto":
         raise ValueError(f"progress must be a callable (done_bytes, total_bytes), True, False, None or "
                          f"'auto'; got {progress!r}")
-    env = _env_setting()
+    mode = settings.get("progress")
     notebook = in_notebook()
     if progress == "auto":
-        if env == "off":
+        if mode == "off":
             yield None
             return
-        if not (notebook or env == "on" or _stderr_is_terminal()):
+        if not (notebook or mode == "on" or _stderr_is_terminal()):
             yield None
             return
     try:

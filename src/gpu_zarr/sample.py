@@ -16,6 +16,8 @@ from typing import Any, Literal
 import numpy as np
 import zarr
 
+from gpu_zarr import settings
+
 __all__ = ["DEFAULT_SHAPE", "SAMPLE_NAME", "default_cache_dir", "make_volume", "sample_path", "write_sample_omezarr"]
 
 DEFAULT_SHAPE: tuple[int, int, int, int] = (2, 64, 512, 512)
@@ -322,10 +324,11 @@ def write_sample_omezarr(
 
 
 def default_cache_dir() -> Path:
-    """``$GPU_ZARR_CACHE``, else ``$XDG_CACHE_HOME/napari-gpu-zarr``, else ``~/.cache/napari-gpu-zarr``."""
-    env = os.environ.get("GPU_ZARR_CACHE")
-    if env:
-        return Path(env).expanduser()
+    """The ``cache_dir`` setting (``$GPU_ZARR_CACHE``), else ``$XDG_CACHE_HOME/napari-gpu-zarr``,
+    else ``~/.cache/napari-gpu-zarr``."""
+    folder = settings.get("cache_dir")
+    if folder:
+        return Path(folder).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "napari-gpu-zarr"

@@ -88,6 +88,39 @@ remote_index_bytes ``GPU_ZARR_REMOTE_INDEX_MIB`` a remote store's shard indexes 
 remote_requests ``GPU_ZARR_REMOTE_REQUESTS`` requests in flight per remote read
                                            (default 64; ``storage_options["requests"]``
                                            overrides it per store)
+native         ``GPU_ZARR_NATIVE``         the native host library (``engine/native``:
+                                           host reads, CPU decodes and places, the
+                                           writer's files, the HTTP client) runs
+                                           (default True; 0/off/false/no: the
+                                           pure-Python paths and obstore). Asked at
+                                           each decision (a read prepared, a store
+                                           opened): a change applies to what is
+                                           prepared after it
+native_library ``GPU_ZARR_NATIVE_LIB``     a ``libgz_native.so`` to load instead of
+                                           the one built with the package (e.g. an
+                                           AddressSanitizer build); "" (default): the
+                                           built one. Read once, when the library
+                                           first loads: a later change has no effect
+native_http    ``GPU_ZARR_NATIVE_HTTP``    the native HTTP client (libcurl) serves
+                                           http(s) and anonymous s3 stores (default
+                                           True; 0/off/false/no: obstore serves).
+                                           Asked as each store opens: a store opened
+                                           before keeps its client
+nvcomp_library ``GPU_ZARR_NVCOMP_LIBRARY`` a ``libnvcomp.so`` tried before the pip
+                                           wheel's and the loader path's; "" (default):
+                                           none. Read when nvCOMP first loads (once per
+                                           process; ``load_library(refresh=True)``
+                                           looks again)
+progress       ``GPU_ZARR_PROGRESS``       what ``progress="auto"`` (a read's default)
+                                           does: "auto" (a bar after about a second,
+                                           in Jupyter or on a terminal), "on" (also
+                                           without a terminal; environment
+                                           1/on/true/yes) or "off" (no bar;
+                                           0/off/false/no). Asked at each read
+cache_dir      ``GPU_ZARR_CACHE``          folder of the sample data (``gpu-zarr
+                                           demo``, napari's sample); "" (default):
+                                           ``$XDG_CACHE_HOME/napari-gpu-zarr``, else
+                                           ``~/.cache/napari-gpu-zarr``
 ============== =========================== ==========================================
 """
 
@@ -116,6 +149,34 @@ def _env_int(var: str, default: int, scale: int = 1) -> int:
     return value
 
 
+#: the words a switch's environment variable accepts (case and surrounding blanks ignored)
+_OFF_WORDS = ("0", "off", "false", "no")
+_ON_WORDS = ("1", "on", "true", "yes")
+
+
+def _env_switch(var: str, default: bool = True) -> bool:
+    """A switch from the environment: ``0/off/false/no`` off, ``1/on/true/yes`` on, unset or
+    empty the default; any other value is refused (a typo must not leave a switch as it was)."""
+    raw = os.environ.get(var)
+    v = (raw or "").strip().lower()
+    if v == "":
+        return default
+    if v in _OFF_WORDS or v in _ON_WORDS:
+        return v in _ON_WORDS
+    raise ValueError(f"environment variable {var}={raw!r}: expected 0/off/false/no or 1/on/true/yes")
+
+
+def _env_progress(var: str) -> str:
+    """``GPU_ZARR_PROGRESS``: a switch's words for "off" / "on", unset, empty or "auto" for "auto"."""
+    raw = os.environ.get(var)
+    v = (raw or "").strip().lower()
+    if v in ("", "auto"):
+        return "auto"
+    if v in _OFF_WORDS or v in _ON_WORDS:
+        return "on" if v in _ON_WORDS else "off"
+    raise ValueError(f"environment variable {var}={raw!r}: expected 0/off/false/no, 1/on/true/yes or auto")
+
+
 def _defaults() -> dict[str, Any]:
     return {
         "batch_bytes": _env_int("GPU_ZARR_BATCH_MIB", 192 * MiB, MiB),
@@ -140,6 +201,12 @@ def _defaults() -> dict[str, Any]:
         "remote_cache_bytes": _env_int("GPU_ZARR_REMOTE_CACHE_MIB", 256 * MiB, MiB),
         "remote_index_bytes": _env_int("GPU_ZARR_REMOTE_INDEX_MIB", 64 * MiB, MiB),
         "remote_requests": _env_int("GPU_ZARR_REMOTE_REQUESTS", 64),
+        "native": _env_switch("GPU_ZARR_NATIVE"),
+        "native_library": os.environ.get("GPU_ZARR_NATIVE_LIB", ""),
+        "native_http": _env_switch("GPU_ZARR_NATIVE_HTTP"),
+        "nvcomp_library": os.environ.get("GPU_ZARR_NVCOMP_LIBRARY", ""),
+        "progress": _env_progress("GPU_ZARR_PROGRESS"),
+        "cache_dir": os.environ.get("GPU_ZARR_CACHE", ""),
     }
 
 
@@ -165,6 +232,12 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "remote_cache_bytes": lambda v: isinstance(v, int) and v >= 0,
     "remote_index_bytes": lambda v: isinstance(v, int) and v >= 0,
     "remote_requests": lambda v: isinstance(v, int) and v >= 1,
+    "native": lambda v: isinstance(v, bool),
+    "native_library": lambda v: isinstance(v, str),
+    "native_http": lambda v: isinstance(v, bool),
+    "nvcomp_library": lambda v: isinstance(v, str),
+    "progress": lambda v: v in ("auto", "on", "off"),
+    "cache_dir": lambda v: isinstance(v, str),
 }
 _lock = threading.Lock()
 _values: dict[str, Any] = _defaults()

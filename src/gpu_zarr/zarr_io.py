@@ -342,7 +342,8 @@ def read_selection(array_or_path: Any, selection: Any = Ellipsis, *, prefer: Bac
     progress : callable, bool, "auto" or None
         ``progress(done_bytes, total_bytes)``; ``"auto"`` (default) shows a bar (notebook
         or terminal) for reads longer than about a second, ``True`` always, ``False`` /
-        ``None`` never; ``GPU_ZARR_PROGRESS=0`` turns "auto" off (see :mod:`gpu_zarr.progress`).
+        ``None`` never; the ``progress`` setting "off" (``GPU_ZARR_PROGRESS=0``) turns
+        "auto" off (see :mod:`gpu_zarr.progress`).
     cancel : object with ``is_set()``, optional
     storage_options : mapping, optional
         Options of a remote store when ``array_or_path`` is a URL (see :mod:`gpu_zarr.location`).

@@ -59,8 +59,14 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Sample data goes to a per-session cache, never the user's ~/.cache."""
-    monkeypatch.setenv("GPU_ZARR_CACHE", str(tmp_path_factory.getbasetemp() / "gpu-zarr-cache"))
+    """Sample data goes to a per-session cache, never the user's ~/.cache: the ``cache_dir``
+    setting for this process, ``GPU_ZARR_CACHE`` for the processes it starts."""
+    from gpu_zarr import settings
+
+    cache = str(tmp_path_factory.getbasetemp() / "gpu-zarr-cache")
+    monkeypatch.setenv("GPU_ZARR_CACHE", cache)
+    with settings.set(cache_dir=cache):
+        yield
 
 
 @pytest.fixture

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import numpy as np
 import zarr
 
-from gpu_zarr.sample import SAMPLE_NAME
+from gpu_zarr.sample import SAMPLE_NAME, default_cache_dir
 
 PLUGIN = "napari-gpu-zarr"
 
@@ -18,7 +17,7 @@ def test_open_sample(make_napari_viewer):
     viewer = make_napari_viewer()
     layers = viewer.open_sample(PLUGIN, "blobs")
     assert [ly.name for ly in layers] == ["nuclei", "membranes", "blobs"]
-    cache = Path(os.environ["GPU_ZARR_CACHE"]) / SAMPLE_NAME
+    cache = default_cache_dir() / SAMPLE_NAME
     assert (cache / "zarr.json").is_file()
     level0 = zarr.open_array(str(cache / "0"), mode="r")
     assert layers[0].data[0].shape == level0.shape[1:]

@@ -21,7 +21,6 @@ signatures: they are refused with an error that names the fix, never called.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_zarr import settings
 from gpu_zarr.errors import INSTALL_HINT, CorruptChunkError, GPUUnavailable
 
 __all__ = [
@@ -47,7 +47,8 @@ __all__ = [
 
 ALGORITHMS = MappingProxyType({"zstd": "Zstd", "lz4": "LZ4", "deflate": "Deflate"})
 MIN_VERSION = (6, 0)
-#: The environment variable that points at a libnvcomp.so to use instead of the wheel's.
+#: The environment variable that points at a libnvcomp.so to use instead of the wheel's (read
+#: at import by :mod:`gpu_zarr.settings`: the ``nvcomp_library`` setting).
 LIB_ENV = "GPU_ZARR_NVCOMP_LIBRARY"
 UPGRADE_HINT = ('pip install -U "nvidia-libnvcomp-cu13>=6,<7"  (or nvidia-libnvcomp-cu12 for a CUDA 12 '
                 'driver; both come with napari-gpu-zarr[cuda13] / [cuda12])')
@@ -127,16 +128,16 @@ class NvcompLibrary:
 
 
 def _candidates() -> list[str]:
-    """libnvcomp files to try, best first: the env override, then the pip wheels, then the loader path.
+    """libnvcomp files to try, best first: the ``nvcomp_library`` setting, then the pip wheels, then the loader path.
 
     The wheels are found through their installed file lists (nothing is imported).
     """
     from importlib import metadata
 
     out: list[str] = []
-    env = os.environ.get(LIB_ENV)
-    if env:
-        out.append(env)
+    other = settings.get("nvcomp_library")
+    if other:
+        out.append(other)
     for dist in ("nvidia-libnvcomp-cu13", "nvidia-libnvcomp-cu12"):
         try:
             files = metadata.distribution(dist).files or []
@@ -194,9 +195,9 @@ def _check(nv: NvcompLibrary) -> NvcompLibrary:
 def load_library(refresh: bool = False) -> NvcompLibrary:
     """Load libnvcomp once per process and check that it is a version this module supports.
 
-    The library is looked for in ``$GPU_ZARR_NVCOMP_LIBRARY``, then in the
-    ``nvidia-libnvcomp-cu13``/``-cu12`` wheel (``nvidia/libnvcomp/lib64``), then on the
-    loader's path.
+    The library is looked for in the ``nvcomp_library`` setting
+    (``$GPU_ZARR_NVCOMP_LIBRARY``), then in the ``nvidia-libnvcomp-cu13``/``-cu12`` wheel
+    (``nvidia/libnvcomp/lib64``), then on the loader's path.
 
     Returns
     -------

@@ -6,8 +6,12 @@ decode many chunks, place many chunks, or all three per chunk; and the writer's 
 many files from their pieces (``native/gz_write.c``) -- each spread over native
 threads with no Python per file or chunk (ctypes releases the GIL for the call).
 :func:`status` says whether it loaded and which codec libraries it found (dlopen at run
-time: libzstd, liblz4, zlib, libdeflate), or why not. ``GPU_ZARR_NATIVE=0`` turns it off:
-the engine then runs its pure-Python paths.
+time: libzstd, liblz4, zlib, libdeflate), or why not. The ``native`` setting
+(``GPU_ZARR_NATIVE=0``) turns it off: the engine then runs its pure-Python paths. It is asked
+at each decision (:func:`available`, :func:`library`, :func:`status`), so
+``settings.set(native=False)`` applies to reads prepared after it; the library itself is
+loaded once per process (from the ``native_library`` setting, ``GPU_ZARR_NATIVE_LIB``, when
+given), and a batch call already decided on runs on it.
 
 Every call returns per-item status codes; :func:`describe` turns one into words, and
 :data:`UNSUPPORTED` are the codes for which a caller falls back to numcodecs.
@@ -25,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from gpu_zarr import settings
+
 __all__ = [
     "CODECS",
     "address",
@@ -39,6 +45,7 @@ __all__ = [
     "describe",
     "fused",
     "library",
+    "loaded",
     "place",
     "read",
     "Arrivals",
@@ -97,14 +104,40 @@ class NativeStatus:
 
 def _candidates() -> list[Path]:
     here = Path(__file__).parent
-    env = os.environ.get("GPU_ZARR_NATIVE_LIB")
-    return ([Path(env)] if env else []) + [here / LIBNAME]
+    other = settings.get("native_library")
+    return ([Path(other)] if other else []) + [here / LIBNAME]
+
+
+def _state() -> tuple[Any, NativeStatus]:
+    """(library or None, status), the ``native`` setting asked now (a dict lookup)."""
+    if settings.get("native"):
+        return _load()
+    return None, NativeStatus(False, None, "turned off by the native setting (GPU_ZARR_NATIVE=0)", {}, ())
+
+
+def loaded() -> Any:
+    """The loaded ctypes library, for a batch call its caller decided on (:func:`available`).
+
+    The ``native`` switch is not asked again once the library is loaded, so a
+    ``settings.set(native=False)`` meanwhile does not pull it from a read under way; while it
+    is off, nothing loads it.
+
+    Raises
+    ------
+    RuntimeError
+        The library is not loaded (turned off before it ever loaded, not built, or refused).
+    """
+    if not settings.get("native") and not _load.cache_info().currsize:
+        raise RuntimeError("the native library is turned off by the native setting (GPU_ZARR_NATIVE=0)")
+    lib, st = _load()
+    if lib is None:
+        raise RuntimeError(f"the native library is not loaded ({st.reason})")
+    return lib
 
 
 @functools.cache
 def _load() -> tuple[Any, NativeStatus]:
-    if os.environ.get("GPU_ZARR_NATIVE", "1").strip().lower() in ("0", "off", "false", "no"):
-        return None, NativeStatus(False, None, "turned off by GPU_ZARR_NATIVE=0", {}, ())
+    """Load the library, once per process (the ``native`` switch is asked by :func:`_state`)."""
     path = next((p for p in _candidates() if p.exists()), None)
     if path is None:
         return None, NativeStatus(False, str(_candidates()[-1]), "the library was not built (no C compiler when the "
@@ -145,18 +178,18 @@ def _load() -> tuple[Any, NativeStatus]:
 
 
 def library() -> Any:
-    """The loaded ctypes library, or None."""
-    return _load()[0]
+    """The loaded ctypes library, or None (not loaded, or turned off by the ``native`` setting)."""
+    return _state()[0]
 
 
 def status() -> NativeStatus:
     """Whether the native library loaded, its codec libraries, or why not."""
-    return _load()[1]
+    return _state()[1]
 
 
 def available() -> bool:
-    """The native library is loaded (and not turned off by ``GPU_ZARR_NATIVE=0``)."""
-    return _load()[0] is not None
+    """The native library is loaded (and not turned off by the ``native`` setting, ``GPU_ZARR_NATIVE=0``)."""
+    return _state()[0] is not None
 
 
 def codec_available(codec: str) -> bool:
@@ -237,8 +270,8 @@ def read(files: list[Any], file_id: Any, file_offset: Any, sizes: Any, dst_offse
     st, det = np.empty(n, np.int32), np.empty(n, np.int64)
     if n:
         paths = _Paths(files)
-        library().gz_read(ctypes.cast(paths.array, _vp), paths.n, n, fid, foff, size, doff, _ptr(dst), dst.nbytes,
-                          int(group_bytes), int(threads), st, det)
+        loaded().gz_read(ctypes.cast(paths.array, _vp), paths.n, n, fid, foff, size, doff, _ptr(dst), dst.nbytes,
+                         int(group_bytes), int(threads), st, det)
     return st, det
 
 
@@ -269,7 +302,7 @@ def write_files(paths: list[Any], pieces: list[list[Any]], threads: int) -> tupl
     ptrs = np.array([f[0] for f in flat], np.uint64) if flat else np.zeros(1, np.uint64)
     lens = np.array([f[1] for f in flat], np.int64) if flat else np.zeros(1, np.int64)
     names = _Paths(paths)
-    library().gz_write_files(ctypes.cast(names.array, _vp), n, first, ptrs, lens, int(threads), st, det)
+    loaded().gz_write_files(ctypes.cast(names.array, _vp), n, first, ptrs, lens, int(threads), st, det)
     del flat  # the pieces' arrays were alive for the whole call
     return st, det
 
@@ -285,8 +318,8 @@ def decode(codec: str, src: np.ndarray, src_offsets: Any, src_sizes: Any, dst: n
     ds = np.broadcast_to(_i64a(dst_sizes), (n,)).copy()
     st, det = np.empty(n, np.int32), np.empty(n, np.int64)
     if n:
-        library().gz_decode(CODECS[codec], n, _ptr(src), src.nbytes, so, ss, _ptr(dst), dst.nbytes, do, ds,
-                            int(threads), st, det)
+        loaded().gz_decode(CODECS[codec], n, _ptr(src), src.nbytes, so, ss, _ptr(dst), dst.nbytes, do, ds,
+                           int(threads), st, det)
     return st, det
 
 
@@ -299,8 +332,8 @@ def checksums(kind: str, buf: np.ndarray, offsets: Any, sizes: Any, threads: int
     n = len(off)
     out, st = np.zeros(n, np.uint32), np.empty(n, np.int32)
     code = {"crc32": 0, "adler32": 1, "crc32c": 2}[kind]
-    if n and library().gz_checksum(code, n, _ptr(buf), buf.nbytes, off, size, int(threads),
-                                   out, st):
+    if n and loaded().gz_checksum(code, n, _ptr(buf), buf.nbytes, off, size, int(threads),
+                                  out, st):
         if (st == 20).any():
             return None
         raise ValueError("checksum spans lie outside the buffer")
@@ -325,8 +358,8 @@ def place(src: np.ndarray, src_offsets: Any, chunk_nbytes: int, table: np.ndarra
     st = np.empty(n, np.int32)
     if n:
         tab, strides, unit, swap = _geometry(table, out, np.dtype(disk_dtype), perm)
-        library().gz_place(n, _ptr(src), src.nbytes, so, int(chunk_nbytes), tab, tab.shape[1], strides, unit, swap,
-                           _ptr(out), out.nbytes, int(threads), st)
+        loaded().gz_place(n, _ptr(src), src.nbytes, so, int(chunk_nbytes), tab, tab.shape[1], strides, unit, swap,
+                          _ptr(out), out.nbytes, int(threads), st)
     return st
 
 
@@ -366,10 +399,10 @@ def fused(codec: str, files: list[Any], file_id: Any, file_offset: Any, sizes: A
     tab, strides, unit, swap = _geometry(table, out, np.dtype(disk_dtype), perm)
     keep_arr = _pointers(keep)
     paths = _Paths(files)
-    library().gz_fused(CODECS[codec], ctypes.cast(paths.array, _vp), paths.n, n, fid, foff, size, int(chunk_nbytes),
-                       tab, tab.shape[1], strides, unit, swap, _ptr(out), out.nbytes,
-                       None if keep_arr is None else _ptr(keep_arr), _ptr(scratch), per, threads, st, det,
-                       int(crc32c_frames))
+    loaded().gz_fused(CODECS[codec], ctypes.cast(paths.array, _vp), paths.n, n, fid, foff, size, int(chunk_nbytes),
+                      tab, tab.shape[1], strides, unit, swap, _ptr(out), out.nbytes,
+                      None if keep_arr is None else _ptr(keep_arr), _ptr(scratch), per, threads, st, det,
+                      int(crc32c_frames))
     return st, det
 
 
@@ -418,10 +451,10 @@ class Arrivals:
         self.keep = keep
         # every buffer the workers touch (the geometry's arrays too), alive until close
         self._alive: list[Any] = [out, scratch, keep, tab, strides]
-        self._h = library().gz_arrivals_open(CODECS[codec], n, int(chunk_nbytes), tab, tab.shape[1], strides, unit,
-                                             swap, _ptr(out), out.nbytes,
-                                             None if self._keep_arr is None else _ptr(self._keep_arr), _ptr(scratch),
-                                             threads, max(1, int(split)), self.status, self.detail)
+        self._h = loaded().gz_arrivals_open(CODECS[codec], n, int(chunk_nbytes), tab, tab.shape[1], strides, unit,
+                                            swap, _ptr(out), out.nbytes,
+                                            None if self._keep_arr is None else _ptr(self._keep_arr), _ptr(scratch),
+                                            threads, max(1, int(split)), self.status, self.detail)
         if not self._h:
             raise MemoryError("the native library could not start decoding as answers arrive (out of memory?)")
 
@@ -436,13 +469,13 @@ class Arrivals:
         if offset < 0 or nbytes < 0 or offset + nbytes > data.nbytes:
             raise ValueError(f"chunk {i}: bytes {offset}..{offset + nbytes} lie outside its answer ({data.nbytes})")
         self._alive.append(data)
-        if library().gz_arrivals_add(self._h, int(i), _ptr(data) + int(offset), int(nbytes)) != OK:
+        if loaded().gz_arrivals_add(self._h, int(i), _ptr(data) + int(offset), int(nbytes)) != OK:
             raise ValueError(f"chunk {i} was added twice, or is not one of this set's")
 
     def close(self) -> tuple[np.ndarray, np.ndarray]:
         """Wait for every chunk added; (status, detail) per chunk (:attr:`NOT_ADDED`: never added)."""
         if self._h:
-            library().gz_arrivals_close(self._h)
+            loaded().gz_arrivals_close(self._h)
             self._h = None
             self._alive = []
         return self.status, self.detail

@@ -9,8 +9,10 @@ a 128 MiB array where libcurl (TensorStore's client) spent 42-48 ms.
 
 :mod:`gpu_zarr.engine.sources.remote` uses it for ``http(s)://`` stores and anonymous ``s3://`` reads
 when it loads (libcurl.so.4, found with dlopen at run time); otherwise, for signed ``s3://`` and
-``gs://`` (signing, credential chains) and with ``GPU_ZARR_NATIVE_HTTP=0``, obstore serves.
-:func:`status` says which.
+``gs://`` (signing, credential chains) and with the ``native_http`` setting off
+(``GPU_ZARR_NATIVE_HTTP=0``) or the ``native`` one, obstore serves. :func:`status` says which;
+the settings are asked as each store opens (:func:`client_for`), a store opened before keeps
+its client.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 
 import gpu_zarr.engine.native as native
+from gpu_zarr import settings
 
 __all__ = ["AGENT_BYTES", "CHANGED", "MAX_AGENTS", "REFUSED", "REQ", "TOO_LONG", "UNANSWERED", "Carved", "Handoff", "HttpClient",
            "Landing", "Parts", "Sink", "agents_for", "available", "client_for", "new_requests", "status"]
@@ -45,14 +48,30 @@ TICK_MS = 100  # the native call hands control back this often: the caller's can
 UNANSWERED = object()  # HttpClient.get_small: ask another client
 
 
-@functools.cache
-def _lib() -> tuple[Any, str, str]:
-    """(library, version, "") or (None, "", why not)."""
-    if os.environ.get("GPU_ZARR_NATIVE_HTTP", "1").strip().lower() in ("0", "off", "false", "no"):
-        return None, "", "turned off by GPU_ZARR_NATIVE_HTTP=0"
+def _client_lib() -> tuple[Any, str, str]:
+    """(library, version, "") or (None, "", why not): the decision, the ``native_http`` and
+    ``native`` settings asked now (dict lookups)."""
+    if not settings.get("native_http"):
+        return None, "", "turned off by the native_http setting (GPU_ZARR_NATIVE_HTTP=0)"
     lib = native.library()
     if lib is None:
         return None, "", f"the native library is not loaded ({native.status().reason})"
+    return _lib(lib)
+
+
+def _bound() -> Any:
+    """The library for a call its caller decided on (a client made): the switches are not asked
+    again, so turning them off meanwhile does not pull the client from a read under way."""
+    lib, _, why = _lib(native.loaded())
+    if lib is None:
+        raise RuntimeError(f"the native HTTP client is not available ({why})")
+    return lib
+
+
+@functools.cache
+def _lib(lib: Any) -> tuple[Any, str, str]:
+    """(library, version, "") or (None, "", why not): the HTTP calls of the native library
+    ``lib`` bound, once."""
     if not hasattr(lib, "gz_http_fetch"):
         return None, "", "the native library was built without gz_http.c: reinstall the package"
     why, ver = ctypes.c_char_p(), ctypes.c_char_p()
@@ -72,12 +91,12 @@ def _lib() -> tuple[Any, str, str]:
 
 def available() -> bool:
     """The native HTTP client runs here (the native library and libcurl loaded)."""
-    return _lib()[0] is not None
+    return _client_lib()[0] is not None
 
 
 def status() -> str:
     """One line for ``gpu-zarr info``: which client serves http(s) stores, and why."""
-    lib, ver, why = _lib()
+    lib, ver, why = _client_lib()
     if lib is None:
         return f"obstore (native HTTP client not used: {why})"
     return (f"native (libcurl: {ver.split()[0] if ver else 'loaded'}; anonymous s3:// too); signed s3:// and gs:// "
@@ -247,7 +266,7 @@ class Parts:
         one.set(0, chunks, offsets, sizes, size, mtime_s, etag)
         at = one.pointer(1)
         self._published.append(one)
-        lib = _lib()[0]
+        lib = _bound()
         lib.gz_http_publish(self._late.buffer_info()[0] + 8 * i, at)
 
 
@@ -347,9 +366,7 @@ class HttpClient:
         An exception raised by ``on_done``, ``on_sent`` or a landing's ``make`` stops the remaining
         requests and is raised here.
         """
-        lib = _lib()[0]
-        if lib is None:
-            raise RuntimeError("the native HTTP client is not available")
+        lib = _bound()
         n = len(urls)
         if n == 0:
             return reqs
@@ -456,8 +473,6 @@ def client_for(scheme: str, options: Mapping[str, Any]) -> HttpClient | None:
     ``storage_options``), or None where obstore serves (other schemes, the client off or missing)."""
     if scheme not in ("http", "https") or not available():
         return None
-    from gpu_zarr import settings
-
     headers = tuple(f"{k}: {v}" for k, v in dict(options.get("headers") or {}).items())
     timeout = _seconds(options.get("timeout", settings.get("remote_timeout")))
     return HttpClient(headers=headers, connect_timeout_s=_seconds(options.get("connect_timeout", 10)),

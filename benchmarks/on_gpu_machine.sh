@@ -10,7 +10,6 @@
 #   bash benchmarks/on_gpu_machine.sh speed    # 4 GiB throughput with peers and cold reads; budget curve
 #   bash benchmarks/on_gpu_machine.sh scale    # dask on every GPU (kind nvidia-h200-x2), notebooks
 #   bash benchmarks/on_gpu_machine.sh native   # the native host library: file-read floor, small reads vs peers, readers on 4 GiB
-#   bash benchmarks/on_gpu_machine.sh team     # browsing thin chunks: the native team of threads vs threads per call
 #   bash benchmarks/on_gpu_machine.sh remote   # remote tests and `bench --remote` (GPU and CPU decode) with TensorStore
 #   bash benchmarks/on_gpu_machine.sh dask1    # dask on one GPU: one worker against the plain read, 16 GiB volumes
 #   bash benchmarks/on_gpu_machine.sh ab       # today's tree against .ab-old/src on the README's 4 GiB layouts, in turns
@@ -180,17 +179,6 @@ native)
   timeout 150 python3 benchmarks/sweep_engine.py "$V1" "$V4" "$VB" "$VR" --repeat 2 \
     --configs "192x3:kvikio,192x3:native,192x3:native:nthreads=32" > "$OUT/sweep-readers.txt" 2>&1
   tail -16 "$OUT/sweep-readers.txt"
-  ;;
-team)
-  # browsing thin chunks (one plane thick): the native library's persistent team of threads
-  # against threads created per call (GPU_ZARR_NATIVE_TEAM=0), TensorStore beside
-  L=zstd-1x512x1024,blosc-lz4-1x256x256-v2,sharded-zstd-64MiB-1MiB,blosc-lz4-shuffle-v2
-  bench 150 --mode browse --size 128,2048,2048 --planes 20 --layouts $L --readers ours-lazy-auto,tensorstore \
-    > "$OUT/browse-team.log" 2>&1
-  mkdir -p "$OUT/team-off"
-  GPU_ZARR_NATIVE_TEAM=0 bench 90 --mode browse --size 128,2048,2048 --planes 20 --layouts $L \
-    --readers ours-lazy-auto --out "$OUT/team-off" > "$OUT/team-off/browse.log" 2>&1
-  grep -h "|" "$OUT"/browse-128x2048x2048-gpu.md "$OUT"/team-off/browse-128x2048x2048-gpu.md | head -30
   ;;
 remote)
   # remote stores on the GPU machine: the remote tests (GPU decode of a remote store among them), then

@@ -490,12 +490,9 @@ static void spawn_run(void *(*wk)(void *), void *job, int threads) {
 }
 
 static pthread_once_t team_once = PTHREAD_ONCE_INIT;
-static int team_off; /* GPU_ZARR_NATIVE_TEAM=0: threads per call (the measurement's baseline) */
 
 static void team_init(void) {
     pthread_atfork(NULL, NULL, team_after_fork_child);
-    const char *v = getenv("GPU_ZARR_NATIVE_TEAM");
-    team_off = v && v[0] == '0';
 }
 
 /* wk(job) on `threads` threads (the caller's included); returns when all have returned */
@@ -506,10 +503,6 @@ static void team_run(void *(*wk)(void *), void *job, int threads) {
         return;
     }
     pthread_once(&team_once, team_init);
-    if (team_off) {
-        spawn_run(wk, job, threads);
-        return;
-    }
     if (pthread_mutex_trylock(&team.busy) != 0) {
         spawn_run(wk, job, threads);
         return;

@@ -13,8 +13,20 @@
 #   bash benchmarks/on_gpu_machine.sh remote   # remote tests and `bench --remote` (GPU and CPU decode) with TensorStore
 #   bash benchmarks/on_gpu_machine.sh dask1    # dask on one GPU: one worker against the plain read, 16 GiB volumes
 #   bash benchmarks/on_gpu_machine.sh ab       # today's tree against .ab-old/src on the README's 4 GiB layouts, in turns
+#   bash benchmarks/on_gpu_machine.sh write    # the writer: 4 GiB write bench, every layout, peers beside (one call, < 560 s)
+#   bash benchmarks/on_gpu_machine.sh nvcomp-size  # nvCOMP's sizes of the same chunks in plain and sharded batches (seconds)
 #   bash benchmarks/on_gpu_machine.sh pack     # everything in $OUT into $OUT/results.tgz (the device tool returns 8 files)
 # Results go to $OUT (default ./gpu-results).
+#
+# `write` needs the pyramid peers, ome-zarr-py and ngff-zarr, and dask (for them and for our convert of a big source):
+# .whl-ome (git-ignored, 39.6 MiB; what they need beyond the machine's image, which already has scipy, scikit-image,
+# tensorstore, rich, psutil...; see benchmarks/README.md, the writer). With .whl (39 MiB) it is over the 64 MiB a call
+# may carry, so two calls on one warm machine:
+#   1. carry .whl-ome:       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+#                              --target /tmp/site .whl-ome/*.whl
+#   2. carry .whl (.whl-ts): bash benchmarks/on_gpu_machine.sh write
+# /tmp/site then has no zarr yet, so this script's install line below adds .whl (and .whl-ts) to it; pip's --target
+# --upgrade replaces only the packages it installs, so the first call's stay.
 set -uo pipefail
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
@@ -24,7 +36,8 @@ mkdir -p "$OUT"
 # once per machine. The carried paths must stay under 64 MiB per call: install the optional ones in a
 # call of their own first (pip install --target /tmp/site ...), then carry .whl
 [ -d /tmp/site/zarr ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl $(ls .whl-dask/*.whl .whl-ts/*.whl .whl-remote/*.whl .whl-zarrs/*.whl 2>/dev/null) || exit 1
+  --target /tmp/site .whl/*.whl $(ls .whl-dask/*.whl .whl-ts/*.whl .whl-remote/*.whl .whl-zarrs/*.whl .whl-ome/*.whl 2>/dev/null) \
+  || exit 1
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpus.txt"
 # the native host library (git-ignored build output): built here with the flags of hatch_build.py
@@ -201,11 +214,34 @@ dask1)
     --workers 1 --deadline-s 360 --workdir /tmp/gzd --out "$OUT" > "$OUT/dask.log" 2>&1
   tail -c 2500 "$OUT/dask.log"
   ;;
+write)
+  # the writer (issue 38): 4 GiB uint16 to the page cache, every layout, ours on the GPU with the automatic encode batch
+  # (write_batch_bytes 0: up to 2 GiB), the peers in the same process: TensorStore (sharded, plain, convert),
+  # ome-zarr-py and ngff-zarr (pyramid, from .whl-ome: see the header). Each writer's peak extra host and GPU memory
+  # are columns of the table. Peers are timed once after their warm-up (the pyramid peers take tens of seconds a
+  # write); the JSON and table are saved after each layout, so a run cut short keeps what it finished.
+  python3 -c "import dask, ome_zarr, ngff_zarr; print('pyramid peers:', ome_zarr.__version__, ngff_zarr.__version__)" \
+    2>&1 | tail -1
+  timeout 540 python3 -m gpu_zarr.bench --mode write --size-mib 4096 --chunks 1,512,1024 --shard-mib 64 --repeat 2 \
+    --peer-repeat 1 --layouts sharded,plain,pyramid,convert --writers ours-gpu,tensorstore,ome-zarr-py,ngff-zarr \
+    --workdir /tmp/gzw --out "$OUT/write-bench.json" > "$OUT/write.log" 2>&1
+  echo "exit $?" >> "$OUT/write.log"
+  rm -rf /tmp/gzw
+  cat "$OUT/write-bench.md" 2>/dev/null; tail -3 "$OUT/write.log"
+  ;;
+nvcomp-size)
+  # plain vs sharded stored bytes (ours-gpu 2.005 against 2.138 in results/h200/write): nvCOMP's sizes of the same
+  # chunks in each layout's batch, on fresh and kept codecs, alone and together, with libzstd beside; then the two
+  # writes in both orders with 3 lanes and 1, read back by zarr-python
+  timeout 300 python3 benchmarks/nvcomp_write_sizes.py --size-mib 512 > "$OUT/nvcomp-sizes.txt" 2>&1
+  echo "exit $?" >> "$OUT/nvcomp-sizes.txt"
+  cat "$OUT/nvcomp-sizes.txt"
+  ;;
 pack)
   tar czf /tmp/results.tgz -C "$OUT" . && find "$OUT" -type f -delete && mv /tmp/results.tgz "$OUT/"
   ;;
 *)
-  echo "unknown step ${1}: tests, fuzz, browse, readers, speed, scale, native, team, remote, dask1 or pack" >&2
+  echo "unknown step ${1}: tests, fuzz, browse, readers, speed, scale, native, team, remote, dask1, write, nvcomp-size or pack" >&2
   exit 2
   ;;
 esac

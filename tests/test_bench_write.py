@@ -35,6 +35,18 @@ def test_small_write_benchmark(tmp_path, capsys):
     assert res["layouts"]["pyramid"]["ours-cpu"]["gib_per_s"] > 0
     assert "| sharded | ours-cpu |" in capsys.readouterr().out
     assert out.with_suffix(".md").is_file()
+    # every writer that ran has its peak extra host memory, measured the same way, and a column for it
+    ran = [r for recs in res["layouts"].values() for r in recs.values() if "gib_per_s" in r]
+    assert ran and all("host_peak_bytes" in r and r["host_memory"] for r in ran)
+    assert "peak extra MiB, host" in out.with_suffix(".md").read_text()
+
+
+def test_peers_can_be_timed_fewer_times(tmp_path):
+    res = run(size_mib=1, chunks=(1, 64, 64), layouts=["plain"], writers=["ours-cpu", "zarr"], repeat=2,
+              peer_repeat=0, log=lambda s: None, workdir=str(tmp_path))
+    assert len(res["layouts"]["plain"]["ours-cpu"]["times"]) == 2
+    zarr_rec = res["layouts"]["plain"]["zarr"]
+    assert zarr_rec["times"] == [] and zarr_rec["seconds"] > 0  # the warm-up's time
 
 
 def test_run_records_a_failing_writer(monkeypatch, tmp_path):

@@ -313,3 +313,41 @@ def test_encode_batches_are_the_cpu_batch_or_the_gpu_setting():
     with settings.set(batch_bytes=64 << 20, write_batch_bytes=1 << 30):
         assert encode_batch_bytes(False, 3) == 64 << 20
         assert encode_batch_bytes(True, 3) == 1 << 30
+
+
+def _inner_chunks(path, chunks, shards) -> dict[tuple[int, ...], bytes]:
+    """Every stored chunk's encoded bytes by chunk grid index: plain files, or shards' inner chunks."""
+    out: dict[tuple[int, ...], bytes] = {}
+    for f in (path / "c").rglob("*"):
+        if not f.is_file():
+            continue
+        idx = tuple(int(p) for p in f.relative_to(path / "c").parts)
+        data = f.read_bytes()
+        if shards is None:
+            out[idx] = data
+            continue
+        per = [s // c for s, c in zip(shards, chunks, strict=True)]
+        n = int(np.prod(per))
+        table = np.frombuffer(data[-(16 * n + 4):-4], "<u8").reshape(n, 2)
+        for k, inner in enumerate(np.ndindex(*per)):
+            off, size = (int(v) for v in table[k])
+            if off != int(MISSING):
+                out[tuple(i * p + j for i, p, j in zip(idx, per, inner, strict=True))] = data[off:off + size]
+    return out
+
+
+@pytest.mark.parametrize("codec", ["zstd", "blosc-lz4"])
+def test_plain_and_sharded_store_the_same_chunk_bytes(tmp_path, codec):
+    """One chunk, one encoder, one set of bytes, whatever file holds it: a sharded array's
+    inner chunks are byte for byte the plain array's chunk files (edges included)."""
+    a = _data()
+    shards = (16, 64, 128)
+    with settings.set(batch_bytes=1 << 20, lanes=2):  # several batches, of different compositions
+        plain = write_zarr(a, tmp_path / "p", chunks=CHUNKS, shards=False, codec=codec, encoder="cpu")
+        sharded = write_zarr(a, tmp_path / "s", chunks=CHUNKS, shards=shards, codec=codec, encoder="cpu")
+    p, s = _inner_chunks(tmp_path / "p", CHUNKS, None), _inner_chunks(tmp_path / "s", CHUNKS, shards)
+    assert len(p) == int(np.prod([-(-n // c) for n, c in zip(SHAPE, CHUNKS, strict=True)]))
+    assert p.keys() == s.keys() and all(p[k] == s[k] for k in p)
+    n_shards = int(np.prod([-(-n // c) for n, c in zip(SHAPE, shards, strict=True)]))
+    index = 16 * int(np.prod([c // k for c, k in zip(shards, CHUNKS, strict=True)])) + 4
+    assert sharded.stored_bytes == plain.stored_bytes + n_shards * index  # the indexes are all that differs

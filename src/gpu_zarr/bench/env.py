@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import platform
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from gpu_zarr.memory import GpuMemory  # the one definition (the writer reports it too)
 
 __all__ = [
     "environment",
@@ -239,66 +240,3 @@ def warm_files(path: Path, threads: int = 16) -> int:
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
         return sum(pool.map(read, files))
-
-
-class GpuMemory:
-    """Peak GPU memory of one read.
-
-    Two measures:
-
-    * ``pool``: growth of cupy's default memory pool during the read, after
-      ``free_all_blocks()`` before it. The pool keeps freed blocks until told, so its
-      size after the read is its high-water mark: an upper bound of the peak bytes
-      in use through cupy (nvCOMP scratch included when routed through the pool).
-    * ``device`` (optional, ``sample=True``): lowest free device memory seen by a
-      thread polling ``cudaMemGetInfo`` every ~1 ms, relative to the start. It sees
-      allocations outside cupy too, but can miss short spikes.
-    """
-
-    def __init__(self, sample: bool = False, interval_s: float = 0.001) -> None:
-        self.sample = sample
-        self.interval_s = interval_s
-        self.result: dict[str, Any] = {}
-
-    def __enter__(self) -> GpuMemory:
-        import cupy
-
-        self._cupy = cupy
-        self._pool = cupy.get_default_memory_pool()
-        self._pool.free_all_blocks()
-        cupy.get_default_pinned_memory_pool().free_all_blocks()
-        self._used0 = self._pool.used_bytes()
-        self._total0 = self._pool.total_bytes()
-        self._free0 = cupy.cuda.runtime.memGetInfo()[0]
-        self._min_free = self._free0
-        self._stop = threading.Event()
-        self._thread = None
-        if self.sample:
-            dev = cupy.cuda.Device().id
-
-            def poll() -> None:
-                cupy.cuda.runtime.setDevice(dev)
-                while not self._stop.is_set():
-                    free = cupy.cuda.runtime.memGetInfo()[0]
-                    if free < self._min_free:
-                        self._min_free = free
-                    time.sleep(self.interval_s)
-
-            self._thread = threading.Thread(target=poll, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        cupy = self._cupy
-        cupy.cuda.runtime.deviceSynchronize()
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-        free = cupy.cuda.runtime.memGetInfo()[0]
-        self._min_free = min(self._min_free, free)
-        self.result = {
-            "pool_peak_bytes": int(self._pool.total_bytes() - self._total0),
-            "pool_held_before_bytes": int(self._used0),
-        }
-        if self.sample:
-            self.result["device_peak_bytes_sampled"] = int(self._free0 - self._min_free)

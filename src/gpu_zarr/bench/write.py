@@ -9,6 +9,18 @@ timed, for any writer); the median is reported in GiB/s of decoded data, with th
 stored size. Layouts: ``sharded`` (v3, shards of ``--shard-mib``), ``plain`` (v3 chunks),
 ``pyramid`` (a 4-level OME-Zarr 0.5 from the in-memory volume) and ``convert``.
 
+Memory: every writer's timed calls run inside :class:`gpu_zarr.memory.HostMemory` (the peak
+growth of the process's resident memory above its value before the call, after the C heap's
+free memory is given back) and, on a machine
+with a GPU, :class:`gpu_zarr.memory.GpuMemory` (cupy's pool growth, the read bench's "peak
+extra" measure; for ours on the GPU the warm-up also samples the device's free memory, which
+sees nvCOMP's own buffers); the tables give the largest of the repeats, beyond the input (the
+volume in host memory, or on the GPU for ``ours-gpu``).
+
+Pyramid peers write what ours writes: 4 levels halved along y and x by a 2x2 mean
+(ome-zarr-py ``local_mean``, ngff-zarr ``ITKWASM_BIN_SHRINK``), the same chunks, shards and zstd
+level, OME-Zarr 0.5.
+
 ``convert`` (also ``gpu-zarr bench --mode convert``: this benchmark with ``--layouts convert``
 and our writers against TensorStore): the volume is first written (untimed) as an OME-Zarr 0.4
 store, zarr v2 with Blosc-LZ4 (shuffle, level 5), ``--convert-levels`` levels; then each writer
@@ -114,23 +126,34 @@ def _writer(name: str, layout: str, data: np.ndarray, chunks: tuple[int, ...], s
         if not has("ome_zarr"):
             return "ome-zarr-py is not installed"
         import zarr
+        from ome_zarr.scale import Methods
         from ome_zarr.writer import write_image
+        from zarr.codecs import ZstdCodec
+
+        opts = []
+        for k in range(4):  # each level's chunks and shards as ours (level_geometry), zstd at our level
+            ch, sh = _level_geometry(data.shape, k, chunks, shards)
+            opts.append({"chunks": ch, "shards": sh, "compressors": [ZstdCodec(level=level)]})
 
         def omezarr_write(p: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
-            write_image(data, zarr.open_group(str(p), mode="w"), axes="zyx", scaler=_ome_scaler(),
-                        storage_options={"chunks": chunks})
+            write_image(data, zarr.open_group(str(p), mode="w"), axes="zyx", scale_factors=[2, 4, 8],
+                        method=Methods.LOCAL_MEAN, storage_options=opts)
         return omezarr_write
     if name == "ngff-zarr" and layout == "pyramid":
         if not has("ngff_zarr"):
             return "ngff-zarr is not installed"
         import ngff_zarr as nz
 
+        per_shard = tuple(s // c for s, c in zip(shards, chunks, strict=True)) if shards else None
+        zstd = [{"name": "zstd", "configuration": {"level": level, "checksum": False}}]
+        halved_yx = [{"z": 1, "y": f, "x": f} for f in (2, 4, 8)]  # as ours (its integer factors halve z too)
+
         def ngff_write(p: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
-            ms = nz.to_multiscales(nz.to_ngff_image(data, dims=["z", "y", "x"]), scale_factors=[2, 4, 8],
-                                   chunks=chunks)
-            nz.to_ngff_zarr(str(p), ms, version="0.5")
+            ms = nz.to_multiscales(nz.to_ngff_image(data, dims=["z", "y", "x"]), scale_factors=halved_yx,
+                                   chunks=chunks, method=nz.Methods.ITKWASM_BIN_SHRINK)
+            nz.to_ngff_zarr(str(p), ms, version="0.5", chunks_per_shard=per_shard, compressors=zstd)
         return ngff_write
     return f"{name} does not write the {layout} layout"
 
@@ -193,33 +216,81 @@ def _convert_writer(name: str, src: Path, chunks: tuple[int, ...], shards: tuple
     return ts_convert
 
 
-def _ome_scaler() -> Any:
-    from ome_zarr.scale import Scaler
+def _level_geometry(shape: Sequence[int], k: int, chunks: tuple[int, ...],
+                    shards: tuple[int, ...] | None) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """Level ``k``'s chunks and shards as our pyramid writes them (y and x halved ``k`` times)."""
+    from gpu_zarr.write.omezarr import level_geometry
 
-    return Scaler(max_layer=3)
+    lv = tuple(s if ax == 0 else -(-s // 2**k) for ax, s in enumerate(shape))
+    return level_geometry(lv, chunks, shards)
 
 
 def _stored(p: Path) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
 
+def _gpu_memory_usable() -> bool:
+    import importlib.util
+
+    if not importlib.util.find_spec("cupy"):
+        return False
+    from gpu_zarr.capabilities import probe
+
+    return bool(probe().gpu)
+
+
+def _measured(fn: Callable[[Path], Any], path: Path, gpu: bool, sample: bool = False) -> tuple[float, dict[str, Any]]:
+    """Seconds of ``fn(path)`` and the memory it took (host; the GPU's pool, and sampled, where asked)."""
+    from gpu_zarr.memory import GpuMemory, HostMemory
+
+    dev = GpuMemory(sample=sample) if gpu else None
+    host = HostMemory(trim=True)  # one process measures every writer: earlier writers' freed heap given back
+    if dev is not None:
+        dev.__enter__()
+    with host:
+        t0 = time.perf_counter()
+        fn(path)
+        sec = time.perf_counter() - t0
+    if dev is not None:
+        dev.__exit__(None, None, None)
+    mem: dict[str, Any] = {"host_peak_bytes": host.peak_bytes, "host_memory": host.method}
+    if dev is not None:
+        mem["device_peak_bytes"] = dev.result.get("pool_peak_bytes")
+        if "device_peak_bytes_sampled" in dev.result:
+            mem["device_peak_bytes_sampled"] = dev.result["device_peak_bytes_sampled"]
+    return sec, mem
+
+
+def _peak(values: list[Any]) -> int | None:
+    known = [int(v) for v in values if v is not None]
+    return max(known) if known else None
+
+
 def run(*, size_mib: int = 2048, chunks: Sequence[int] = (1, 512, 1024), shard_mib: int = 64, level: int = 3,
         layouts: Sequence[str] = LAYOUTS, writers: Sequence[str] = WRITERS, repeat: int = 3,
-        workdir: str | None = None, seed: int = 0, convert_levels: int = 4,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the write benchmark; returns the records (also what ``--out`` saves as JSON)."""
+        peer_repeat: int | None = None, workdir: str | None = None, seed: int = 0, convert_levels: int = 4,
+        log: Callable[[str], None] = print,
+        on_layout: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the write benchmark; returns the records (also what ``--out`` saves as JSON).
+
+    ``peer_repeat``: timed writes of each peer (default ``repeat``); ``on_layout(records)`` is
+    called after each layout (``--out`` saves what is done so far: a run cut short keeps it).
+    """
     chunks = tuple(int(c) for c in chunks)
     data = _volume(size_mib, chunks, seed)
     shards = _shards(chunks, data.shape, shard_mib)
     root = Path(workdir or tempfile.mkdtemp(prefix="gpu-zarr-bench-write-"))
     root.mkdir(parents=True, exist_ok=True)
+    gpu_mem = _gpu_memory_usable()
     out: dict[str, Any] = {"shape": list(data.shape), "dtype": "uint16", "chunks": list(chunks), "shards": list(shards),
-                           "nbytes": int(data.nbytes), "level": level, "repeat": repeat, "layouts": {}}
+                           "nbytes": int(data.nbytes), "level": level, "repeat": repeat,
+                           "peer_repeat": repeat if peer_repeat is None else peer_repeat, "layouts": {}}
     src = _convert_source(root, data, chunks, convert_levels) if "convert" in layouts else None
     if src is not None:
         out["convert_levels"] = convert_levels
     for layout in layouts:
         recs: dict[str, Any] = {}
+        out["layouts"][layout] = recs
         for name in writers:
             fn = (_convert_writer(name, src, chunks, shards, level) if layout == "convert" and src is not None
                   else _writer(name, layout, data, chunks, shards, level))
@@ -227,24 +298,36 @@ def run(*, size_mib: int = 2048, chunks: Sequence[int] = (1, 512, 1024), shard_m
                 recs[name] = {"skipped": fn}
                 continue
             path = root / f"{layout}-{name}.zarr"
+            n_timed = repeat if name.startswith("ours") or peer_repeat is None else peer_repeat
             try:
-                fn(path)  # warm-up (and the store whose size is reported)
-                times = []
-                for k in range(repeat):  # each timed write into a new folder: removing the last is not timed
+                # warm-up (and the store whose size is reported); ours on the GPU: device memory sampled too
+                warm_s, warm = _measured(fn, path, gpu_mem, sample=gpu_mem and name == "ours-gpu")
+                times, mems = [], [warm]
+                for k in range(n_timed):  # each timed write into a new folder: removing the last is not timed
                     fresh = root / f"{layout}-{name}-{k}.zarr"
-                    t0 = time.perf_counter()
-                    fn(fresh)
-                    times.append(time.perf_counter() - t0)
+                    sec, mem = _measured(fn, fresh, gpu_mem)
+                    times.append(sec)
+                    mems.append(mem)
                     shutil.rmtree(fresh, ignore_errors=True)
             except Exception as exc:  # noqa: BLE001 - a peer's failure is recorded, not fatal
                 recs[name] = {"error": f"{type(exc).__name__}: {exc}"}
                 continue
-            sec = statistics.median(times)
-            recs[name] = {"seconds": sec, "gib_per_s": data.nbytes / sec / GiB, "stored_bytes": _stored(path),
-                          "ratio": data.nbytes / max(1, _stored(path)), "times": times}
-            log(f"{layout:8s} {name:12s} {recs[name]['gib_per_s']:7.2f} GiB/s  ratio {recs[name]['ratio']:.3f}")
+            sec = statistics.median(times) if times else warm_s
+            timed = mems[1:] or mems  # peaks of the timed writes (the warm-up's when none was timed)
+            rec = {"seconds": sec, "gib_per_s": data.nbytes / sec / GiB, "stored_bytes": _stored(path),
+                   "ratio": data.nbytes / max(1, _stored(path)), "times": times,
+                   "host_peak_bytes": _peak([m["host_peak_bytes"] for m in timed]),
+                   "host_memory": timed[-1]["host_memory"]}
+            if gpu_mem:
+                rec["device_peak_bytes"] = _peak([m.get("device_peak_bytes") for m in timed])
+                if warm.get("device_peak_bytes_sampled") is not None:
+                    rec["device_peak_bytes_sampled"] = warm["device_peak_bytes_sampled"]
+            recs[name] = rec
+            log(f"{layout:8s} {name:12s} {rec['gib_per_s']:7.2f} GiB/s  ratio {rec['ratio']:.3f}  "
+                f"peak extra {_mem_text(rec)}")
             shutil.rmtree(path, ignore_errors=True)
-        out["layouts"][layout] = recs
+        if on_layout is not None:
+            on_layout(out)
     if src is not None:
         shutil.rmtree(src, ignore_errors=True)
     if workdir is None:
@@ -252,22 +335,43 @@ def run(*, size_mib: int = 2048, chunks: Sequence[int] = (1, 512, 1024), shard_m
     return out
 
 
+def _mem_text(rec: dict[str, Any]) -> str:
+    """"host MiB / GPU MiB" of a record (the GPU's: the larger of the pool's and the sampled)."""
+    host = rec.get("host_peak_bytes")
+    text = f"{host / 2**20:.0f}" if host is not None else "?"
+    if "device_peak_bytes" in rec:
+        dev = _peak([rec.get("device_peak_bytes"), rec.get("device_peak_bytes_sampled")])
+        text += f" / {dev / 2**20:.0f}" if dev is not None else " / ?"
+    return text
+
+
 def markdown(res: dict[str, Any]) -> str:
-    """The results as a Markdown table (GiB/s; ours against the fastest peer per layout)."""
+    """The results as a Markdown table (GiB/s; ours against the fastest peer per layout; peak extra memory)."""
+    gpu = any("device_peak_bytes" in r for recs in res["layouts"].values() for r in recs.values())
     lines = [f"write {res['nbytes'] / GiB:.2f} GiB uint16 {tuple(res['shape'])}, chunks {tuple(res['chunks'])}, "
              f"shards {tuple(res['shards'])}, zstd level {res['level']}, median of {res['repeat']}"
              + (f"; convert: OME-Zarr 0.4 (v2, Blosc-LZ4) of {res['convert_levels']} levels into sharded 0.5"
                 if "convert_levels" in res else ""), "",
-             "| layout | writer | GiB/s | ratio | note |", "|---|---|---|---|---|"]
+             "| layout | writer | GiB/s | ratio | peak extra MiB, host" + (" / GPU" if gpu else "") + " | note |",
+             "|---|---|---|---|---|---|"]
     for layout, recs in res["layouts"].items():
         peers = [r["gib_per_s"] for n, r in recs.items() if not n.startswith("ours") and "gib_per_s" in r]
         for name, r in recs.items():
             if "gib_per_s" in r:
                 note = f"{r['gib_per_s'] / max(peers):.2f}x the fastest peer" if name.startswith("ours") and peers else ""
-                lines.append(f"| {layout} | {name} | {r['gib_per_s']:.2f} | {r['ratio']:.3f} | {note} |")
+                lines.append(f"| {layout} | {name} | {r['gib_per_s']:.2f} | {r['ratio']:.3f} | {_mem_text(r)} | {note} |")
             else:
-                lines.append(f"| {layout} | {name} | - | - | {r.get('skipped') or r.get('error')} |")
+                lines.append(f"| {layout} | {name} | - | - | - | {r.get('skipped') or r.get('error')} |")
+    lines += ["", "Peak extra memory: the largest growth over a writer's timed calls, host: resident memory "
+              "(gpu_zarr.memory.HostMemory)" + ("; GPU: the larger of cupy's pool growth and, for ours-gpu's "
+                                               "warm-up, the sampled drop in free device memory" if gpu else "") + "."]
     return "\n".join(lines)
+
+
+def _save(res: dict[str, Any], out: str) -> None:
+    """The records as JSON at ``out`` and their table beside it (.md)."""
+    Path(out).write_text(json.dumps(res, indent=1))
+    Path(out).with_suffix(".md").write_text(markdown(res) + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -280,6 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layouts", default=",".join(LAYOUTS))
     p.add_argument("--writers", default=",".join(WRITERS))
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--peer-repeat", type=int, default=None, help="timed writes of each peer (default: --repeat; "
+                   "0: the warm-up's time)")
     p.add_argument("--workdir", default=None, help="where the stores are written (default: a temporary folder)")
     p.add_argument("--out", default=None, help="write the records as JSON (and .md beside it)")
     p.add_argument("--seed", type=int, default=0)
@@ -293,11 +399,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args([a for a in (sys.argv[1:] if argv is None else argv)])
     res = run(size_mib=args.size_mib, chunks=[int(v) for v in args.chunks.split(",")], shard_mib=args.shard_mib,
               level=args.level, layouts=[v for v in args.layouts.split(",") if v],
-              writers=[v for v in args.writers.split(",") if v], repeat=args.repeat, workdir=args.workdir,
-              seed=args.seed, convert_levels=args.convert_levels)
+              writers=[v for v in args.writers.split(",") if v], repeat=args.repeat, peer_repeat=args.peer_repeat,
+              workdir=args.workdir, seed=args.seed, convert_levels=args.convert_levels,
+              on_layout=(lambda r: _save(r, args.out)) if args.out else None)
     md = markdown(res)
     print(md)
     if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1))
-        Path(args.out).with_suffix(".md").write_text(md + "\n")
+        _save(res, args.out)
     return 1 if any("error" in r for recs in res["layouts"].values() for n, r in recs.items() if n.startswith("ours")) else 0

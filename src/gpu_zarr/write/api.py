@@ -10,21 +10,23 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_zarr import settings
 from gpu_zarr.errors import INSTALL_HINT, GPUUnavailable, UsageError
+from gpu_zarr.memory import GpuMemory, HostMemory
 from gpu_zarr.write.codecs import CodecSpec, codec_spec
 from gpu_zarr.write.encode import GPU_CODECS, CpuEncoder, GpuEncoder
 from gpu_zarr.write.metadata import array_documents
 from gpu_zarr.write.output import open_destination
 from gpu_zarr.write.plan import WritePlan, make_plan
-from gpu_zarr.write.source import Source, as_source
+from gpu_zarr.write.source import Source, as_source, is_cupy, is_dask
 from gpu_zarr.write.writer import Progress, Stages, write_array
 
-__all__ = ["ENCODERS", "ArrayJob", "WriteResult", "choose_encoder", "run_jobs", "write_zarr"]
+__all__ = ["ENCODERS", "ArrayJob", "WriteMemory", "WriteResult", "choose_encoder", "measured", "run_jobs",
+           "write_zarr"]
 
 ENCODERS = ("auto", "gpu", "cpu")
 
@@ -52,6 +54,25 @@ class WriteResult:
     stages : dict of str to float
         Seconds per stage (read, transfer, downsample, gather, encode, write, metadata,
         commit), summed over lanes: overlapping lanes can add up past ``seconds``.
+    host_peak_bytes : int or None
+        Peak growth of the process's resident host memory during the call, above its value
+        when the call began (:class:`gpu_zarr.memory.HostMemory`): the blocks read, gathered
+        and encoded chunks of the batches in flight, pinned frames, a pyramid computed in host
+        memory. None where it cannot be measured (``memory`` says why).
+    device_peak_bytes : int or None
+        Growth of cupy's memory pool during the call (:class:`gpu_zarr.memory.GpuMemory`, the
+        read benchmark's "peak extra" measure): the GPU copy of host data, pyramid levels,
+        gathered chunks and packed frames. None when the GPU took no part.
+    memory : str
+        How the two were measured.
+
+    Notes
+    -----
+    The memory figures are process-wide: other work running beside the write counts too.
+    nvCOMP allocates its encode outputs and scratch itself, outside cupy's pool, so
+    ``device_peak_bytes`` leaves them out (``gpu-zarr bench --mode write`` samples the
+    device's free memory as well, which sees them). Measuring the GPU frees the unused
+    blocks cached by cupy's default pools when the call begins.
     """
 
     path: str
@@ -63,11 +84,63 @@ class WriteResult:
     encoder: str
     reason: str
     stages: dict[str, float] = field(default_factory=dict)
+    host_peak_bytes: int | None = None
+    device_peak_bytes: int | None = None
+    memory: str = ""
 
     @property
     def ratio(self) -> float:
         """Compression ratio (decoded bytes over stored bytes)."""
         return self.nbytes / self.stored_bytes if self.stored_bytes else math.inf
+
+
+class WriteMemory:
+    """The peak extra memory of one write: host always, the GPU's when it takes part.
+
+    Entered where a public write function begins, so that everything the write holds counts
+    (a pyramid computed in memory, the source ``convert`` reads, copies to or from the GPU).
+    """
+
+    def __init__(self, on_gpu: bool) -> None:
+        self.host = HostMemory()
+        self.gpu: GpuMemory | None = GpuMemory() if on_gpu else None
+
+    def __enter__(self) -> WriteMemory:
+        if self.gpu is not None:
+            try:
+                self.gpu.__enter__()
+            except Exception:  # noqa: BLE001 - no cupy or no device after all: host only
+                self.gpu = None
+        self.host.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.host.__exit__(*exc)
+        if self.gpu is not None:
+            self.gpu.__exit__(*exc)
+
+    def fill(self, res: WriteResult) -> WriteResult:
+        """``res`` with the measured peaks."""
+        res.host_peak_bytes = self.host.peak_bytes
+        res.device_peak_bytes = self.gpu.result.get("pool_peak_bytes") if self.gpu is not None else None
+        res.memory = f"host: {self.host.method}" + ("; GPU: cupy pool growth" if self.gpu is not None else "")
+        return res
+
+
+def _gpu_takes_part(data: Any, encoder: str) -> bool:
+    """Whether a write of ``data`` may use the GPU (its data is there, or it may encode there)."""
+    if is_cupy(data) or (isinstance(data, Source) and data.on_gpu):
+        return True
+    if is_dask(data) and is_cupy(getattr(data, "_meta", None)):
+        return True
+    return encoder != "cpu" and _gpu_ready()[0]
+
+
+def measured(data: Any, encoder: str, write: Callable[[], WriteResult]) -> WriteResult:
+    """Run ``write()`` (a whole public write) and return its result with its peak memory."""
+    with WriteMemory(_gpu_takes_part(data, encoder)) as mem:
+        res = write()
+    return mem.fill(res)
 
 
 @dataclass
@@ -241,8 +314,21 @@ def write_zarr(data: Any, path: str | os.PathLike[str], *, chunks: Sequence[int]
     -----
     A local write goes into a temporary folder beside ``path``, renamed into place once
     complete; a remote one puts the metadata last (:mod:`gpu_zarr.write.remote`). Either way
-    an interrupted write never leaves an array that looks complete.
+    an interrupted write never leaves an array that looks complete. ``host_peak_bytes`` and
+    ``device_peak_bytes`` of the result say what memory the write took beyond its input: on the
+    host about ``lanes`` batches (``batch_bytes``, or one shard when a shard is bigger) of
+    blocks, gathered chunks and encoded chunks, whatever the array's size.
     """
+    return measured(data, encoder, lambda: _write_zarr(
+        data, path, chunks=chunks, shards=shards, codec=codec, level=level, zarr_format=zarr_format,
+        fill_value=fill_value, overwrite=overwrite, encoder=encoder, storage_options=storage_options))
+
+
+def _write_zarr(data: Any, path: str | os.PathLike[str], *, chunks: Sequence[int] | int,
+                shards: Sequence[int] | int | bool | None, codec: str | None, level: int | None, zarr_format: int,
+                fill_value: Any, overwrite: bool, encoder: str,
+                storage_options: Mapping[str, Any] | None) -> WriteResult:
+    """:func:`write_zarr` without its memory measurement (``convert`` measures around it)."""
     t0 = time.perf_counter()
     source = as_source(data)
     dtype = source.dtype.newbyteorder("<") if source.dtype.byteorder == ">" else source.dtype

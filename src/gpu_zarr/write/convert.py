@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from gpu_zarr.errors import INSTALL_HINT, NotAZarrError, UsageError
-from gpu_zarr.write.api import WriteResult, write_zarr
-from gpu_zarr.write.omezarr import write_ome_zarr
+from gpu_zarr.write.api import WriteResult, _write_zarr, measured
+from gpu_zarr.write.omezarr import _write_ome_zarr
 
 __all__ = ["convert"]
 
@@ -96,7 +96,18 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: 
     Returns
     -------
     WriteResult
+        Its memory figures count the source's read too (whole, or block by block).
     """
+    return measured(None, encoder, lambda: _convert(
+        src, dst, codec=codec, level=level, chunks=chunks, shards=shards, levels=levels, ome_version=ome_version,
+        overwrite=overwrite, encoder=encoder, storage_options=storage_options,
+        dst_storage_options=dst_storage_options))
+
+
+def _convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: str | None, level: int | None,
+             chunks: Sequence[int] | int | None, shards: Sequence[int] | int | bool | None, levels: int | None,
+             ome_version: str, overwrite: bool, encoder: str, storage_options: Mapping[str, Any] | None,
+             dst_storage_options: Mapping[str, Any] | None) -> WriteResult:
     t0 = time.perf_counter()
     from gpu_zarr.omezarr import is_ome_zarr, open_ome
 
@@ -113,11 +124,12 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: 
         labels = {}
         for name, lab in image.labels.items():
             labels[name] = _source(lab.path, 0, storage_options)
-        res = write_ome_zarr(data, dst, axes=axes, scale=list(lv0.scale), levels=levels or len(image.levels),
+        res = _write_ome_zarr(data, dst, axes=axes, scale=list(lv0.scale), levels=levels or len(image.levels),
                              chunks=chunks if chunks is not None else lv0.chunks, shards=shards, codec=codec,
                              level=level, channel_names=[c.name for c in image.channels] or None,
                              labels=labels or None, ome_version=ome_version, name=image.name or None,
-                             overwrite=overwrite, encoder=encoder, storage_options=dst_opts)
+                             overwrite=overwrite, encoder=encoder, storage_options=dst_opts,
+                             units=None, downsample="mean", label_downsample="mode")
     else:
         import zarr
 
@@ -126,7 +138,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec: 
         except Exception as exc:  # noqa: BLE001 - zarr's errors differ by store and version
             raise NotAZarrError(f"{text} is neither an OME-Zarr image nor a zarr array ({exc})") from None
         data = _source(text, None, storage_options)
-        res = write_zarr(data, dst, chunks=chunks if chunks is not None else arr.chunks, shards=shards, codec=codec,
+        res = _write_zarr(data, dst, chunks=chunks if chunks is not None else arr.chunks, shards=shards, codec=codec,
                          level=level, zarr_format=3 if ome_version == "0.5" else 2, fill_value=arr.fill_value,
                          overwrite=overwrite, encoder=encoder, storage_options=dst_opts)
     res.seconds = time.perf_counter() - t0

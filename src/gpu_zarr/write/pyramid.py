@@ -87,6 +87,33 @@ def downsample(a: Any, axes: Sequence[int], method: str = "mean") -> Any:
         return a
     if method == "nearest":
         return a[tuple(slice(None, None, 2) if ax in axes else slice(None) for ax in range(a.ndim))].copy()
+    if a.ndim and a.shape[0] > 2 and a.nbytes > _SLAB_BYTES:
+        return _by_slabs(a, axes, method, xp)
+    return _reduce(a, axes, method, xp)
+
+
+#: input bytes halved at once: a level's temporaries (the blocks' copy, int64 sums: about 3x
+#: the input) are a slab's, not the whole level's, so memory stays bounded whatever the image
+_SLAB_BYTES = 64 << 20
+
+
+def _by_slabs(a: Any, axes: tuple[int, ...], method: str, xp: Any) -> Any:
+    """:func:`downsample` slab by slab along axis 0 (whole pairs when axis 0 is halved: only the
+    last slab can be odd, and its edge copy is the array's)."""
+    step = max(1, _SLAB_BYTES // max(1, a.nbytes // a.shape[0]))
+    halved = 0 in axes
+    step += step % 2 if halved else 0
+    out_shape = tuple(-(-s // 2) if ax in axes else s for ax, s in enumerate(a.shape))
+    out = xp.empty(out_shape, a.dtype)
+    for i in range(0, a.shape[0], step):
+        o = i // 2 if halved else i
+        part = _reduce(a[i:i + step], axes, method, xp)
+        out[o:o + part.shape[0]] = part
+    return out
+
+
+def _reduce(a: Any, axes: tuple[int, ...], method: str, xp: Any) -> Any:
+    """``mean`` or ``mode`` of ``a`` halved along ``axes`` (the definitions above), all at once."""
     dtype = np.dtype(a.dtype)
     b, _ = _blocks(a, axes, xp)
     if method == "mode" or dtype == np.bool_:

@@ -315,6 +315,9 @@ class _ZarrBackend:
                 raise
             except Exception as exc:  # noqa: BLE001 - re-raised, with the chunk named when we can
                 raise _name_the_chunk(arr, sel, exc) from exc
+        if progress is None and cancel is None and _negative_steps(arr.shape, selection):
+            # zarr-python takes steps >= 1 only: the bounding box, then numpy's steps (as the slabs do)
+            return read(_box(region))[region.post].copy(), {}, ""
         return _in_slabs(arr, region, selection, read, self.device, progress, cancel), {}, ""
 
 
@@ -414,6 +417,18 @@ def _name_the_chunk(arr: Any, selection: Any, exc: Exception) -> Exception:
     return CorruptChunkError(f"{arr.store_path}: zarr-python could not decode this array's chunks: "
                              f"{type(exc).__name__}: {exc}. Expected chunks that decode to the array's chunk "
                              "shape and dtype; the store may be damaged or written by an incompatible writer.")
+
+
+def _negative_steps(shape: tuple[int, ...], selection: Any) -> bool:
+    """Whether a basic selection has a slice with a negative step."""
+    from gpu_zarr.engine.plan import normalize_key
+
+    return any(isinstance(s, slice) and s.step < 0 for s in normalize_key(tuple(shape), selection))
+
+
+def _box(region: Any) -> tuple[slice, ...]:
+    """The step-1 bounding box of a region, as a selection."""
+    return tuple(slice(a, b) for a, b in zip(region.start, region.stop))
 
 
 def _in_slabs(arr: Any, region: Any, selection: Any, read: Callable[[Any], Any], device: str,

@@ -474,8 +474,6 @@ def _cpu(arr: Any, why: str, runtime: Any) -> tuple[ReadBackend, BackendChoice]:
         how = "numpy via zarr-python" + ("" if arr is None else f" (native host path not loaded: {native.status().reason})")
         return CpuBackend(), BackendChoice("cpu", f"{why}: {how}")
     try:
-        if arr.ndim == 0:
-            raise UnsupportedArrayError("0-dimensional")
         lay = layout_of(arr)
     except UnsupportedArrayError as exc:
         return CpuBackend(), BackendChoice("cpu", f"{why}: numpy via zarr-python (the native host path cannot: {exc})")
@@ -509,9 +507,6 @@ def choose(arr: Any, prefer: str, caps: Any, runtime: Any = None) -> tuple[ReadB
     from gpu_zarr.engine.metadata import describe, layout_of
 
     try:
-        if arr.ndim == 0:
-            raise UnsupportedArrayError("the direct (kvikio) engine reads arrays with at least one "
-                                        "dimension; this one is 0-dimensional. Use prefer='zarr-gpu'.")
         lay = layout_of(arr)
         if stage_for(lay).nvcomp and not caps.nvcomp:  # the stage's GPU decode calls nvCOMP
             raise UnsupportedArrayError(

@@ -3,7 +3,7 @@
 :func:`layout_of` turns a read-only ``zarr.Array`` into a Layout -- geometry, files and the
 codec chain as steps (:mod:`gpu_zarr.engine.codecs.chain`) -- or raises
 :class:`~gpu_zarr.errors.UnsupportedArrayError` naming what the engine cannot serve (only
-non-numeric dtypes, irregular chunk grids, and stores it cannot read).
+non-numeric dtypes, irregular chunk grids, 0-dimensional arrays, and stores it cannot read).
 """
 
 from __future__ import annotations
@@ -186,11 +186,13 @@ def layout_of(arr: Any) -> Layout:
     ------
     UnsupportedArrayError
         For what the engine does not read: stores other than local directories and the remote
-        stores gpu_zarr opens, irregular chunk grids, non-numeric dtypes.
+        stores gpu_zarr opens, irregular chunk grids, non-numeric dtypes, 0-dimensional arrays.
     """
     meta = arr.metadata
-    root, source = _root_and_source(arr)
     shape = tuple(int(s) for s in arr.shape)
+    if not shape:  # one value: the plan, the place step and the native library index chunks by axis
+        raise _unsupported("arrays with at least one dimension", "none (a 0-dimensional array: one value)")
+    root, source = _root_and_source(arr)
     chunks = _regular_chunks(meta)
     if meta.zarr_format == 2:
         dtype = np.dtype(meta.dtype.to_native_dtype() if hasattr(meta.dtype, "to_native_dtype") else arr.dtype)

@@ -155,6 +155,30 @@ def test_unsupported_arrays_say_why(tmp_path, make):
         read(zarr.open_array(p, mode="r"), Ellipsis, device="cpu")
 
 
+@pytest.mark.parametrize("fmt,codec", [(2, None), (3, "zstd")])
+def test_zero_dimensional_arrays_are_declined_and_read_by_zarr(tmp_path, fmt, codec):
+    """A 0-d array (one value) is declined by the engine's layout, so every engine entry point
+    refuses it (it was read as the fill value, then crashed the process); the public reads
+    serve it through zarr-python."""
+    import numcodecs
+    import zarr
+    from zarr.codecs import ZstdCodec
+
+    from gpu_zarr import kvikio_zarr
+    from gpu_zarr.zarr_io import read_zarr
+
+    p = str(tmp_path / "z.zarr")
+    comp = None if codec is None else (numcodecs.Zstd(1) if fmt == 2 else [ZstdCodec(level=1)])
+    a = zarr.create_array(p, shape=(), chunks=(), dtype="<f4", zarr_format=fmt, compressors=comp, fill_value=0)
+    a[...] = 12.5
+    arr = zarr.open_array(p, mode="r")
+    with pytest.raises(UnsupportedArrayError, match="at least one dimension"):
+        read(arr, Ellipsis, device="cpu")
+    assert not kvikio_zarr.supports(p)[0]
+    res = read_zarr(p, prefer="cpu", progress=False)
+    assert res.data.shape == () and res.data == arr[...] == 12.5
+
+
 def test_bad_selection_errors(tmp_path):
     arr, _ = write(tmp_path / "a.zarr")
     with pytest.raises(IndexError, match="out of bounds"):

@@ -54,6 +54,26 @@ def test_pipeline_hands_other_chains_to_zarr(tmp_path):
     np.testing.assert_array_equal(_ours(tmp_path / "f.zarr"), a[...])
 
 
+@pytest.mark.parametrize("index", [["big"], ["big", "crc32c"]], ids=["big", "big-crc32c"])
+def test_pipeline_reads_big_endian_shard_indexes(tmp_path, index):
+    """A shard index in an order the engine does not parse (big-endian) is left to zarr's own
+    checks: never parsed as little-endian and refused as corrupt (the engine declines it too)."""
+    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
+
+    from gpu_zarr.zarr_io import read_zarr
+
+    idx = [BytesCodec(endian="big")] + ([Crc32cCodec()] if "crc32c" in index else [])
+    sc = ShardingCodec(chunk_shape=(2, 4, 3), codecs=[BytesCodec(), ZstdCodec(level=1)], index_codecs=idx)
+    a = zarr.create_array(tmp_path / "s.zarr", shape=(13, 21, 10), chunks=(4, 8, 6), dtype="<u2", zarr_format=3,
+                          serializer=sc, compressors=None, fill_value=0)
+    a[:7] = np.arange(7 * 21 * 10, dtype="<u2").reshape(7, 21, 10)
+    want = zarr.open_array(tmp_path / "s.zarr", mode="r")[...]
+    np.testing.assert_array_equal(_ours(tmp_path / "s.zarr"), want)
+    res = read_zarr(tmp_path / "s.zarr", prefer="cpu", progress=False)
+    assert "little-endian shard indexes" in res.reason  # declined by the engine, read by zarr-python
+    np.testing.assert_array_equal(res.data, want)
+
+
 def _chunk_file(root, fmt):
     return root / ("0.0.0" if fmt == 2 else "c/0/0/0")
 

@@ -372,6 +372,9 @@ class _ZarrBackend:
                 raise
             except Exception as exc:  # noqa: BLE001 - re-raised, with the chunk named when we can
                 raise _name_the_chunk(arr, sel, exc) from exc
+        if progress is None and cancel is None and _negative_steps(arr.shape, selection):
+            # zarr-python takes steps >= 1 only: the bounding box, then numpy's steps (as the slabs do)
+            return read(_box(region))[region.post].copy(), {}, ""
         return _in_slabs(arr, region, selection, read, self.device, progress, cancel), {}, ""
 
 
@@ -473,6 +476,18 @@ def _name_the_chunk(arr: Any, selection: Any, exc: Exception) -> Exception:
                              "shape and dtype; the store may be damaged or written by an incompatible writer.")
 
 
+def _negative_steps(shape: tuple[int, ...], selection: Any) -> bool:
+    """Whether a basic selection has a slice with a negative step."""
+    from gpu_zarr.engine.plan import normalize_key
+
+    return any(isinstance(s, slice) and s.step < 0 for s in normalize_key(tuple(shape), selection))
+
+
+def _box(region: Any) -> tuple[slice, ...]:
+    """The step-1 bounding box of a region, as a selection."""
+    return tuple(slice(a, b) for a, b in zip(region.start, region.stop))
+
+
 def _in_slabs(arr: Any, region: Any, selection: Any, read: Callable[[Any], Any], device: str,
               progress: Callable[[int, int], None] | None, cancel: Any, parts: int = 16) -> Any:
     """``read(selection)`` in chunk-aligned slabs along the first axis, so that zarr-python
@@ -516,8 +531,6 @@ def _cpu(arr: Any, why: str, runtime: Any) -> tuple[ReadBackend, BackendChoice]:
         how = "numpy via zarr-python" + ("" if arr is None else f" (native host path not loaded: {native.status().reason})")
         return CpuBackend(), BackendChoice("cpu", f"{why}: {how}")
     try:
-        if arr.ndim == 0:
-            raise UnsupportedArrayError("0-dimensional")
         lay = layout_of(arr)
     except UnsupportedArrayError as exc:
         return CpuBackend(), BackendChoice("cpu", f"{why}: numpy via zarr-python (the native host path cannot: {exc})")
@@ -551,9 +564,6 @@ def choose(arr: Any, prefer: str, caps: Any, runtime: Any = None) -> tuple[ReadB
     from gpu_zarr.engine.metadata import describe, layout_of
 
     try:
-        if arr.ndim == 0:
-            raise UnsupportedArrayError("the direct (kvikio) engine reads arrays with at least one "
-                                        "dimension; this one is 0-dimensional. Use prefer='zarr-gpu'.")
         lay = layout_of(arr)
         if stage_for(lay).nvcomp and not caps.nvcomp:  # the stage's GPU decode calls nvCOMP
             raise UnsupportedArrayError(

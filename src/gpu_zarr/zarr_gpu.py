@@ -244,13 +244,15 @@ async def _check_shard_indexes(codec: Any, batch: list[Any]) -> None:
     from zarr.abc.store import RangeByteRequest, SuffixByteRequest
     from zarr.core.buffer import default_buffer_prototype
 
+    from gpu_zarr.engine.metadata import shard_index_format
     from gpu_zarr.engine.sources.locate import index_entries
 
-    idx = [type(c).__name__ for c in codec.index_codecs]
-    if idx not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]):
-        return  # an index layout the engine does not know: zarr's own checks only
+    try:
+        index_at_end, index_crc = shard_index_format(codec)
+    except UnsupportedArrayError:
+        return  # an index format the engine does not parse (e.g. big-endian): zarr's own checks only
     geo = _Shards(tuple(int(s) // int(c) for s, c in zip(batch[0][1].shape, codec.chunk_shape)),
-                  len(idx) == 2, getattr(codec.index_location, "value", codec.index_location) == "end")
+                  index_crc, index_at_end)
     size = math.prod(geo.inner_per_shard) * 16 + (4 if geo.index_crc else 0)
 
     async def one(getter: Any) -> None:

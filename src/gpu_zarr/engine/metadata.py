@@ -3,7 +3,7 @@
 :func:`layout_of` turns a read-only ``zarr.Array`` into a Layout -- geometry, files and the
 codec chain as steps (:mod:`gpu_zarr.engine.codecs.chain`) -- or raises
 :class:`~gpu_zarr.errors.UnsupportedArrayError` naming what the engine cannot serve (only
-non-numeric dtypes, irregular chunk grids, and stores it cannot read).
+non-numeric dtypes, irregular chunk grids, 0-dimensional arrays, and stores it cannot read).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gpu_zarr.engine.codecs.chain import HOST, Chain, parse_v2, parse_v3, steps_
 from gpu_zarr.engine.layout import ChunkKeys, Layout
 from gpu_zarr.errors import UnsupportedArrayError
 
-__all__ = ["codec_of_chain", "codec_of_v2_compressor", "describe", "layout_of", "native_dtype"]
+__all__ = ["codec_of_chain", "codec_of_v2_compressor", "describe", "layout_of", "native_dtype", "shard_index_format"]
 
 
 def _unsupported(what: str, found: str) -> UnsupportedArrayError:
@@ -150,8 +150,16 @@ def _disk_dtype(dtype: np.dtype, chain: Chain, zarr_format: int) -> np.dtype:
     return dtype.newbyteorder("<" if chain.endian in ("little", None) else ">")
 
 
-def _check_index(sc: Any) -> tuple[bool, bool]:
-    """(index at the end, index followed by crc32c) of a shard's index chain."""
+def shard_index_format(sc: Any) -> tuple[bool, bool]:
+    """(index at the end, index followed by crc32c) of a ``sharding_indexed`` codec's index, in
+    the formats the engine parses (:func:`~gpu_zarr.engine.sources.locate.index_entries`:
+    little-endian ``[bytes]`` or ``[bytes, crc32c]``).
+
+    Raises
+    ------
+    UnsupportedArrayError
+        Any other index chain (a big-endian index, other codecs).
+    """
     idx = tuple(sc.index_codecs)
     idx_names = [type(c).__name__ for c in idx]
     if idx_names not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]):
@@ -178,11 +186,13 @@ def layout_of(arr: Any) -> Layout:
     ------
     UnsupportedArrayError
         For what the engine does not read: stores other than local directories and the remote
-        stores gpu_zarr opens, irregular chunk grids, non-numeric dtypes.
+        stores gpu_zarr opens, irregular chunk grids, non-numeric dtypes, 0-dimensional arrays.
     """
     meta = arr.metadata
-    root, source = _root_and_source(arr)
     shape = tuple(int(s) for s in arr.shape)
+    if not shape:  # one value: the plan, the place step and the native library index chunks by axis
+        raise _unsupported("arrays with at least one dimension", "none (a 0-dimensional array: one value)")
+    root, source = _root_and_source(arr)
     chunks = _regular_chunks(meta)
     if meta.zarr_format == 2:
         dtype = np.dtype(meta.dtype.to_native_dtype() if hasattr(meta.dtype, "to_native_dtype") else arr.dtype)
@@ -196,7 +206,7 @@ def layout_of(arr: Any) -> Layout:
     if len(codecs) == 1 and type(codecs[0]).__name__ == "ShardingCodec":
         sc = codecs[0]
         inner = tuple(int(c) for c in sc.chunk_shape)
-        index_at_end, index_crc = _check_index(sc)
+        index_at_end, index_crc = shard_index_format(sc)
         chain = parse_v3(tuple(sc.codecs), lambda: _spec(inner, meta.data_type, meta.fill_value), out)
         return _layout(arr, shape, chunks, inner, dtype, chain, True, index_at_end, index_crc, root, source, 3)
     chain = parse_v3(codecs, lambda: _spec(chunks, meta.data_type, meta.fill_value), out)

@@ -86,7 +86,16 @@ def test_small_plans_in_plain_python_equal_numpys(monkeypatch):
             np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("shape", [(), (5,), (6, 7, 8)])
+def test_chunk_keys_of_a_0d_array_are_zarrs():
+    from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding, V2ChunkKeyEncoding
+
+    from gpu_zarr.engine.layout import ChunkKeys
+
+    assert ChunkKeys("c", "/")(()) == DefaultChunkKeyEncoding(separator="/").encode_chunk_key(())
+    assert ChunkKeys("", ".")(()) == V2ChunkKeyEncoding(separator=".").encode_chunk_key(())
+
+
+@pytest.mark.parametrize("shape", [(5,), (6, 7, 8)])
 @pytest.mark.parametrize("fmt,encoding", [(2, "."), (2, "/"), (3, ("default", "/")), (3, ("default", ".")),
                                           (3, ("v2", ".")), (3, ("v2", "/"))])
 def test_chunk_keys_are_zarrs(tmp_path, shape, fmt, encoding):

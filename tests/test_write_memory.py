@@ -85,9 +85,35 @@ def test_host_memory_measures_what_a_block_touches():
 def test_every_write_result_reports_its_memory(tmp_path):
     a = np.arange(64 * 64 * 64, dtype=np.uint16).reshape(64, 64, 64)
     res = write_zarr(a, tmp_path / "a", chunks=(16, 32, 32), encoder="cpu")
-    assert res.memory.startswith("host: ")
+    assert res.memory.startswith("host resident set, sampled")
     assert res.device_peak_bytes is None  # the CPU encoder on host data: no GPU involved
     assert res.host_peak_bytes is None or res.host_peak_bytes >= 0
+
+
+def test_a_write_leaves_the_process_high_water_mark_alone(tmp_path):
+    """A library call must not reset what the user's own peak-memory accounting reads
+    (``getrusage``'s ``ru_maxrss`` is the kernel's high-water mark)."""
+    import resource
+
+    big = np.ones(128 * MiB, np.uint8)  # a peak of the caller's, before the write
+    del big
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    write_zarr(np.zeros((8, 64, 64), np.uint16), tmp_path / "a", chunks=(4, 32, 32), encoder="cpu")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >= before
+
+
+def test_the_sampler_sees_what_a_block_holds():
+    import time
+
+    from gpu_zarr.memory import PeakSampler
+
+    with PeakSampler() as mem:
+        a = np.ones(64 * MiB, np.uint8)
+        time.sleep(0.05)  # held for 25 intervals
+        del a
+    if mem.host_bytes is None:
+        pytest.skip(f"host memory not measurable here: {mem.method}")
+    assert 60 * MiB <= mem.host_bytes < 200 * MiB
 
 
 @pytest.mark.parametrize("kind", ["numpy", "dask"])

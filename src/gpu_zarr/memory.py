@@ -12,6 +12,11 @@ and by the benchmarks (the read bench's "peak extra GiB", the write bench's colu
   says which.
 * :class:`GpuMemory` -- growth of cupy's default memory pool during the block (after freeing
   its cached blocks), optionally with a sampled device-wide figure.
+* :class:`PeakSampler` -- what a library call may measure without touching the process: a
+  thread samples the resident set (and cupy's pool in use) every few milliseconds. The two
+  above reset the kernel's high-water mark (which ``getrusage``'s ``ru_maxrss`` reports too),
+  free cupy's cached blocks and synchronise the device: right for a benchmark, which owns its
+  process, wrong inside a user's pipeline. The writer's results use this one.
 
 Both are process-wide measures: work running beside the block (another thread's read or
 write) is counted in, and a measurement started inside another one resets the high-water mark
@@ -27,7 +32,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["GpuMemory", "HostMemory"]
+__all__ = ["GpuMemory", "HostMemory", "PeakSampler"]
 
 _MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
 
@@ -173,3 +178,85 @@ class GpuMemory:
         }
         if self.sample:
             self.result["device_peak_bytes_sampled"] = int(self._free0 - self._min_free)
+
+
+def _resident_bytes() -> int | None:
+    """The process's resident set now (``/proc/self/statm``), or None off Linux."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class PeakSampler:
+    """Peak growth of resident host memory (and of cupy's pool in use, with ``gpu``) during a
+    block, sampled by a thread every ``interval_s``: nothing of the process is reset, freed or
+    synchronised, so a library call can measure itself. A spike shorter than the interval can
+    be missed; what a write holds for longer (its batches in flight) is not.
+
+    Attributes (after the block)
+    ----------------------------
+    host_bytes, gpu_bytes : int or None
+        Peak growth above the values at the start; None when not measurable here.
+    method : str
+    """
+
+    def __init__(self, gpu: bool = False, interval_s: float = 0.002) -> None:
+        self.gpu, self.interval_s = gpu, interval_s
+        self.host_bytes: int | None = None
+        self.gpu_bytes: int | None = None
+        self.method = f"sampled every {interval_s * 1e3:g} ms"
+        self._stop = threading.Event()
+        self._pool: Any = None
+        self._rss0: int | None = None
+        self._used0: int | None = None
+        self._rss_max = 0
+        self._used_max = 0
+
+    def _pool_used(self) -> int | None:
+        if self._pool is None:
+            return None
+        return int(self._pool.used_bytes())
+
+    def _sample(self) -> None:
+        rss, used = _resident_bytes(), self._pool_used()
+        if rss is not None and self._rss0 is not None:
+            self._rss_max = max(self._rss_max, rss)
+        if used is not None:
+            self._used_max = max(self._used_max, used)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> PeakSampler:
+        self._pool = None
+        if self.gpu:
+            try:
+                import cupy
+
+                self._pool = cupy.get_default_memory_pool()
+            except Exception:  # noqa: BLE001 - no cupy after all: host only
+                self._pool = None
+        self._rss0 = _resident_bytes()
+        self._rss_max = self._rss0 or 0
+        self._used0 = self._pool_used()
+        self._used_max = self._used0 or 0
+        self._thread = threading.Thread(target=self._run, name="gpu-zarr-memory", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        if self._rss0 is not None:
+            self.host_bytes = max(0, self._rss_max - self._rss0)
+        else:
+            self.method = "host: unmeasured (no /proc/self/statm)"
+        if self._used0 is not None:
+            self.gpu_bytes = max(0, self._used_max - self._used0)

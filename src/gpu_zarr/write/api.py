@@ -16,7 +16,7 @@ from typing import Any
 
 from gpu_zarr import settings
 from gpu_zarr.errors import INSTALL_HINT, GPUUnavailable, UsageError
-from gpu_zarr.memory import GpuMemory, HostMemory
+from gpu_zarr.memory import PeakSampler
 from gpu_zarr.write.codecs import CodecSpec, codec_spec
 from gpu_zarr.write.encode import GPU_CODECS, CpuEncoder, GpuEncoder
 from gpu_zarr.write.metadata import array_documents
@@ -25,7 +25,7 @@ from gpu_zarr.write.plan import WritePlan, make_plan
 from gpu_zarr.write.source import Source, as_source, is_cupy, is_dask
 from gpu_zarr.write.writer import Progress, Stages, write_array
 
-__all__ = ["ENCODERS", "ArrayJob", "WriteMemory", "WriteResult", "choose_encoder", "measured", "run_jobs",
+__all__ = ["ENCODERS", "ArrayJob", "WriteResult", "choose_encoder", "measured", "run_jobs",
            "write_zarr"]
 
 ENCODERS = ("auto", "gpu", "cpu")
@@ -56,13 +56,13 @@ class WriteResult:
         commit), summed over lanes: overlapping lanes can add up past ``seconds``.
     host_peak_bytes : int or None
         Peak growth of the process's resident host memory during the call, above its value
-        when the call began (:class:`gpu_zarr.memory.HostMemory`): the blocks read, gathered
-        and encoded chunks of the batches in flight, pinned frames, a pyramid computed in host
-        memory. None where it cannot be measured (``memory`` says why).
+        when the call began, sampled every 2 ms (:class:`gpu_zarr.memory.PeakSampler`): the
+        blocks read, gathered and encoded chunks of the batches in flight, pinned frames, a
+        pyramid computed in host memory. None where it cannot be measured.
     device_peak_bytes : int or None
-        Growth of cupy's memory pool during the call (:class:`gpu_zarr.memory.GpuMemory`, the
-        read benchmark's "peak extra" measure): the GPU copy of host data, pyramid levels,
-        gathered chunks and packed frames. None when the GPU took no part.
+        Peak growth of the bytes in use in cupy's memory pool during the call, sampled alike:
+        the GPU copy of host data, pyramid levels, gathered chunks and packed frames. None when
+        the GPU took no part.
     memory : str
         How the two were measured.
 
@@ -71,8 +71,8 @@ class WriteResult:
     The memory figures are process-wide: other work running beside the write counts too.
     nvCOMP allocates its encode outputs and scratch itself, outside cupy's pool, so
     ``device_peak_bytes`` leaves them out (``gpu-zarr bench --mode write`` samples the
-    device's free memory as well, which sees them). Measuring the GPU frees the unused
-    blocks cached by cupy's default pools when the call begins.
+    device's free memory as well, which sees them). Measuring changes nothing in the
+    process (no reset of its high-water mark, no freeing of cupy's cached blocks).
     """
 
     path: str
@@ -94,39 +94,6 @@ class WriteResult:
         return self.nbytes / self.stored_bytes if self.stored_bytes else math.inf
 
 
-class WriteMemory:
-    """The peak extra memory of one write: host always, the GPU's when it takes part.
-
-    Entered where a public write function begins, so that everything the write holds counts
-    (a pyramid computed in memory, the source ``convert`` reads, copies to or from the GPU).
-    """
-
-    def __init__(self, on_gpu: bool) -> None:
-        self.host = HostMemory()
-        self.gpu: GpuMemory | None = GpuMemory() if on_gpu else None
-
-    def __enter__(self) -> WriteMemory:
-        if self.gpu is not None:
-            try:
-                self.gpu.__enter__()
-            except Exception:  # noqa: BLE001 - no cupy or no device after all: host only
-                self.gpu = None
-        self.host.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.host.__exit__(*exc)
-        if self.gpu is not None:
-            self.gpu.__exit__(*exc)
-
-    def fill(self, res: WriteResult) -> WriteResult:
-        """``res`` with the measured peaks."""
-        res.host_peak_bytes = self.host.peak_bytes
-        res.device_peak_bytes = self.gpu.result.get("pool_peak_bytes") if self.gpu is not None else None
-        res.memory = f"host: {self.host.method}" + ("; GPU: cupy pool growth" if self.gpu is not None else "")
-        return res
-
-
 def _gpu_takes_part(data: Any, encoder: str) -> bool:
     """Whether a write of ``data`` may use the GPU (its data is there, or it may encode there)."""
     if is_cupy(data) or (isinstance(data, Source) and data.on_gpu):
@@ -137,10 +104,15 @@ def _gpu_takes_part(data: Any, encoder: str) -> bool:
 
 
 def measured(data: Any, encoder: str, write: Callable[[], WriteResult]) -> WriteResult:
-    """Run ``write()`` (a whole public write) and return its result with its peak memory."""
-    with WriteMemory(_gpu_takes_part(data, encoder)) as mem:
+    """Run ``write()`` (a whole public write) and return its result with its peak memory,
+    sampled (:class:`gpu_zarr.memory.PeakSampler`: nothing of the caller's process is reset,
+    freed or synchronised)."""
+    on_gpu = _gpu_takes_part(data, encoder)
+    with PeakSampler(gpu=on_gpu) as mem:
         res = write()
-    return mem.fill(res)
+    res.host_peak_bytes, res.device_peak_bytes = mem.host_bytes, mem.gpu_bytes if on_gpu else None
+    res.memory = f"host resident set, {mem.method}" + ("; GPU: cupy's pool in use" if on_gpu else "")
+    return res
 
 
 @dataclass

@@ -81,7 +81,7 @@ def test_convert_reads_a_source_whole_or_in_blocks_to_the_same_store(ome04, tmp_
     whole = convert_mod._source(str(src), 0, None)
     assert not hasattr(whole, "dask") and np.array_equal(whole.get() if hasattr(whole, "get") else whole, a)
     convert(src, tmp_path / "whole.zarr", levels=3, encoder="cpu")
-    monkeypatch.setattr(convert_mod, "_room", lambda on_gpu: 0)
+    monkeypatch.setattr(convert_mod, "free_bytes", lambda on_gpu: 0)
     assert hasattr(convert_mod._source(str(src), 0, None), "dask")
     convert(src, tmp_path / "blocks.zarr", levels=3, encoder="cpu")
     for k in ("0", "1", "2", "labels/cells/0", "labels/cells/2"):

@@ -182,3 +182,20 @@ def test_a_level_halved_in_slabs_is_the_level_halved_at_once(monkeypatch, shape,
     monkeypatch.setattr(pyramid, "_SLAB_BYTES", a.nbytes // 7 + 1)  # 7-8 slabs
     got = pyramid.downsample(a, axes, method)
     assert got.dtype == whole.dtype and np.array_equal(got, whole)
+
+
+def test_a_pyramid_stays_on_the_host_when_the_gpu_has_no_room_for_it():
+    """The GPU encoder's pyramid is computed on the GPU only when the image and its levels take
+    at most half the free device memory; without a device to ask (here) it is computed on the
+    host, and the writer uploads batch by batch."""
+    from gpu_zarr.capabilities import probe
+    from gpu_zarr.write.omezarr import _pyramid
+    from gpu_zarr.write.writer import Stages
+
+    if probe().gpu:
+        pytest.skip("a GPU with room: the pyramid goes there")
+    img = np.arange(4 * 64 * 64, dtype=np.uint16).reshape(4, 64, 64)
+    levels = _pyramid(img, 3, (1, 2), "mean", True, Stages())
+    assert [type(lv) for lv in levels] == [np.ndarray] * 3
+    assert [lv.shape for lv in levels] == [(4, 64, 64), (4, 32, 32), (4, 16, 16)]
+    np.testing.assert_array_equal(levels[1], downsample(img, (1, 2), "mean"))

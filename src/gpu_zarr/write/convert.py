@@ -21,6 +21,7 @@ import numpy as np
 from gpu_zarr.errors import INSTALL_HINT, NotAZarrError, UsageError
 from gpu_zarr.write.api import WriteResult, _write_zarr, measured
 from gpu_zarr.write.omezarr import _write_ome_zarr
+from gpu_zarr.write.source import free_bytes
 
 __all__ = ["convert"]
 
@@ -36,20 +37,6 @@ def _dask(path: str, level: int | None, storage_options: Mapping[str, Any] | Non
     return to_dask(path, level=level, storage_options=storage_options)
 
 
-def _room(on_gpu: bool) -> int | None:
-    """Free bytes of the memory a whole source would go to (the GPU's, or the host's); None: unknown."""
-    try:
-        if on_gpu:
-            from gpu_zarr.engine.fit import device_memory
-
-            return device_memory()[0]
-        from gpu_zarr.engine.fit import host_available_bytes
-
-        return host_available_bytes()
-    except Exception:  # noqa: BLE001 - no answer: blocks, which always fit
-        return None
-
-
 def _source(path: str, level: int | None, storage_options: Mapping[str, Any] | None) -> Any:
     """The source array (level 0 of an OME image): read whole, once, by the reader (onto the
     GPU when there is one) when it takes at most a quarter of the memory it goes to -- its
@@ -61,7 +48,7 @@ def _source(path: str, level: int | None, storage_options: Mapping[str, Any] | N
     arr = open_image_or_array(path, storage_options=storage_options)
     nbytes = int(np.prod(arr.shape, dtype=np.int64)) * np.dtype(arr.dtype).itemsize
     on_gpu = probe().backend_status("kvikio")[0]
-    room = _room(on_gpu)
+    room = free_bytes(on_gpu)
     if room is None or nbytes > room // 4:
         return _dask(path, level, storage_options)
     return read_zarr(path, prefer="auto" if on_gpu else "cpu", progress=None, storage_options=storage_options).data

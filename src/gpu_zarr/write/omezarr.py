@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 
 from gpu_zarr import settings
-from gpu_zarr.errors import UsageError
+from gpu_zarr.errors import OutOfGPUMemory, OutOfHostMemory, OutOfMemory, UsageError
 from gpu_zarr.write import ome
 from gpu_zarr.write.api import ArrayJob, WriteResult, choose_encoder, measured, run_jobs
 from gpu_zarr.write.codecs import codec_spec
 from gpu_zarr.write.metadata import group_documents
 from gpu_zarr.write.plan import make_plan
 from gpu_zarr.write.pyramid import METHODS, downsample
-from gpu_zarr.write.source import as_source, is_cupy, is_dask
+from gpu_zarr.write.source import as_source, free_bytes, is_cupy, is_dask
 from gpu_zarr.write.writer import Stages
 
 __all__ = ["default_chunks", "default_levels", "level_geometry", "write_ome_zarr"]
@@ -61,20 +61,41 @@ def _pyramid(data: Any, levels: int, axes: Sequence[int], method: str, to_gpu: b
         for _ in range(1, levels):
             out.append(_lazy_level(out[-1], axes, method))
         return out
-    with stages.time("transfer"):
-        if to_gpu and not is_cupy(data):
-            import cupy
+    nbytes = int(np.prod(data.shape, dtype=np.int64)) * np.dtype(data.dtype).itemsize
+    need = nbytes + (nbytes // 3 if levels > 1 else 0)  # the image and its levels (each a quarter of the last)
+    if to_gpu and not is_cupy(data):
+        free = free_bytes(True)
+        # computed on the GPU when the image and its levels take at most half its free memory
+        # (the writer's encode batches need the rest); else on the host, in slabs, and the
+        # writer uploads each batch as it encodes it
+        if free is not None and need <= free // 2:
+            with stages.time("transfer"):
+                import cupy
 
-            data = cupy.asarray(data)
+                data = cupy.asarray(data)
     out = [data]
     with stages.time("downsample"):
-        for _ in range(1, levels):
-            out.append(downsample(out[-1], axes, method))
+        try:
+            for _ in range(1, levels):
+                out.append(downsample(out[-1], axes, method))
+        except MemoryError as exc:  # cupy's OutOfMemoryError is one; so is numpy's
+            raise _no_room_for_levels(data, need, exc) from exc
         if is_cupy(data):
             import cupy
 
             cupy.cuda.get_current_stream().synchronize()
     return out
+
+
+def _no_room_for_levels(data: Any, need: int, exc: BaseException) -> OutOfMemory:
+    where = "GPU" if is_cupy(data) else "host"
+    free = free_bytes(where == "GPU")
+    have = f"{free / 2**30:.1f} GiB are free there now" if free is not None else "free memory unknown"
+    err = OutOfGPUMemory if where == "GPU" else OutOfHostMemory
+    return err(f"the pyramid of a {tuple(data.shape)} {np.dtype(data.dtype)} image is computed in {where} memory: "
+               f"it needs about {need / 2**30:.1f} GiB (the image and its levels, a third more), {have} "
+               f"({type(exc).__name__}). Pass the image as a dask array (levels computed block by block, "
+               "memory bounded by the writer's batches), write fewer levels, or free memory.")
 
 
 def level_geometry(shape: Sequence[int], chunks: Sequence[int], shards: Any) -> tuple[tuple[int, ...], Any]:

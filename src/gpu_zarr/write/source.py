@@ -15,7 +15,7 @@ import numpy as np
 
 from gpu_zarr.errors import UsageError
 
-__all__ = ["Source", "as_source", "is_cupy", "is_dask"]
+__all__ = ["Source", "as_source", "free_bytes", "is_cupy", "is_dask"]
 
 
 def is_cupy(a: Any) -> bool:
@@ -24,6 +24,22 @@ def is_cupy(a: Any) -> bool:
 
 def is_dask(a: Any) -> bool:
     return hasattr(a, "dask") and hasattr(a, "compute") and hasattr(a, "chunks")
+
+
+def free_bytes(on_gpu: bool) -> int | None:
+    """Free bytes of the memory whole arrays would go to (the GPU's, or the host's available
+    memory); None when unknown."""
+    try:
+        if on_gpu:
+            from gpu_zarr.engine.fit import device_memory
+
+            return int(device_memory()[0])
+        from gpu_zarr.engine.fit import host_available_bytes
+
+        avail = host_available_bytes()
+        return None if avail is None else int(avail)
+    except Exception:  # noqa: BLE001 - no answer: the caller takes the bounded path
+        return None
 
 
 class Source:

@@ -70,6 +70,9 @@ CHAINS = [
                                                compressors=[GzipCodec(level=1), Crc32cCodec()])),
     ("v3-shard-zstd-crc32c", lambda p: _sharded(p, [BytesCodec(), ZstdCodec(level=1), Crc32cCodec()])),
     ("v3-shard-raw-crc32c-noindexcrc", lambda p: _sharded(p, [BytesCodec(), Crc32cCodec()], index=[BytesCodec()])),
+    ("v3-shard-zstd-bigendian-index", lambda p: _sharded(p, [BytesCodec(), ZstdCodec(level=1)],
+                                                         index=[BytesCodec(endian="big"), Crc32cCodec()])),
+    ("v3-shard-raw-bigendian-index-nocrc", lambda p: _sharded(p, [BytesCodec()], index=[BytesCodec(endian="big")])),
     ("v3-shard-bigendian-zstd-crc32c", lambda p: _sharded(p, [BytesCodec(endian="big"), ZstdCodec(level=1),
                                                              Crc32cCodec()], dtype=">f4")),
     # numcodecs.* names in v3 and steps with no engine implementation: the codecs' own decode

@@ -56,8 +56,8 @@ def test_pipeline_hands_other_chains_to_zarr(tmp_path):
 
 @pytest.mark.parametrize("index", [["big"], ["big", "crc32c"]], ids=["big", "big-crc32c"])
 def test_pipeline_reads_big_endian_shard_indexes(tmp_path, index):
-    """A shard index in an order the engine does not parse (big-endian) is left to zarr's own
-    checks: never parsed as little-endian and refused as corrupt (the engine declines it too)."""
+    """A big-endian shard index is parsed in its own byte order by the pipeline's index check
+    (never as little-endian, then refused as corrupt) and by the engine, which serves it."""
     from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 
     from gpu_zarr.zarr_io import read_zarr
@@ -70,7 +70,7 @@ def test_pipeline_reads_big_endian_shard_indexes(tmp_path, index):
     want = zarr.open_array(tmp_path / "s.zarr", mode="r")[...]
     np.testing.assert_array_equal(_ours(tmp_path / "s.zarr"), want)
     res = read_zarr(tmp_path / "s.zarr", prefer="cpu", progress=False)
-    assert "little-endian shard indexes" in res.reason  # declined by the engine, read by zarr-python
+    assert "native host path" in res.reason, res.reason  # served by the engine, not zarr-python
     np.testing.assert_array_equal(res.data, want)
 
 

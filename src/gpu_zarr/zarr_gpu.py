@@ -231,6 +231,7 @@ class _Shards:
     inner_per_shard: tuple[int, ...]
     index_crc: bool
     index_at_end: bool
+    index_big_endian: bool
 
 
 async def _check_shard_indexes(codec: Any, batch: list[Any]) -> None:
@@ -248,11 +249,11 @@ async def _check_shard_indexes(codec: Any, batch: list[Any]) -> None:
     from gpu_zarr.engine.sources.locate import index_entries
 
     try:
-        index_at_end, index_crc = shard_index_format(codec)
+        index_at_end, index_crc, big = shard_index_format(codec)
     except UnsupportedArrayError:
-        return  # an index format the engine does not parse (e.g. big-endian): zarr's own checks only
+        return  # an index format the engine does not parse (other index codecs): zarr's own checks only
     geo = _Shards(tuple(int(s) // int(c) for s, c in zip(batch[0][1].shape, codec.chunk_shape)),
-                  index_crc, index_at_end)
+                  index_crc, index_at_end, big)
     size = math.prod(geo.inner_per_shard) * 16 + (4 if geo.index_crc else 0)
 
     async def one(getter: Any) -> None:

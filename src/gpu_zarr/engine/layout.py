@@ -95,6 +95,8 @@ class Layout:
         Shard index position (``index_location``).
     index_crc : bool
         Shard index followed by a crc32c checksum.
+    index_big_endian : bool
+        Shard index entries stored big-endian (the index chain's ``bytes`` codec).
     root : pathlib.Path
         Directory of the array on the local file system.
     chunk_key : ChunkKeys
@@ -134,6 +136,7 @@ class Layout:
     source: RemoteRef | None = field(default=None, compare=False, repr=False)
     frames: tuple[Any, ...] = ()
     host: Any = field(default=None, compare=False, repr=False)
+    index_big_endian: bool = False
 
     @property
     def ndim(self) -> int:

@@ -150,24 +150,24 @@ def _disk_dtype(dtype: np.dtype, chain: Chain, zarr_format: int) -> np.dtype:
     return dtype.newbyteorder("<" if chain.endian in ("little", None) else ">")
 
 
-def shard_index_format(sc: Any) -> tuple[bool, bool]:
-    """(index at the end, index followed by crc32c) of a ``sharding_indexed`` codec's index, in
-    the formats the engine parses (:func:`~gpu_zarr.engine.sources.locate.index_entries`:
-    little-endian ``[bytes]`` or ``[bytes, crc32c]``).
+def shard_index_format(sc: Any) -> tuple[bool, bool, bool]:
+    """(index at the end, index followed by crc32c, index big-endian) of a ``sharding_indexed``
+    codec's index, in the formats the engine parses
+    (:func:`~gpu_zarr.engine.sources.locate.index_entries`: ``[bytes]`` or ``[bytes, crc32c]``,
+    either byte order).
 
     Raises
     ------
     UnsupportedArrayError
-        Any other index chain (a big-endian index, other codecs).
+        Any other index chain.
     """
     idx = tuple(sc.index_codecs)
     idx_names = [type(c).__name__ for c in idx]
     if idx_names not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]):
         raise _unsupported("shard indexes [bytes] or [bytes, crc32c]", f"index codecs {idx_names}")
     idx_endian = getattr(idx[0].endian, "value", idx[0].endian)
-    if idx_endian not in ("little", None):
-        raise _unsupported("little-endian shard indexes", f"{idx_endian}-endian")
-    return getattr(sc.index_location, "value", sc.index_location) == "end", len(idx) == 2
+    return (getattr(sc.index_location, "value", sc.index_location) == "end", len(idx) == 2,
+            idx_endian == "big")
 
 
 def layout_of(arr: Any) -> Layout:
@@ -199,28 +199,29 @@ def layout_of(arr: Any) -> Layout:
         out = native_dtype(dtype)
         chain = parse_v2(meta.compressor, meta.filters, dtype, meta.order, chunks,
                          lambda: _spec(chunks, meta.dtype, meta.fill_value, meta.order), out)
-        return _layout(arr, shape, chunks, chunks, dtype, chain, False, True, False, root, source, 2)
+        return _layout(arr, shape, chunks, chunks, dtype, chain, False, (True, False, False), root, source, 2)
     dtype = np.dtype(meta.data_type.to_native_dtype())
     out = native_dtype(dtype)
     codecs = tuple(meta.codecs)
     if len(codecs) == 1 and type(codecs[0]).__name__ == "ShardingCodec":
         sc = codecs[0]
         inner = tuple(int(c) for c in sc.chunk_shape)
-        index_at_end, index_crc = shard_index_format(sc)
+        index = shard_index_format(sc)
         chain = parse_v3(tuple(sc.codecs), lambda: _spec(inner, meta.data_type, meta.fill_value), out)
-        return _layout(arr, shape, chunks, inner, dtype, chain, True, index_at_end, index_crc, root, source, 3)
+        return _layout(arr, shape, chunks, inner, dtype, chain, True, index, root, source, 3)
     chain = parse_v3(codecs, lambda: _spec(chunks, meta.data_type, meta.fill_value), out)
-    return _layout(arr, shape, chunks, chunks, dtype, chain, False, True, False, root, source, 3)
+    return _layout(arr, shape, chunks, chunks, dtype, chain, False, (True, False, False), root, source, 3)
 
 
 def _layout(arr: Any, shape: tuple[int, ...], chunks: tuple[int, ...], inner: tuple[int, ...], dtype: np.dtype,
-            chain: Chain, sharded: bool, index_at_end: bool, index_crc: bool, root: Any, source: Any,
+            chain: Chain, sharded: bool, index: tuple[bool, bool, bool], root: Any, source: Any,
             zarr_format: int) -> Layout:
     disk = _disk_dtype(dtype, chain, zarr_format)
     out = native_dtype(disk)
-    return Layout(shape, disk, out, _fill(arr, out), chunks, inner, chain.codec, sharded, index_at_end, index_crc,
+    return Layout(shape, disk, out, _fill(arr, out), chunks, inner, chain.codec, sharded, index[0], index[1],
                   root, _chunk_keys(arr.metadata), zarr_format, codec_params=dict(chain.params),
-                  transpose=chain.transpose, source=source, frames=chain.frames, host=chain.host)
+                  transpose=chain.transpose, source=source, frames=chain.frames, host=chain.host,
+                  index_big_endian=index[2])
 
 
 def _chunk_keys(meta: Any) -> ChunkKeys:

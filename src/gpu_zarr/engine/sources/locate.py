@@ -44,6 +44,8 @@ class ShardGeometry(Protocol):
     def index_crc(self) -> bool: ...
     @property
     def index_at_end(self) -> bool: ...
+    @property
+    def index_big_endian(self) -> bool: ...
 
 _MISSING = np.uint64(2**64 - 1)
 
@@ -240,7 +242,7 @@ def index_entries(layout: ShardGeometry, path: Any, raw: bytes, fsize: int, max_
                 f"shard {path}: index checksum mismatch (stored crc32c {want:#010x}, computed "
                 f"{got:#010x}); the shard is corrupt or truncated. Rewrite or delete it."
             )
-    index = np.frombuffer(body, "<u8").reshape(n, 2)
+    index = np.frombuffer(body, ">u8" if layout.index_big_endian else "<u8").reshape(n, 2)
     data_lo = 0 if layout.index_at_end else size
     data_hi = fsize - size if layout.index_at_end else fsize
     present = index[:, 0] != _MISSING

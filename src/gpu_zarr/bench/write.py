@@ -122,7 +122,19 @@ def _writer(name: str, layout: str, data: np.ndarray, chunks: tuple[int, ...], s
                         create=True, delete_existing=True).result()
             t.write(data).result()
         return ts_write
-    if name == "ome-zarr-py" and layout == "pyramid":
+    if name in ("ome-zarr-py", "ngff-zarr") and layout == "pyramid":
+        return _pyramid_peer(name, data, chunks, shards, level)
+    return f"{name} does not write the {layout} layout"
+
+
+def _pyramid_peer(name: str, data: np.ndarray, chunks: tuple[int, ...], shards: tuple[int, ...] | None,
+                  level: int) -> Callable[[Path], Any] | str:
+    """ome-zarr-py's or ngff-zarr's 4-level pyramid written as ours is (y/x 2x2 mean, the same
+    chunks, shards and zstd level), or the reason it cannot run here."""
+    import importlib.util
+
+    has = importlib.util.find_spec
+    if name == "ome-zarr-py":
         if not has("ome_zarr"):
             return "ome-zarr-py is not installed"
         import zarr
@@ -140,7 +152,7 @@ def _writer(name: str, layout: str, data: np.ndarray, chunks: tuple[int, ...], s
             write_image(data, zarr.open_group(str(p), mode="w"), axes="zyx", scale_factors=[2, 4, 8],
                         method=Methods.LOCAL_MEAN, storage_options=opts)
         return omezarr_write
-    if name == "ngff-zarr" and layout == "pyramid":
+    if name == "ngff-zarr":
         if not has("ngff_zarr"):
             return "ngff-zarr is not installed"
         import ngff_zarr as nz
@@ -155,7 +167,7 @@ def _writer(name: str, layout: str, data: np.ndarray, chunks: tuple[int, ...], s
                                    chunks=chunks, method=nz.Methods.ITKWASM_BIN_SHRINK)
             nz.to_ngff_zarr(str(p), ms, version="0.5", chunks_per_shard=per_shard, compressors=zstd)
         return ngff_write
-    return f"{name} does not write the {layout} layout"
+    return f"{name} does not write the pyramid layout"
 
 
 def _convert_source(root: Path, data: np.ndarray, chunks: tuple[int, ...], levels: int) -> Path:

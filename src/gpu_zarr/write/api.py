@@ -300,7 +300,7 @@ def _write_zarr(data: Any, path: str | os.PathLike[str], *, chunks: Sequence[int
                 shards: Sequence[int] | int | bool | None, codec: str | None, level: int | None, zarr_format: int,
                 fill_value: Any, overwrite: bool, encoder: str,
                 storage_options: Mapping[str, Any] | None) -> WriteResult:
-    """:func:`write_zarr` without its memory measurement (``convert`` measures around it)."""
+    """:func:`write_zarr`'s work, inside its memory measurement."""
     t0 = time.perf_counter()
     source = as_source(data)
     dtype = source.dtype.newbyteorder("<") if source.dtype.byteorder == ">" else source.dtype

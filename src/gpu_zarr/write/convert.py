@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from gpu_zarr.errors import INSTALL_HINT, NotAZarrError, UsageError
-from gpu_zarr.write.api import WriteResult, _write_zarr, measured
-from gpu_zarr.write.omezarr import _write_ome_zarr
+from gpu_zarr.write.api import WriteResult, measured, write_zarr
+from gpu_zarr.write.omezarr import write_ome_zarr
 from gpu_zarr.write.source import free_bytes
 
 __all__ = ["convert"]
@@ -111,7 +111,7 @@ def _convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec:
         labels = {}
         for name, lab in image.labels.items():
             labels[name] = _source(lab.path, 0, storage_options)
-        res = _write_ome_zarr(data, dst, axes=axes, scale=list(lv0.scale), levels=levels or len(image.levels),
+        res = write_ome_zarr(data, dst, axes=axes, scale=list(lv0.scale), levels=levels or len(image.levels),
                              chunks=chunks if chunks is not None else lv0.chunks, shards=shards, codec=codec,
                              level=level, channel_names=[c.name for c in image.channels] or None,
                              labels=labels or None, ome_version=ome_version, name=image.name or None,
@@ -125,7 +125,7 @@ def _convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, codec:
         except Exception as exc:  # noqa: BLE001 - zarr's errors differ by store and version
             raise NotAZarrError(f"{text} is neither an OME-Zarr image nor a zarr array ({exc})") from None
         data = _source(text, None, storage_options)
-        res = _write_zarr(data, dst, chunks=chunks if chunks is not None else arr.chunks, shards=shards, codec=codec,
+        res = write_zarr(data, dst, chunks=chunks if chunks is not None else arr.chunks, shards=shards, codec=codec,
                          level=level, zarr_format=3 if ome_version == "0.5" else 2, fill_value=arr.fill_value,
                          overwrite=overwrite, encoder=encoder, storage_options=dst_opts)
     res.seconds = time.perf_counter() - t0

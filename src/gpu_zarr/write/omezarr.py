@@ -204,7 +204,7 @@ def _write_ome_zarr(data: Any, path: str | os.PathLike[str], *, axes: str | Sequ
                     channel_names: Sequence[str] | None, labels: Mapping[str, Any] | None, label_downsample: str,
                     ome_version: str, name: str | None, overwrite: bool, encoder: str,
                     storage_options: Mapping[str, Any] | None) -> WriteResult:
-    """:func:`write_ome_zarr` without its memory measurement (``convert`` measures around it)."""
+    """:func:`write_ome_zarr`'s work, inside its memory measurement."""
     t0 = time.perf_counter()
     _check_choices(ome_version, downsample, label_downsample)
     src = as_source(data)

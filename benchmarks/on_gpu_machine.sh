@@ -241,7 +241,7 @@ pack)
   tar czf /tmp/results.tgz -C "$OUT" . && find "$OUT" -type f -delete && mv /tmp/results.tgz "$OUT/"
   ;;
 *)
-  echo "unknown step ${1}: tests, fuzz, browse, readers, speed, scale, native, team, remote, dask1, write, nvcomp-size or pack" >&2
+  echo "unknown step ${1}: tests, chains, fuzz, browse, readers, speed, scale, native, remote, dask1, ab, write, nvcomp-size or pack" >&2
   exit 2
   ;;
 esac

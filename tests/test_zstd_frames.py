@@ -58,6 +58,14 @@ def test_damaged_frame_is_named(damage, match):
     assert "c/1" in str(info.value)
 
 
+def test_a_second_frame_is_named_as_such_not_as_damage():
+    """Two frames back to back are valid zstd (libzstd decodes the sequence) that no zarr writer
+    makes: the refusal says so and where they can be read, rather than calling the chunk corrupt."""
+    frames, _ = _frames(n=2)
+    with pytest.raises(CorruptChunkError, match="another zstd frame follows the first.*prefer='cpu'"):
+        check_frames(*_pack([frames[0] + frames[1]]), -1, ["c/0"])
+
+
 def test_wrong_content_size_refused():
     frames, _ = _frames()
     with pytest.raises(CorruptChunkError, match="metadata"):

@@ -159,6 +159,11 @@ def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expect
     bad = np.flatnonzero(pos != end)
     if len(bad):
         k = int(bad[0])
+        if pos[k] < end[k] and end[k] - pos[k] >= 4 and le_uint(buf, int(pos[k]), 4) == _MAGIC:
+            raise CorruptChunkError(
+                f"chunk {names[k]}: another zstd frame follows the first ({int(end[k] - pos[k])} more bytes). "
+                "zarr-python, numcodecs, TensorStore and zarrs write one frame per chunk, and this decoder reads "
+                "one; read this array with prefer='cpu' (the native library's libzstd decodes frame sequences).")
         what = "truncated before its checksum" if pos[k] > end[k] else f"{int(end[k] - pos[k])} bytes follow the frame"
         raise _fail(names, k, what)
     return FrameInfo(fcs)

@@ -41,6 +41,34 @@ def test_mean_is_the_mean_of_existing_elements_rounded_half_up():
     assert downsample(neg, (0,), "mean")[0] == -2  # floor(-2.5 + 0.5)
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "uint16", "int16", "uint32", "int32", "int64", "uint64",
+                                   "float16", "float32", "float64"])
+@pytest.mark.parametrize("shape,axes", [((5, 7), (0, 1)), ((3, 9, 6), (1, 2)), ((4, 5, 3), (0, 1, 2)),
+                                        ((2, 3, 5, 7), (2, 3)), ((9,), (0,))])
+def test_mean_is_the_mean_of_each_block_for_every_dtype(dtype, shape, axes):
+    """Every output element against the definition, element by element: the mean of the existing
+    elements of its block in float64, ties up for integers, cast back."""
+    rng = np.random.default_rng(1)
+    info = np.iinfo(dtype) if np.dtype(dtype).kind in "iu" else None
+    if info is not None:
+        lo, hi = max(int(info.min), -(2**62)), min(int(info.max), 2**62)
+        a = rng.integers(lo, hi, shape, dtype=np.int64 if lo < 0 else np.uint64, endpoint=True).astype(dtype)
+    else:
+        a = rng.normal(0, 1000, shape).astype(dtype)
+    out = downsample(a, axes, "mean")
+    want = np.empty(out.shape, dtype)
+    for idx in np.ndindex(*out.shape):
+        block = a[tuple(slice(2 * i, 2 * i + 2) if ax in axes else slice(i, i + 1) for ax, i in enumerate(idx))]
+        m = block.astype(np.float64).mean()
+        want[idx] = np.floor(m + 0.5) if info is not None else m
+    if dtype in ("int64", "uint64"):  # through float64: large values round there, as the definition says
+        np.testing.assert_allclose(out.astype(np.float64), want.astype(np.float64), rtol=1e-15)
+    elif dtype == "float64":
+        np.testing.assert_allclose(out, want, rtol=1e-15)
+    else:
+        np.testing.assert_array_equal(out, want)
+
+
 def test_mode_and_nearest():
     a = np.array([[1, 2, 3, 3, 7], [2, 1, 4, 3, 7]], "uint32")
     assert downsample(a, (0, 1), "mode").tolist() == [[1, 3, 7]]  # tie 1/2 -> first in block order

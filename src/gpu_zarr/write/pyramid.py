@@ -7,9 +7,10 @@ Exact definitions (``n`` the input's length along a downsampled axis, output len
   ``2i .. min(2i + 2, n) - 1`` along each downsampled axis, i.e. of the elements that exist
   (for an odd ``n`` the last output is the mean of the last row alone). Computed by padding
   each odd axis with a copy of its last element (which leaves every block's mean equal to the
-  mean of its existing elements) and averaging ``k`` values. Integers: the exact sum in
-  int64, then ``floor(mean + 1/2)`` (ties round up), in the input dtype (int64/uint64
-  inputs go through float64). Floats: the mean in float64, cast back. bool: as ``mode``.
+  mean of its existing elements) and averaging ``k`` values. Integers: the exact sum (int32
+  or int64), then ``floor(mean + 1/2)`` (ties round up), in the input dtype (int64/uint64
+  inputs go through float64). Floats: the mean in float64 (the ``k`` values summed in C
+  order of their offsets), cast back. bool: as ``mode``.
 - ``mode`` (labels): the most frequent of the existing elements of the block; a tie goes to
   the value that comes first in the block's C order.
 - ``nearest`` (labels): the block's first element, ``input[2i]`` (stride-2 sampling).
@@ -17,6 +18,7 @@ Exact definitions (``n`` the input's length along a downsampled axis, output len
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,14 +117,31 @@ def _by_slabs(a: Any, axes: tuple[int, ...], method: str, xp: Any) -> Any:
 def _reduce(a: Any, axes: tuple[int, ...], method: str, xp: Any) -> Any:
     """``mean`` or ``mode`` of ``a`` halved along ``axes`` (the definitions above), all at once."""
     dtype = np.dtype(a.dtype)
-    b, _ = _blocks(a, axes, xp)
     if method == "mode" or dtype == np.bool_:
+        b, _ = _blocks(a, axes, xp)
         return xp.ascontiguousarray(_mode(b, xp))
-    k = b.shape[-1]
-    if dtype.kind in "iu" and dtype.itemsize <= 4:
-        total = b.sum(axis=-1, dtype=np.int64)
-        return ((total + k // 2) // k).astype(dtype)
-    mean = b.mean(axis=-1, dtype=np.float64)
+    return _mean(a, axes, dtype, xp)
+
+
+def _mean(a: Any, axes: tuple[int, ...], dtype: np.dtype, xp: Any) -> Any:
+    """The ``mean`` of the module docstring as the sum of the ``k`` strided views of ``a`` (one
+    pass each, no copy of ``a`` into blocks): integers of up to 4 bytes summed exactly in int32
+    (2-byte and smaller: the sum of at most 8 fits) or int64, then ``(sum + k // 2) >> log2(k)``
+    (floor division by ``k``, ties up); others in float64."""
+    pad = [(0, a.shape[ax] % 2 if ax in axes else 0) for ax in range(a.ndim)]
+    if any(p[1] for p in pad):
+        a = xp.pad(a, pad, mode="edge")
+    exact = dtype.kind in "iu" and dtype.itemsize <= 4
+    acc = (np.int32 if dtype.itemsize <= 2 and len(axes) <= 3 else np.int64) if exact else np.float64
+    views = [a[tuple(slice(offsets[axes.index(ax)], None, 2) if ax in axes else slice(None) for ax in range(a.ndim))]
+             for offsets in itertools.product((0, 1), repeat=len(axes))]
+    total: Any = views[0].astype(acc)
+    for view in views[1:]:
+        xp.add(total, view, out=total)
+    k = 1 << len(axes)
+    if exact:
+        return ((total + k // 2) >> len(axes)).astype(dtype)
+    mean = total / k
     if dtype.kind in "iu":
         return xp.floor(mean + 0.5).astype(dtype)
     return mean.astype(dtype)

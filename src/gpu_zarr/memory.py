@@ -212,6 +212,7 @@ class PeakSampler:
         self.method = f"sampled every {interval_s * 1e3:g} ms"
         self._stop = threading.Event()
         self._pool: Any = None
+        self._device: int | None = None
         self._rss0: int | None = None
         self._used0: int | None = None
         self._rss_max = 0
@@ -230,6 +231,10 @@ class PeakSampler:
             self._used_max = max(self._used_max, used)
 
     def _run(self) -> None:
+        if self._device is not None:  # the pool answers for the thread's current device
+            import cupy
+
+            cupy.cuda.runtime.setDevice(self._device)
         while not self._stop.wait(self.interval_s):
             self._sample()
 
@@ -240,8 +245,9 @@ class PeakSampler:
                 import cupy
 
                 self._pool = cupy.get_default_memory_pool()
+                self._device = int(cupy.cuda.runtime.getDevice())
             except Exception:  # noqa: BLE001 - no cupy after all: host only
-                self._pool = None
+                self._pool = self._device = None
         self._rss0 = _resident_bytes()
         self._rss_max = self._rss0 or 0
         self._used0 = self._pool_used()

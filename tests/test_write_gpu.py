@@ -68,3 +68,18 @@ def test_gpu_ome_zarr_equals_cpu_twin(tmp_path):
     assert g.attrs.asdict()["ome"]["multiscales"][0]["datasets"] == c.attrs.asdict()["ome"]["multiscales"][0]["datasets"]
     for k in res.arrays:
         np.testing.assert_array_equal(g[k][...], c[k][...])
+
+
+@pytest.mark.parametrize("kind", ["cupy", "numpy"])
+def test_gpu_write_reports_its_memory(tmp_path, kind):
+    """A GPU write's result has its peak GPU memory (cupy's pool in use: the host data's copy,
+    gathered chunks, packed frames), and the pyramid's levels and mean agree with the CPU's."""
+    import cupy
+
+    a = np.random.default_rng(2).integers(0, 4096, (32, 1024, 1024), dtype=np.uint16)  # 64 MiB: many 2 ms samples
+    data = cupy.asarray(a) if kind == "cupy" else a
+    with settings.set(batch_bytes=8 << 20, lanes=2):
+        res = write_zarr(data, tmp_path / "m", chunks=(1, 512, 1024), encoder="gpu")
+    assert res.device_peak_bytes is not None and res.device_peak_bytes > 0, res.memory
+    assert "cupy's pool in use" in res.memory
+    np.testing.assert_array_equal(downsample(cupy.asarray(a), (1, 2), "mean").get(), downsample(a, (1, 2), "mean"))

@@ -227,3 +227,18 @@ def test_a_pyramid_stays_on_the_host_when_the_gpu_has_no_room_for_it():
     assert [type(lv) for lv in levels] == [np.ndarray] * 3
     assert [lv.shape for lv in levels] == [(4, 64, 64), (4, 32, 32), (4, 16, 16)]
     np.testing.assert_array_equal(levels[1], downsample(img, (1, 2), "mean"))
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test_complex_image_pyramid_keeps_the_imaginary_part(tmp_path, dtype):
+    """A complex image's mean levels, read by zarr-python, are the complex means of their blocks
+    (summed in complex128, not float64, which dropped the imaginary part)."""
+    rng = np.random.default_rng(4)
+    a = (rng.normal(0, 100, (9, 6)) + 1j * rng.normal(0, 100, (9, 6))).astype(dtype)
+    write_ome_zarr(a, tmp_path / "c.zarr", axes="yx", levels=2, chunks=4, encoder="cpu")
+    got = zarr.open_array(str(tmp_path / "c.zarr" / "1"), mode="r")[...]
+    padded = np.pad(a.astype(np.complex128), [(0, 1), (0, 0)], mode="edge")
+    want = padded.reshape(5, 2, 3, 2).mean(axis=(1, 3)).astype(dtype)
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert np.abs(got.imag).max() > 1

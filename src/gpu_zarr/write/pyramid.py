@@ -10,7 +10,7 @@ Exact definitions (``n`` the input's length along a downsampled axis, output len
   mean of its existing elements) and averaging ``k`` values. Integers: the exact sum (int32
   or int64), then ``floor(mean + 1/2)`` (ties round up), in the input dtype (int64/uint64
   inputs go through float64). Floats: the mean in float64 (the ``k`` values summed in C
-  order of their offsets), cast back. bool: as ``mode``.
+  order of their offsets), cast back; complex: likewise in complex128. bool: as ``mode``.
 - ``mode`` (labels): the most frequent of the existing elements of the block; a tie goes to
   the value that comes first in the block's C order.
 - ``nearest`` (labels): the block's first element, ``input[2i]`` (stride-2 sampling).
@@ -127,12 +127,14 @@ def _mean(a: Any, axes: tuple[int, ...], dtype: np.dtype, xp: Any) -> Any:
     """The ``mean`` of the module docstring as the sum of the ``k`` strided views of ``a`` (one
     pass each, no copy of ``a`` into blocks): integers of up to 4 bytes summed exactly in int32
     (2-byte and smaller: the sum of at most 8 fits) or int64, then ``(sum + k // 2) >> log2(k)``
-    (floor division by ``k``, ties up); others in float64."""
+    (floor division by ``k``, ties up); complex in complex128 (float64 would drop the imaginary
+    part); others in float64."""
     pad = [(0, a.shape[ax] % 2 if ax in axes else 0) for ax in range(a.ndim)]
     if any(p[1] for p in pad):
         a = xp.pad(a, pad, mode="edge")
     exact = dtype.kind in "iu" and dtype.itemsize <= 4
-    acc = (np.int32 if dtype.itemsize <= 2 and len(axes) <= 3 else np.int64) if exact else np.float64
+    acc = (np.int32 if dtype.itemsize <= 2 and len(axes) <= 3 else np.int64) if exact else (
+        np.complex128 if dtype.kind == "c" else np.float64)
     views = [a[tuple(slice(offsets[axes.index(ax)], None, 2) if ax in axes else slice(None) for ax in range(a.ndim))]
              for offsets in itertools.product((0, 1), repeat=len(axes))]
     total: Any = views[0].astype(acc)

@@ -183,6 +183,25 @@ def test_bad_arguments_are_usage_errors(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("fill", [-1, 256, np.nan, 1 + 2j, "x"])
+@pytest.mark.parametrize("fmt,shards", FORMATS, ids=["v3-sharded", "v3", "v2"])
+def test_a_fill_value_the_dtype_cannot_hold_is_refused_before_writing(tmp_path, fmt, shards, fill):
+    """zarr-python refuses these fill values for uint8: so do we, with a UsageError that names
+    the fill value and the dtype, before a chunk is written (no OverflowError from numpy)."""
+    a = np.arange(30, dtype="uint8").reshape(5, 6)
+    with pytest.raises(UsageError, match=r"fill_value=.* dtype uint8"):
+        write_zarr(a, tmp_path / "f", chunks=4, shards=shards, zarr_format=fmt, fill_value=fill, encoder="cpu")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt,shards", FORMATS, ids=["v3-sharded", "v3", "v2"])
+def test_fill_value_none_is_zarrs_default(tmp_path, fmt, shards):
+    """fill_value=None (zarr-python's "the dtype's default") writes edge chunks and reads back."""
+    a = np.arange(30, dtype="uint8").reshape(5, 6)
+    write_zarr(a, tmp_path / "n", chunks=4, shards=shards, zarr_format=fmt, fill_value=None, encoder="cpu")
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "n"), mode="r")[...], a)
+
+
 @pytest.mark.parametrize("fmt,shards", FORMATS, ids=["v3-sharded", "v3", "v2"])
 @pytest.mark.parametrize("codec", CODECS, ids=[str(c) for c in CODECS])
 def test_tensorstore_and_our_reader_read_what_we_write(tmp_path, fmt, shards, codec):

@@ -88,3 +88,15 @@ def test_convert_reads_a_source_whole_or_in_blocks_to_the_same_store(ome04, tmp_
         one = zarr.open_array(tmp_path / "whole.zarr" / k, mode="r")
         two = zarr.open_array(tmp_path / "blocks.zarr" / k, mode="r")
         assert one.shape == two.shape and np.array_equal(one[...], two[...]), k
+
+
+@pytest.mark.parametrize("ome_version", ["0.5", "0.4"])
+def test_convert_a_v2_array_whose_fill_value_is_null(tmp_path, ome_version):
+    """zarr v2 stores often say ``"fill_value": null``; their edge chunks are padded with zarr's
+    default (it was a TypeError from the pad) and zarr-python reads the same values back."""
+    a = np.arange(3 * 20 * 30, dtype="uint16").reshape(3, 20, 30)
+    z = zarr.create_array(str(tmp_path / "v2.zarr"), shape=a.shape, chunks=(1, 7, 9), dtype=a.dtype,
+                          zarr_format=2, fill_value=None)
+    z[...] = a
+    convert(tmp_path / "v2.zarr", tmp_path / "out.zarr", encoder="cpu", ome_version=ome_version)
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "out.zarr"), mode="r")[...], a)

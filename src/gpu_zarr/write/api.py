@@ -188,6 +188,23 @@ def encode_batch_bytes(on_gpu: bool, lanes: int) -> int:
     return int(max(base, min(2 << 30, free // 4 // (3 * max(1, lanes)), host // 4 // (2 * max(1, lanes)))))
 
 
+def _array_documents(job: ArrayJob, spec: CodecSpec) -> dict[str, bytes]:
+    """The metadata documents of ``job``'s array.
+
+    Raises
+    ------
+    UsageError
+        zarr-python refuses the fill value for the array's dtype (out of range, NaN for an
+        integer dtype, a complex or text value it cannot convert).
+    """
+    try:
+        return array_documents(job.plan, spec, fill_value=job.fill_value, attributes=job.attributes,
+                               dimension_names=job.dimension_names)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise UsageError(f"fill_value={job.fill_value!r} is not a value of the array's dtype {job.plan.dtype}: "
+                         f"{exc}") from exc
+
+
 def run_jobs(path: str | os.PathLike[str], jobs: list[ArrayJob], groups: Mapping[str, dict[str, bytes]],
              spec: CodecSpec, *, encoder: str, overwrite: bool, stages: Stages | None = None,
              t0: float | None = None, storage_options: Mapping[str, Any] | None = None) -> WriteResult:
@@ -199,6 +216,8 @@ def run_jobs(path: str | os.PathLike[str], jobs: list[ArrayJob], groups: Mapping
     """
     t0 = time.perf_counter() if t0 is None else t0
     stages = stages or Stages()
+    # made first (in memory): a fill value zarr refuses for the dtype fails before anything is written
+    docs = [_array_documents(job, spec) for job in jobs]
     dest = open_destination(path, overwrite=overwrite, storage_options=storage_options)
     threads = int(settings.get("threads"))
     enc, reason = choose_encoder(spec, encoder, threads)
@@ -214,10 +233,8 @@ def run_jobs(path: str | os.PathLike[str], jobs: list[ArrayJob], groups: Mapping
             stored += write_array(job.source, job.plan, enc, dest, job.prefix, fill_value=job.fill_value,
                                   stages=stages, progress=progress, batch_bytes=batch, lanes=lanes, writers=writers)
         with stages.time("metadata"):
-            for job in jobs:
-                dest.write_documents(job.prefix, array_documents(
-                    job.plan, spec, fill_value=job.fill_value, attributes=job.attributes,
-                    dimension_names=job.dimension_names))
+            for job, job_docs in zip(jobs, docs, strict=True):
+                dest.write_documents(job.prefix, job_docs)
             for prefix in sorted(groups, key=lambda p: -len([s for s in p.split("/") if s])):
                 dest.write_documents(prefix, groups[prefix])
         with stages.time("commit"):
@@ -257,7 +274,9 @@ def write_zarr(data: Any, path: str | os.PathLike[str], *, chunks: Sequence[int]
     level : int, optional
         Compression level (default: zstd 3, Blosc 5, gzip 5).
     zarr_format : {3, 2}
-    fill_value : scalar
+    fill_value : scalar or None
+        Stored in the metadata and used to pad edge chunks; None is zarr-python's default
+        (0, False). It must be a value of the dtype (zarr-python's rules).
     overwrite : bool
         Replace an existing zarr at ``path`` (never a folder, or objects, that are not a zarr).
     encoder : {"auto", "gpu", "cpu"}
@@ -273,7 +292,7 @@ def write_zarr(data: Any, path: str | os.PathLike[str], *, chunks: Sequence[int]
     Raises
     ------
     UsageError
-        A bad argument (chunk/shard shape, codec, level, data type).
+        A bad argument (chunk/shard shape, codec, level, data type, a fill value the dtype cannot hold).
     DestinationExists
         ``path`` exists and ``overwrite`` is False.
     WriteError

@@ -94,6 +94,7 @@ def _to_xp(block: Any, xp_name: str) -> Any:
 def _gather(blocks: list[Any], units: list[Unit], plan: WritePlan, fill: Any, xp: Any) -> Any:
     """The present inner chunks of ``units`` as one contiguous ``(n, *chunks)`` array."""
     n_total = int(sum(int(u.present.sum()) for u in units))
+    fill = 0 if fill is None else fill  # None: zarr's default fill value (0, False, 0.0)
     out = xp.empty((n_total, *plan.chunks), plan.dtype)
     unit_shape = plan.unit_shape
     cpu = plan.chunks_per_unit

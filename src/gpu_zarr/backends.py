@@ -186,11 +186,9 @@ class EngineBackend:
         one copy when ``on_gpu``. With ``cache`` (viewers) the decoded chunks are kept in the
         runtime's host chunk cache, so the next planes of thick chunks are copies."""
         EngineOptions, engine_read, CpuOps = _engine()
-        # (the options made once, not made and then copied; the CPU ops kept by the runtime: on
-        # a CPU that idled, these steps took ~0.2 ms of a plane's time before its requests left)
-        # the page-locked box a plane is placed in, then (a remote plane, on the GPU) its copy to
-        # the GPU set up while the requests travel: after the answers cupy's steps ran cold (the
-        # copy took 0.23 ms of a plane's time on the H200, 0.05 of it copying)
+        # the options made once and the CPU ops kept by the runtime: a plane's requests leave
+        # sooner. The page-locked box a plane is placed in, then (a remote plane, on the GPU)
+        # its copy to the GPU set up while the requests travel, not after the answers
         sent = options.on_sent if options is not None else None
         staged = _Staged(region.out_shape, after=sent) if on_gpu else None
         if staged is not None and all([isinstance(p, int) or p == _WHOLE for p in region.post]):
@@ -205,8 +203,8 @@ class EngineBackend:
         if staged is None:
             res = engine_read(None, region, device="cpu", options=opts, layout=self.layout, ops=ops, runtime=rt)
             return res.data, res.stats, threads
-        # placed in page-locked staging and copied to the GPU from there (a 2 MiB plane on the
-        # H200: 0.06 ms, against 0.3-0.7 ms from ordinary memory)
+        # placed in page-locked staging and copied to the GPU from there (copies from ordinary
+        # memory are several times slower)
         dtype = self.layout.out_dtype
         with rt.pinned.lease(nbytes_of(region.box_shape, dtype), 1, rt.pinned_alloc) as (buf,):
             staged.box = buf.view(dtype).reshape(region.box_shape)

@@ -42,11 +42,11 @@ GiB = 1 << 30
 SEED_HOST_RATE = MappingProxyType({"zstd": 0.75 * GiB, "lz4": 2.0 * GiB, "blosclz": 2.0 * GiB, "snappy": 1.5 * GiB,
                   "zlib": 0.3 * GiB, "gzip": 0.3 * GiB, "deflate": 0.3 * GiB, "raw": 4.0 * GiB,
                   "host": 0.3 * GiB})
-#: nvCOMP's time per batched call, whatever it holds (H200: zstd 7.5-9.9 ms for 1-256 chunks,
-#: LZ4 5.4-9.5); the "host" chain decodes on the host on either path, so the GPU adds nothing
+#: nvCOMP's time per batched call, about the same whatever it holds (``reference/figures.md``);
+#: the "host" chain decodes on the host on either path, so the GPU adds nothing
 GPU_CALL_S = MappingProxyType({"zstd": 8e-3, "lz4": 6e-3, "zlib": 8e-3, "gzip": 8e-3, "deflate": 8e-3,
                                "raw": 0.0})
-#: decoded bytes per second of a busy nvCOMP call (H200: 25 GiB/s at 256 chunks a call)
+#: decoded bytes per second of a busy nvCOMP call (a few hundred chunks a call)
 GPU_RATE = 25.0 * GiB
 #: host <-> device copies from page-locked memory
 COPY_RATE = 20.0 * GiB

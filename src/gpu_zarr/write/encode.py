@@ -48,9 +48,8 @@ class CpuEncoder:
     spec : CodecSpec
     threads : int
         Worker threads compressing chunks at once, at most one per core: compression is
-        CPU-bound, and more threads than cores only switch between chunks (on 2 cores the
-        read threads' default of 8 wrote at 0.14-0.17 GiB/s against 0.22-0.25 with 2). The
-        writer's lanes share them.
+        CPU-bound, and more threads than cores only switch between chunks (the read threads'
+        default is larger: reads wait on I/O). The writer's lanes share them.
     """
 
     name = "cpu"

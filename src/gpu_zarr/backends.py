@@ -120,18 +120,21 @@ class EngineBackend:
 
     def small_read_bytes(self, region: Any, to_device: bool = True) -> int | None:
         touched, est = self.host_choice(region, to_device)
-        return touched if touched is not None and (est is None or est.executor == "cpu") else None
+        return touched if _on_host(touched, est) else None
 
     def host_choice(self, region: Any, to_device: bool = True) -> tuple[int | None, Any]:
         """(decoded bytes of the chunks the read touches, the executor estimate) when it may
-        decode on CPU threads; (None, None) when it decodes on the GPU regardless. A local
+        decode on CPU threads; (None, None) when it decodes on the GPU regardless."""
+        return self._weigh(self._touched(region), to_device)
+
+    def _weigh(self, touched: tuple[int, int] | None, to_device: bool) -> tuple[int | None, Any]:
+        """:meth:`host_choice` of a read touching ``touched`` (chunks, decoded bytes). A local
         read up to ``small_read`` is weighed (:func:`gpu_zarr.engine.choice.choose`); a remote
         one up to ``remote_host_read`` decodes on the host as the answers arrive (the network,
         not the decoder, bounds it: no estimate)."""
         lay, limit = self.layout, settings.get("small_read")
         if lay.source is not None:
             limit = max(limit, settings.get("remote_host_read"))
-        touched = self._touched(region)
         if touched is None or not limit or touched[1] > limit:
             return None, None
         if lay.source is not None:
@@ -161,7 +164,7 @@ class EngineBackend:
         EngineOptions, engine_read, _ = _engine()
         on_gpu = where != "host"
         small, est = self.host_choice(region, on_gpu)
-        if small is None or (est is not None and est.executor == "gpu"):
+        if small is None or not _on_host(small, est):
             opts = options or EngineOptions()
             if progress is not None or cancel is not None:
                 opts = opts.with_(progress=progress or opts.progress, cancel=cancel or opts.cancel)
@@ -227,17 +230,16 @@ class EngineBackend:
         array ``out`` with ONE engine read (:func:`gpu_zarr.engine.read_many`): on CPU threads
         when all of them together are a small read (``settings`` ``small_read``), else on the
         GPU, then one copy to the host. Returns (stats, what to add to the choice's reason)."""
-        limit = settings.get("small_read")
         touched = [self._touched(p) for p in parts]
-        if limit and self.layout.source is None and all(t is not None for t in touched):
-            chunks, total = (sum(t[k] for t in touched if t is not None) for k in (0, 1))
-            if total <= limit:
-                est = self._estimate(chunks, total, False)
-                if est.executor == "cpu":
-                    stats = _read_parts_on_host(self.runtime, parts, out, options)
+        if all(t is not None for t in touched):
+            total = tuple(sum(t[k] for t in touched if t is not None) for k in (0, 1))
+            small, est = self._weigh((total[0], total[1]), False)
+            if _on_host(small, est):
+                stats = _read_parts_on_host(self.runtime, parts, out, options)
+                if est is not None:
                     stats.update(est.stats())
-                    return stats, (f"; one engine read of {len(parts)} arrays, decoded on CPU threads (small read; "
-                                   f"{est.describe()})")
+                return stats, (f"; one engine read of {len(parts)} arrays, decoded on CPU threads (small read"
+                               + (f"; {est.describe()})" if est is not None else ")"))
         from gpu_zarr.engine import EngineOptions, read_many
 
         res = read_many(parts, out.shape, device="gpu", options=options or EngineOptions(), runtime=self.runtime)
@@ -246,6 +248,11 @@ class EngineBackend:
             box = tuple(slice(a, a + b - s) for a, s, b in zip(p.at, p.start, p.stop))
             out[box] = host[box]
         return res.stats, f"; one engine read of {len(parts)} arrays, decoded on the GPU"
+
+
+def _on_host(touched: int | None, est: Any) -> bool:
+    """Whether a read weighed by :meth:`EngineBackend.host_choice` decodes on CPU threads."""
+    return touched is not None and (est is None or est.executor == "cpu")
 
 
 @functools.cache

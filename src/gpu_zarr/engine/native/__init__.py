@@ -451,10 +451,11 @@ class Arrivals:
         self.keep = keep
         # every buffer the workers touch (the geometry's arrays too), alive until close
         self._alive: list[Any] = [out, scratch, keep, tab, strides]
-        self._h = loaded().gz_arrivals_open(CODECS[codec], n, int(chunk_nbytes), tab, tab.shape[1], strides, unit,
-                                            swap, _ptr(out), out.nbytes,
-                                            None if self._keep_arr is None else _ptr(self._keep_arr), _ptr(scratch),
-                                            threads, max(1, int(split)), self.status, self.detail)
+        self._lib = loaded()  # the set's library for its life: add() runs once per chunk
+        self._h = self._lib.gz_arrivals_open(CODECS[codec], n, int(chunk_nbytes), tab, tab.shape[1], strides, unit,
+                                             swap, _ptr(out), out.nbytes,
+                                             None if self._keep_arr is None else _ptr(self._keep_arr),
+                                             _ptr(scratch), threads, max(1, int(split)), self.status, self.detail)
         if not self._h:
             raise MemoryError("the native library could not start decoding as answers arrive (out of memory?)")
 
@@ -469,13 +470,13 @@ class Arrivals:
         if offset < 0 or nbytes < 0 or offset + nbytes > data.nbytes:
             raise ValueError(f"chunk {i}: bytes {offset}..{offset + nbytes} lie outside its answer ({data.nbytes})")
         self._alive.append(data)
-        if loaded().gz_arrivals_add(self._h, int(i), _ptr(data) + int(offset), int(nbytes)) != OK:
+        if self._lib.gz_arrivals_add(self._h, int(i), _ptr(data) + int(offset), int(nbytes)) != OK:
             raise ValueError(f"chunk {i} was added twice, or is not one of this set's")
 
     def close(self) -> tuple[np.ndarray, np.ndarray]:
         """Wait for every chunk added; (status, detail) per chunk (:attr:`NOT_ADDED`: never added)."""
         if self._h:
-            loaded().gz_arrivals_close(self._h)
+            self._lib.gz_arrivals_close(self._h)
             self._h = None
             self._alive = []
         return self.status, self.detail

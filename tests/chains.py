@@ -102,4 +102,37 @@ CHAINS = [
     ("v2-lz4", lambda p: _v2(p, compressor=numcodecs.LZ4())),
     ("v2-bz2-bigendian", lambda p: _v2(p, ">u2", compressor=numcodecs.BZ2(1))),
     ("v2-delta-F-order", lambda p: _v2(p, "<i4", filters=[numcodecs.Delta(dtype="<i4")], compressor=None, order="F")),
+    # element steps after the core (engine/codecs/elements.py), and filters they leave to the codecs
+    ("v2-delta-u1-gzip", lambda p: _v2(p, "|u1", filters=[numcodecs.Delta(dtype="|u1")], compressor=numcodecs.GZip(1))),
+    ("v2-delta-i8-raw", lambda p: _v2(p, "<i8", filters=[numcodecs.Delta(dtype="<i8")], compressor=None)),
+    ("v2-astype-f4-f8-zstd", lambda p: _v2(p, "<f8", filters=[numcodecs.AsType(encode_dtype="<f4", decode_dtype="<f8")],
+                                          compressor=numcodecs.Zstd(1), values=_smooth("<f4").astype("<f8"))),
+    ("v2-astype-u2-i4-raw", lambda p: _v2(p, "<i4", filters=[numcodecs.AsType(encode_dtype="<u2", decode_dtype="<i4")],
+                                         compressor=None, values=_smooth("<i4") + 200)),
+    ("v2-fixedscaleoffset-f4-u1", lambda p: _v2(p, "<f4", filters=[numcodecs.FixedScaleOffset(
+        offset=-100, scale=1.3, dtype="<f4", astype="|u1")], compressor=numcodecs.Zstd(1), values=_smooth("<f4"))),
+    ("v2-bitround-zstd", lambda p: _v2(p, "<f4", filters=[numcodecs.BitRound(keepbits=7)], compressor=numcodecs.Zstd(1))),
+    ("v2-astype-delta-two-steps", lambda p: _v2(p, "<i4", filters=[numcodecs.Delta(dtype="<i4"), numcodecs.AsType(
+        encode_dtype="<i8", decode_dtype="<i4")], compressor=numcodecs.Zstd(1))),
+    ("v2-delta-astype-differs", lambda p: _v2(p, "<i4", filters=[numcodecs.Delta(dtype="<i4", astype="<i2")],
+                                             compressor=numcodecs.Zstd(1), values=_smooth("<i4"))),
+    ("v2-fixedscaleoffset-to-int", lambda p: _v2(p, "<i4", filters=[numcodecs.FixedScaleOffset(
+        offset=3, scale=2, dtype="<i4", astype="<i2")], compressor=numcodecs.Zstd(1), values=_smooth("<i4"))),
+    ("v2-delta-bigendian", lambda p: _v2(p, ">i2", filters=[numcodecs.Delta(dtype=">i2")], compressor=numcodecs.Zstd(1))),
+    ("v3-quantize-blosc", lambda p: _v3(p, "<f8", filters=[_nc().Quantize(digits=4, dtype="<f8")],
+                                       compressors=[_nc().Blosc(cname="zstd", clevel=1, shuffle=2)],
+                                       values=_smooth("<f8"))),
+    ("v3-delta-bigendian-bytes", lambda p: _v3(p, "<i4", filters=[_nc().Delta(dtype="<i4")],
+                                              serializer=BytesCodec(endian="big"), compressors=[ZstdCodec(level=1)])),
+    ("v3-astype-crc32c", lambda p: _v3(p, "<f8", filters=[_nc().AsType(encode_dtype="<f4", decode_dtype="<f8")],
+                                      compressors=[Crc32cCodec()], values=_smooth("<f4").astype("<f8"))),
 ]
+
+#: chains whose filters run as element steps after the core codec (the rest of their kind stay
+#: with the codecs' own decode: tests/test_chains.py holds both lists to the layout)
+ELEMENT_CHAINS = ("v3-delta-zstd", "v3-fixedscaleoffset", "v3-shard-delta-crc32c", "v2-delta-zstd",
+                  "v2-fixedscaleoffset-blosc", "v2-quantize", "v2-delta-u1-gzip", "v2-delta-i8-raw",
+                  "v2-astype-f4-f8-zstd", "v2-astype-u2-i4-raw", "v2-fixedscaleoffset-f4-u1",
+                  "v2-astype-delta-two-steps", "v3-quantize-blosc", "v3-astype-crc32c")
+HOST_FILTER_CHAINS = ("v2-shuffle-astype", "v2-delta-F-order", "v2-delta-astype-differs", "v2-fixedscaleoffset-to-int",
+                      "v2-delta-bigendian", "v3-delta-bigendian-bytes", "v3-shuffle-zstd")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chains import CHAINS
+from chains import CHAINS, ELEMENT_CHAINS, HOST_FILTER_CHAINS
 from gpu_zarr.engine import EngineOptions, read
 from gpu_zarr.engine.metadata import describe, layout_of
 from gpu_zarr.errors import CorruptChunkError
@@ -38,7 +38,9 @@ def test_description_names_the_steps(tmp_path):
     assert lay.codec == "zstd" and [f.name for f in lay.frames] == ["crc32c"] and lay.host is None
     assert describe(lay) == "zarr v3, sharded: crc32c checked on the host, zstd"
     lay = layout_of(dict(CHAINS)["v2-delta-zstd"](tmp_path / "b.zarr")[0])
-    assert lay.codec == "host" and "delta, zstd" in describe(lay)
+    assert lay.codec == "zstd" and lay.host is None and [s.name for s in lay.elements] == ["delta"]
+    assert describe(lay) == "zarr v2: zstd, delta"
+    assert describe(lay, "on the GPU") == "zarr v2: zstd on the GPU, delta on the GPU"
     lay = layout_of(dict(CHAINS)["v3-numcodecs-zstd"](tmp_path / "c.zarr")[0])
     assert lay.codec == "zstd" and lay.host is None  # zstd frames under numcodecs' name: the core stage
     lay = layout_of(dict(CHAINS)["v3-numcodecs-lz4"](tmp_path / "d.zarr")[0])
@@ -79,3 +81,29 @@ def test_chains_through_the_public_api(tmp_path):
     arr, _ = dict(CHAINS)["v3-shard-zstd-crc32c"](tmp_path / "a.zarr")
     res = gpu_zarr.read_zarr(str(tmp_path / "a.zarr"), prefer="cpu", progress=False)
     np.testing.assert_array_equal(np.asarray(res.data), arr[...])
+
+
+@pytest.mark.parametrize("name", ELEMENT_CHAINS + HOST_FILTER_CHAINS)
+def test_filters_run_as_element_steps_where_exact(tmp_path, name):
+    """Filters with an exact step on numpy and cupy run after the core codec (which then decodes
+    the stored dtype); the others -- byte shuffles, Delta into another dtype, casts from floats
+    to integers, other byte orders, F order -- stay with the codecs' own decode."""
+    lay = layout_of(dict(CHAINS)[name](tmp_path / "a.zarr")[0])
+    if name in ELEMENT_CHAINS:
+        assert lay.elements and lay.host is None and lay.codec != "host"
+        assert lay.stored_nbytes == int(np.prod(lay.inner_shape)) * lay.elements[0].stored.itemsize
+    else:
+        assert not lay.elements and lay.codec == "host"
+
+
+@pytest.mark.parametrize("name", ["v2-delta-i8-raw", "v2-astype-u2-i4-raw"])
+def test_uncompressed_chunk_of_the_stored_dtype_is_checked_for_its_size(tmp_path, name):
+    """An uncompressed chunk before element steps holds the stored dtype's bytes: a chunk of the
+    decoded dtype's size is named as the wrong size."""
+    arr, _ = dict(CHAINS)[name](tmp_path / "a.zarr")
+    lay = layout_of(arr)
+    assert lay.stored_nbytes != lay.inner_nbytes or name == "v2-delta-i8-raw"
+    f = sorted(p for p in (tmp_path / "a.zarr").iterdir() if p.name[0].isdigit())[0]
+    f.write_bytes(f.read_bytes() + b"\0" * 8)
+    with pytest.raises(CorruptChunkError, match=f"chunk {f.name} .*{lay.stored_nbytes} bytes \\(an uncompressed"):
+        read(arr, Ellipsis, device="cpu")

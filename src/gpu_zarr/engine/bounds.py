@@ -64,5 +64,5 @@ def max_encoded_nbytes(codec: str, params: Mapping[str, Any] | None, decoded_nby
 def max_stored_nbytes(layout: Any) -> int:
     """The most bytes one stored (inner) chunk of ``layout`` may have: its core codec's bound
     (:func:`max_encoded_nbytes`) plus the checksums its chain appends (``layout.frames``)."""
-    inner = int(layout.inner_nbytes)
+    inner = int(layout.stored_nbytes)
     return max_encoded_nbytes(layout.codec, layout.codec_params, inner) + int(layout.frame_bytes)

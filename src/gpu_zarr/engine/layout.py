@@ -137,6 +137,7 @@ class Layout:
     frames: tuple[Any, ...] = ()
     host: Any = field(default=None, compare=False, repr=False)
     index_big_endian: bool = False
+    elements: tuple[Any, ...] = ()
 
     @property
     def ndim(self) -> int:
@@ -146,6 +147,14 @@ class Layout:
     def inner_nbytes(self) -> int:
         """Decoded size of one (inner) chunk in bytes (edge chunks are stored whole)."""
         return nbytes_of(self.inner_shape, self.disk_dtype.itemsize)  # Python ints: never wraps
+
+    @property
+    def stored_nbytes(self) -> int:
+        """Bytes the core codec decodes one (inner) chunk to: the first element step's stored
+        elements, or the decoded chunk itself when the chain has no element steps."""
+        if not self.elements:
+            return self.inner_nbytes
+        return nbytes_of(self.inner_shape, self.elements[0].stored.itemsize)
 
     @property
     def frame_bytes(self) -> int:
@@ -173,7 +182,8 @@ def batch_key(lay: Layout) -> tuple[Any, ...] | None:
     if lay.host is not None:  # its codecs are objects of its own metadata
         return None
     frames = tuple(f.name for f in lay.frames)
-    return (lay.codec, params, frames, lay.inner_shape, lay.disk_dtype.str, lay.out_dtype.str, lay.transpose, fill)
+    return (lay.codec, params, frames, lay.elements, lay.inner_shape, lay.disk_dtype.str, lay.out_dtype.str,
+            lay.transpose, fill)
 
 
 def chunk_layout(shape: tuple[int, ...], dtype: np.dtype, codec: str, params: Mapping[str, Any] | None = None,

@@ -93,7 +93,7 @@ def codec_of_chain(codecs: Sequence[Any], where: str) -> tuple[str, str | None, 
         chain: Chain | None = parse_v3(codecs, lambda: None, np.dtype("u1"))
     except UnsupportedArrayError:  # no array-to-bytes codec at all
         chain = None
-    if chain is None or chain.codec == HOST or chain.frames or chain.transpose is not None:
+    if chain is None or chain.codec == HOST or chain.frames or chain.elements or chain.transpose is not None:
         what = "chains " + _or([c for s in stages() for c in s.v3_chains])
         raise _unsupported(what, f"{where} codecs {[type(c).__name__ for c in codecs]}")
     return chain.codec, chain.endian, dict(chain.params)
@@ -103,7 +103,7 @@ def describe(lay: Layout, where: str = "") -> str:
     """A short description of what the engine reads, e.g. ``"zstd zarr v3, sharded"`` or
     ``"zarr v3, sharded: crc32c checked on the host, zstd"`` for a chain of several steps;
     ``where`` says where the core codec runs (e.g. "on the GPU")."""
-    if not lay.frames and lay.host is None and not where:
+    if not lay.frames and lay.host is None and not lay.elements and not where:
         stage = stage_named(lay.codec)
         codec = stage.label(lay.codec_params) if stage is not None else lay.codec
         return f"{codec} zarr v{lay.zarr_format}" + (", sharded" if lay.sharded else "")
@@ -143,7 +143,7 @@ def _disk_dtype(dtype: np.dtype, chain: Chain, zarr_format: int) -> np.dtype:
     """Element type of the decoded chunk bytes the place step reads: native order for chunks the
     codecs decoded (they return native arrays); a v2 array's own dtype; the byte order of a v3
     chain's ``bytes`` step."""
-    if chain.codec == HOST or dtype.itemsize == 1:
+    if chain.codec == HOST or chain.elements or dtype.itemsize == 1:  # element steps write native values
         return native_dtype(dtype)
     if zarr_format == 2:
         return dtype
@@ -221,7 +221,7 @@ def _layout(arr: Any, shape: tuple[int, ...], chunks: tuple[int, ...], inner: tu
     return Layout(shape, disk, out, _fill(arr, out), chunks, inner, chain.codec, sharded, index[0], index[1],
                   root, _chunk_keys(arr.metadata), zarr_format, codec_params=dict(chain.params),
                   transpose=chain.transpose, source=source, frames=chain.frames, host=chain.host,
-                  index_big_endian=index[2])
+                  index_big_endian=index[2], elements=chain.elements)
 
 
 def _chunk_keys(meta: Any) -> ChunkKeys:

@@ -52,6 +52,11 @@ class Ops(Protocol):
         CPU's fast path, ``native_checks``)."""
         ...
     def map_chunks(self, fn: Any, n: int) -> None: ...
+    def elementwise(self, fn: Any, n: int, slot: int = 0) -> None:
+        """``fn(xp, lo, hi)`` (array operations of numpy or cupy on chunks ``lo:hi`` of a
+        batch of ``n``) for every chunk, after the work queued on the slot's work stream and
+        before what is queued next there."""
+        ...
     def scratch(self, nbytes: int, slot: int = 0) -> Any: ...
     def to_device(self, host: np.ndarray, slot: int = 0) -> Any: ...
     def unshuffle(self, src: Any, dec: Any, stream_raw: np.ndarray, stream_src: np.ndarray, stream_dst: np.ndarray,
@@ -141,7 +146,16 @@ class CpuOps:
         return not native_checks if self.native_decoders else True
 
     def scratch(self, nbytes: int, slot: int = 0) -> np.ndarray:
-        return np.empty(max(nbytes, 1), np.uint8)
+        return self.runtime.recycled.take(max(nbytes, 1))  # memory comes back touched once dropped
+
+    def elementwise(self, fn: Any, n: int, slot: int = 0) -> None:
+        """The chunks split into one group a thread (numpy releases the GIL in its loops)."""
+        groups = max(1, min(n, self._threads if self._pool is not None else 1))
+        bounds = np.linspace(0, n, groups + 1).astype(int).tolist()
+
+        def run() -> None:
+            self.map_chunks(lambda g: fn(self.xp, bounds[g], bounds[g + 1]), groups)
+        self._run(run, slot=slot)
 
     def to_device(self, host: np.ndarray, slot: int = 0) -> np.ndarray:
         return host
@@ -191,7 +205,7 @@ class CpuOps:
         return _HostLease(nbytes, count)
 
     def device_buffer(self, nbytes: int, slot: int = 0) -> np.ndarray:
-        return np.empty(max(nbytes, 1), np.uint8)
+        return self.runtime.recycled.take(max(nbytes, 1))  # a read's buffers come back touched for the next
 
     def _run(self, fn: Any, *args: Any, slot: int = 0, after: Any = None) -> Any:
         fn(*args)
@@ -250,7 +264,7 @@ class CpuOps:
 
     def take(self, buf: np.ndarray, offset: int, nbytes: int, slot: int = 0) -> np.ndarray:
         """A copy of ``buf[offset:offset + nbytes]``, made after the slot's queued work."""
-        copy = np.empty(nbytes, np.uint8)
+        copy = self.runtime.recycled.take(nbytes)  # a chunk the cache evicts comes back touched
 
         def fill() -> None:
             copy[:] = buf[offset:offset + nbytes]
@@ -393,6 +407,11 @@ class GpuOps:
         with self._work(slot):
             return self._cupy.asarray(host)
 
+    def elementwise(self, fn: Any, n: int, slot: int = 0) -> None:
+        """``fn(cupy, 0, n)`` with the slot's work stream current: its kernels queue there."""
+        with self._work(slot):
+            fn(self._cupy, 0, n)
+
     def unshuffle(self, src: Any, dec: Any, stream_raw: np.ndarray, stream_src: np.ndarray, stream_dst: np.ndarray,
                   b_first: np.ndarray, b_nsplit: np.ndarray, b_size: np.ndarray, b_ts: np.ndarray,
                   b_mode: np.ndarray, dst: Any, b_dst: np.ndarray, slot: int = 0, wait: Any = None) -> None:
@@ -514,7 +533,10 @@ def ops_for(device: str, slots: int, lanes: int, runtime: Any) -> Ops:
     if device == "gpu":
         return GpuOps(slots, runtime, lanes=lanes)
     if device == "cpu":
-        ops = CpuOps(runtime=runtime)
+        from gpu_zarr import settings
+
+        threads = int(settings.get("threads"))  # element steps split a batch's chunks over them
+        ops = CpuOps(runtime.pool("cpu-decode", threads), threads, runtime=runtime)
         # with the native library, whole Blosc chunks decode natively (one call per batch) rather
         # than stream by stream as on the GPU; GPU_ZARR_NATIVE=0 runs the GPU's exact twin
         ops.whole_chunks = ops.native

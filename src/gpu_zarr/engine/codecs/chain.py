@@ -18,6 +18,7 @@ import numpy as np
 
 from gpu_zarr.engine.binary import align_up
 from gpu_zarr.engine.codecs import CodecStage, stage_named, stages
+from gpu_zarr.engine.codecs import elements as el
 from gpu_zarr.engine.codecs.frames import Frame, frame_of, strip_frames
 from gpu_zarr.engine.codecs.host import HostChain, decode_host_batch
 from gpu_zarr.errors import UnsupportedArrayError
@@ -50,6 +51,10 @@ class Chain:
         Checksum frames, outermost first (verified and stripped before the core).
     host : HostChain or None
         The codecs' own decode of everything inside the frames, when the core is :data:`HOST`.
+    elements : tuple of ElementStep
+        Element steps after the core, in decode order (:mod:`.elements`: v2 filters, v3
+        ``numcodecs.*`` array-to-array codecs); the core then decodes to the first step's
+        stored dtype.
     """
 
     codec: str
@@ -58,6 +63,7 @@ class Chain:
     transpose: tuple[int, ...] | None
     frames: tuple[Frame, ...]
     host: HostChain | None
+    elements: tuple[el.ElementStep, ...] = ()
 
 
 def _names(codecs: Sequence[Any]) -> str:
@@ -91,36 +97,64 @@ def parse_v3(codecs: Sequence[Any], spec: Callable[[], Any], out_dtype: np.dtype
     bb = [c for c in rest if not isinstance(c, (ArrayArrayCodec, ArrayBytesCodec))]
     perm: tuple[int, ...] | None = None
     plain_aa = not aa or (len(aa) == 1 and type(aa[0]).__name__ == "TransposeCodec")
-    if plain_aa and len(ab) == 1 and isinstance(ab[0], BytesCodec) and len(bb) <= 1:
-        if aa:
+    steps = () if plain_aa else _v3_elements(aa, ab, spec, out_dtype)
+    if (plain_aa or steps is not None) and len(ab) == 1 and isinstance(ab[0], BytesCodec) and len(bb) <= 1:
+        if aa and plain_aa:
             perm = tuple(int(a) for a in getattr(aa[0], "order"))  # noqa: B009 - a TransposeCodec
             perm = None if perm == tuple(range(len(perm))) else perm
         endian = ab[0].endian
         endian = getattr(endian, "value", endian)
         for stage in stages():
             if (params := stage.recognise_v3(tuple(bb))) is not None:
-                return Chain(stage.name, params, endian, perm, tuple(frames), None)
+                return Chain(stage.name, params, None if steps else endian, perm, tuple(frames), None, steps or ())
     if not ab:
         raise UnsupportedArrayError(f"a zarr v3 codec chain needs one array-to-bytes codec; this one is [{_names(codecs)}]")
     host = HostChain(tuple(rest), spec(), out_dtype, _names(rest))
     return Chain(HOST, {}, None, None, tuple(frames), host)
 
 
+def _v3_elements(aa: Sequence[Any], ab: Sequence[Any], spec: Callable[[], Any],
+                 out_dtype: np.dtype) -> tuple[el.ElementStep, ...] | None:
+    """The element steps of a v3 chain's array-to-array codecs when every one is a
+    ``numcodecs.*`` filter with an exact step (no ``transpose``: the steps run in stored
+    order), the ``bytes`` step is little-endian or sees one-byte elements, and zarr's bytes
+    step decodes the elements the first step reads; else None."""
+    if len(ab) != 1 or not all(str(getattr(c, "codec_name", "")).startswith("numcodecs.") for c in aa):
+        return None
+    try:
+        steps = el.element_steps([c._codec for c in aa], out_dtype)
+        if not steps:
+            return steps
+        s = spec()
+        for c in aa:  # the spec zarr's bytes step decodes with, as zarr resolves it
+            s = c.resolve_metadata(s)
+        stored = np.dtype(s.dtype.to_native_dtype())
+    except Exception:  # noqa: BLE001 - a filter the steps don't know: the codecs' own decode reads it
+        return None
+    endian = getattr(ab[0].endian, "value", ab[0].endian)
+    if stored.itemsize != steps[0].stored.itemsize or (stored.itemsize > 1 and endian not in ("little", None)):
+        return None
+    return steps
+
+
 def parse_v2(compressor: Any, filters: Sequence[Any] | None, dtype: np.dtype, order: str, shape: Sequence[int],
              spec: Callable[[], Any], out_dtype: np.dtype) -> Chain:
-    """The steps of a zarr v2 array: a compressor a core stage recognises (no filters), else the
+    """The steps of a zarr v2 array: a compressor a core stage recognises, after filters that
+    are all element steps (C order, the array's dtype in the machine's byte order); else the
     codecs' own decode of the filters and compressor (:data:`HOST`)."""
     ndim = len(shape)
     perm = tuple(range(ndim))[::-1] if order == "F" and ndim > 1 else None
-    if not filters:
+    steps = el.element_steps(filters, dtype) if filters else ()
+    if steps is not None and (not steps or (perm is None and dtype.isnative)):
+        stored = steps[0].stored if steps else dtype
         for stage in stages():
-            if (params := stage.recognise_v2(compressor, dtype)) is not None:
-                return Chain(stage.name, params, None, perm, (), None)
+            if (params := stage.recognise_v2(compressor, stored)) is not None:
+                return Chain(stage.name, params, None, perm, (), None, steps)
     from zarr.codecs._v2 import V2Codec
 
-    steps = [*(filters or ()), *([compressor] if compressor is not None else [])]
+    codecs = [*(filters or ()), *([compressor] if compressor is not None else [])]
     host = HostChain((V2Codec(filters=tuple(filters) if filters else None, compressor=compressor),), spec(), out_dtype,
-                     _names(steps) or "no compressor")
+                     _names(codecs) or "no compressor")
     return Chain(HOST, {}, None, None, (), host)
 
 
@@ -134,6 +168,8 @@ def steps_label(lay: Layout, where: str = "") -> str:
         stage = stage_named(lay.codec)
         label = stage.label(lay.codec_params) if stage is not None else lay.codec
         parts.append(label + (f" {where}" if where and lay.codec != "raw" else ""))
+        if lay.elements:
+            parts.append(el.label(lay.elements) + (f" {where}" if where else ""))
     return ", ".join(parts)
 
 
@@ -146,8 +182,9 @@ class _Prep:
 
 class ChainStage:
     """The steps of a chain run as one stage: the frames stripped on the host, then the core
-    stage (on the GPU or native threads, as the ops decide) or the codecs' own decode on the
-    runtime's worker threads, whose output is uploaded and placed like any other."""
+    stage (on the GPU or native threads, as the ops decide) and its element steps on the same
+    stream, or the codecs' own decode on the runtime's worker threads, whose output is uploaded
+    and placed like any other."""
 
     v2_names: tuple[str, ...] = ()
     v3_chains: tuple[str, ...] = ()
@@ -161,6 +198,11 @@ class ChainStage:
         self.name = core.name if core is not None else HOST
         self.nvcomp = bool(core is not None and core.nvcomp)
         self._runtime = runtime
+
+    @staticmethod
+    def _core_layout(lay: Layout) -> Layout:
+        """What the core stage sees: chunks of the first element step's stored dtype."""
+        return replace(lay, disk_dtype=lay.elements[0].stored, elements=()) if lay.elements else lay
 
     def recognise_v2(self, compressor: Any, dtype: np.dtype) -> dict[str, Any] | None:
         return None
@@ -193,7 +235,7 @@ class ChainStage:
         assert core is not None
         # the core's host check where some path needs it (nvCOMP is undefined on corrupt input)
         checked = core.decodes and not (core.device_checks and core.native_checks)
-        return _Prep(inner, core.prepare(staging, inner, lay, names) if checked else None, None)
+        return _Prep(inner, core.prepare(staging, inner, self._core_layout(lay), names) if checked else None, None)
 
     def decode(self, ops: Ops, src: Any, batch: Batch, prep: _Prep, dst: Any, dst_offsets: np.ndarray,
                lay: Layout, names: Sequence[str], slot: int, wait: Any) -> None:
@@ -206,15 +248,40 @@ class ChainStage:
             return
         core = self.core
         assert core is not None
-        if core.decodes:
+        if lay.elements:
+            self._decode_elements(ops, src, prep, dst, lay, names, slot, wait)
+        elif core.decodes:
             core.decode(ops, src, prep.batch, prep.core, dst, dst_offsets, lay, names, slot, wait)
         else:  # uncompressed inside its frames: the stripped bytes are the chunk
             ops.copy_spans(src, prep.batch.src_offsets, dst, dst_offsets, sizes, slot, wait=wait)
 
+    def _decode_elements(self, ops: Ops, src: Any, prep: _Prep, dst: Any, lay: Layout, names: Sequence[str],
+                         slot: int, wait: Any) -> None:
+        """The core decodes the batch into scratch (the first step's stored dtype), then the
+        element steps turn it into the decoded chunks, on the same stream."""
+        core, inner = self.core, self._core_layout(lay)
+        assert core is not None
+        n, m = len(prep.batch.pieces), int(np.prod(lay.inner_shape, dtype=np.int64))
+        stride = int(align_up(inner.inner_nbytes))
+        offsets = np.arange(n, dtype=np.int64) * stride
+        mid = ops.scratch(n * stride, slot)
+        if core.decodes:
+            core.decode(ops, src, prep.batch, prep.core, mid, offsets, inner, names, slot, wait)
+        else:
+            ops.copy_spans(src, prep.batch.src_offsets, mid, offsets, np.full(n, inner.inner_nbytes, np.int64), slot,
+                           wait=wait)
+        dstride = int(align_up(lay.inner_nbytes))
+        ops.elementwise(lambda xp, lo, hi: el.run(xp, lay.elements, mid, stride, dst, dstride, lo, hi, m,
+                                                  lambda nbytes: ops.scratch(nbytes, slot)), n, slot)
+
     def scratch_bytes(self, chunks_per_batch: int, lay: Layout) -> int:
         if self.core is None:  # the decoded batch, uploaded before it is copied into place
             return chunks_per_batch * int(align_up(lay.inner_nbytes))
-        return self.core.scratch_bytes(chunks_per_batch, lay)
+        inner = self._core_layout(lay)
+        # element steps: the core's output, and between two steps (or a step's wider working
+        # dtype) at most twice a decoded batch
+        steps = (int(align_up(inner.inner_nbytes)) + 2 * int(align_up(lay.inner_nbytes))) if lay.elements else 0
+        return self.core.scratch_bytes(chunks_per_batch, inner) + chunks_per_batch * steps
 
 
 def stage_for(lay: Layout, runtime: Any = None) -> CodecStage:
@@ -232,4 +299,4 @@ def stage_for(lay: Layout, runtime: Any = None) -> CodecStage:
     stage = stage_named(lay.codec)
     if stage is None:
         raise UnsupportedArrayError(f"the direct engine has no decoder for {lay.codec!r} chunks")
-    return ChainStage(stage, runtime) if lay.frames else stage
+    return ChainStage(stage, runtime) if lay.frames or lay.elements else stage

@@ -42,6 +42,7 @@ __all__ = [
     "available",
     "codec_available",
     "decode",
+    "delta",
     "describe",
     "fused",
     "library",
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 LIBNAME = "libgz_native.so"
-VERSION = 8  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
+VERSION = 9  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
 CODECS = MappingProxyType({"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6})
 OK, OPEN, SHORT, IO, BOUNDS = 0, 1, 2, 3, 4
 CRC32C_MISMATCH = 18
@@ -169,6 +170,8 @@ def _load() -> tuple[Any, NativeStatus]:
     lib.gz_arrivals_add.argtypes = [_vp, _i64, _vp, _i64]
     lib.gz_arrivals_close.restype = _i64
     lib.gz_arrivals_close.argtypes = [_vp]
+    lib.gz_delta.restype = _int
+    lib.gz_delta.argtypes = [_vp, _vp, _i64, _i64, _int]
     mask = lib.gz_libraries()
     libs = {name: ("" if mask >> k & 1 else lib.gz_library_error(k).decode(errors="replace") or "not found")
             for k, name in enumerate(_LIBS)}
@@ -345,6 +348,21 @@ def _geometry(table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype,
     from gpu_zarr.engine.place import place_geometry
 
     return place_geometry(table, out.shape, disk_dtype, perm)
+
+
+def delta(src: np.ndarray, dst: np.ndarray) -> bool:
+    """The Delta filter's decode of each row of ``src`` (a 2-D C-contiguous array of 1-, 2-, 4- or
+    8-byte integers) into the same row of ``dst`` (same shape and dtype): its running sum,
+    wrapping. False, with nothing done, when the library is not loaded or the arrays do not
+    fit that description (the caller then uses numpy)."""
+    lib = library()
+    ok = (lib is not None and src.ndim == 2 and src.shape == dst.shape and src.dtype == dst.dtype
+          and src.dtype.kind in "iu" and src.dtype.isnative and src.dtype.itemsize in (1, 2, 4, 8)
+          and src.flags.c_contiguous and src.flags.aligned and dst.flags.c_contiguous and dst.flags.aligned
+          and dst.flags.writeable)
+    if ok and src.size:
+        lib.gz_delta(src.ctypes.data, dst.ctypes.data, src.shape[0], src.shape[1], src.dtype.itemsize)
+    return ok
 
 
 def place(src: np.ndarray, src_offsets: Any, chunk_nbytes: int, table: np.ndarray, out: np.ndarray,

@@ -45,7 +45,8 @@ def serves(lay: Any, out: Any) -> bool:
     import gpu_zarr.engine.native as native
 
     nat = native_codec(lay.codec)
-    return (nat is not None and crc32c_frames(lay) is not None and lay.host is None and native.available()
+    return (nat is not None and crc32c_frames(lay) is not None and lay.host is None and not lay.elements
+            and native.available()
             and native.codec_available(nat)
             and isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable)
 
@@ -102,7 +103,8 @@ def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.nd
     per = native.scratch_per_thread(codec, int(size.max()), inner)
     keep_bufs: list[np.ndarray | None] | None = None
     if keep is not None:
-        keep_bufs = [np.empty(inner, np.uint8) if keep.wants(int(k)) else None for k in todo.tolist()]
+        # the runtime's recycled blocks: a chunk the cache evicts comes back touched for the next
+        keep_bufs = [rt.recycled.take(inner) if keep.wants(int(k)) else None for k in todo.tolist()]
     with rt.host_scratch.lease(threads * per, 1, host_empty) as (scratch,):
         st, det = native.fused(codec, loc.files, fid, foff, size, inner, pieces.table[todo], out, lay.disk_dtype,
                                lay.transpose, threads, scratch, keep_bufs, crc32c_frames(lay) or 0)

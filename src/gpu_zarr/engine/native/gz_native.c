@@ -5,6 +5,7 @@
  *   gz_decode    decode many chunks (zstd, LZ4 block, zlib, gzip, raw deflate, Blosc 1.x)
  *   gz_place     scatter decoded C-order chunks into an n-d output (strided copy)
  *   gz_fused     read + decode + place per chunk (the small-read path)
+ *   gz_delta     the Delta filter's decode: a running sum per chunk
  * Codec libraries are loaded at run time with dlopen (no -dev packages needed); every
  * destination and size is checked, and each item gets a status (see gz_strerror).
  * Build: cc -O3 -shared -fPIC -pthread gz_native.c -o libgz_native.so -ldl
@@ -140,7 +141,7 @@ API const char *gz_library_error(int k) {
     return (k >= 0 && k < 4) ? L.why[k] : "";
 }
 
-API int gz_version(void) { return 8; }
+API int gz_version(void) { return 9; }
 
 /* ---------------------------------------------------------------- decoder contexts
  * One per worker for the call's duration, taken from and returned to a small global pool
@@ -1119,4 +1120,28 @@ API int64_t gz_checksum(int kind, int64_t n, const uint8_t *buf, int64_t len, co
     not_run(status, n);
     parallel(n, threads, sum_item, &a);
     return count_bad(status, n);
+}
+
+/* The Delta filter's decode (numcodecs Delta, astype == dtype): each of n rows of m integers of
+ * `size` bytes (1, 2, 4 or 8), stored end to end in src, becomes its running sum in dst, wrapping
+ * as numpy's integers do (unsigned arithmetic: the same bits for signed types). The caller
+ * splits rows over its threads. Returns 0, or -1 for another size. */
+#define GZ_DELTA(T)                                                                                      \
+    do {                                                                                                 \
+        const T *s = (const T *)src;                                                                     \
+        T *d = (T *)dst;                                                                                 \
+        for (int64_t r = 0; r < n; r++, s += m, d += m) {                                                \
+            T acc = 0;                                                                                   \
+            for (int64_t i = 0; i < m; i++) { acc = (T)(acc + s[i]); d[i] = acc; }                       \
+        }                                                                                                \
+    } while (0)
+
+API int gz_delta(const void *src, void *dst, int64_t n, int64_t m, int size) {
+    switch (size) {
+    case 1: GZ_DELTA(uint8_t); return 0;
+    case 2: GZ_DELTA(uint16_t); return 0;
+    case 4: GZ_DELTA(uint32_t); return 0;
+    case 8: GZ_DELTA(uint64_t); return 0;
+    }
+    return -1;
 }

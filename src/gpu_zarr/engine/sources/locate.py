@@ -115,13 +115,14 @@ def check_sizes(layout: Layout, loc: Located) -> Located:
     """``loc`` itself; CorruptChunkError when an uncompressed chunk's stored size is not its
     decoded size (shared with the remote locate stage)."""
     if layout.codec == "raw":
-        stored = layout.inner_nbytes + layout.frame_bytes
+        stored = layout.stored_nbytes + layout.frame_bytes
         bad = np.flatnonzero((loc.nbytes >= 0) & (loc.nbytes != stored))
         if len(bad):
             k = int(bad[0])
             raise CorruptChunkError(
                 f"chunk {loc.names[k]} of {layout.root} has {int(loc.nbytes[k])} bytes; an uncompressed "
-                f"chunk of shape {layout.inner_shape} and dtype {layout.disk_dtype} has {stored}"
+                f"chunk of shape {layout.inner_shape} and dtype "
+                f"{layout.elements[0].stored if layout.elements else layout.disk_dtype} has {stored}"
                 f"{' with its checksums' if layout.frame_bytes else ''}. "
                 "It is truncated or corrupt, or was written with other metadata; rewrite or delete it."
             )
@@ -176,7 +177,7 @@ def _locate_files(layout: Layout, pieces: Pieces) -> Located:
 def expected_chunk(layout: Layout) -> str:
     """What one stored chunk of this layout holds, for messages."""
     if layout.codec == "raw":
-        return f"{layout.inner_nbytes + layout.frame_bytes} bytes (an uncompressed chunk of shape {layout.inner_shape})"
+        return f"{layout.stored_nbytes + layout.frame_bytes} bytes (an uncompressed chunk of shape {layout.inner_shape})"
     if layout.host is not None:
         return f"a chunk of shape {layout.inner_shape} encoded by {layout.host.label}"
     return f"a {layout.codec}-compressed chunk of shape {layout.inner_shape}"

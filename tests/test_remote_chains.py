@@ -15,7 +15,8 @@ from gpu_zarr.engine import read as engine_read  # noqa: E402
 from gpu_zarr.store import open_array  # noqa: E402
 
 NAMES = ["v3-shard-zstd-crc32c", "v3-raw-crc32c", "v3-shard-delta-crc32c", "v2-delta-zstd", "v2-lz4",
-         "v3-numcodecs-blosc-crc32c", "v3-nested-shards", "v3-shard-zstd-bigendian-index"]
+         "v3-numcodecs-blosc-crc32c", "v3-nested-shards", "v3-shard-zstd-bigendian-index",
+         "v2-fixedscaleoffset-blosc", "v2-astype-u2-i4-raw", "v3-astype-crc32c"]
 
 
 @pytest.fixture(scope="module")

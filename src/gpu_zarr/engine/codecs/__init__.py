@@ -13,11 +13,14 @@ it from the array metadata):
    the GPU, since nvCOMP is undefined on corrupt input) and a device half
    (:meth:`CodecStage.decode`, written once against :class:`~gpu_zarr.engine.ops.Ops`, so
    the GPU path and its CPU twin run the same code).
-3. **the element order and byte order** (``bytes`` endianness, ``transpose``, v2 ``order``):
+3. **element steps** -- v2 filters and v3 ``numcodecs.*`` array-to-array codecs whose decode
+   numpy and cupy compute exactly alike (Delta, FixedScaleOffset, Quantize, AsType:
+   :mod:`.elements`), on the decoded batch, on the GPU or the CPU's threads.
+4. **the element order and byte order** (``bytes`` endianness, ``transpose``, v2 ``order``):
    applied by the place step as it scatters chunks into the output.
 
-A chain with any other step (v2 filters, ``numcodecs.*`` codecs, LZ4 or BZ2 compressors,
-array-to-array codecs other than ``transpose``) is decoded on the host by **the codecs' own
+A chain with any other step (byte shuffle filters, ``numcodecs.*`` bytes codecs, LZ4 or BZ2
+compressors, other array-to-array codecs) is decoded on the host by **the codecs' own
 decode** (:mod:`.host`), in batches on the engine's worker threads, after the frames; the
 decoded chunks then take the same upload and place steps.
 

@@ -1,8 +1,8 @@
 """The codecs' own decode: any chain zarr-python reads, decoded on the host in batches.
 
-For a chain with a step the engine has no GPU or native implementation of (v2 filters such as
-Delta, FixedScaleOffset, Quantize, Shuffle or AsType; ``numcodecs.*`` codecs; LZ4, BZ2 or LZMA
-compressors; array-to-array codecs other than ``transpose``), each chunk is decoded by the
+For a chain with a step the engine has no GPU or native implementation of (v2 filters the
+element steps of :mod:`.elements` do not take, such as Shuffle; ``numcodecs.*`` bytes codecs;
+LZ4, BZ2 or LZMA compressors; other array-to-array codecs), each chunk is decoded by the
 codec objects of the array's own metadata -- zarr-python's codecs, which wrap numcodecs --
 exactly as zarr's codec pipeline decodes it: bytes-to-bytes steps in reverse, then the
 array-to-bytes step, then array-to-array steps in reverse, each with the chunk spec it sees

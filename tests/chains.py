@@ -126,6 +126,14 @@ CHAINS = [
                                               serializer=BytesCodec(endian="big"), compressors=[ZstdCodec(level=1)])),
     ("v3-astype-crc32c", lambda p: _v3(p, "<f8", filters=[_nc().AsType(encode_dtype="<f4", decode_dtype="<f8")],
                                       compressors=[Crc32cCodec()], values=_smooth("<f4").astype("<f8"))),
+    ("v2-shuffle-delta-zstd", lambda p: _v2(p, "<u2", filters=[numcodecs.Delta(dtype="<u2"),
+                                                               numcodecs.Shuffle(elementsize=2)],
+                                           compressor=numcodecs.Zstd(1))),
+    ("v3-shuffle-delta-transpose-free", lambda p: _v3(p, "<i8", filters=[_nc().Delta(dtype="<i8")],
+                                                      compressors=[_nc().Shuffle(elementsize=8), ZstdCodec(level=1)])),
+    ("v2-shuffle-other-size", lambda p: _v2(p, "<u2", filters=[numcodecs.Shuffle(elementsize=4)], compressor=None)),
+    ("v3-shuffle-bigendian", lambda p: _v3(p, "<u4", serializer=BytesCodec(endian="big"),
+                                           compressors=[_nc().Shuffle(elementsize=4), ZstdCodec(level=1)])),
 ]
 
 #: chains whose filters run as element steps after the core codec (the rest of their kind stay
@@ -133,6 +141,8 @@ CHAINS = [
 ELEMENT_CHAINS = ("v3-delta-zstd", "v3-fixedscaleoffset", "v3-shard-delta-crc32c", "v2-delta-zstd",
                   "v2-fixedscaleoffset-blosc", "v2-quantize", "v2-delta-u1-gzip", "v2-delta-i8-raw",
                   "v2-astype-f4-f8-zstd", "v2-astype-u2-i4-raw", "v2-fixedscaleoffset-f4-u1",
-                  "v2-astype-delta-two-steps", "v3-quantize-blosc", "v3-astype-crc32c")
-HOST_FILTER_CHAINS = ("v2-shuffle-astype", "v2-delta-F-order", "v2-delta-astype-differs", "v2-fixedscaleoffset-to-int",
-                      "v2-delta-bigendian", "v3-delta-bigendian-bytes", "v3-shuffle-zstd")
+                  "v2-astype-delta-two-steps", "v3-quantize-blosc", "v3-astype-crc32c", "v2-shuffle-astype",
+                  "v3-shuffle-zstd", "v2-shuffle-delta-zstd", "v3-shuffle-delta-transpose-free")
+HOST_FILTER_CHAINS = ("v2-delta-F-order", "v2-delta-astype-differs", "v2-fixedscaleoffset-to-int",
+                      "v2-delta-bigendian", "v3-delta-bigendian-bytes", "v2-shuffle-other-size",
+                      "v3-shuffle-bigendian")

@@ -41,12 +41,21 @@ FILTERS = [
     numcodecs.FixedScaleOffset(offset=0.25, scale=3.7, dtype="<f4", astype="<i2"),
     numcodecs.FixedScaleOffset(offset=-7, scale=0.1, dtype="<f4", astype="<f4"),
     numcodecs.FixedScaleOffset(offset=1e6, scale=1 / 3, dtype="<f8", astype="<i8"),
+    numcodecs.AsType(encode_dtype="<u8", decode_dtype="<f8"), numcodecs.AsType(encode_dtype="<i8", decode_dtype="<f4"),
+    numcodecs.Shuffle(elementsize=2), numcodecs.Shuffle(elementsize=4), numcodecs.Shuffle(elementsize=8),
 ]
+
+
+def _decoded(f):
+    """The dtype the filter decodes to (a shuffle: unsigned integers of its element size)."""
+    if f.codec_id == "shuffle":
+        return np.dtype(f"<u{f.elementsize}")
+    return np.dtype(getattr(f, "decode_dtype", None) or f.dtype)
 
 
 def _encoded(f, seed):
     """(numcodecs' encoded bytes of N chunks, each chunk's decode by numcodecs)."""
-    dec_dtype = np.dtype(getattr(f, "decode_dtype", None) or f.dtype)
+    dec_dtype = _decoded(f)
     vals = _values(dec_dtype, seed).reshape(N, M)
     with np.errstate(all="ignore"):
         enc = [np.frombuffer(bytes(np.asarray(f.encode(v))), np.uint8) for v in vals]
@@ -70,7 +79,7 @@ def _run(xp, steps, enc, pad):
 
 
 def _check(xp, f):
-    steps = el.element_steps([f], np.dtype(getattr(f, "decode_dtype", None) or f.dtype))
+    steps = el.element_steps([f], _decoded(f))
     assert steps is not None and len(steps) == 1, f
     for seed, pad in ((0, 0), (1, 16), (2, 8)):
         enc, want = _encoded(f, seed)
@@ -97,7 +106,7 @@ def test_steps_on_the_gpu_decode_what_numcodecs_decodes(f):
     numcodecs.AsType(encode_dtype="<f4", decode_dtype="<i4"),  # float to integer: NaN and overflow differ
     numcodecs.FixedScaleOffset(offset=0, scale=10, dtype="<i4", astype="<i2"),
     numcodecs.Quantize(digits=2, dtype="<f2"),
-    numcodecs.Shuffle(elementsize=4),
+    numcodecs.Shuffle(elementsize=3),
     numcodecs.PackBits(),
 ], ids=repr)
 def test_filters_without_an_exact_step_are_left_to_the_codecs(f):

@@ -98,6 +98,9 @@ def parse_v3(codecs: Sequence[Any], spec: Callable[[], Any], out_dtype: np.dtype
     perm: tuple[int, ...] | None = None
     plain_aa = not aa or (len(aa) == 1 and type(aa[0]).__name__ == "TransposeCodec")
     steps = () if plain_aa else _v3_elements(aa, ab, spec, out_dtype)
+    if steps is not None and len(bb) == 2:  # [bytes, numcodecs.shuffle, <core>]: the unshuffle runs first
+        lead = _v3_shuffle(bb[0], ab, steps[0].stored if steps else out_dtype)
+        steps, bb = (None, bb) if lead is None else ((*lead, *steps), bb[1:])
     if (plain_aa or steps is not None) and len(ab) == 1 and isinstance(ab[0], BytesCodec) and len(bb) <= 1:
         if aa and plain_aa:
             perm = tuple(int(a) for a in getattr(aa[0], "order"))  # noqa: B009 - a TransposeCodec
@@ -135,6 +138,21 @@ def _v3_elements(aa: Sequence[Any], ab: Sequence[Any], spec: Callable[[], Any],
     if stored.itemsize != steps[0].stored.itemsize or (stored.itemsize > 1 and endian not in ("little", None)):
         return None
     return steps
+
+
+def _v3_shuffle(codec: Any, ab: Sequence[Any], after: np.dtype) -> tuple[el.ElementStep, ...] | None:
+    """The element step of a v3 ``numcodecs.shuffle`` bytes codec whose elements are ``after``'s
+    size, with a little-endian ``bytes`` step; else None."""
+    if str(getattr(codec, "codec_name", "")) != "numcodecs.shuffle" or len(ab) != 1:
+        return None
+    try:
+        lead = el.element_steps([codec._codec], after)
+    except Exception:  # noqa: BLE001 - the codecs' own decode reads it
+        return None
+    endian = getattr(getattr(ab[0], "endian", None), "value", getattr(ab[0], "endian", None))
+    if lead and np.dtype(after).itemsize > 1 and endian not in ("little", None):
+        return None
+    return lead
 
 
 def parse_v2(compressor: Any, filters: Sequence[Any] | None, dtype: np.dtype, order: str, shape: Sequence[int],

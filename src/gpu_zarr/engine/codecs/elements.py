@@ -1,8 +1,9 @@
 """Element steps: the array-to-array filters that run after the core codec, on the GPU or the host.
 
-zarr v2 filters and their zarr v3 ``numcodecs.*`` array-to-array forms (``Delta``,
-``FixedScaleOffset``, ``Quantize``, ``AsType``, ``BitRound``) change each element of a chunk
-on its own (Delta: a running sum over the chunk's elements in stored order). The engine runs
+zarr v2 filters and their zarr v3 ``numcodecs.*`` forms (``Delta``, ``FixedScaleOffset``,
+``Quantize``, ``AsType``, ``BitRound``, ``Shuffle``) change each element of a chunk on its own
+(Delta: a running sum over the chunk's elements in stored order; Shuffle: the bytes of each
+element gathered from the chunk's byte planes). The engine runs
 them as element steps: the core codec (zstd, Blosc, deflate, raw: nvCOMP on the GPU, native
 threads on the host) decodes a batch into the step's stored dtype, then each step turns the
 whole batch -- one chunk a row -- into the next dtype with array operations written once for
@@ -18,6 +19,8 @@ bit; anything else leaves the chain to the codecs' own decode (:mod:`.host`):
   (undefined for NaN and out-of-range values, and the two libraries differ there).
 - ``FixedScaleOffset`` to a float ``dtype``: ``enc / scale + offset`` in the dtype numpy gives
   that expression (found by numpy itself on one element), each operation rounded once.
+- ``Shuffle`` with an element size of 2, 4 or 8 bytes (the size of the elements beside it):
+  bytes moved, never changed; 1 byte is no step.
 - ``BitRound`` decodes to the same bytes: no step at all.
 
 Every dtype must be in the machine's byte order (cupy has no other) and every step keeps the
@@ -45,7 +48,8 @@ class ElementStep:
     Attributes
     ----------
     name : str
-        The filter's numcodecs id (``"delta"``, ``"fixedscaleoffset"``, ``"astype"``, ``"quantize"``).
+        The filter's numcodecs id (``"delta"``, ``"fixedscaleoffset"``, ``"astype"``, ``"quantize"``,
+        ``"shuffle"``).
     stored : numpy.dtype
         What the step reads: the bytes before it, viewed as this dtype.
     decoded : numpy.dtype
@@ -73,6 +77,9 @@ class ElementStep:
             xp.add(val, work.type(self.offset), out=val, dtype=work)
             if val is not dst:
                 dst[...] = val
+        elif self.name == "shuffle":  # numcodecs' unshuffle: byte j of element i from byte plane j
+            n, m, size = src.shape[0], src.shape[1], self.stored.itemsize
+            dst.view(np.uint8).reshape(n, m, size)[...] = src.view(np.uint8).reshape(n, size, m).transpose(0, 2, 1)
         else:  # astype, quantize: a cast
             dst[...] = src
 
@@ -102,6 +109,11 @@ def _step(codec: Any) -> ElementStep | tuple[()] | None:
     try:
         if cid == "bitround":
             return ()
+        if cid == "shuffle":  # bytes moved, not changed: exact anywhere; its elements as unsigned ints
+            size = int(codec.elementsize)
+            if size <= 1:
+                return ()
+            return ElementStep("shuffle", np.dtype(f"u{size}"), np.dtype(f"u{size}")) if size in (2, 4, 8) else None
         if cid == "delta":
             dt, ast = np.dtype(codec.dtype), np.dtype(codec.astype)
             if dt == ast and dt.kind in "iu" and dt.isnative:

@@ -120,3 +120,22 @@ def test_identity_filters_need_no_step_and_steps_must_chain():
                              numcodecs.Delta(dtype="<i4")], np.dtype("<i4")) is None
     # the last step must write the array's item size
     assert el.element_steps([numcodecs.Delta(dtype="<i2")], np.dtype("<i4")) is None
+
+
+@pytest.mark.parametrize("pad", [0, 8, 16])
+def test_two_steps_at_any_stride(pad):
+    """Delta after AsType (encode order), chunks laid out end to end or padded apart: the step
+    between them sees rows at its own stride."""
+    filters = [numcodecs.Delta(dtype="<i4"), numcodecs.AsType(encode_dtype="<i8", decode_dtype="<i4")]
+    steps = el.element_steps(filters, np.dtype("<i4"))
+    assert [s.name for s in steps] == ["astype", "delta"]
+    vals = _values("<i4", 3).reshape(N, M)
+    enc, want = [], []
+    for v in vals:
+        e = v
+        for f in filters:
+            e = f.encode(e)
+        enc.append(np.frombuffer(bytes(np.asarray(e)), np.uint8))
+        want.append(v.view(np.uint8))
+    for k, (g, w) in enumerate(zip(_run(np, steps, enc, pad), want, strict=True)):
+        assert g.tobytes() == w.tobytes(), k

@@ -93,8 +93,8 @@ def _numeric(dt: np.dtype) -> bool:
 def _work_dtype(stored: np.dtype, scale: Any, offset: Any) -> np.dtype:
     """The dtype numpy computes ``enc / scale + offset`` in (numcodecs' FixedScaleOffset), found
     by numpy on one element of ``stored``."""
-    one = np.zeros(1, stored)
-    return (one / scale + offset).dtype
+    with np.errstate(all="ignore"):
+        return (np.zeros(1, stored) / scale + offset).dtype
 
 
 def _exact_cast(src: np.dtype, dst: np.dtype) -> bool:
@@ -164,12 +164,12 @@ def label(steps: Sequence[ElementStep]) -> str:
     return ", ".join(s.name for s in steps)
 
 
-def _rows(xp: Any, buf: Any, stride: int, lo: int, hi: int, m: int, dtype: np.dtype) -> list[Any]:
+def _rows(xp: Any, buf: Any, stride: int, lo: int, hi: int, m: int, dtype: np.dtype, whole: bool) -> list[Any]:
     """Chunks ``lo:hi`` of ``buf`` (chunk k's bytes at ``k * stride``, ``m`` elements of
-    ``dtype``) as rows: one 2-D array when the rows lie end to end, else one row each (the
-    array libraries' running sum and casts then see contiguous data)."""
+    ``dtype``) as rows: one 2-D array when ``whole`` (the rows lie end to end), else one row
+    each (the array libraries' running sum and casts then see contiguous data)."""
     isz = dtype.itemsize
-    if stride == m * isz:
+    if whole:
         return [buf[lo * stride:hi * stride].view(dtype).reshape(hi - lo, m)]
     return [buf[k * stride:k * stride + m * isz].view(dtype).reshape(1, m) for k in range(lo, hi)]
 
@@ -185,8 +185,10 @@ def run(xp: Any, steps: Sequence[ElementStep], src: Any, src_stride: int, dst: A
             nxt, nxt_stride, nxt_lo = dst, dst_stride, lo
         else:  # between two steps: the group's rows end to end, from row 0 of a scratch buffer
             nxt, nxt_stride, nxt_lo = scratch((hi - lo) * m * step.decoded.itemsize), m * step.decoded.itemsize, 0
-        pairs = zip(_rows(xp, cur, cur_stride, cur_lo, cur_lo + hi - lo, m, step.stored),
-                    _rows(xp, nxt, nxt_stride, nxt_lo, nxt_lo + hi - lo, m, step.decoded), strict=True)
+        # both sides as one 2-D array only when both lie end to end
+        whole = cur_stride == m * step.stored.itemsize and nxt_stride == m * step.decoded.itemsize
+        pairs = zip(_rows(xp, cur, cur_stride, cur_lo, cur_lo + hi - lo, m, step.stored, whole),
+                    _rows(xp, nxt, nxt_stride, nxt_lo, nxt_lo + hi - lo, m, step.decoded, whole), strict=True)
         with np.errstate(all="ignore"):  # overflow to inf is the data's value (numcodecs warns, cupy is silent)
             for a, b in pairs:
                 step.apply(xp, a, b)

@@ -126,6 +126,16 @@ def test_identity_filters_need_no_step_and_steps_must_chain():
 def test_two_steps_at_any_stride(pad):
     """Delta after AsType (encode order), chunks laid out end to end or padded apart: the step
     between them sees rows at its own stride."""
+    _two_steps(np, pad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pad", [0, 8, 16])
+def test_two_steps_on_the_gpu_at_any_stride(pad):
+    _two_steps(pytest.importorskip("cupy"), pad)
+
+
+def _two_steps(xp, pad):
     filters = [numcodecs.Delta(dtype="<i4"), numcodecs.AsType(encode_dtype="<i8", decode_dtype="<i4")]
     steps = el.element_steps(filters, np.dtype("<i4"))
     assert [s.name for s in steps] == ["astype", "delta"]
@@ -137,5 +147,5 @@ def test_two_steps_at_any_stride(pad):
             e = f.encode(e)
         enc.append(np.frombuffer(bytes(np.asarray(e)), np.uint8))
         want.append(v.view(np.uint8))
-    for k, (g, w) in enumerate(zip(_run(np, steps, enc, pad), want, strict=True)):
+    for k, (g, w) in enumerate(zip(_run(xp, steps, enc, pad), want, strict=True)):
         assert g.tobytes() == w.tobytes(), k

@@ -44,6 +44,9 @@ def test_convert_ome_04_blosc_to_05_sharded_zstd(ome04, tmp_path):
     np.testing.assert_array_equal(g["0"][...], a)
     np.testing.assert_array_equal(g["1"][...], downsample(a, (2, 3), "mean"))
     np.testing.assert_array_equal(g["labels/cells/0"][...], lab)
+    omz = pytest.importorskip("ome_zarr_models")  # the specification's models accept the result
+    assert type(omz.open_ome_zarr(g)).__module__.startswith("ome_zarr_models.v05")
+    assert type(omz.open_ome_zarr(g["labels/cells"])).__name__ == "ImageLabel"
 
 
 def test_cli_convert_and_its_errors(ome04, tmp_path, capsys):

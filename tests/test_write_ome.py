@@ -160,6 +160,19 @@ def test_ome_zarr_py(store):
     assert [n.metadata.get("name") for n in nodes[1:]][-1] == "cells" or len(nodes) > 1
 
 
+def test_ome_zarr_models_validate_it(store):
+    """The OME-Zarr specification's models (ome-zarr-models, pydantic) accept the image, its
+    labels group and the label image, for each version, and read back what was written."""
+    omz = pytest.importorskip("ome_zarr_models")
+    version, path, _ = store
+    image = omz.open_ome_zarr(zarr.open_group(str(path), mode="r"))
+    assert type(image).__name__ == "Image" and type(image).__module__.startswith(f"ome_zarr_models.v0{version[-1]}")
+    ms = image.attributes.multiscales if version == "0.4" else image.ome_attributes.multiscales
+    assert [a.name for a in ms[0].axes] == ["c", "z", "y", "x"] and len(ms[0].datasets) == 3
+    assert type(omz.open_ome_zarr(zarr.open_group(str(path / "labels"), mode="r"))).__name__ == "Labels"
+    assert type(omz.open_ome_zarr(zarr.open_group(str(path / "labels" / "cells"), mode="r"))).__name__ == "ImageLabel"
+
+
 def test_napari_ome_zarr(store):
     reader_mod = pytest.importorskip("napari_ome_zarr._reader")
     version, path, _ = store

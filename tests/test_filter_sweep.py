@@ -101,22 +101,38 @@ def _store(rng, path):
         return None
 
 
-@pytest.mark.parametrize("seed", range(CASES))
-def test_random_filter_chain_matches_zarr(tmp_path, seed):
+def _first_store(seed, tmp_path):
+    """The first draw of ``seed`` that zarr can write."""
     rng = random.Random(seed)
-    made = None
-    for attempt in range(20):  # the first draw zarr can write
+    for attempt in range(20):
         made = _store(rng, tmp_path / f"a{attempt}.zarr")
         if made is not None:
-            break
-    assert made is not None
-    arr, want = made
+            return made
+    raise AssertionError(f"seed {seed}: zarr wrote none of 20 draws")
+
+
+@pytest.mark.parametrize("seed", range(CASES))
+def test_random_filter_chain_matches_zarr(tmp_path, seed):
+    arr, want = _first_store(seed, tmp_path)
     sel = tuple(slice(s // 3, s, 2) for s in arr.shape)
     for opts in (None, EngineOptions(batch_bytes=1, slots=2, threads=3)):
         got = read(arr, Ellipsis, device="cpu", options=opts).data
         assert got.dtype == want.dtype.newbyteorder("=")
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(read(arr, sel, device="cpu", options=opts).data, want[sel])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(CASES))
+def test_random_filter_chain_on_the_gpu_matches_zarr(tmp_path, seed):
+    """The same draws through the engine on the GPU (nvCOMP, then the element steps in cupy)."""
+    arr, want = _first_store(seed, tmp_path)
+    sel = tuple(slice(s // 3, s, 2) for s in arr.shape)
+    for opts in (None, EngineOptions(batch_bytes=1, slots=2)):
+        for region in (Ellipsis, sel):
+            got = read(arr, region, device="gpu", options=opts).data
+            assert got.dtype == want.dtype.newbyteorder("=")
+            np.testing.assert_array_equal(got.get(), want[region])
 
 
 def test_most_random_filter_chains_run_element_steps(tmp_path):

@@ -81,8 +81,10 @@ def parse_v3(codecs: Sequence[Any], spec: Callable[[], Any], out_dtype: np.dtype
     only when the codecs' own decode needs it).
 
     Trailing ``crc32c`` codecs become frames; ``[transpose?, bytes, <core>?]`` becomes the core
-    stage that recognises ``<core>`` (``raw`` when there is none); any other chain is decoded
-    by its codecs (:data:`HOST`).
+    stage that recognises ``<core>`` (``raw`` when there is none); ``numcodecs.*``
+    array-to-array codecs in place of the transpose, and a ``numcodecs.shuffle`` before the
+    core, become element steps after it where they have exact ones (:mod:`.elements`); any
+    other chain is decoded by its codecs (:data:`HOST`).
     """
     from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec
     from zarr.codecs import BytesCodec

@@ -64,9 +64,11 @@ chains)
     --readers zarr-cpu,ours-lazy-auto,tensorstore,zarrs,zarr-fused > "$OUT/chains-browse.log" 2>&1
   tail -40 "$OUT/chains-browse.log"
   # the tiles again with the chunk cache off: what filling it costs a tile (fresh host memory for its partial chunks)
-  GPU_ZARR_CACHE_MIB=0 bench 90 --mode browse --size 64,2048,2048 --layouts sharded-zstd-64MiB-1MiB,sharded-zstd-64KiB-v3 \
-    --planes 20 --patterns tile --readers ours-lazy-auto,tensorstore > "$OUT/chains-tiles-nocache.log" 2>&1
-  tail -12 "$OUT/chains-tiles-nocache.log"
+  NC="$OUT/nocache"; mkdir -p "$NC"
+  GPU_ZARR_CACHE_MIB=0 OUT="$NC" bench 90 --mode browse --size 64,2048,2048 \
+    --layouts sharded-zstd-64MiB-1MiB,sharded-zstd-64KiB-v3 --planes 20 --patterns tile \
+    --readers ours-lazy-auto,tensorstore > "$NC/chains-tiles-nocache.log" 2>&1
+  tail -12 "$NC/chains-tiles-nocache.log"
   ;;
 tests)
   # every GPU test: the engine-level ones in their own process (a GPU fault there cannot hide the rest)

@@ -103,6 +103,8 @@ def _v2_compressor(codec: str):
         return numcodecs.GZip(level=5)
     if codec == "zlib":
         return numcodecs.Zlib(level=5)
+    if codec == "lz4":
+        return numcodecs.LZ4()
     _, cname, shuffle = codec.split("-")
     return numcodecs.Blosc(cname=cname, clevel=5, shuffle=int(shuffle))
 
@@ -114,13 +116,13 @@ def _v3_chain(codec: str) -> list:
         return [ZstdCodec(level=3)]
     if codec == "gzip":
         return [GzipCodec(level=5)]
-    if codec == "zlib":  # numcodecs' zarr v3 codec (zarr v3 itself has no zlib)
+    if codec in ("zlib", "lz4"):  # numcodecs' zarr v3 codecs (zarr v3 itself has neither)
         import warnings
 
-        from numcodecs.zarr3 import Zlib
+        from numcodecs.zarr3 import LZ4, Zlib
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "not in the Zarr v3 specification"
-            return [Zlib(level=5)]
+            return [Zlib(level=5) if codec == "zlib" else LZ4()]
     _, cname, shuffle = codec.split("-")
     return [BloscCodec(cname=cname, clevel=5, shuffle=SHUFFLES[int(shuffle)], typesize=2)]
 
@@ -165,9 +167,9 @@ def chunk_key(fmt: int, coords: tuple[int, ...]) -> str:
 def codecs(fmt: int) -> list[str]:
     blosc = [f"blosc-{c}-{s}" for c in BLOSC_CNAMES for s in SHUFFLES]
     if fmt == 2:
-        return ["raw", "zstd", "gzip", "zlib", *blosc]
-    return ["raw", "zstd", "gzip", "zlib", *blosc, "sharded-raw", "sharded-zstd", "sharded-gzip",
-            "sharded-blosc-lz4-1", "sharded-blosc-zstd-2"]
+        return ["raw", "zstd", "gzip", "zlib", "lz4", *blosc]
+    return ["raw", "zstd", "gzip", "zlib", "lz4", *blosc, "sharded-raw", "sharded-zstd", "sharded-gzip",
+            "sharded-lz4", "sharded-blosc-lz4-1", "sharded-blosc-zstd-2"]
 
 
 # -- damages ---------------------------------------------------------------------------------

@@ -44,7 +44,9 @@ def test_description_names_the_steps(tmp_path):
     lay = layout_of(dict(CHAINS)["v3-numcodecs-zstd"](tmp_path / "c.zarr")[0])
     assert lay.codec == "zstd" and lay.host is None  # zstd frames under numcodecs' name: the core stage
     lay = layout_of(dict(CHAINS)["v3-numcodecs-lz4"](tmp_path / "d.zarr")[0])
-    assert lay.codec == "host" and "lz4 by the codecs' own decode" in describe(lay)
+    assert lay.codec == "lz4" and lay.host is None and describe(lay) == "lz4 zarr v3"
+    lay = layout_of(dict(CHAINS)["v2-bz2-bigendian"](tmp_path / "e.zarr")[0])
+    assert lay.codec == "host" and "bz2 by the codecs' own decode" in describe(lay)
 
 
 def _flip_last_byte_of_a_chunk(root):
@@ -67,11 +69,25 @@ def test_checksum_mismatch_names_the_chunk(tmp_path, name):
 
 
 def test_host_decode_failure_names_the_chunk(tmp_path):
-    arr, _ = dict(CHAINS)["v2-lz4"](tmp_path / "a.zarr")
+    arr, _ = dict(CHAINS)["v2-bz2-bigendian"](tmp_path / "a.zarr")
     f = sorted(p for p in (tmp_path / "a.zarr").iterdir() if p.name[0].isdigit())[0]
     f.write_bytes(f.read_bytes()[:10])
     with pytest.raises(CorruptChunkError, match=f"chunk .*{f.name}.* could not be decoded by its codecs"):
         read(arr, Ellipsis, device="cpu")
+
+
+@pytest.mark.parametrize("cut", ["header", "block", "size"])
+def test_damaged_lz4_chunk_names_the_chunk(tmp_path, cut):
+    """numcodecs' LZ4 chunks: a chunk cut inside its size header, one whose block is cut short,
+    and one whose header states another size are each named, on every CPU path."""
+    arr, _ = dict(CHAINS)["v2-lz4"](tmp_path / "a.zarr")
+    f = sorted(p for p in (tmp_path / "a.zarr").iterdir() if p.name[0].isdigit())[0]
+    raw = f.read_bytes()
+    f.write_bytes({"header": raw[:3], "block": raw[:len(raw) // 2],
+                   "size": (int.from_bytes(raw[:4], "little") + 2).to_bytes(4, "little") + raw[4:]}[cut])
+    for opts in (None, EngineOptions(batch_bytes=1, slots=2, threads=3)):
+        with pytest.raises(CorruptChunkError, match=f"chunk {f.name}"):
+            read(arr, Ellipsis, device="cpu", options=opts)
 
 
 def test_chains_through_the_public_api(tmp_path):

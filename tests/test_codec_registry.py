@@ -93,9 +93,9 @@ def _v3(path: Any, shards: Any = None) -> Any:
 
 
 def test_builtin_stages_are_registered():
-    assert [s.name for s in codecs.stages()] == ["raw", "zstd", "blosc", "gzip", "zlib"]
+    assert [s.name for s in codecs.stages()] == ["raw", "zstd", "blosc", "gzip", "zlib", "lz4"]
     assert {s.name: native_codec(s.name) for s in codecs.stages()} == {
-        "raw": "raw", "zstd": "zstd", "blosc": "blosc", "gzip": "gzip", "zlib": "zlib"}
+        "raw": "raw", "zstd": "zstd", "blosc": "blosc", "gzip": "gzip", "zlib": "zlib", "lz4": None}
     with pytest.raises(ValueError, match="already registered"):
         codecs.register(codecs.ZstdStage())
     with pytest.raises(ValueError, match="built-in"):
@@ -121,7 +121,7 @@ def test_a_codec_is_one_module(tmp_path, toy):
         np.testing.assert_array_equal(read(v3, Ellipsis, device="cpu").data, v3[...])
 
     # what the engine still refuses is refused with the new codec in the list of what it reads
-    with pytest.raises(UnsupportedArrayError, match=r"raw, zstd, blosc, gzip, zlib or bz2 chunks"):
+    with pytest.raises(UnsupportedArrayError, match=r"raw, zstd, blosc, gzip, zlib, lz4 or bz2 chunks"):
         codec_of_v2_compressor(LZMA(), np.dtype("i4"))
     from zarr.codecs import BytesCodec
     from zarr.codecs.numcodecs import LZMA as LZMA3
@@ -129,7 +129,7 @@ def test_a_codec_is_one_module(tmp_path, toy):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         lzma3 = LZMA3()
-    with pytest.raises(UnsupportedArrayError, match=r"\[bytes, numcodecs\.zlib\] or \[bytes, numcodecs\.bz2\]"):
+    with pytest.raises(UnsupportedArrayError, match=r"\[bytes, numcodecs\.lz4\] or \[bytes, numcodecs\.bz2\]"):
         codec_of_chain([BytesCodec(), lzma3], "array")
 
     # the capability report counts it among the codecs the GPU path decodes without nvCOMP
@@ -142,7 +142,7 @@ def test_unregistered_codec_is_decoded_by_its_own_codec(tmp_path):
     from numcodecs import BZ2
 
     v2 = _v2(tmp_path / "v2.zarr", BZ2(level=2))
-    with pytest.raises(UnsupportedArrayError, match=r"reads raw, zstd, blosc, gzip or zlib chunks; .*bz2") as info:
+    with pytest.raises(UnsupportedArrayError, match=r"reads raw, zstd, blosc, gzip, zlib or lz4 chunks; .*bz2") as info:
         codec_of_v2_compressor(v2.metadata.compressor, np.dtype("u2"))
     assert "zarr-gpu" in str(info.value)
     # no core stage: the layout still serves it, by the codecs' own decode

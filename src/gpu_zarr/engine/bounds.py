@@ -26,7 +26,7 @@ def max_encoded_nbytes(codec: str, params: Mapping[str, Any] | None, decoded_nby
     Parameters
     ----------
     codec : str
-        "raw", "zstd", "blosc", "gzip", "zlib"; any other name gets a generous bound.
+        "raw", "zstd", "blosc", "gzip", "zlib", "lz4"; any other name gets a generous bound.
     params : mapping or None
         The codec's parameters (checksums around the codec are counted by :func:`max_stored_nbytes`).
     decoded_nbytes : int
@@ -43,6 +43,9 @@ def max_encoded_nbytes(codec: str, params: Mapping[str, Any] | None, decoded_nby
         # Blosc falls back to copying the input when compression does not pay: its output never
         # exceeds the input plus its header (BLOSC_MAX_OVERHEAD 16; Blosc2's 32)
         bound = n + 32 + _SLACK
+    elif codec == "lz4":
+        # LZ4_COMPRESSBOUND (lz4.h), behind numcodecs' 4-byte size
+        bound = n + n // 255 + 16 + 4 + _SLACK
     elif codec in ("gzip", "zlib"):
         # zlib's deflateBound: stored blocks cost 5 bytes per 16 KiB at worst; the wrapper is
         # 6 bytes (zlib) or 18 plus optional name / comment / extra fields (gzip: 1 KiB allowed)

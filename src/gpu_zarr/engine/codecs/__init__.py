@@ -7,7 +7,7 @@ it from the array metadata):
    stripped on the host, natively, before anything else reads the bytes; a mismatch is a
    :class:`~gpu_zarr.errors.CorruptChunkError` naming the chunk.
 2. **the core codec** -- one *stage* (:class:`CodecStage`: :mod:`.raw`, :mod:`.zstd`,
-   :mod:`.blosc`, :mod:`.deflate`), decoded in batches by nvCOMP or small kernels on the GPU,
+   :mod:`.blosc`, :mod:`.deflate`, :mod:`.lz4`), decoded in batches by nvCOMP or small kernels on the GPU,
    or on native threads on the host. Each stage has a host half (:meth:`CodecStage.prepare`:
    validate and parse the batch's encoded bytes in pinned staging before anything reaches
    the GPU, since nvCOMP is undefined on corrupt input) and a device half
@@ -19,7 +19,7 @@ it from the array metadata):
 4. **the element order and byte order** (``bytes`` endianness, ``transpose``, v2 ``order``):
    applied by the place step as it scatters chunks into the output.
 
-A chain with any other step (byte shuffle filters, ``numcodecs.*`` bytes codecs, LZ4 or BZ2
+A chain with any other step (``numcodecs.*`` bytes codecs other than these, BZ2 or LZMA
 compressors, other array-to-array codecs) is decoded on the host by **the codecs' own
 decode** (:mod:`.host`), in batches on the engine's worker threads, after the frames; the
 decoded chunks then take the same upload and place steps.
@@ -39,6 +39,7 @@ import threading
 from gpu_zarr.engine.codecs.base import CodecStage
 from gpu_zarr.engine.codecs.blosc import BloscStage
 from gpu_zarr.engine.codecs.deflate import DeflateStage
+from gpu_zarr.engine.codecs.lz4 import Lz4Stage
 from gpu_zarr.engine.codecs.raw import RawStage
 from gpu_zarr.engine.codecs.zstd import ZstdStage
 
@@ -48,7 +49,8 @@ __all__ = ["CodecStage", "RawStage", "ZstdStage", "register", "stage_named", "st
 _lock = threading.Lock()
 # the codecs the engine reads, in the order the layout tries them (stages are stateless;
 # long-lived state lives in the runtime). A new codec: its module, and one line here.
-_BUILTIN: tuple[CodecStage, ...] = (RawStage(), ZstdStage(), BloscStage(), DeflateStage("gzip"), DeflateStage("zlib"))
+_BUILTIN: tuple[CodecStage, ...] = (RawStage(), ZstdStage(), BloscStage(), DeflateStage("gzip"), DeflateStage("zlib"),
+                                    Lz4Stage())
 _STAGES: dict[str, CodecStage] = {s.name: s for s in _BUILTIN}
 
 

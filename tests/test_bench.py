@@ -19,8 +19,8 @@ from gpu_zarr.bench import volumes as bv
 from gpu_zarr.bench.browse import index_of, plane_patterns, time_planes
 from gpu_zarr.bench.readers import fingerprint
 
-CHAIN_LAYOUTS = ("sharded-zstd-crc32c-v3", "numcodecs-zstd-v3-1MiB", "delta-zstd-v2", "blosc-lz4-shuffle-big-endian-v2",
-                 "sharded-zstd-64KiB-v3")
+CHAIN_LAYOUTS = ("sharded-zstd-crc32c-v3", "numcodecs-zstd-v3-1MiB", "delta-zstd-v2", "lz4-v2",
+                 "blosc-lz4-shuffle-big-endian-v2", "sharded-zstd-64KiB-v3")
 THROUGHPUT_LAYOUTS = {
     "raw-v3-32MiB",
     "raw-v2-8MiB",
@@ -49,8 +49,9 @@ BROWSE_LAYOUTS = {
     *SMALL_CHUNK_LAYOUTS,
     *CHAIN_LAYOUTS,
 }
-# the chain layouts some peers cannot read (TensorStore: numcodecs.* names and v2 filters; zarrs: big-endian)
-PEER_CANNOT = {("tensorstore", "numcodecs-zstd-v3-1MiB"), ("tensorstore", "delta-zstd-v2"),
+# the chain layouts some peers cannot read (TensorStore: numcodecs.* names, v2 filters and v2 lz4; zarrs:
+# big-endian)
+PEER_CANNOT = {("tensorstore", "numcodecs-zstd-v3-1MiB"), ("tensorstore", "delta-zstd-v2"), ("tensorstore", "lz4-v2"),
                ("zarrs", "blosc-lz4-shuffle-big-endian-v2")}
 HAVE_TS = bool(__import__("importlib").util.find_spec("tensorstore"))
 HAVE_ZARRS = bool(__import__("importlib").util.find_spec("zarrs"))
@@ -383,7 +384,7 @@ def test_volume_data_is_deterministic_and_scaled():
     assert [lay.chunk_bytes for lay in bv.THROUGHPUT_LAYOUTS] == [
         32 << 20, 8 << 20, 32 << 20, 4 << 20, 1 << 20, 1 << 20, 2 << 20, 2 << 20, 1 << 20, 2 << 20,
         256 << 10, 256 << 10, 128 << 10,
-        1 << 20, 1 << 20, 2 << 20, 2 << 20, 64 << 10,  # the chain layouts
+        1 << 20, 1 << 20, 2 << 20, 2 << 20, 2 << 20, 64 << 10,  # the chain layouts
     ]
     # small chunks are kept at every size, only clipped to the array
     small = {lay.name: lay for lay in bv.scaled_layouts(bv.BROWSE_LAYOUTS, bv.BROWSE_SHAPES["full"], shape)}

@@ -4,7 +4,8 @@ The zarr v2 ``lz4`` compressor and zarr v3's ``numcodecs.lz4`` write this (numco
 ``LZ4``: ``LZ4_compress_fast`` behind the size). The host half reads the sizes (each must be
 the chunk's decoded size) and points past them; the decode is ONE batched call of raw LZ4
 blocks: nvCOMP LZ4 on the GPU (as for Blosc's LZ4 streams), the native library's LZ4 on CPU
-threads, numcodecs in the pure-Python twin. Every decoder bounds its writes by the chunk's
+threads, numcodecs in the pure-Python twin. The CPU's fused path reads, decodes and places whole
+chunks natively (``lz4-sized``: the same size check in C). Every decoder bounds its writes by the chunk's
 size and reports a block that does not decode to exactly that size.
 """
 
@@ -67,7 +68,7 @@ class Lz4Stage:
     name = "lz4"
     v2_names = ("lz4",)
     v3_chains = ("[bytes, numcodecs.lz4]",)
-    native = None  # the native whole-chunk path knows no size header: the staged path decodes the blocks
+    native = "lz4-sized"  # the native library's whole-chunk decode: the size checked, then the block
     nvcomp = True
     decodes = True
     native_checks = False  # the header is read on every path: it says where the block starts

@@ -56,15 +56,16 @@ __all__ = [
 ]
 
 LIBNAME = "libgz_native.so"
-VERSION = 9  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
-CODECS = MappingProxyType({"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6})
+VERSION = 10  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
+CODECS = MappingProxyType({"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6,
+                          "lz4-sized": 7})
 OK, OPEN, SHORT, IO, BOUNDS = 0, 1, 2, 3, 4
 CRC32C_MISMATCH = 18
 UNSUPPORTED = frozenset(range(20, 25))
 _LIBS = ("libzstd", "liblz4", "zlib", "libdeflate")
 # codec -> the libraries that can decode it (any one of them)
 _NEEDS = MappingProxyType({"raw": (), "zstd": ("libzstd",), "lz4": ("liblz4",), "zlib": ("zlib", "libdeflate"),
-          "gzip": ("zlib", "libdeflate"), "deflate": ("zlib", "libdeflate"), "blosc": ()})
+          "gzip": ("zlib", "libdeflate"), "deflate": ("zlib", "libdeflate"), "blosc": (), "lz4-sized": ("liblz4",)})
 
 _i64p = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
 _i32p = np.ctypeslib.ndpointer(np.int32, flags="C_CONTIGUOUS")
@@ -197,7 +198,7 @@ def available() -> bool:
 
 def codec_available(codec: str) -> bool:
     """The native library can decode ``codec`` here ("raw", "zstd", "lz4", "zlib", "gzip",
-    "deflate", "blosc"; Blosc chunks whose inner codec's library is missing report
+    "deflate", "blosc", "lz4-sized": numcodecs' LZ4 chunks; Blosc chunks whose inner codec's library is missing report
     "unsupported", per chunk)."""
     return codec in status().codecs
 

@@ -2,7 +2,7 @@
  *
  * Batched calls, each spread over N pthreads, no Python per file or chunk:
  *   gz_read      read byte ranges of many files into one buffer
- *   gz_decode    decode many chunks (zstd, LZ4 block, zlib, gzip, raw deflate, Blosc 1.x)
+ *   gz_decode    decode many chunks (zstd, LZ4 block, numcodecs' sized LZ4, zlib, gzip, raw deflate, Blosc 1.x)
  *   gz_place     scatter decoded C-order chunks into an n-d output (strided copy)
  *   gz_fused     read + decode + place per chunk (the small-read path)
  *   gz_delta     the Delta filter's decode: a running sum per chunk
@@ -23,7 +23,7 @@
 
 #define API __attribute__((visibility("default")))
 
-enum { C_RAW = 0, C_ZSTD = 1, C_LZ4 = 2, C_ZLIB = 3, C_GZIP = 4, C_DEFLATE = 5, C_BLOSC = 6 };
+enum { C_RAW = 0, C_ZSTD = 1, C_LZ4 = 2, C_ZLIB = 3, C_GZIP = 4, C_DEFLATE = 5, C_BLOSC = 6, C_LZ4_SIZED = 7 };
 enum {
     S_OK = 0, S_OPEN = 1, S_SHORT = 2, S_IO = 3, S_BOUNDS = 4,
     S_CORRUPT = 10, S_SIZE = 11, S_HEADER = 12, S_BLOCKS = 13, S_STREAM = 14, S_MEMORY = 15,
@@ -141,7 +141,7 @@ API const char *gz_library_error(int k) {
     return (k >= 0 && k < 4) ? L.why[k] : "";
 }
 
-API int gz_version(void) { return 9; }
+API int gz_version(void) { return 10; }
 
 /* ---------------------------------------------------------------- decoder contexts
  * One per worker for the call's duration, taken from and returned to a small global pool
@@ -393,6 +393,12 @@ static int decode_one(Ctx *c, int codec, const uint8_t *s, int64_t n, uint8_t *d
     case C_LZ4: return dec_lz4(s, (size_t)n, d, (size_t)cap);
     case C_ZLIB: case C_GZIP: case C_DEFLATE: return dec_inflate(c, codec, s, (size_t)n, d, (size_t)cap);
     case C_BLOSC: return dec_blosc(c, s, n, d, cap, detail);
+    case C_LZ4_SIZED: { /* numcodecs' LZ4: the decoded size (4 bytes, little-endian), then one block */
+        if (n < 5) return S_CORRUPT;
+        int64_t stated = (int64_t)s[0] | (int64_t)s[1] << 8 | (int64_t)s[2] << 16 | (int64_t)s[3] << 24;
+        if (stated != cap) { *detail = stated; return S_SIZE; }
+        return dec_lz4(s + 4, (size_t)(n - 4), d, (size_t)cap);
+    }
     }
     return S_UNSUP_CODEC;
 }

@@ -116,6 +116,11 @@ class Layout:
         before the core codec.
     host : gpu_zarr.engine.codecs.host.HostChain or None
         The codecs that decode each chunk on the host when ``codec`` is "host".
+    index_big_endian : bool
+        The shard index's integers are big-endian.
+    elements : tuple of gpu_zarr.engine.codecs.elements.ElementStep
+        Element steps after the core codec, in decode order (filters); the core then decodes
+        each chunk to ``stored_nbytes`` of the first step's stored dtype.
     """
 
     shape: tuple[int, ...]

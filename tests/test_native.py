@@ -653,3 +653,37 @@ def test_crc32c_matches_google_crc32c():
     np.testing.assert_array_equal(got, np.array(want, np.uint32))
     with pytest.raises(ValueError, match="outside the buffer"):
         native.checksums("crc32c", buf, [299_999], [2], 1)
+
+
+# ---------------------------------------------------------------- locating chunk files
+@needs_native
+def test_stat_files_matches_os_stat(tmp_path):
+    (tmp_path / "f").write_bytes(b"x" * 123)
+    (tmp_path / "d").mkdir()
+    os.mkfifo(tmp_path / "p")
+    files = [str(tmp_path / n) for n in ("f", "missing", "d", "p", "f/below")]
+    size, mtime, kind = native.stat_files(files, 3)
+    st = os.stat(tmp_path / "f")
+    assert kind.tolist() == [0, 1, 2, 2, 1]
+    assert size.tolist()[:2] == [123, -1] and mtime.tolist()[:2] == [st.st_mtime_ns, -1]
+
+
+def test_many_chunk_files_located_alike_with_and_without_the_library(tmp_path, mode):
+    """An array of more chunk files than the native stat's threshold: missing chunks read as the
+    fill value, and a FIFO or a folder where a chunk belongs is named, never opened."""
+    import zarr
+
+    arr = zarr.create_array(str(tmp_path / "a.zarr"), shape=(40, 40), chunks=(4, 4), dtype="<u2", zarr_format=2,
+                            compressors=None, fill_value=7)
+    vals = np.arange(1600, dtype="<u2").reshape(40, 40)
+    arr[:36] = vals[:36]  # the last row of chunks stays missing
+    arr = zarr.open_array(str(tmp_path / "a.zarr"), mode="r")
+    np.testing.assert_array_equal(read(arr, Ellipsis, device="cpu").data, arr[...])
+    os.remove(tmp_path / "a.zarr" / "3.5")
+    os.mkfifo(tmp_path / "a.zarr" / "3.5")
+    with pytest.raises(CorruptChunkError, match=r"3\.5 is a FIFO where a chunk or shard file belongs"):
+        read(arr, Ellipsis, device="cpu")
+    os.remove(tmp_path / "a.zarr" / "3.5")
+    os.mkdir(tmp_path / "a.zarr" / "3.5")
+    with pytest.raises(CorruptChunkError, match=r"3\.5 is a directory"):
+        read(arr, Ellipsis, device="cpu")

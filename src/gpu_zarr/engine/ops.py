@@ -255,9 +255,27 @@ class CpuOps:
             raise ValueError(f"placing piece {k}: {native.describe(int(st[k]))} (a bug: the placement table and "
                              "the buffers disagree)")
 
+    def _place_chunks_native(self, chunks: list[Any], table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype,
+                             perm: tuple[int, ...] | None) -> None:
+        import gpu_zarr.engine.native as native
+
+        nbytes = int(np.prod(table[0, :, 0])) * disk_dtype.itemsize
+        st = native.place_chunks(chunks, nbytes, table, out, disk_dtype, perm, self.native_threads)
+        if (st != native.OK).any():
+            k = int(np.flatnonzero(st != native.OK)[0])
+            raise ValueError(f"placing cached chunk {k}: {native.describe(int(st[k]))} (a bug: the placement table "
+                             "and the chunks disagree)")
+
     def place_chunks(self, chunks: list[Any], table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype,
                      perm: tuple[int, ...] | None = None) -> None:
-        """Place whole decoded chunks held in separate buffers (the chunk cache's)."""
+        """Place whole decoded chunks held in separate buffers (the chunk cache's): one native
+        call for all of them where the library is loaded (a viewer scrolling through 64^3
+        chunks places a thousand a plane), else one numpy placement each."""
+        if not chunks:
+            return
+        if self.native and out.flags.c_contiguous and out.flags.writeable:
+            self._run(self._place_chunks_native, chunks, table, out, disk_dtype, perm)
+            return
         zero = np.zeros(1, np.int64)
         for k, chunk in enumerate(chunks):
             self._run(place_cpu, chunk, zero, table[k:k + 1], out, disk_dtype, perm)

@@ -493,8 +493,7 @@ def _place_cached(cache: Any, keys: list[Any], loc: Located, pieces: Pieces, out
     to_read = loc.nbytes.copy()
     found: list[int] = []
     chunks: list[Any] = []
-    for k, key in enumerate(keys):
-        chunk = cache.get(key) if key is not None else None
+    for k, chunk in enumerate(cache.get_many(keys)):
         if chunk is not None:
             found.append(k)
             chunks.append(chunk)

@@ -48,7 +48,9 @@ __all__ = [
     "library",
     "loaded",
     "place",
+    "place_chunks",
     "read",
+    "stat_files",
     "Arrivals",
     "scratch_per_thread",
     "status",
@@ -56,7 +58,7 @@ __all__ = [
 ]
 
 LIBNAME = "libgz_native.so"
-VERSION = 10  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
+VERSION = 12  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
 CODECS = MappingProxyType({"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6,
                           "lz4-sized": 7})
 OK, OPEN, SHORT, IO, BOUNDS = 0, 1, 2, 3, 4
@@ -173,6 +175,8 @@ def _load() -> tuple[Any, NativeStatus]:
     lib.gz_arrivals_close.argtypes = [_vp]
     lib.gz_delta.restype = _int
     lib.gz_delta.argtypes = [_vp, _vp, _i64, _i64, _int]
+    lib.gz_stat.restype = None
+    lib.gz_stat.argtypes = [_vp, _i64, _int, _i64p, _i64p, _i32p]
     mask = lib.gz_libraries()
     libs = {name: ("" if mask >> k & 1 else lib.gz_library_error(k).decode(errors="replace") or "not found")
             for k, name in enumerate(_LIBS)}
@@ -378,6 +382,41 @@ def place(src: np.ndarray, src_offsets: Any, chunk_nbytes: int, table: np.ndarra
     if n:
         tab, strides, unit, swap = _geometry(table, out, np.dtype(disk_dtype), perm)
         loaded().gz_place(n, _ptr(src), src.nbytes, so, int(chunk_nbytes), tab, tab.shape[1], strides, unit, swap,
+                          _ptr(out), out.nbytes, int(threads), st)
+    return st
+
+
+def stat_files(files: list[Any], threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(size, modification time in ns, kind) of each file on ``threads`` native threads; kind
+    0 a regular file, 1 none there (size and time -1), 2 not a regular file, 3 the stat failed
+    (size: its errno). None without the library."""
+    lib = library()
+    if lib is None:
+        return None
+    n = len(files)
+    size, mtime, kind = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int32)
+    if n:
+        paths = _Paths(files)
+        lib.gz_stat(ctypes.cast(paths.array, _vp), n, int(threads), size, mtime, kind)
+    return size, mtime, kind
+
+
+def place_chunks(chunks: list[np.ndarray], chunk_nbytes: int, table: np.ndarray, out: np.ndarray,
+                 disk_dtype: np.dtype, perm: tuple[int, ...] | None, threads: int) -> np.ndarray:
+    """Scatter decoded chunks held in buffers of their own (chunk k is ``chunks[k]``, each a
+    C-contiguous array of ``chunk_nbytes`` bytes: the chunk cache's) into ``out``, like
+    :func:`place`, in one call. Returns the statuses."""
+    _check_buffer(out, "out")
+    bad = [k for k, c in enumerate(chunks)
+           if not (isinstance(c, np.ndarray) and c.flags.c_contiguous and c.nbytes == chunk_nbytes)]
+    if bad:
+        raise ValueError(f"chunk {bad[0]} is not a C-contiguous buffer of {chunk_nbytes} bytes")
+    n = len(chunks)
+    st = np.empty(n, np.int32)
+    if n:
+        addresses = np.fromiter((address(c) for c in chunks), np.int64, n)
+        tab, strides, unit, swap = _geometry(table, out, np.dtype(disk_dtype), perm)
+        loaded().gz_place(n, None, 0, addresses, int(chunk_nbytes), tab, tab.shape[1], strides, unit, swap,
                           _ptr(out), out.nbytes, int(threads), st)
     return st
 

@@ -6,6 +6,7 @@
  *   gz_place     scatter decoded C-order chunks into an n-d output (strided copy)
  *   gz_fused     read + decode + place per chunk (the small-read path)
  *   gz_delta     the Delta filter's decode: a running sum per chunk
+ *   gz_stat      size, modification time and kind of many files (locating chunk files)
  * Codec libraries are loaded at run time with dlopen (no -dev packages needed); every
  * destination and size is checked, and each item gets a status (see gz_strerror).
  * Build: cc -O3 -shared -fPIC -pthread gz_native.c -o libgz_native.so -ldl
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define API __attribute__((visibility("default")))
@@ -141,7 +143,7 @@ API const char *gz_library_error(int k) {
     return (k >= 0 && k < 4) ? L.why[k] : "";
 }
 
-API int gz_version(void) { return 10; }
+API int gz_version(void) { return 12; }
 
 /* ---------------------------------------------------------------- decoder contexts
  * One per worker for the call's duration, taken from and returned to a small global pool
@@ -715,12 +717,19 @@ typedef struct {
 static void place_item(void *p, int64_t i, Ctx *c) {
     (void)c;
     PlaceArgs *a = p;
-    if (a->soff[i] < 0 || a->soff[i] + a->chunk_len > a->src_len) { a->status[i] = S_BOUNDS; return; }
-    a->status[i] = place_one(&a->g, a->src + a->soff[i], a->chunk_len, a->table + (int64_t)i * 4 * a->g.ndim);
+    const uint8_t *chunk;
+    if (!a->src) { /* soff holds the chunks' addresses: buffers of chunk_len bytes the caller holds */
+        chunk = (const uint8_t *)(uintptr_t)a->soff[i];
+        if (!chunk) { a->status[i] = S_BOUNDS; return; }
+    } else {
+        if (a->soff[i] < 0 || a->soff[i] + a->chunk_len > a->src_len) { a->status[i] = S_BOUNDS; return; }
+        chunk = a->src + a->soff[i];
+    }
+    a->status[i] = place_one(&a->g, chunk, a->chunk_len, a->table + (int64_t)i * 4 * a->g.ndim);
 }
 
-/* Place n decoded chunks of chunk_len bytes, chunk i at src[soff[i]:] (soff NULL: the
- * chunks are at the addresses in ptrs). */
+/* Place n decoded chunks of chunk_len bytes, chunk i at src[soff[i]:]; with src NULL, chunk i
+ * is at the address soff[i] (chunks held in buffers of their own: the chunk cache's). */
 API int64_t gz_place(int64_t n, const uint8_t *src, int64_t src_len, const int64_t *soff, int64_t chunk_len,
                      const int64_t *table, int ndim, const int64_t *ostride, int unit, int swap, uint8_t *out,
                      int64_t out_len, int threads, int32_t *status) {
@@ -1150,4 +1159,35 @@ API int gz_delta(const void *src, void *dst, int64_t n, int64_t m, int size) {
     case 8: GZ_DELTA(uint64_t); return 0;
     }
     return -1;
+}
+
+/* Size, modification time (ns) and kind of each of n files, on `threads` threads: kind 0 a
+ * regular file, 1 no such file, 2 something else (a FIFO, a directory...: never opened), 3 the
+ * stat failed otherwise (errno in size). What a read's locate stage asks of every chunk file. */
+typedef struct {
+    const char **paths;
+    int64_t *size, *mtime_ns;
+    int32_t *kind;
+} StatArgs;
+
+static void stat_item(void *p, int64_t i, Ctx *c) {
+    (void)c;
+    StatArgs *a = p;
+    struct stat st;
+    a->size[i] = -1;
+    a->mtime_ns[i] = -1;
+    if (stat(a->paths[i], &st) != 0) {
+        a->kind[i] = errno == ENOENT || errno == ENOTDIR ? 1 : 3;
+        if (a->kind[i] == 3) a->size[i] = errno;
+        return;
+    }
+    if (!S_ISREG(st.st_mode)) { a->kind[i] = 2; return; }
+    a->kind[i] = 0;
+    a->size[i] = (int64_t)st.st_size;
+    a->mtime_ns[i] = (int64_t)st.st_mtim.tv_sec * 1000000000 + (int64_t)st.st_mtim.tv_nsec;
+}
+
+API void gz_stat(const char **paths, int64_t n, int threads, int64_t *size, int64_t *mtime_ns, int32_t *kind) {
+    StatArgs a = {paths, size, mtime_ns, kind};
+    parallel(n, threads, stat_item, &a);
 }

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gpu_zarr import settings
 from gpu_zarr.engine.binary import le_uint
 from gpu_zarr.engine.bounds import max_stored_nbytes
 from gpu_zarr.engine.cache import ChunkCache
@@ -84,6 +85,22 @@ def _stat(path: Any) -> tuple[int, int]:
         return -1, -1
     _regular(path, st.st_mode)
     return st.st_size, st.st_mtime_ns
+
+
+def _stat_all(files: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(sizes, modification times in ns) of ``files``, -1 for missing ones: on native threads
+    where the library is loaded (a plane of 64^3 chunks stats a thousand files, ~3 ms in a
+    Python loop), else a plain loop (a stat of a cached inode takes microseconds)."""
+    import gpu_zarr.engine.native as native
+
+    got = native.stat_files(files, int(settings.get("threads"))) if len(files) > 64 else None
+    if got is None:
+        stats = np.array([_stat(f) for f in files], np.int64).reshape(-1, 2)
+        return np.ascontiguousarray(stats[:, 0]), np.ascontiguousarray(stats[:, 1])
+    size, mtime, kind = got
+    for k in np.flatnonzero(kind >= 2).tolist():  # the loop's own answer, message or exception for that file
+        size[k], mtime[k] = _stat(files[k])
+    return size, mtime
 
 
 def _regular(path: Any, mode: int) -> None:
@@ -156,9 +173,7 @@ def _locate_files(layout: Layout, pieces: Pieces) -> Located:
     root = str(layout.root) + os.sep
     # plain strings: a pathlib.Path per chunk cost as much as its stat (4096 chunks: 55 ms)
     files: list[Any] = [root + k for k in keys]
-    # a stat of a cached inode takes microseconds: a plain loop beats a task per file
-    stats = np.array([_stat(f) for f in files], np.int64).reshape(-1, 2)
-    sizes, mtimes = np.ascontiguousarray(stats[:, 0]), np.ascontiguousarray(stats[:, 1])
+    sizes, mtimes = _stat_all(files)
     empty = np.flatnonzero(sizes == 0)
     if len(empty):
         raise CorruptChunkError(f"chunk {keys[int(empty[0])]} of {layout.root} is an empty file; expected "

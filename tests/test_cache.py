@@ -138,3 +138,28 @@ def test_scrolling_thick_chunks_prefetches_the_next_chunk_layer(tmp_path, monkey
     src.prefetch_next((9, *full))   # backward inside layer 8..15: the last plane of layer 0..7
     src.prefetching.result(timeout=10)
     assert asked == [8, 16, 7]
+
+
+def test_a_lazy_array_keeps_chunks_while_its_reads_stay_near(tmp_path):
+    """Tiles that jump around keep nothing (each would cost fresh memory no neighbour uses); a
+    tile next to the one before keeps its partly used chunks; a far jump is served from the cache
+    where it can be, and keeps nothing again. The same chunks are read alike every way."""
+    from gpu_zarr.lazy import GpuLazyArray
+
+    arr, _ = write(tmp_path / "a.zarr", fmt=3, codec="zstd", shape=(8, 64, 64), chunks=(4, 16, 16))
+    get_runtime().clear_caches()
+    cache = get_runtime().chunk_cache("cpu")
+    la = GpuLazyArray(arr, backend="cpu")
+    want = arr[...]
+
+    def tile(z, y, x):
+        np.testing.assert_array_equal(la[z, y:y + 24, x:x + 24], want[z, y:y + 24, x:x + 24])
+        return len(cache)
+
+    assert tile(0, 4, 4) > 0  # the first read has no read before it: kept
+    kept = len(cache)
+    assert tile(7, 36, 36) == kept  # far from the last: nothing kept
+    assert tile(0, 36, 4) == kept  # far again
+    grown = tile(1, 40, 8)  # within a chunk of the read before: its partly used chunks kept
+    assert grown > kept
+    assert tile(1, 40, 8) == grown  # the same tile again: served from the cache

@@ -118,6 +118,26 @@ class _Source:
         # pays off when the viewer leaves it the time (else it takes the request's threads)
         self.last_done: float | None = None
         self.last_cost: float | None = None
+        self.last_box: Any = None  # the region of the last read (a Region), for near()
+
+    def near(self, key: tuple[int | slice, ...]) -> bool:
+        """Whether the read of ``key`` lies within one (inner) chunk of the read before it (the
+        first read counts as near): a viewer scrolling or panning reads the rest of the chunks
+        it decoded part of, so they are worth keeping; after a jump, keeping them costs fresh
+        memory for chunks no neighbour may ask for (the next read near this one keeps them)."""
+        shape = tuple(int(n) for n in self.array.shape)
+        try:
+            box = normalize_selection(shape, key)
+        except (IndexError, TypeError, ValueError):
+            return True
+        with self.lock:
+            last, self.last_box = self.last_box, box
+        if last is None:
+            return True
+        layout = self.prepared().layout
+        inner = layout.inner_shape if layout is not None else shape
+        return all(a0 < b1 + c and b0 - c < a1
+                   for a0, a1, b0, b1, c in zip(box.start, box.stop, last.start, last.stop, inner))
 
     def prefetch_next(self, key: tuple[int | slice, ...]) -> None:
         """When a plane is asked for, decode the plane the user scrolls to next into the
@@ -406,7 +426,9 @@ class GpuLazyArray:
         if prepared.backend == "kvikio":
             self._src.prefetch_next(full)  # the next plane decodes beside this one
         t0 = time.perf_counter()
-        res = prepared.read(full, where="device" if gpu else "host", options=EngineOptions(cache=True))
+        # keep the chunks this read uses part of only while the reads stay near each other
+        cache: bool | str = True if self._src.near(full) else "look"
+        res = prepared.read(full, where="device" if gpu else "host", options=EngineOptions(cache=cache))
         with self._src.lock:
             self._src.last_done = time.perf_counter()
             self._src.last_cost = self._src.last_done - t0

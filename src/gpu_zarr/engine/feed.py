@@ -20,7 +20,7 @@ from gpu_zarr.engine.plan import Batch, LazyNames, Pieces
 from gpu_zarr.engine.sources.locate import Located
 from gpu_zarr.errors import ReadCancelled
 
-__all__ = ["Feed", "Keep", "check_cancel", "decoded_stride", "needs_host_check", "piece_names"]
+__all__ = ["Feed", "Keep", "check_cancel", "decoded_stride", "keeper", "needs_host_check", "piece_names"]
 
 
 def check_cancel(opts: EngineOptions) -> None:
@@ -61,6 +61,14 @@ class Keep:
 
     def __call__(self, k: int, chunk: Any) -> None:
         self.chunks.append((self.keys[k], chunk))
+
+
+def keeper(keys: list[Any], pieces: Pieces, cache: Any, mode: Any) -> Keep | None:
+    """What a read keeps for the chunk cache under ``EngineOptions.cache`` ``mode``: nothing
+    without a cache or with ``"look"``, every chunk with ``"all"``, else the partly used ones."""
+    if cache is None or mode == "look":
+        return None
+    return Keep(keys, pieces, every=mode == "all")
 
 
 def piece_names(loc: Located, pieces: np.ndarray) -> LazyNames:

@@ -46,12 +46,14 @@ class EngineOptions:
     pinned_limit : int, optional
         Upper bound of this read's staging (``slots * batch_bytes`` is reduced to fit);
         default ``settings`` ``pinned_bytes``.
-    cache : bool or "all"
+    cache : bool, "all" or "look"
         Serve decoded chunks from the runtime's chunk cache (``settings`` ``cache_bytes``;
         device memory on the GPU path, host memory for small reads decoded on the CPU) and
         keep there the chunks this read decodes but uses only part of: a neighbouring read
         (the next plane of thick chunks) wants the rest. ``"all"`` keeps every chunk it
-        decodes (a prefetch of the plane a viewer shows next). Lazy arrays turn it on.
+        decodes (a prefetch of the plane a viewer shows next); ``"look"`` keeps none (a read
+        far from the ones before it: keeping costs fresh memory that no neighbour may use).
+        Lazy arrays turn it on.
     progress : callable, optional
         ``progress(done_bytes, total_bytes)`` after each batch (decoded bytes).
     cancel : object with ``is_set()``, optional
@@ -71,7 +73,7 @@ class EngineOptions:
     reader: str = field(default_factory=_setting("reader"))
     direct_raw: bool = field(default_factory=_setting("direct_raw"))
     pinned_limit: int = field(default_factory=_setting("pinned_bytes"))
-    cache: bool | str = False
+    cache: bool | str = False  # False, True, "all" or "look"
     progress: Callable[[int, int], None] | None = None
     cancel: Any = None
     on_sent: Callable[[], None] | None = None

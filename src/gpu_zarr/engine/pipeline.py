@@ -27,7 +27,7 @@ from gpu_zarr import settings
 from gpu_zarr.engine.binary import packed_offsets
 from gpu_zarr.engine.codecs import CodecStage
 from gpu_zarr.engine.codecs.chain import stage_for
-from gpu_zarr.engine.feed import Keep, decoded_stride, needs_host_check
+from gpu_zarr.engine.feed import decoded_stride, keeper, needs_host_check
 from gpu_zarr.engine.fit import check_fits, nbytes_of
 from gpu_zarr.engine.layout import Layout, batch_key
 from gpu_zarr.engine.metadata import layout_of
@@ -328,7 +328,7 @@ def _execute(lay: Layout, stage: CodecStage, loc: Located, pieces: Pieces, out: 
     batches = make_batches(loc.file_id, loc.offset, to_read, lay.inner_nbytes, batch)
     stats.update(codec=lay.codec, pieces=len(pieces), missing=len(missing), batches=len(batches),
                  encoded_bytes=int(loc.nbytes[loc.nbytes > 0].sum()), decoded_bytes=nbytes_of(out.shape, out.dtype.itemsize))
-    keep = Keep(keys, pieces, every=opts.cache == "all") if cache is not None else None
+    keep = keeper(keys, pieces, cache, opts.cache)
     todo = np.flatnonzero(to_read >= 0)
     if len(todo) and (ops.host_is_device or (own_ops and device == "cpu")) and chunkwise.serves(lay, out):
         rest = run_fused(lay, loc, pieces, todo, out, rt, opts, stats, keep)

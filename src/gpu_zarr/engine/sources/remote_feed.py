@@ -27,7 +27,7 @@ import numpy as np
 
 from gpu_zarr import settings
 from gpu_zarr.engine.codecs import CodecStage
-from gpu_zarr.engine.feed import Feed, Keep, check_cancel
+from gpu_zarr.engine.feed import Feed, check_cancel, keeper
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.ops import Ops
 from gpu_zarr.engine.options import EngineOptions
@@ -112,7 +112,7 @@ class RemoteFeed:
         self.nbytes = np.full(n, -1, np.int64)
         self.whose: list[Any] = [None] * n  # per piece (its answer, its position there): names for messages
         self.keys: list[Any] = [None] * n
-        self.keep = Keep(self.keys, pieces, every=opts.cache == "all") if cache is not None else None
+        self.keep = keeper(self.keys, pieces, cache, opts.cache)
         # what each piece's last answer said: missing (the fill value), cached (the chunk), or decoded
         # (a shard that changed while read is read again, and the second answer wins)
         self.last: dict[int, Any] = {}

@@ -52,12 +52,12 @@ bench() { timeout "$1" python3 -m gpu_zarr.bench --device gpu --workdir $WORK --
 
 case "${1:-tests}" in
 chains)
-  # chains beyond one core codec (crc32c in shards, numcodecs.zstd, a v2 Delta filter, numcodecs' LZ4, big-endian
+  # chains beyond one core codec (crc32c in shards, numcodecs.zstd, a v2 Delta filter, Shuffle + numcodecs' LZ4, big-endian
   # Blosc) and shards
   # of 64 KiB inner chunks, with sharded zstd as today's reference layout: whole reads against TensorStore, zarrs and
   # zarr's FusedCodecPipeline (each then cupy.asarray), then planes and 1024^2 tiles against their CPU reads.
   # Peers: tensorstore and ml_dtypes (.whl-ts), zarrs (.whl-zarrs); carried in two calls when .whl and both exceed 64 MiB.
-  L=sharded-zstd-crc32c-v3,numcodecs-zstd-v3-1MiB,delta-zstd-v2,lz4-v2,blosc-lz4-shuffle-big-endian-v2,sharded-zstd-64KiB-v3
+  L=sharded-zstd-crc32c-v3,numcodecs-zstd-v3-1MiB,delta-zstd-v2,shuffle-lz4-v2,blosc-lz4-shuffle-big-endian-v2,sharded-zstd-64KiB-v3
   bench 330 --mode throughput --size 128,2048,2048 --layouts $L,sharded-zstd-v3-64MiB-1MiB --repeat 5 \
     --readers zarr-cpu+cupy,ours-kvikio,ours-auto,tensorstore+cupy,zarrs+cupy,zarr-fused+cupy > "$OUT/chains-throughput.log" 2>&1
   tail -40 "$OUT/chains-throughput.log"

@@ -19,7 +19,7 @@ from gpu_zarr.bench import volumes as bv
 from gpu_zarr.bench.browse import index_of, plane_patterns, time_planes
 from gpu_zarr.bench.readers import fingerprint
 
-CHAIN_LAYOUTS = ("sharded-zstd-crc32c-v3", "numcodecs-zstd-v3-1MiB", "delta-zstd-v2", "lz4-v2",
+CHAIN_LAYOUTS = ("sharded-zstd-crc32c-v3", "numcodecs-zstd-v3-1MiB", "delta-zstd-v2", "shuffle-lz4-v2",
                  "blosc-lz4-shuffle-big-endian-v2", "sharded-zstd-64KiB-v3")
 THROUGHPUT_LAYOUTS = {
     "raw-v3-32MiB",
@@ -51,7 +51,7 @@ BROWSE_LAYOUTS = {
 }
 # the chain layouts some peers cannot read (TensorStore: numcodecs.* names, v2 filters and v2 lz4; zarrs:
 # big-endian)
-PEER_CANNOT = {("tensorstore", "numcodecs-zstd-v3-1MiB"), ("tensorstore", "delta-zstd-v2"), ("tensorstore", "lz4-v2"),
+PEER_CANNOT = {("tensorstore", "numcodecs-zstd-v3-1MiB"), ("tensorstore", "delta-zstd-v2"), ("tensorstore", "shuffle-lz4-v2"),
                ("zarrs", "blosc-lz4-shuffle-big-endian-v2")}
 HAVE_TS = bool(__import__("importlib").util.find_spec("tensorstore"))
 HAVE_ZARRS = bool(__import__("importlib").util.find_spec("zarrs"))

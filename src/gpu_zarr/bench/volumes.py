@@ -76,7 +76,7 @@ CODECS: dict[str, str] = {
     "zstd-crc32c": "zstd level 1 and a crc32c checksum per chunk (TensorStore, zarrs, ngff-zarr inner chunks)",
     "numcodecs-zstd": "zstd level 1 under its numcodecs.zstd name (zarr v3)",
     "delta-zstd": "Delta filter, then zstd level 1 (a v2 filter; numcodecs.delta in v3)",
-    "lz4": "numcodecs LZ4 (the v2 lz4 compressor; numcodecs.lz4 in v3): a size, then one LZ4 block",
+    "shuffle-lz4": "a byte Shuffle filter, then numcodecs LZ4 (the v2 lz4 compressor: a size, then one LZ4 block)",
 }
 
 
@@ -176,14 +176,15 @@ SMALL_CHUNK_LAYOUTS: tuple[Layout, ...] = (
 )
 
 #: chains beyond one core codec (issue 36, both modes): crc32c inside shards, a numcodecs.*
-#: name in v3, a v2 filter, numcodecs' LZ4, big-endian elements; and shards of tiny (64 KiB) inner chunks,
+#: name in v3, v2 filters, numcodecs' LZ4, big-endian elements; and shards of tiny (64 KiB) inner chunks,
 #: kept at every size, browsed plane by plane and tile by tile
 CHAIN_LAYOUTS: tuple[Layout, ...] = (
     Layout("sharded-zstd-crc32c-v3", "sharded v3, 64 MiB shards of 1 MiB zstd + crc32c chunks", 3,
            _INNER, "zstd-crc32c", shards=_SHARDS),
     Layout("numcodecs-zstd-v3-1MiB", "numcodecs.zstd, v3, 1 MiB chunks", 3, _INNER, "numcodecs-zstd"),
     Layout("delta-zstd-v2", "Delta filter + zstd, v2, 1x1024x1024 chunks", 2, _BLOSC_CHUNKS, "delta-zstd"),
-    Layout("lz4-v2", "numcodecs LZ4, v2, 1x1024x1024 chunks", 2, _BLOSC_CHUNKS, "lz4"),
+    Layout("shuffle-lz4-v2", "Shuffle filter + numcodecs LZ4, v2, 1x1024x1024 chunks", 2, _BLOSC_CHUNKS,
+           "shuffle-lz4"),
     Layout("blosc-lz4-shuffle-big-endian-v2", "Blosc lz4 + shuffle, v2, big-endian uint16, 1x1024x1024 chunks", 2,
            _BLOSC_CHUNKS, "blosc-lz4-shuffle", endian="big"),
     Layout("sharded-zstd-64KiB-v3", "sharded v3, shards of 16x1024x2048 holding 64 KiB zstd chunks (1x128x256)", 3,
@@ -431,12 +432,10 @@ def _codec_kwargs(lay: Layout) -> dict[str, Any]:
         comp = None
     elif lay.codec == "zstd":
         comp = numcodecs.Zstd(level=lay.level) if v2 else ZstdCodec(level=lay.level)
-    elif lay.codec in ("zstd-crc32c", "numcodecs-zstd", "delta-zstd"):
+    elif lay.codec in ("zstd-crc32c", "numcodecs-zstd", "delta-zstd", "shuffle-lz4"):
         return _chain_kwargs(lay)
     elif lay.codec == "gzip":
         comp = numcodecs.GZip(level=lay.level) if v2 else GzipCodec(level=lay.level)
-    elif lay.codec == "lz4":
-        comp = numcodecs.LZ4() if v2 else _numcodecs_v3().LZ4()
     else:  # blosc-<cname>-<shuffle>
         _, cname, shuffle = lay.codec.split("-")
         if v2:
@@ -477,6 +476,12 @@ def _chain_kwargs(lay: Layout) -> dict[str, Any]:
         kwargs["compressors"] = [ZstdCodec(level=lay.level), Crc32cCodec()]
     elif lay.codec == "numcodecs-zstd":
         kwargs["compressors"] = [_numcodecs_v3().Zstd(level=lay.level)]
+    elif lay.codec == "shuffle-lz4":
+        size = lay.np_dtype.itemsize
+        if v2:
+            kwargs.update(filters=[numcodecs.Shuffle(elementsize=size)], compressors=numcodecs.LZ4())
+        else:
+            kwargs.update(compressors=[_numcodecs_v3().Shuffle(elementsize=size), _numcodecs_v3().LZ4()])
     else:  # delta-zstd
         dt = lay.np_dtype.str
         if v2:

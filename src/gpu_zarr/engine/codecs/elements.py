@@ -78,8 +78,9 @@ class ElementStep:
             if val is not dst:
                 dst[...] = val
         elif self.name == "shuffle":  # numcodecs' unshuffle: byte j of element i from byte plane j
-            n, m, size = src.shape[0], src.shape[1], self.stored.itemsize
-            dst.view(np.uint8).reshape(n, m, size)[...] = src.view(np.uint8).reshape(n, size, m).transpose(0, 2, 1)
+            if not (xp is np and native.unshuffle(src, dst)):  # the native loop: numpy's is a byte-strided copy
+                n, m, size = src.shape[0], src.shape[1], self.stored.itemsize
+                dst.view(np.uint8).reshape(n, m, size)[...] = src.view(np.uint8).reshape(n, size, m).transpose(0, 2, 1)
         else:  # astype, quantize: a cast
             dst[...] = src
 

@@ -54,11 +54,12 @@ __all__ = [
     "Arrivals",
     "scratch_per_thread",
     "status",
+    "unshuffle",
     "write_files",
 ]
 
 LIBNAME = "libgz_native.so"
-VERSION = 12  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
+VERSION = 13  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
 CODECS = MappingProxyType({"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6,
                           "lz4-sized": 7})
 OK, OPEN, SHORT, IO, BOUNDS = 0, 1, 2, 3, 4
@@ -175,6 +176,8 @@ def _load() -> tuple[Any, NativeStatus]:
     lib.gz_arrivals_close.argtypes = [_vp]
     lib.gz_delta.restype = _int
     lib.gz_delta.argtypes = [_vp, _vp, _i64, _i64, _int]
+    lib.gz_unshuffle.restype = None
+    lib.gz_unshuffle.argtypes = [_vp, _vp, _i64, _i64, _int]
     lib.gz_stat.restype = None
     lib.gz_stat.argtypes = [_vp, _i64, _int, _i64p, _i64p, _i32p]
     mask = lib.gz_libraries()
@@ -384,6 +387,20 @@ def place(src: np.ndarray, src_offsets: Any, chunk_nbytes: int, table: np.ndarra
         loaded().gz_place(n, _ptr(src), src.nbytes, so, int(chunk_nbytes), tab, tab.shape[1], strides, unit, swap,
                           _ptr(out), out.nbytes, int(threads), st)
     return st
+
+
+def unshuffle(src: np.ndarray, dst: np.ndarray) -> bool:
+    """The Shuffle filter's decode of each row of ``src`` (a 2-D C-contiguous array of 2-, 4- or
+    8-byte elements, one chunk a row, its bytes in byte planes) into the same row of ``dst``.
+    False, with nothing done, when the library is not loaded or the arrays do not fit."""
+    lib = library()
+    ok = (lib is not None and src.ndim == 2 and src.shape == dst.shape and src.dtype.itemsize == dst.dtype.itemsize
+          and src.dtype.itemsize in (2, 4, 8) and src.flags.c_contiguous and dst.flags.c_contiguous
+          and dst.flags.writeable)
+    if ok and src.size:
+        lib.gz_unshuffle(src.ctypes.data, dst.ctypes.data, src.shape[0], src.shape[1] * src.dtype.itemsize,
+                         src.dtype.itemsize)
+    return ok
 
 
 def stat_files(files: list[Any], threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

@@ -6,6 +6,7 @@
  *   gz_place     scatter decoded C-order chunks into an n-d output (strided copy)
  *   gz_fused     read + decode + place per chunk (the small-read path)
  *   gz_delta     the Delta filter's decode: a running sum per chunk
+ *   gz_unshuffle the Shuffle filter's decode: each chunk's byte planes back into elements
  *   gz_stat      size, modification time and kind of many files (locating chunk files)
  * Codec libraries are loaded at run time with dlopen (no -dev packages needed); every
  * destination and size is checked, and each item gets a status (see gz_strerror).
@@ -143,7 +144,7 @@ API const char *gz_library_error(int k) {
     return (k >= 0 && k < 4) ? L.why[k] : "";
 }
 
-API int gz_version(void) { return 12; }
+API int gz_version(void) { return 13; }
 
 /* ---------------------------------------------------------------- decoder contexts
  * One per worker for the call's duration, taken from and returned to a small global pool
@@ -1190,4 +1191,11 @@ static void stat_item(void *p, int64_t i, Ctx *c) {
 API void gz_stat(const char **paths, int64_t n, int threads, int64_t *size, int64_t *mtime_ns, int32_t *kind) {
     StatArgs a = {paths, size, mtime_ns, kind};
     parallel(n, threads, stat_item, &a);
+}
+
+/* The Shuffle filter's decode (numcodecs Shuffle, as Blosc's byte shuffle over a whole chunk):
+ * each of n rows of `row_bytes` bytes, end to end in src, gathered from its `ts` byte planes into
+ * dst. The caller splits rows over its threads. */
+API void gz_unshuffle(const uint8_t *src, uint8_t *dst, int64_t n, int64_t row_bytes, int ts) {
+    for (int64_t r = 0; r < n; r++) unshuffle_bytes(src + r * row_bytes, dst + r * row_bytes, row_bytes, ts);
 }

@@ -89,8 +89,8 @@ def _stat(path: Any) -> tuple[int, int]:
 
 def _stat_all(files: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(sizes, modification times in ns) of ``files``, -1 for missing ones: on native threads
-    where the library is loaded (a plane of 64^3 chunks stats a thousand files, ~3 ms in a
-    Python loop), else a plain loop (a stat of a cached inode takes microseconds)."""
+    where the library is loaded (a plane of 64^3 chunks stats a thousand files, each a Python
+    call in a loop), else a plain loop (a stat of a cached inode takes microseconds)."""
     import gpu_zarr.engine.native as native
 
     got = native.stat_files(files, int(settings.get("threads"))) if len(files) > 64 else None

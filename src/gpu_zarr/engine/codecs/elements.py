@@ -3,11 +3,12 @@
 zarr v2 filters and their zarr v3 ``numcodecs.*`` forms (``Delta``, ``FixedScaleOffset``,
 ``Quantize``, ``AsType``, ``BitRound``, ``Shuffle``) change each element of a chunk on its own
 (Delta: a running sum over the chunk's elements in stored order; Shuffle: the bytes of each
-element gathered from the chunk's byte planes). The engine runs
-them as element steps: the core codec (zstd, Blosc, deflate, raw: nvCOMP on the GPU, native
-threads on the host) decodes a batch into the step's stored dtype, then each step turns the
-whole batch -- one chunk a row -- into the next dtype with array operations written once for
-numpy and cupy (:func:`run`), on the batch's work stream.
+element gathered from the chunk's byte planes). The engine runs them as element steps: the core
+codec (zstd, Blosc, deflate, LZ4, raw: nvCOMP on the GPU, native threads on the host) decodes a
+batch into the step's stored dtype, then each step turns the whole batch -- one chunk a row --
+into the next dtype with array operations written once for numpy and cupy (:func:`run`), on
+the batch's work stream; on the host, Delta's running sum and Shuffle's gather are the native
+library's loops where it is loaded (numpy's without it).
 
 A step is taken only where both array libraries compute exactly what numcodecs does, bit for
 bit; anything else leaves the chain to the codecs' own decode (:mod:`.host`):

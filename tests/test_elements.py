@@ -1,8 +1,9 @@
 """Element steps (engine/codecs/elements.py) against numcodecs' own decode, bit for bit.
 
 Each filter encodes random values (NaN, infinities and extremes among them) with numcodecs;
-the step decodes a batch of such chunks -- rows end to end, and rows at a padded stride --
-with numpy here and with cupy under ``-m gpu``: both must give numcodecs' bytes exactly.
+the step decodes a batch of such chunks -- rows end to end, at the start of their buffers or
+some bytes in -- with numpy here and with cupy under ``-m gpu``: both must give numcodecs'
+bytes exactly.
 """
 
 from __future__ import annotations
@@ -64,18 +65,17 @@ def _encoded(f, seed):
 
 
 def _run(xp, steps, enc, pad):
-    """The steps on the N chunks laid out at a stride of their size plus ``pad`` bytes."""
+    """The steps on the N chunks laid out end to end, ``pad`` bytes into their buffers (the
+    engine hands the last step a slice of its decoded buffer)."""
     src_size, dst_size = len(enc[0]), M * steps[-1].decoded.itemsize
-    s_stride, d_stride = src_size + pad, dst_size + pad
-    src = np.zeros(N * s_stride, np.uint8)
-    for k, e in enumerate(enc):
-        src[k * s_stride:k * s_stride + src_size] = e
-    src, dst = xp.asarray(src), xp.zeros(N * d_stride, xp.uint8)
+    src = np.zeros(pad + N * src_size, np.uint8)
+    src[pad:] = np.concatenate(enc)
+    src, dst = xp.asarray(src), xp.zeros(pad + N * dst_size, xp.uint8)
     with np.errstate(all="ignore"):
         for lo, hi in ((0, 2), (2, N)):  # in two groups, as the CPU's threads take them
-            el.run(xp, steps, src, s_stride, dst, d_stride, lo, hi, M, lambda n: xp.empty(n, xp.uint8))
+            el.run(xp, steps, src[pad:], dst[pad:], lo, hi, M, lambda n: xp.empty(n, xp.uint8))
     dst = dst.get() if hasattr(dst, "get") else dst
-    return [dst[k * d_stride:k * d_stride + dst_size] for k in range(N)]
+    return [dst[pad + k * dst_size:pad + (k + 1) * dst_size] for k in range(N)]
 
 
 def _check(xp, f):
@@ -124,8 +124,8 @@ def test_identity_filters_need_no_step_and_steps_must_chain():
 
 @pytest.mark.parametrize("pad", [0, 8, 16])
 def test_two_steps_at_any_stride(pad):
-    """Delta after AsType (encode order), chunks laid out end to end or padded apart: the step
-    between them sees rows at its own stride."""
+    """Delta after AsType (encode order), the chunks at the start of their buffers or some bytes
+    in: the step between them reads the rows the first wrote into scratch."""
     _two_steps(np, pad)
 
 

@@ -107,8 +107,7 @@ def parse_v3(codecs: Sequence[Any], spec: Callable[[], Any], out_dtype: np.dtype
         if aa and plain_aa:
             perm = tuple(int(a) for a in getattr(aa[0], "order"))  # noqa: B009 - a TransposeCodec
             perm = None if perm == tuple(range(len(perm))) else perm
-        endian = ab[0].endian
-        endian = getattr(endian, "value", endian)
+        endian = _endian(ab[0])
         for stage in stages():
             if (params := stage.recognise_v3(tuple(bb))) is not None:
                 return Chain(stage.name, params, None if steps else endian, perm, tuple(frames), None, steps or ())
@@ -116,6 +115,12 @@ def parse_v3(codecs: Sequence[Any], spec: Callable[[], Any], out_dtype: np.dtype
         raise UnsupportedArrayError(f"a zarr v3 codec chain needs one array-to-bytes codec; this one is [{_names(codecs)}]")
     host = HostChain(tuple(rest), spec(), out_dtype, _names(rest))
     return Chain(HOST, {}, None, None, tuple(frames), host)
+
+
+def _endian(codec: Any) -> str | None:
+    """The byte order a v3 ``bytes`` codec writes ("little", "big"; None for one-byte elements)."""
+    endian = getattr(codec, "endian", None)
+    return getattr(endian, "value", endian)
 
 
 def _v3_elements(aa: Sequence[Any], ab: Sequence[Any], spec: Callable[[], Any],
@@ -136,7 +141,7 @@ def _v3_elements(aa: Sequence[Any], ab: Sequence[Any], spec: Callable[[], Any],
         stored = np.dtype(s.dtype.to_native_dtype())
     except Exception:  # noqa: BLE001 - a filter the steps don't know: the codecs' own decode reads it
         return None
-    endian = getattr(ab[0].endian, "value", ab[0].endian)
+    endian = _endian(ab[0])
     if stored.itemsize != steps[0].stored.itemsize or (stored.itemsize > 1 and endian not in ("little", None)):
         return None
     return steps
@@ -151,7 +156,7 @@ def _v3_shuffle(codec: Any, ab: Sequence[Any], after: np.dtype) -> tuple[el.Elem
         lead = el.element_steps([codec._codec], after)
     except Exception:  # noqa: BLE001 - the codecs' own decode reads it
         return None
-    endian = getattr(getattr(ab[0], "endian", None), "value", getattr(ab[0], "endian", None))
+    endian = _endian(ab[0])
     if lead and np.dtype(after).itemsize > 1 and endian not in ("little", None):
         return None
     return lead
@@ -269,38 +274,45 @@ class ChainStage:
         core = self.core
         assert core is not None
         if lay.elements:
-            self._decode_elements(ops, src, prep, dst, lay, names, slot, wait)
+            self._decode_elements(ops, src, prep, dst, dst_offsets, lay, names, slot, wait)
         elif core.decodes:
             core.decode(ops, src, prep.batch, prep.core, dst, dst_offsets, lay, names, slot, wait)
         else:  # uncompressed inside its frames: the stripped bytes are the chunk
             ops.copy_spans(src, prep.batch.src_offsets, dst, dst_offsets, sizes, slot, wait=wait)
 
-    def _decode_elements(self, ops: Ops, src: Any, prep: _Prep, dst: Any, lay: Layout, names: Sequence[str],
-                         slot: int, wait: Any) -> None:
+    def _decode_elements(self, ops: Ops, src: Any, prep: _Prep, dst: Any, dst_offsets: np.ndarray, lay: Layout,
+                         names: Sequence[str], slot: int, wait: Any) -> None:
         """The core decodes the batch into scratch (the first step's stored dtype), then the
-        element steps turn it into the decoded chunks, on the same stream."""
+        element steps turn it into the decoded chunks, on the same stream. Every step sees its
+        chunks end to end (one array call a step for the whole batch, whatever the chunk size);
+        when ``dst`` spaces them otherwise, the last step writes into scratch and one copy
+        moves them into place."""
         core, inner = self.core, self._core_layout(lay)
         assert core is not None
         n, m = len(prep.batch.pieces), int(np.prod(lay.inner_shape, dtype=np.int64))
-        stride = int(align_up(inner.inner_nbytes))
-        offsets = np.arange(n, dtype=np.int64) * stride
-        mid = ops.scratch(n * stride, slot)
+        stored, size = int(inner.inner_nbytes), int(lay.inner_nbytes)
+        mid = ops.scratch(n * stored, slot)
+        packed = np.arange(n, dtype=np.int64)
         if core.decodes:
-            core.decode(ops, src, prep.batch, prep.core, mid, offsets, inner, names, slot, wait)
+            core.decode(ops, src, prep.batch, prep.core, mid, packed * stored, inner, names, slot, wait)
         else:
-            ops.copy_spans(src, prep.batch.src_offsets, mid, offsets, np.full(n, inner.inner_nbytes, np.int64), slot,
+            ops.copy_spans(src, prep.batch.src_offsets, mid, packed * stored, np.full(n, stored, np.int64), slot,
                            wait=wait)
-        dstride = int(align_up(lay.inner_nbytes))
-        ops.elementwise(lambda xp, lo, hi: el.run(xp, lay.elements, mid, stride, dst, dstride, lo, hi, m,
+        dst_offsets = np.asarray(dst_offsets[:n], np.int64)
+        in_place = bool((dst_offsets == dst_offsets[0] + packed * size).all()) if n else True
+        out = dst[int(dst_offsets[0]):] if in_place and n else ops.scratch(n * size, slot)
+        ops.elementwise(lambda xp, lo, hi: el.run(xp, lay.elements, mid, out, lo, hi, m,
                                                   lambda nbytes: ops.scratch(nbytes, slot)), n, slot)
+        if not in_place:
+            ops.copy_spans(out, packed * size, dst, dst_offsets, np.full(n, size, np.int64), slot)
 
     def scratch_bytes(self, chunks_per_batch: int, lay: Layout) -> int:
         if self.core is None:  # the decoded batch, uploaded before it is copied into place
             return chunks_per_batch * int(align_up(lay.inner_nbytes))
         inner = self._core_layout(lay)
-        # element steps: the core's output, and between two steps (or a step's wider working
-        # dtype) at most twice a decoded batch
-        steps = (int(align_up(inner.inner_nbytes)) + 2 * int(align_up(lay.inner_nbytes))) if lay.elements else 0
+        # element steps: the core's output, and between two steps, a step's wider working dtype
+        # or the last step's output before its copy into place: at most three decoded batches
+        steps = (int(inner.inner_nbytes) + 3 * int(lay.inner_nbytes)) if lay.elements else 0
         return self.core.scratch_bytes(chunks_per_batch, inner) + chunks_per_batch * steps
 
 

@@ -66,8 +66,8 @@ class ElementStep:
     offset: Any = None
 
     def apply(self, xp: Any, src: Any, dst: Any) -> None:
-        """Decode ``src`` (rows of ``stored`` elements, one chunk a row) into ``dst`` (the same
-        shape, ``decoded``)."""
+        """Decode ``src`` (C-contiguous rows of ``stored`` elements, one chunk a row) into ``dst``
+        (the same shape, ``decoded``)."""
         if self.name == "delta":  # numcodecs: np.cumsum(enc, out=dec); integers wrap alike in any order
             if not (xp is np and native.delta(src, dst)):  # the native loop; numpy's accumulate is generic
                 xp.cumsum(src, axis=1, dtype=self.decoded, out=dst)
@@ -166,32 +166,24 @@ def label(steps: Sequence[ElementStep]) -> str:
     return ", ".join(s.name for s in steps)
 
 
-def _rows(xp: Any, buf: Any, stride: int, lo: int, hi: int, m: int, dtype: np.dtype, whole: bool) -> list[Any]:
-    """Chunks ``lo:hi`` of ``buf`` (chunk k's bytes at ``k * stride``, ``m`` elements of
-    ``dtype``) as rows: one 2-D array when ``whole`` (the rows lie end to end), else one row
-    each (the array libraries' running sum and casts then see contiguous data)."""
-    isz = dtype.itemsize
-    if whole:
-        return [buf[lo * stride:hi * stride].view(dtype).reshape(hi - lo, m)]
-    return [buf[k * stride:k * stride + m * isz].view(dtype).reshape(1, m) for k in range(lo, hi)]
+def _rows(buf: Any, lo: int, hi: int, m: int, dtype: np.dtype) -> Any:
+    """Chunks ``lo:hi`` of ``buf`` (chunks of ``m`` elements of ``dtype`` end to end) as the rows
+    of one C-contiguous 2-D array."""
+    size = m * dtype.itemsize
+    return buf[lo * size:hi * size].view(dtype).reshape(hi - lo, m)
 
 
-def run(xp: Any, steps: Sequence[ElementStep], src: Any, src_stride: int, dst: Any, dst_stride: int, lo: int, hi: int,
-        m: int, scratch: Callable[[int], Any]) -> None:
-    """Run ``steps`` on chunks ``lo:hi`` of ``m`` elements: chunk k's stored elements at
-    ``src[k * src_stride:]`` (a byte buffer), its decoded elements to ``dst[k * dst_stride:]``.
+def run(xp: Any, steps: Sequence[ElementStep], src: Any, dst: Any, lo: int, hi: int, m: int,
+        scratch: Callable[[int], Any]) -> None:
+    """Run ``steps`` on chunks ``lo:hi`` of ``m`` elements: ``src`` holds the stored elements of
+    every chunk end to end, ``dst`` receives the decoded ones end to end (byte buffers).
     ``scratch(nbytes)`` lends a byte buffer for the values between two steps."""
-    cur, cur_stride, cur_lo = src, src_stride, lo
+    cur, cur_lo = src, lo
     for i, step in enumerate(steps):
-        if i == len(steps) - 1:
-            nxt, nxt_stride, nxt_lo = dst, dst_stride, lo
-        else:  # between two steps: the group's rows end to end, from row 0 of a scratch buffer
-            nxt, nxt_stride, nxt_lo = scratch((hi - lo) * m * step.decoded.itemsize), m * step.decoded.itemsize, 0
-        # both sides as one 2-D array only when both lie end to end
-        whole = cur_stride == m * step.stored.itemsize and nxt_stride == m * step.decoded.itemsize
-        pairs = zip(_rows(xp, cur, cur_stride, cur_lo, cur_lo + hi - lo, m, step.stored, whole),
-                    _rows(xp, nxt, nxt_stride, nxt_lo, nxt_lo + hi - lo, m, step.decoded, whole), strict=True)
+        last = i == len(steps) - 1
+        # between two steps: the group's rows from row 0 of a scratch buffer
+        nxt, nxt_lo = (dst, lo) if last else (scratch((hi - lo) * m * step.decoded.itemsize), 0)
         with np.errstate(all="ignore"):  # overflow to inf is the data's value (numcodecs warns, cupy is silent)
-            for a, b in pairs:
-                step.apply(xp, a, b)
-        cur, cur_stride, cur_lo = nxt, nxt_stride, nxt_lo
+            step.apply(xp, _rows(cur, cur_lo, cur_lo + hi - lo, m, step.stored),
+                       _rows(nxt, nxt_lo, nxt_lo + hi - lo, m, step.decoded))
+        cur, cur_lo = nxt, nxt_lo

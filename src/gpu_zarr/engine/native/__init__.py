@@ -363,14 +363,21 @@ def delta(src: np.ndarray, dst: np.ndarray) -> bool:
     8-byte integers) into the same row of ``dst`` (same shape and dtype): its running sum,
     wrapping. False, with nothing done, when the library is not loaded or the arrays do not
     fit that description (the caller then uses numpy)."""
-    lib = library()
-    ok = (lib is not None and src.ndim == 2 and src.shape == dst.shape and src.dtype == dst.dtype
-          and src.dtype.kind in "iu" and src.dtype.isnative and src.dtype.itemsize in (1, 2, 4, 8)
-          and src.flags.c_contiguous and src.flags.aligned and dst.flags.c_contiguous and dst.flags.aligned
-          and dst.flags.writeable)
+    lib = _rows_lib(src, dst, (1, 2, 4, 8))
+    ok = lib is not None and src.dtype == dst.dtype and src.dtype.kind in "iu" and src.dtype.isnative
     if ok and src.size:
         lib.gz_delta(src.ctypes.data, dst.ctypes.data, src.shape[0], src.shape[1], src.dtype.itemsize)
     return ok
+
+
+def _rows_lib(src: np.ndarray, dst: np.ndarray, sizes: tuple[int, ...]) -> Any:
+    """The library when ``src`` and ``dst`` are 2-D rows the element loops take (the same shape and
+    item size, one of ``sizes``; C-contiguous, aligned, ``dst`` writable), else None."""
+    lib = library()
+    fits = (src.ndim == 2 and src.shape == dst.shape and src.dtype.itemsize == dst.dtype.itemsize
+            and src.dtype.itemsize in sizes and src.flags.c_contiguous and src.flags.aligned
+            and dst.flags.c_contiguous and dst.flags.aligned and dst.flags.writeable)
+    return lib if fits else None
 
 
 def place(src: np.ndarray, src_offsets: Any, chunk_nbytes: int, table: np.ndarray, out: np.ndarray,
@@ -393,10 +400,8 @@ def unshuffle(src: np.ndarray, dst: np.ndarray) -> bool:
     """The Shuffle filter's decode of each row of ``src`` (a 2-D C-contiguous array of 2-, 4- or
     8-byte elements, one chunk a row, its bytes in byte planes) into the same row of ``dst``.
     False, with nothing done, when the library is not loaded or the arrays do not fit."""
-    lib = library()
-    ok = (lib is not None and src.ndim == 2 and src.shape == dst.shape and src.dtype.itemsize == dst.dtype.itemsize
-          and src.dtype.itemsize in (2, 4, 8) and src.flags.c_contiguous and dst.flags.c_contiguous
-          and dst.flags.writeable)
+    lib = _rows_lib(src, dst, (2, 4, 8))
+    ok = lib is not None
     if ok and src.size:
         lib.gz_unshuffle(src.ctypes.data, dst.ctypes.data, src.shape[0], src.shape[1] * src.dtype.itemsize,
                          src.dtype.itemsize)

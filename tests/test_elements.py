@@ -78,13 +78,23 @@ def _run(xp, steps, enc, pad):
     return [dst[pad + k * dst_size:pad + (k + 1) * dst_size] for k in range(N)]
 
 
+def _same(got, want, dtype) -> bool:
+    """Bit for bit, but a NaN may carry another payload (the GPU writes the canonical quiet NaN
+    where numpy keeps the payload through a cast: both are NaN to every reader)."""
+    if dtype.kind != "f":
+        return got.tobytes() == want.tobytes()
+    g, w = got.view(dtype), want.view(dtype)
+    nan = np.isnan(w)
+    return bool((np.isnan(g) == nan).all() and g[~nan].tobytes() == w[~nan].tobytes())
+
+
 def _check(xp, f):
     steps = el.element_steps([f], _decoded(f))
     assert steps is not None and len(steps) == 1, f
     for seed, pad in ((0, 0), (1, 16), (2, 8)):
         enc, want = _encoded(f, seed)
         for k, (g, w) in enumerate(zip(_run(xp, steps, enc, pad), want, strict=True)):
-            assert g.tobytes() == w.tobytes(), (f, seed, pad, k)
+            assert _same(g, w, steps[-1].decoded), (f, seed, pad, k)
 
 
 @pytest.mark.parametrize("f", FILTERS, ids=repr)

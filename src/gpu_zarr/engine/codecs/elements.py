@@ -11,7 +11,8 @@ the batch's work stream; on the host, Delta's running sum and Shuffle's gather a
 library's loops where it is loaded (numpy's without it).
 
 A step is taken only where both array libraries compute exactly what numcodecs does, bit for
-bit; anything else leaves the chain to the codecs' own decode (:mod:`.host`):
+bit (but a NaN's payload: cupy's casts write the canonical quiet NaN); anything else leaves
+the chain to the codecs' own decode (:mod:`.host`):
 
 - ``Delta`` on integers with ``astype`` equal to ``dtype``: a running sum wraps the same way
   in any order (floats would not: cupy's parallel scan adds in another order).

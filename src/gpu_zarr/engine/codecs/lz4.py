@@ -1,12 +1,13 @@
 """numcodecs' LZ4 chunks: a 4-byte little-endian decoded size, then one raw LZ4 block.
 
-The zarr v2 ``lz4`` compressor and zarr v3's ``numcodecs.lz4`` write this (numcodecs'
-``LZ4``: ``LZ4_compress_fast`` behind the size). The host half reads the sizes (each must be
-the chunk's decoded size) and points past them; the decode is ONE batched call of raw LZ4
-blocks: nvCOMP LZ4 on the GPU (as for Blosc's LZ4 streams), the native library's LZ4 on CPU
-threads, numcodecs in the pure-Python twin. The CPU's fused path reads, decodes and places whole
-chunks natively (``lz4-sized``: the same size check in C). Every decoder bounds its writes by the chunk's
-size and reports a block that does not decode to exactly that size.
+The zarr v2 ``lz4`` compressor and zarr v3's ``numcodecs.lz4`` write this (numcodecs' ``LZ4``:
+``LZ4_compress_fast`` behind the size). The host half reads the sizes (each must be the chunk's
+decoded size), decodes each block once to prove it whole, and points past them; the decode is
+ONE batched call of raw LZ4 blocks: nvCOMP LZ4 on the GPU (as for Blosc's LZ4 streams), the
+native library's LZ4 on CPU threads, numcodecs in the pure-Python twin. The CPU's fused path
+reads, decodes and places whole chunks natively (``lz4-sized``: the same size check in C).
+Every decoder bounds its writes by the chunk's size and reports a block that does not decode to
+exactly that size.
 """
 
 from __future__ import annotations
@@ -84,7 +85,21 @@ class Lz4Stage:
         return "lz4"
 
     def prepare(self, staging: np.ndarray, batch: Batch, lay: Layout, names: Sequence[str]) -> Lz4Blocks:
-        return parse_blocks(staging, batch.src_offsets, batch.src_sizes, int(lay.inner_nbytes), names)
+        """The size headers checked, then every block decoded once on the host to prove it whole:
+        an LZ4 block has no structure to check short of decoding it, and nvCOMP's LZ4 returned
+        data for blocks cut short (nothing unchecked reaches nvCOMP)."""
+        from gpu_zarr import settings
+        from gpu_zarr.engine.decode import decode_batch_cpu
+
+        size = int(lay.inner_nbytes)
+        blocks = parse_blocks(staging, batch.src_offsets, batch.src_sizes, size, names)
+        n = len(blocks.offsets)
+        if n:
+            proof = np.empty(n * size, np.uint8)
+            decode_batch_cpu("lz4", staging.view(np.uint8).reshape(-1), blocks.offsets, blocks.sizes, proof,
+                             np.arange(n, dtype=np.int64) * size, np.full(n, size, np.int64), names,
+                             threads=int(settings.get("threads")))
+        return blocks
 
     def decode(self, ops: Ops, src: Any, batch: Batch, prep: Lz4Blocks, dst: Any, dst_offsets: np.ndarray,
                lay: Layout, names: Sequence[str], slot: int, wait: Any) -> None:

@@ -59,10 +59,10 @@ __all__ = [
 ]
 
 LIBNAME = "libgz_native.so"
-VERSION = 13  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
+VERSION = 14  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
 CODECS = MappingProxyType({"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6,
                           "lz4-sized": 7})
-OK, OPEN, SHORT, IO, BOUNDS = 0, 1, 2, 3, 4
+OK, OPEN, SHORT, IO, BOUNDS, CORRUPT = 0, 1, 2, 3, 4, 10
 CRC32C_MISMATCH = 18
 UNSUPPORTED = frozenset(range(20, 25))
 _LIBS = ("libzstd", "liblz4", "zlib", "libdeflate")
@@ -179,6 +179,8 @@ def _load() -> tuple[Any, NativeStatus]:
     lib.gz_unshuffle.restype = None
     lib.gz_unshuffle.argtypes = [_vp, _vp, _i64, _i64, _int]
     lib.gz_stat.restype = None
+    lib.gz_lz4_check.restype = _i64
+    lib.gz_lz4_check.argtypes = [_i64, _vp, _i64, _i64p, _i64p, _i64p, _int, _i32p]
     lib.gz_stat.argtypes = [_vp, _i64, _int, _i64p, _i64p, _i32p]
     mask = lib.gz_libraries()
     libs = {name: ("" if mask >> k & 1 else lib.gz_library_error(k).decode(errors="replace") or "not found")
@@ -349,6 +351,20 @@ def checksums(kind: str, buf: np.ndarray, offsets: Any, sizes: Any, threads: int
             return None
         raise ValueError("checksum spans lie outside the buffer")
     return out
+
+
+def lz4_check(buf: np.ndarray, offsets: Any, sizes: Any, dsizes: Any, threads: int) -> np.ndarray | None:
+    """Each LZ4 block ``buf[offsets[i]:+sizes[i]]`` walked, without decoding it, as LZ4's safe
+    decoder would decode it to ``dsizes[i]`` bytes (``gz_lz4_check``): the status of each (0
+    when it decodes to exactly that size; see :func:`describe`), or None without the library."""
+    if not available():
+        return None
+    buf = np.ascontiguousarray(buf).view(np.uint8).reshape(-1)
+    off, size, dsize = _i64a(offsets), _i64a(sizes), _i64a(dsizes)
+    st = np.zeros(len(off), np.int32)
+    if len(off):
+        loaded().gz_lz4_check(len(off), _ptr(buf), buf.nbytes, off, size, dsize, int(threads), st)
+    return st
 
 
 def _geometry(table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype,

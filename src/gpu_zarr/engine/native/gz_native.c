@@ -144,7 +144,7 @@ API const char *gz_library_error(int k) {
     return (k >= 0 && k < 4) ? L.why[k] : "";
 }
 
-API int gz_version(void) { return 13; }
+API int gz_version(void) { return 14; }
 
 /* ---------------------------------------------------------------- decoder contexts
  * One per worker for the call's duration, taken from and returned to a small global pool
@@ -1198,4 +1198,75 @@ API void gz_stat(const char **paths, int64_t n, int threads, int64_t *size, int6
  * dst. The caller splits rows over its threads. */
 API void gz_unshuffle(const uint8_t *src, uint8_t *dst, int64_t n, int64_t row_bytes, int ts) {
     for (int64_t r = 0; r < n; r++) unshuffle_bytes(src + r * row_bytes, dst + r * row_bytes, row_bytes, ts);
+}
+
+/* An LZ4 block checked without decoding it: the walk of LZ4_decompress_safe (lz4 1.9) over its
+ * sequences, copying nothing. Accepted exactly when that decoder decodes src[0:n] to exactly cap
+ * bytes: literal runs and matches inside both buffers, offsets inside the bytes decoded so far
+ * (0 refused), a match ending at least 5 bytes before the end, a literal run that is not the
+ * last ending at least 12 bytes before it, the last literal run ending the input (an empty block:
+ * one zero byte). What the
+ * stages run before nvCOMP's LZ4, which is undefined on a block that breaks these. */
+static int lz4_walk(const uint8_t *s, int64_t n, int64_t cap) {
+    const uint8_t *ip = s, *end = s + n;
+    int64_t op = 0;
+    if (cap == 0) return n == 1 && s[0] == 0 ? S_OK : S_CORRUPT; /* as the decoder: one empty token */
+    for (;;) {
+        if (ip >= end) return S_CORRUPT;
+        unsigned token = *ip++;
+        int64_t len = token >> 4;
+        if (len == 15) {
+            unsigned b;
+            do {
+                if (ip >= end) return S_CORRUPT;
+                b = *ip++;
+                len += b;
+            } while (b == 255 && len < (int64_t)1 << 40);
+        }
+        int64_t left = end - ip;
+        if (len > left) return S_CORRUPT;
+        if (op + len > cap - 12 || len > left - 8) { /* the last literals: they must end the block */
+            if (len != left || op + len > cap) return S_CORRUPT;
+            return op + len == cap ? S_OK : S_SIZE;
+        }
+        ip += len;
+        op += len;
+        int64_t off = (int64_t)ip[0] | (int64_t)ip[1] << 8; /* inside: at least 8 bytes were left */
+        ip += 2;
+        if (off == 0 || off > op) return S_CORRUPT;
+        int64_t ml = token & 15;
+        if (ml == 15) {
+            unsigned b;
+            do {
+                if (ip >= end - 5) return S_CORRUPT;
+                b = *ip++;
+                ml += b;
+            } while (b == 255 && ml < (int64_t)1 << 40);
+        }
+        ml += 4;
+        if (op + ml > cap - 5) return S_CORRUPT;
+        op += ml;
+    }
+}
+
+typedef struct { const uint8_t *buf; int64_t len; const int64_t *off, *size, *dsize; int32_t *status; } Lz4Args;
+
+static void lz4_item(void *p, int64_t i, Ctx *c) {
+    (void)c;
+    Lz4Args *a = p;
+    if (a->off[i] < 0 || a->size[i] <= 0 || a->off[i] + a->size[i] > a->len || a->dsize[i] < 0) {
+        a->status[i] = S_BOUNDS;
+        return;
+    }
+    a->status[i] = lz4_walk(a->buf + a->off[i], a->size[i], a->dsize[i]);
+}
+
+/* Check n LZ4 blocks buf[off[i]:+size[i]], each to decode to dsize[i] bytes, on `threads` threads
+ * (needs no library). Returns how many fail; status[i] says why. */
+API int64_t gz_lz4_check(int64_t n, const uint8_t *buf, int64_t len, const int64_t *off, const int64_t *size,
+                         const int64_t *dsize, int threads, int32_t *status) {
+    Lz4Args a = {buf, len, off, size, dsize, status};
+    not_run(status, n);
+    parallel(n, threads, lz4_item, &a);
+    return count_bad(status, n);
 }

@@ -1,0 +1,157 @@
+"""The LZ4 block check that runs before nvCOMP's LZ4 (``native.lz4_check``, ``codecs.lz4.check_blocks``).
+
+nvCOMP's LZ4 is undefined on a block that does not decode to its size, so every block is
+walked on the host first. The walk must accept exactly what LZ4's own safe decoder (liblz4's
+``LZ4_decompress_safe``, the native library's ``lz4`` decode) decodes to that size: held to it on
+valid blocks of many kinds and on each one cut, flipped and overwritten. Then through the two
+stages that use it, with the library and without (the fallback decodes each block once).
+"""
+
+from __future__ import annotations
+
+import numcodecs
+import numpy as np
+import pytest
+
+from blosc_cases import payload
+from gpu_zarr import settings
+from gpu_zarr.engine import native
+from gpu_zarr.engine.codecs.blosc import parse_batch
+from gpu_zarr.engine.codecs.lz4 import check_blocks
+from gpu_zarr.errors import CorruptChunkError
+
+needs_native = pytest.mark.skipif(not native.available(), reason=f"native library: {native.status().reason}")
+
+
+def _blocks() -> list[tuple[str, bytes, int]]:
+    """(name, raw LZ4 block, decoded size): numcodecs' LZ4 at two accelerations over data with
+    long matches, short matches, none at all, and sizes around LZ4's end-of-block limits."""
+    rng = np.random.default_rng(7)
+    out = []
+    for name, raw in [
+        ("zeros", bytes(70000)),
+        ("noise", rng.integers(0, 256, 5000, np.uint8).tobytes()),
+        ("ramp-u2", np.arange(30000, dtype="<u2").tobytes()),
+        ("text", b"the quick brown fox jumps over the lazy dog; " * 300),
+        ("short-runs", rng.integers(0, 3, 20000, np.uint8).tobytes()),
+        ("smooth-u2", payload(8192, 2, "smooth").tobytes()),
+        *[(f"len{n}", (b"abcab" * 8)[:n]) for n in (0, 1, 5, 12, 13, 17, 20, 40)],
+        ("long-literals-then-match", rng.integers(0, 256, 300, np.uint8).tobytes() + bytes(400)),
+    ]:
+        for accel in (1, 30):
+            out.append((f"{name}-a{accel}", bytes(numcodecs.LZ4(accel).encode(raw))[4:], len(raw)))
+    return out
+
+
+BLOCKS = _blocks()
+
+
+def _reference(block: bytes, dsize: int) -> int:
+    """liblz4's safe decoder: the status of decoding ``block`` to exactly ``dsize`` bytes."""
+    src = np.frombuffer(block, np.uint8).copy() if block else np.zeros(1, np.uint8)
+    dst = np.empty(max(dsize, 1), np.uint8)
+    st, _ = native.decode("lz4", src, [0], [len(block)], dst, [0], [dsize], 1)
+    return int(st[0])
+
+
+def _walk(blocks: list[bytes], dsizes: list[int]) -> np.ndarray:
+    buf = np.frombuffer(b"".join(blocks) + b"\0", np.uint8).copy()
+    sizes = np.array([len(b) for b in blocks], np.int64)
+    st = native.lz4_check(buf, np.cumsum(sizes) - sizes, sizes, dsizes, 4)
+    assert st is not None
+    return st
+
+
+@needs_native
+def test_every_valid_block_passes():
+    st = _walk([b for _, b, _ in BLOCKS], [d for _, _, d in BLOCKS])
+    assert (st == native.OK).all(), [(BLOCKS[i][0], native.describe(int(st[i]))) for i in np.flatnonzero(st)]
+
+
+@needs_native
+@pytest.mark.skipif(not native.available() or "lz4" not in native.status().codecs, reason="no liblz4")
+def test_walk_accepts_exactly_what_the_safe_decoder_decodes():
+    """Cut at every length, bytes flipped and overwritten, the wrong decoded size: the walk
+    and ``LZ4_decompress_safe`` agree on every variant (none accepted that the decoder rejects).
+    The one rule where they differ, a match offset of 0, has a test of its own."""
+    rng = np.random.default_rng(11)
+    variants: list[tuple[bytes, int]] = []
+    for _, block, dsize in BLOCKS:
+        cuts = range(len(block)) if len(block) < 200 else rng.integers(0, len(block), 60)
+        variants += [(block[:int(c)], dsize) for c in cuts]
+        for _ in range(60):
+            b = bytearray(block)
+            if not b:
+                continue
+            for _ in range(int(rng.integers(1, 4))):
+                b[int(rng.integers(0, len(b)))] = int(rng.integers(0, 256))
+            variants.append((bytes(b), dsize))
+        variants += [(block, dsize + 1), (block, max(dsize - 1, 0)), (block + b"\0", dsize)]
+        variants.append((rng.integers(0, 256, max(len(block), 1), np.uint8).tobytes(), dsize))
+    variants = [(b, d) for b, d in variants if b]  # an empty span is refused before the walk
+    st = _walk([b for b, _ in variants], [d for _, d in variants])
+    ref = np.array([_reference(b, d) for b, d in variants])
+    accepted_bad = np.flatnonzero((st == native.OK) & (ref != native.OK))
+    assert not len(accepted_bad), f"{len(accepted_bad)} blocks the decoder rejects passed the walk"
+    refused_good = np.flatnonzero((st != native.OK) & (ref == native.OK))
+    assert not len(refused_good), f"{len(refused_good)} blocks the decoder takes were refused"
+    assert (st != native.OK).sum() > len(variants) // 2  # the damage was seen, not waved through
+
+
+@needs_native
+def test_offset_zero_is_refused():
+    """LZ4's format has no offset 0; liblz4's decoder takes one (copying output bytes not yet
+    written: whatever the buffer held). The walk refuses it; offset 1 is the same block, valid."""
+    def block(offset: int) -> bytes:
+        return bytes([13 << 4]) + b"a" * 13 + offset.to_bytes(2, "little") + bytes([8 << 4]) + b"b" * 8
+
+    st = _walk([block(1), block(0)], [25, 25])
+    assert st.tolist() == [native.OK, native.CORRUPT]
+    assert _reference(block(1), 25) == native.OK
+
+
+@needs_native
+def test_spans_outside_the_buffer_are_refused():
+    block = BLOCKS[0][1]
+    buf = np.frombuffer(block, np.uint8).copy()
+    st = native.lz4_check(buf, [0, 1, -1, 0], [len(block), len(block), 4, 0], [70000] * 4, 2)
+    assert st.tolist() == [native.OK, native.BOUNDS, native.BOUNDS, native.BOUNDS]
+
+
+@pytest.fixture(params=["native", "fallback"])
+def mode(request):
+    if request.param == "native" and not native.available():
+        pytest.skip(f"native library: {native.status().reason}")
+    with settings.set(native=request.param == "native"):
+        yield request.param
+
+
+def test_check_blocks_names_the_chunk(mode):
+    good = [b for _, b, _ in BLOCKS[:4]]
+    sizes = [d for _, _, d in BLOCKS[:4]]
+    cut = good[2][: len(good[2]) // 2]
+    blocks = [good[0], good[1], cut, good[3]]
+    buf = np.frombuffer(b"".join(blocks), np.uint8).copy()
+    lens = np.array([len(b) for b in blocks], np.int64)
+    with pytest.raises(CorruptChunkError, match="c/2"):
+        check_blocks(buf, np.cumsum(lens) - lens, lens, np.array(sizes), [f"c/{i}" for i in range(4)])
+    buf = np.frombuffer(b"".join(good), np.uint8).copy()
+    lens = np.array([len(b) for b in good], np.int64)
+    check_blocks(buf, np.cumsum(lens) - lens, lens, np.array(sizes), [f"c/{i}" for i in range(4)])
+
+
+def test_blosc_parse_refuses_a_damaged_lz4_stream(mode):
+    """A Blosc chunk whose LZ4 stream is damaged inside (every size and offset intact) is refused
+    when parsed, the step before nvCOMP, naming the chunk."""
+    raw = payload(65536, 2, "smooth")
+    enc = bytearray(numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE, 16384).encode(raw))
+    plan = parse_batch(np.frombuffer(bytes(enc), np.uint8).copy(), np.array([0]), np.array([len(enc)]), raw.nbytes,
+                       ["c/0/0"])
+    lz = np.flatnonzero(plan.s_kind == 1)
+    assert len(lz), "the chunk has no LZ4 stream to damage"
+    s, n = int(plan.s_src[lz[0]]), int(plan.s_size[lz[0]])
+    assert n > 3
+    enc[s:s + 3] = bytes([0xF0 | (enc[s] & 0x0F), 0xFF, 0xFF])  # a first literal run far past the stream
+    with pytest.raises(CorruptChunkError, match="c/0/0"):
+        parse_batch(np.frombuffer(bytes(enc), np.uint8).copy(), np.array([0]), np.array([len(enc)]), raw.nbytes,
+                    ["c/0/0"])

@@ -4,6 +4,7 @@
 # tensorstore and ml_dtypes, and .whl-dask for `scale`):
 #   bash benchmarks/on_gpu_machine.sh tests    # every GPU test but the fuzz suite
 #   bash benchmarks/on_gpu_machine.sh chains   # codec chains beyond one core codec and 64 KiB inner chunks, with peers
+#   bash benchmarks/on_gpu_machine.sh nocache  # the chains step's tiles with the chunk cache off
 #   bash benchmarks/on_gpu_machine.sh fuzz     # the fuzz suite's GPU entries (a call of its own: ~560 s)
 #   bash benchmarks/on_gpu_machine.sh browse   # browsing 1 GiB volumes with the CPU peers; per-stage plane reads
 #   bash benchmarks/on_gpu_machine.sh readers  # the two staging readers on 4 GiB volumes
@@ -58,13 +59,16 @@ chains)
   # zarr's FusedCodecPipeline (each then cupy.asarray), then planes and 1024^2 tiles against their CPU reads.
   # Peers: tensorstore and ml_dtypes (.whl-ts), zarrs (.whl-zarrs); carried in two calls when .whl and both exceed 64 MiB.
   L=sharded-zstd-crc32c-v3,numcodecs-zstd-v3-1MiB,delta-zstd-v2,shuffle-lz4-v2,blosc-lz4-shuffle-big-endian-v2,sharded-zstd-64KiB-v3
-  bench 330 --mode throughput --size 128,2048,2048 --layouts $L,sharded-zstd-v3-64MiB-1MiB --repeat 5 \
+  bench 320 --mode throughput --size 128,2048,2048 --layouts $L,sharded-zstd-v3-64MiB-1MiB --repeat 5 \
     --readers zarr-cpu+cupy,ours-kvikio,ours-auto,tensorstore+cupy,zarrs+cupy,zarr-fused+cupy > "$OUT/chains-throughput.log" 2>&1
   tail -40 "$OUT/chains-throughput.log"
-  bench 240 --mode browse --size 64,2048,2048 --layouts $L,sharded-zstd-64MiB-1MiB --planes 20 --patterns random,tile \
+  bench 220 --mode browse --size 64,2048,2048 --layouts $L,sharded-zstd-64MiB-1MiB --planes 20 --patterns random,tile \
     --readers zarr-cpu,ours-lazy-auto,tensorstore,zarrs,zarr-fused > "$OUT/chains-browse.log" 2>&1
   tail -40 "$OUT/chains-browse.log"
-  # the tiles again with the chunk cache off: what filling it costs a tile (fresh host memory for its partial chunks)
+  ;;
+nocache)
+  # the chains step's tiles again with the chunk cache off: what filling it costs a tile (fresh host memory for its
+  # partial chunks); a call of its own (the chains step takes most of the 600 s a call may run)
   NC="$OUT/nocache"; mkdir -p "$NC"
   GPU_ZARR_CACHE_MIB=0 OUT="$NC" bench 90 --mode browse --size 64,2048,2048 \
     --layouts sharded-zstd-64MiB-1MiB,sharded-zstd-64KiB-v3 --planes 20 --patterns tile \
@@ -248,7 +252,7 @@ pack)
   tar czf /tmp/results.tgz -C "$OUT" . && find "$OUT" -type f -delete && mv /tmp/results.tgz "$OUT/"
   ;;
 *)
-  echo "unknown step ${1}: tests, chains, fuzz, browse, readers, speed, scale, native, remote, dask1, ab, write, nvcomp-size or pack" >&2
+  echo "unknown step ${1}: tests, chains, nocache, fuzz, browse, readers, speed, scale, native, remote, dask1, ab, write, nvcomp-size or pack" >&2
   exit 2
   ;;
 esac

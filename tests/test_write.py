@@ -370,3 +370,26 @@ def test_plain_and_sharded_store_the_same_chunk_bytes(tmp_path, codec):
     n_shards = int(np.prod([-(-n // c) for n, c in zip(SHAPE, shards, strict=True)]))
     index = 16 * int(np.prod([c // k for c, k in zip(shards, CHUNKS, strict=True)])) + 4
     assert sharded.stored_bytes == plain.stored_bytes + n_shards * index  # the indexes are all that differs
+
+
+def test_encoded_frames_are_walked_before_anything_is_written():
+    """The GPU encoder's frames go through the reader's zstd frame walk before a file is
+    written (``encode._check_encoded``): whole frames pass; a frame cut short, an empty one
+    and one stating another content size fail the write, naming the frame."""
+    import numcodecs
+
+    from gpu_zarr.write.encode import _check_encoded
+
+    chunk = np.arange(65536, dtype="<u2")
+    frames = [bytes(numcodecs.Zstd(3).encode(chunk + k)) for k in range(3)]
+
+    def check(parts: list[bytes], nbytes: int = chunk.nbytes) -> None:
+        sizes = np.array([len(p) for p in parts], np.int64)
+        _check_encoded(np.frombuffer(b"".join(parts) + b"\0", np.uint8), np.cumsum(sizes) - sizes, sizes, nbytes)
+
+    check(frames)
+    for bad in (frames[1][:-3], b"", frames[1][:9]):
+        with pytest.raises(WriteError, match="frame 1 of 3.*encoder='cpu'"):
+            check([frames[0], bad, frames[2]])
+    with pytest.raises(WriteError, match="frame 0 of 3"):
+        check(frames, chunk.nbytes * 2)

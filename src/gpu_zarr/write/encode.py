@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_zarr.errors import CorruptChunkError, WriteError
 from gpu_zarr.write.codecs import CodecSpec
 
 __all__ = ["GPU_CODECS", "CpuEncoder", "EncodedBatch", "GpuEncoder"]
@@ -100,6 +101,39 @@ class _PinnedPool:
             self._free.clear()
 
 
+def _check_encoded(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, nbytes: int) -> None:
+    """Every frame nvCOMP returned walked as the reader walks a chunk's (header, block headers,
+    end, a content size of ``nbytes`` where stated) before any is written: a frame that is not
+    whole fails the write instead of storing a chunk no reader can decode.
+
+    Raises
+    ------
+    WriteError
+        Naming the first bad frame of the batch; nothing of the batch is written.
+    """
+    from gpu_zarr.engine.codecs.zstd_frames import check_frames
+
+    try:
+        check_frames(buf, offsets, sizes, nbytes, _FrameNames(len(sizes)))
+    except CorruptChunkError as exc:
+        raise WriteError(f"nvCOMP's zstd encode returned a frame that is not a whole zstd frame of {nbytes} bytes "
+                         f"({exc}); nothing of this batch was written, and the write did not complete. Write with "
+                         "encoder='cpu' instead.") from exc
+
+
+class _FrameNames:
+    """'frame k of n' for the frame walk's messages."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, k: int) -> str:
+        return f"frame {k} of {self.n} in the batch"
+
+
 class GpuEncoder:
     """nvCOMP batched zstd encode on the current cupy stream of the calling thread.
 
@@ -142,6 +176,11 @@ class GpuEncoder:
         packed.get(out=host[:total], stream=stream)  # one transfer, into reused pinned memory
         stream.synchronize()
         ends = np.cumsum(sizes)
+        try:
+            _check_encoded(host, ends - sizes, sizes, int(flat.shape[1]))
+        except WriteError:
+            self._pinned.give(host)
+            raise
         parts = [host[int(e - s):int(e)] for s, e in zip(sizes, ends, strict=True)]
         return EncodedBatch(parts, sizes, release=lambda: self._pinned.give(host))
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -114,7 +114,7 @@ def _check_encoded(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, nbyt
     from gpu_zarr.engine.codecs.zstd_frames import check_frames
 
     try:
-        check_frames(buf, offsets, sizes, nbytes, _FrameNames(len(sizes)))
+        check_frames(buf, offsets, sizes, nbytes, cast(Sequence[str], _FrameNames(len(sizes))))
     except CorruptChunkError as exc:
         raise WriteError(f"nvCOMP's zstd encode returned a frame that is not a whole zstd frame of {nbytes} bytes "
                          f"({exc}); nothing of this batch was written, and the write did not complete. Write with "

@@ -1,10 +1,12 @@
-"""The LZ4 block check that runs before nvCOMP's LZ4 (``native.lz4_check``, ``codecs.lz4.check_blocks``).
+"""The LZ4 block walk that runs before nvCOMP's LZ4: ``lz4_sanitize`` on the GPU, its native twin
+``native.lz4_check`` before the CPU's batched LZ4 decode.
 
 nvCOMP's LZ4 is undefined on a block that does not decode to its size, so every block is
-walked on the host first. The walk must accept exactly what LZ4's own safe decoder (liblz4's
+walked first. The walk must accept exactly what LZ4's own safe decoder (liblz4's
 ``LZ4_decompress_safe``, the native library's ``lz4`` decode) decodes to that size: held to it on
-valid blocks of many kinds and on each one cut, flipped and overwritten. Then through the two
-stages that use it, with the library and without (the fallback decodes each block once).
+valid blocks of many kinds and on each one cut, flipped and overwritten. The CUDA kernel, built
+as C++ here, must flag exactly what the native walk flags. Then through the CPU twin's stream
+decode, with the library and without.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import pytest
 from blosc_cases import payload
 from gpu_zarr import settings
 from gpu_zarr.engine import native
-from gpu_zarr.engine.codecs.blosc import parse_batch
-from gpu_zarr.engine.codecs.lz4 import check_blocks
+from gpu_zarr.engine.codecs.blosc import decode_plan, parse_batch
+from gpu_zarr.engine.decode import decode_batch_cpu
+from gpu_zarr.engine.ops import CpuOps
 from gpu_zarr.errors import CorruptChunkError
 
 needs_native = pytest.mark.skipif(not native.available(), reason=f"native library: {native.status().reason}")
@@ -62,18 +65,9 @@ def _walk(blocks: list[bytes], dsizes: list[int]) -> np.ndarray:
     return st
 
 
-@needs_native
-def test_every_valid_block_passes():
-    st = _walk([b for _, b, _ in BLOCKS], [d for _, _, d in BLOCKS])
-    assert (st == native.OK).all(), [(BLOCKS[i][0], native.describe(int(st[i]))) for i in np.flatnonzero(st)]
-
-
-@needs_native
-@pytest.mark.skipif(not native.available() or "lz4" not in native.status().codecs, reason="no liblz4")
-def test_walk_accepts_exactly_what_the_safe_decoder_decodes():
-    """Cut at every length, bytes flipped and overwritten, the wrong decoded size: the walk
-    and ``LZ4_decompress_safe`` agree on every variant (none accepted that the decoder rejects).
-    The one rule where they differ, a match offset of 0, has a test of its own."""
+def _variants() -> list[tuple[bytes, int]]:
+    """Every valid block cut at many lengths, with bytes flipped and overwritten, with the wrong
+    decoded size, and random bytes of its length (empty spans left out)."""
     rng = np.random.default_rng(11)
     variants: list[tuple[bytes, int]] = []
     for _, block, dsize in BLOCKS:
@@ -88,7 +82,22 @@ def test_walk_accepts_exactly_what_the_safe_decoder_decodes():
             variants.append((bytes(b), dsize))
         variants += [(block, dsize + 1), (block, max(dsize - 1, 0)), (block + b"\0", dsize)]
         variants.append((rng.integers(0, 256, max(len(block), 1), np.uint8).tobytes(), dsize))
-    variants = [(b, d) for b, d in variants if b]  # an empty span is refused before the walk
+    return [(b, d) for b, d in variants if b]  # an empty span is refused before the walk
+
+
+@needs_native
+def test_every_valid_block_passes():
+    st = _walk([b for _, b, _ in BLOCKS], [d for _, _, d in BLOCKS])
+    assert (st == native.OK).all(), [(BLOCKS[i][0], native.describe(int(st[i]))) for i in np.flatnonzero(st)]
+
+
+@needs_native
+@pytest.mark.skipif(not native.available() or "lz4" not in native.status().codecs, reason="no liblz4")
+def test_walk_accepts_exactly_what_the_safe_decoder_decodes():
+    """Cut at every length, bytes flipped and overwritten, the wrong decoded size: the walk
+    and ``LZ4_decompress_safe`` agree on every variant (none accepted that the decoder rejects).
+    The one rule where they differ, a match offset of 0, has a test of its own."""
+    variants = _variants()
     st = _walk([b for b, _ in variants], [d for _, d in variants])
     ref = np.array([_reference(b, d) for b, d in variants])
     accepted_bad = np.flatnonzero((st == native.OK) & (ref != native.OK))
@@ -126,32 +135,69 @@ def mode(request):
         yield request.param
 
 
-def test_check_blocks_names_the_chunk(mode):
+def test_cpu_batch_decode_names_the_chunk(mode):
+    """The GPU decode's CPU twin refuses a block cut short naming its chunk: walked first with
+    the library (as the GPU walks it), numcodecs' own error without."""
     good = [b for _, b, _ in BLOCKS[:4]]
-    sizes = [d for _, _, d in BLOCKS[:4]]
-    cut = good[2][: len(good[2]) // 2]
-    blocks = [good[0], good[1], cut, good[3]]
-    buf = np.frombuffer(b"".join(blocks), np.uint8).copy()
-    lens = np.array([len(b) for b in blocks], np.int64)
-    with pytest.raises(CorruptChunkError, match="c/2"):
-        check_blocks(buf, np.cumsum(lens) - lens, lens, np.array(sizes), [f"c/{i}" for i in range(4)])
-    buf = np.frombuffer(b"".join(good), np.uint8).copy()
-    lens = np.array([len(b) for b in good], np.int64)
-    check_blocks(buf, np.cumsum(lens) - lens, lens, np.array(sizes), [f"c/{i}" for i in range(4)])
+    sizes = np.array([d for _, _, d in BLOCKS[:4]], np.int64)
+    for blocks, fails in ((good, False), ([good[0], good[1], good[2][: len(good[2]) // 2], good[3]], True)):
+        buf = np.frombuffer(b"".join(blocks), np.uint8).copy()
+        lens = np.array([len(b) for b in blocks], np.int64)
+        dst = np.empty(int(sizes.sum()), np.uint8)
+        args = ("lz4", buf, np.cumsum(lens) - lens, lens, dst, np.cumsum(sizes) - sizes, sizes, [f"c/{i}" for i in range(4)])
+        if fails:
+            with pytest.raises(CorruptChunkError, match="c/2"):
+                decode_batch_cpu(*args, threads=2)
+        else:
+            decode_batch_cpu(*args, threads=2)
+            assert dst[: sizes[0]].tobytes() == bytes(70000)
 
 
-def test_blosc_parse_refuses_a_damaged_lz4_stream(mode):
-    """A Blosc chunk whose LZ4 stream is damaged inside (every size and offset intact) is refused
-    when parsed, the step before nvCOMP, naming the chunk."""
+def test_damaged_blosc_lz4_stream_is_refused_by_the_stream_decode(mode):
+    """A Blosc chunk whose LZ4 stream is damaged inside (every size and offset intact) passes the
+    parse and is refused by the stream decode (the path nvCOMP takes on the GPU), naming the chunk."""
     raw = payload(65536, 2, "smooth")
     enc = bytearray(numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE, 16384).encode(raw))
-    plan = parse_batch(np.frombuffer(bytes(enc), np.uint8).copy(), np.array([0]), np.array([len(enc)]), raw.nbytes,
-                       ["c/0/0"])
+    staging = np.frombuffer(bytes(enc), np.uint8).copy()
+    plan = parse_batch(staging, np.array([0]), np.array([len(enc)]), raw.nbytes, ["c/0/0"])
     lz = np.flatnonzero(plan.s_kind == 1)
     assert len(lz), "the chunk has no LZ4 stream to damage"
-    s, n = int(plan.s_src[lz[0]]), int(plan.s_size[lz[0]])
-    assert n > 3
+    s = int(plan.s_src[lz[0]])
     enc[s:s + 3] = bytes([0xF0 | (enc[s] & 0x0F), 0xFF, 0xFF])  # a first literal run far past the stream
+    staging = np.frombuffer(bytes(enc), np.uint8).copy()
+    plan = parse_batch(staging, np.array([0]), np.array([len(enc)]), raw.nbytes, ["c/0/0"])
     with pytest.raises(CorruptChunkError, match="c/0/0"):
-        parse_batch(np.frombuffer(bytes(enc), np.uint8).copy(), np.array([0]), np.array([len(enc)]), raw.nbytes,
-                    ["c/0/0"])
+        decode_plan(CpuOps(), staging, plan, np.empty(raw.nbytes, np.uint8), np.array([0]), ["c/0/0"])
+
+
+_SHIM = """
+extern "C" void run(long long* table, long long n, long long dummy_ptr, long long dummy_bytes, long long* code) {
+    blockDim.x = n + 1;
+    for (long long k = 0; k < n; ++k) { threadIdx.x = k; lz4_sanitize(table, n, dummy_ptr, dummy_bytes, code); }
+}
+"""
+
+
+@needs_native
+def test_gpu_walk_kernel_agrees_with_the_native_walk(tmp_path):
+    """The CUDA walk (``lz4_sanitize``, compiled here as plain C++) flags exactly the blocks the
+    native walk flags, on every variant of the agreement test, and swaps each for the dummy."""
+    import ctypes
+
+    from kernel_shim import build
+
+    lib = build(tmp_path, _SHIM)
+    variants = _variants()
+    st = _walk([b for b, _ in variants], [d for _, d in variants])
+    bufs = [np.frombuffer(b + b"\0", np.uint8).copy() for b, _ in variants]
+    n = len(variants)
+    table = np.zeros(7 * n, np.int64)
+    table[:n] = [b.ctypes.data for b in bufs]
+    table[n:2 * n] = [len(b) for b, _ in variants]
+    table[2 * n:3 * n] = [d for _, d in variants]
+    code = np.full(n, -1, np.int64)
+    lib.run(table.ctypes.data_as(ctypes.c_void_p), ctypes.c_longlong(n), ctypes.c_longlong(99), ctypes.c_longlong(2),
+            code.ctypes.data_as(ctypes.c_void_p))
+    assert ((code != 0) == (st != native.OK)).all()
+    assert (code[st == native.SIZE] == 21).all() and set(code[(st != 0) & (st != native.SIZE)].tolist()) <= {20}
+    assert (table[:n][code != 0] == 99).all() and (table[n:2 * n][code != 0] == 2).all()

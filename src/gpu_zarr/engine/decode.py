@@ -201,6 +201,14 @@ def _decode_batch_native(algo: str, src: np.ndarray, src_offsets: np.ndarray, sr
     """The whole batch in ONE call on native threads; then the trailers' checksums, also native."""
     import gpu_zarr.engine.native as native
 
+    if algo == "lz4":  # the GPU's lz4_sanitize walk, so both refuse the same blocks (an offset of 0)
+        walk = native.lz4_check(src, src_offsets, src_sizes, dsizes, threads)
+        bad = np.flatnonzero(walk != native.OK) if walk is not None else np.zeros(0, np.int64)
+        if walk is not None and len(bad):
+            k = int(bad[0])
+            raise CorruptChunkError(f"chunk {_name(names, k)}: its LZ4 block does not decode to the {int(dsizes[k])} "
+                                    f"bytes it must hold ({native.describe(int(walk[k]))}, walked before decoding). The "
+                                    "chunk is corrupt or truncated; rewrite or delete that chunk.")
     st, det = native.decode(algo, src, src_offsets, src_sizes, dst, dst_offsets, dsizes, threads)
     bad = np.flatnonzero(st != native.OK)
     if len(bad):

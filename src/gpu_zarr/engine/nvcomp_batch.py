@@ -307,6 +307,62 @@ extern "C" __global__ void zstd_sanitize(long long* table, long long n, long lon
     if (c != 0) { table[k] = dummy_ptr; table[n + k] = dummy_bytes; }
 }
 
+// One thread per LZ4 block: the walk of the native library's gz_lz4_check (LZ4's safe decoder's
+// rules, copying nothing; its C twin runs before the CPU's batched LZ4 decode). A block that does
+// not decode to exactly its expected size gets code 20 (malformed) or 21 (another size) and is
+// replaced by a tiny valid block, so nvCOMP never reads it (nvCOMP's LZ4 returned data for blocks
+// cut short). table: [in_ptr | in_bytes | out_bytes | ...], n each.
+__device__ int lz4_walk(const unsigned char* s, long long n, long long cap) {
+    if (n <= 0) return 20;
+    if (cap == 0) return (n == 1 && s[0] == 0) ? 0 : 20;
+    long long ip = 0, op = 0;
+    for (;;) {
+        if (ip >= n) return 20;
+        unsigned int token = s[ip++];
+        long long len = token >> 4;
+        if (len == 15) {
+            unsigned int b;
+            do {
+                if (ip >= n) return 20;
+                b = s[ip++];
+                len += b;
+            } while (b == 255 && len < (1LL << 40));
+        }
+        long long left = n - ip;
+        if (len > left) return 20;
+        if (op + len > cap - 12 || len > left - 8) {
+            if (len != left || op + len > cap) return 20;
+            return op + len == cap ? 0 : 21;
+        }
+        ip += len;
+        op += len;
+        long long off = (long long)s[ip] | ((long long)s[ip + 1] << 8);
+        ip += 2;
+        if (off == 0 || off > op) return 20;
+        long long ml = token & 15;
+        if (ml == 15) {
+            unsigned int b;
+            do {
+                if (ip >= n - 5) return 20;
+                b = s[ip++];
+                ml += b;
+            } while (b == 255 && ml < (1LL << 40));
+        }
+        ml += 4;
+        if (op + ml > cap - 5) return 20;
+        op += ml;
+    }
+}
+
+extern "C" __global__ void lz4_sanitize(long long* table, long long n, long long dummy_ptr,
+                                        long long dummy_bytes, long long* code) {
+    long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n) return;
+    int c = lz4_walk((const unsigned char*)table[k], table[n + k], table[2 * n + k]);
+    code[k] = c;
+    if (c != 0) { table[k] = dummy_ptr; table[n + k] = dummy_bytes; }
+}
+
 // Adler-32 of n device buffers, one block per buffer: each thread sums a contiguous segment,
 // thread 0 combines the segments in order (adler32_combine). ptrs/sizes: n int64 each.
 extern "C" __global__ void adler32_batch(const long long* ptrs, const long long* sizes, long long n,
@@ -346,8 +402,11 @@ _ZSTD_CODES = MappingProxyType({1: "too short for a zstd frame", 2: "does not st
                5: "frame header is truncated", 6: "frame header states another decoded size than the array metadata",
                7: "frame is truncated inside a block", 8: "invalid zstd block header",
                9: "frame does not end where the chunk ends (truncated checksum or trailing bytes)"})
-# a valid zstd frame holding one byte: what a bad frame is replaced with
-_DUMMY_ZSTD = bytes.fromhex("28b52ffd200109000000")
+_LZ4_CODES = MappingProxyType({20: "malformed LZ4 block (a run or match outside the block or the chunk, or the "
+                                   "block cut short)", 21: "LZ4 block decodes to another size than the array metadata"})
+# what a bad frame or block is replaced with: a valid zstd frame, and a valid LZ4 block, of one byte
+_DUMMY = MappingProxyType({"zstd": bytes.fromhex("28b52ffd200109000000"), "lz4": bytes.fromhex("1078")})
+_SANITIZE = MappingProxyType({"zstd": "zstd_sanitize", "lz4": "lz4_sanitize"})
 
 
 def _kernel(name: str) -> Any:
@@ -522,7 +581,8 @@ class PendingBatch:
         name = self._names[k] if self._names is not None else f"#{k} of the batch"
         more = f" ({len(bad) - 1} more chunks of this batch failed too)" if len(bad) > 1 else ""
         if code[k] != 0:
-            what = f"{_ZSTD_CODES.get(int(code[k]), 'invalid zstd frame')} (checked on the GPU before decoding)"
+            codes = _LZ4_CODES if self._algo == "lz4" else _ZSTD_CODES
+            what = f"{codes.get(int(code[k]), f'invalid {self._algo} stream')} (checked on the GPU before decoding)"
         elif status[k] != 0:
             what = f"nvCOMP {self._algo} decode failed with status {int(status[k])} ({_STATUS.get(int(status[k]), 'unknown')})"
         elif actual[k] != self._expected[k]:
@@ -756,8 +816,9 @@ class BatchedDecoder:
 
     def _upload_table(self, meta: Any, n: int, in_ptrs: np.ndarray, in_bytes: np.ndarray, out_bytes: np.ndarray,
                       out_ptrs: np.ndarray, stream: Any) -> np.ndarray:
-        """Copy the batch's pointer/size table into ``meta`` (zstd: then let the GPU check each
-        frame, see ``zstd_sanitize``); returns the pinned host buffer (7n table out, 4n results back)."""
+        """Copy the batch's pointer/size table into ``meta`` (zstd and LZ4: then let the GPU check
+        each frame or block, see ``zstd_sanitize`` and ``lz4_sanitize``); returns the pinned host
+        buffer (7n table out, 4n results back)."""
         host = _pinned(11 * n)
         table = host[:7 * n].reshape(7, n)
         table[0] = in_ptrs
@@ -768,10 +829,10 @@ class BatchedDecoder:
         table[5] = 0
         table[6] = 0
         _h2d(int(meta.data.ptr), host[:7 * n], stream)
-        if self.algo == "zstd":
+        if self.algo in _SANITIZE:
             dummy = self._dummy(stream)
             with stream:
-                _kernel("zstd_sanitize")(((n + 127) // 128,), (128,),
+                _kernel(_SANITIZE[self.algo])(((n + 127) // 128,), (128,),
                                          (meta[:56 * n].view(np.int64), np.int64(n), np.int64(dummy.data.ptr),
                                           np.int64(dummy.nbytes), meta[48 * n:56 * n].view(np.int64)))
         return host
@@ -840,11 +901,12 @@ class BatchedDecoder:
     def _dummy(self, stream: Any) -> Any:
         d = getattr(self, "_dummy_frame", None)
         if d is None:
+            frame = _DUMMY[self.algo]
             buf = _pinned(2)
-            raw = buf.view(np.uint8)[:len(_DUMMY_ZSTD)]
-            raw[:] = np.frombuffer(_DUMMY_ZSTD, np.uint8)
+            raw = buf.view(np.uint8)[:len(frame)]
+            raw[:] = np.frombuffer(frame, np.uint8)
             with stream:
-                d = self._cupy.empty(len(_DUMMY_ZSTD), np.uint8)
+                d = self._cupy.empty(len(frame), np.uint8)
             _h2d(int(d.data.ptr), raw, stream)
             stream.synchronize()
             self._dummy_frame = d

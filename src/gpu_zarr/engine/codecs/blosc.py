@@ -351,7 +351,6 @@ def _parse_streams(plan: BloscPlan, staging: np.ndarray, offs: np.ndarray, cbyte
     kind = np.where(s_size == s_dsize, KIND_COPY, kind_of_comp[comp[bc[s_block]]]).astype(np.int8)
     s_chunk = chunk_of_block[s_block]
     _check_zstd(staging, s_src, s_size, s_dsize, kind, s_chunk, names)
-    _check_lz4(staging, s_src, s_size, s_dsize, kind, s_chunk, names)
     s_src, s_size, plan.s_adler = _strip_zlib(staging, s_src, s_size, kind, s_chunk, names)
     # decoded streams get their own aligned slot in the per-batch buffer (nvCOMP wants aligned
     # outputs); streams stored raw are read where they are by the unshuffle
@@ -426,17 +425,6 @@ def _strip_zlib(staging: np.ndarray, s_src: np.ndarray, s_size: np.ndarray, kind
     s_src[z] += 2
     s_size[z] -= 6
     return s_src, s_size, adler
-
-
-def _check_lz4(staging: np.ndarray, s_src: np.ndarray, s_size: np.ndarray, s_dsize: np.ndarray, kind: np.ndarray,
-               s_chunk: np.ndarray, names: Sequence[str] | None) -> None:
-    """Walk every LZ4 stream (``codecs.lz4.check_blocks``): nvCOMP's LZ4 must never see a block that
-    does not decode to exactly its stream's size."""
-    from gpu_zarr.engine.codecs.lz4 import check_blocks
-
-    lz = np.flatnonzero(kind == KIND_LZ4)
-    if len(lz):
-        check_blocks(staging, s_src[lz], s_size[lz], s_dsize[lz], cast(Sequence[str], _StreamNames(names, s_chunk[lz])))
 
 
 _ALGO = MappingProxyType({KIND_LZ4: "lz4", KIND_ZSTD: "zstd", KIND_DEFLATE: "deflate"})

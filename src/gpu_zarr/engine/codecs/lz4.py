@@ -2,10 +2,11 @@
 
 The zarr v2 ``lz4`` compressor and zarr v3's ``numcodecs.lz4`` write this (numcodecs' ``LZ4``:
 ``LZ4_compress_fast`` behind the size). The host half reads the sizes (each must be the chunk's
-decoded size), walks each block to prove it decodes to that size (:func:`check_blocks`, which
-Blosc's LZ4 streams go through too), and points past them; the decode is
-ONE batched call of raw LZ4 blocks: nvCOMP LZ4 on the GPU (as for Blosc's LZ4 streams), the
-native library's LZ4 on CPU threads, numcodecs in the pure-Python twin. The CPU's fused path
+decoded size) and points past them; the decode is ONE batched call of raw LZ4 blocks: nvCOMP
+LZ4 on the GPU (as for Blosc's LZ4 streams), the native library's LZ4 on CPU threads, numcodecs
+in the pure-Python twin. Before nvCOMP sees a block, the GPU walks it (``lz4_sanitize`` in
+:mod:`gpu_zarr.engine.nvcomp_batch`: a block that does not decode to exactly its size is never
+decoded); the native twin walks it the same way (``gz_lz4_check``). The CPU's fused path
 reads, decodes and places whole chunks natively (``lz4-sized``: the same size check in C).
 Every decoder bounds its writes by the chunk's size and reports a block that does not decode to
 exactly that size.
@@ -64,42 +65,6 @@ def parse_blocks(buf: np.ndarray, offsets: Any, sizes: Any, expected: int, names
     return Lz4Blocks(offsets + 4, sizes - 4)
 
 
-def check_blocks(buf: np.ndarray, offsets: Any, sizes: Any, dsizes: Any, names: Sequence[str]) -> None:
-    """Prove each raw LZ4 block ``buf[offsets[i]:+sizes[i]]`` decodes to exactly ``dsizes[i]``
-    bytes before nvCOMP sees it: nvCOMP's LZ4 is undefined on a block that does not (it returned
-    data for blocks cut short). The native library walks the blocks' sequences without copying
-    (``native.lz4_check``); without it, each block is decoded once on the host.
-
-    Raises
-    ------
-    CorruptChunkError
-        Naming the first chunk whose block fails, and why.
-    """
-    import gpu_zarr.engine.native as native
-    from gpu_zarr import settings
-
-    n = len(offsets)
-    if n == 0:
-        return
-    threads = int(settings.get("threads"))
-    flat = buf.view(np.uint8).reshape(-1)
-    st = native.lz4_check(flat, offsets, sizes, dsizes, threads)
-    if st is None:
-        from gpu_zarr.engine.decode import decode_batch_cpu
-
-        dsizes = np.asarray(dsizes, np.int64)
-        proof = np.empty(int(dsizes.sum()), np.uint8)
-        decode_batch_cpu("lz4", flat, np.asarray(offsets, np.int64), np.asarray(sizes, np.int64), proof,
-                         np.cumsum(dsizes) - dsizes, dsizes, names, threads=threads)
-        return
-    bad = np.flatnonzero(st != native.OK)
-    if len(bad):
-        k = int(bad[0])
-        raise CorruptChunkError(f"chunk {names[k]}: its LZ4 block does not decode to the {int(np.asarray(dsizes)[k])} "
-                                f"bytes it must hold ({native.describe(int(st[k]))}). The chunk is corrupt or "
-                                "truncated; rewrite or delete it.")
-
-
 class Lz4Stage:
     """numcodecs' LZ4 chunks (see the module docstring and ``CodecStage``)."""
 
@@ -122,11 +87,8 @@ class Lz4Stage:
         return "lz4"
 
     def prepare(self, staging: np.ndarray, batch: Batch, lay: Layout, names: Sequence[str]) -> Lz4Blocks:
-        """The size headers, then every block walked (:func:`check_blocks`)."""
-        size = int(lay.inner_nbytes)
-        blocks = parse_blocks(staging, batch.src_offsets, batch.src_sizes, size, names)
-        check_blocks(staging, blocks.offsets, blocks.sizes, np.full(len(blocks.offsets), size, np.int64), names)
-        return blocks
+        """The size headers; the blocks are walked by the decoders (see the module docstring)."""
+        return parse_blocks(staging, batch.src_offsets, batch.src_sizes, int(lay.inner_nbytes), names)
 
     def decode(self, ops: Ops, src: Any, batch: Batch, prep: Lz4Blocks, dst: Any, dst_offsets: np.ndarray,
                lay: Layout, names: Sequence[str], slot: int, wait: Any) -> None:

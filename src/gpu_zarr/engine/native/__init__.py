@@ -62,7 +62,7 @@ LIBNAME = "libgz_native.so"
 VERSION = 14  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
 CODECS = MappingProxyType({"raw": 0, "zstd": 1, "lz4": 2, "zlib": 3, "gzip": 4, "deflate": 5, "blosc": 6,
                           "lz4-sized": 7})
-OK, OPEN, SHORT, IO, BOUNDS, CORRUPT = 0, 1, 2, 3, 4, 10
+OK, OPEN, SHORT, IO, BOUNDS, CORRUPT, SIZE = 0, 1, 2, 3, 4, 10, 11
 CRC32C_MISMATCH = 18
 UNSUPPORTED = frozenset(range(20, 25))
 _LIBS = ("libzstd", "liblz4", "zlib", "libdeflate")

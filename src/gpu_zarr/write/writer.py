@@ -113,6 +113,17 @@ def _gather(blocks: list[Any], units: list[Unit], plan: WritePlan, fill: Any, xp
     return out
 
 
+def _producers_done() -> None:
+    """Wait for every GPU stream of the device. The lanes run on the runtime's non-blocking
+    streams, which are not ordered after the legacy default stream or a caller's streams: a
+    cupy array the caller has just made (``cupy.asarray`` of a numpy array returns while its copy
+    may still be landing) or a dask task has just computed could be read before its bytes are
+    there, and stale memory would be encoded and written."""
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+
+
 def _shard_files(units: list[Unit], enc: Any, plan: WritePlan, prefix: str) -> tuple[list[tuple[str, list[Any]]], int]:
     """Each unit's file of an encoded batch, ``(key, parts)`` (a shard: its chunks, then its
     index), and their total bytes."""
@@ -163,6 +174,9 @@ def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Output, pre
     for lane in range(lanes):
         free.put(lane)
 
+    if source.on_gpu:  # the caller's array, and a pyramid level made on its stream, before any lane reads it
+        _producers_done()
+
     def one_batch(units: list[Unit]) -> None:
         lane = free.get()
         stream_ctx: Any = streams[lane] if streams else None
@@ -171,6 +185,8 @@ def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Output, pre
         try:
             with stages.time("read"):
                 blocks = source.read([u.region for u in units])
+                if source.on_gpu and source.kind == "dask":  # computed by dask's threads on their streams
+                    _producers_done()
             with stages.time("transfer"):
                 blocks = [_to_xp(b, encoder.xp_name) for b in blocks]
             with stages.time("gather"):

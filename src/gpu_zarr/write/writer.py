@@ -124,6 +124,16 @@ def _producers_done() -> None:
     cupy.cuda.Device().synchronize()
 
 
+def _read_blocks(source: Source, units: list[Unit], stages: Stages) -> list[Any]:
+    """The blocks of ``units``; a dask source's cupy blocks waited for (dask's threads computed
+    them on their streams)."""
+    with stages.time("read"):
+        blocks = source.read([u.region for u in units])
+        if source.on_gpu and source.kind == "dask":
+            _producers_done()
+    return blocks
+
+
 def _shard_files(units: list[Unit], enc: Any, plan: WritePlan, prefix: str) -> tuple[list[tuple[str, list[Any]]], int]:
     """Each unit's file of an encoded batch, ``(key, parts)`` (a shard: its chunks, then its
     index), and their total bytes."""
@@ -183,10 +193,7 @@ def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Output, pre
         if stream_ctx is not None:
             stream_ctx.__enter__()
         try:
-            with stages.time("read"):
-                blocks = source.read([u.region for u in units])
-                if source.on_gpu and source.kind == "dask":  # computed by dask's threads on their streams
-                    _producers_done()
+            blocks = _read_blocks(source, units, stages)
             with stages.time("transfer"):
                 blocks = [_to_xp(b, encoder.xp_name) for b in blocks]
             with stages.time("gather"):

@@ -122,7 +122,7 @@ class Estimate:
 
     def stats(self) -> dict[str, Any]:
         return {"executor": self.executor, "estimate_cpu_ms": round(self.cpu_s * 1e3, 3),
-                "estimate_gpu_ms": round(self.gpu_s * 1e3, 3), "host_rate_gib_s": round(self.host_rate / GiB, 3),
+                "estimate_gpu_ms": round(self.gpu_s * 1e3, 3), "host_rate_gibps": round(self.host_rate / GiB, 3),
                 "host_rate_measured": self.measured}
 
     def describe(self) -> str:

@@ -99,3 +99,26 @@ def test_small_convert_benchmark(tmp_path, capsys):
         assert ours[k].shape == theirs[k].shape and ours[k].shards == theirs[k].shards
     np.testing.assert_array_equal(ours["0"][...], theirs["0"][...])
     assert not (tmp_path / "wd" / "convert-source-v04.ome.zarr").exists()
+
+
+def test_a_writer_that_stores_other_bytes_gets_no_figures(monkeypatch, tmp_path):
+    """Each writer's store is read back by zarr (first, last and some planes between): a writer
+    that stores other bytes than the data (stale memory, as the GPU writer once did) is recorded
+    as an error, with no GiB/s."""
+    import numpy as np
+    import zarr
+
+    import gpu_zarr.bench.write as w
+
+    def stale(name, layout, data, chunks, shards, level):
+        def write(p):
+            z = zarr.create_array(str(p), shape=data.shape, dtype=data.dtype, chunks=chunks, fill_value=0)
+            z[...] = data
+            z[data.shape[0] - 1] = np.zeros(data.shape[1:], data.dtype)  # the last plane never landed
+        return write
+
+    monkeypatch.setattr(w, "_writer", stale)
+    res = run(size_mib=1, chunks=(1, 64, 64), layouts=["plain"], writers=["zarr"], repeat=1, log=lambda s: None,
+              workdir=str(tmp_path))
+    err = res["layouts"]["plain"]["zarr"]["error"]
+    assert "read back by zarr: plane" in err and "differs from the data" in err

@@ -237,6 +237,29 @@ def _level_geometry(shape: Sequence[int], k: int, chunks: tuple[int, ...],
     return level_geometry(lv, chunks, shards)
 
 
+def _read_back(path: Path, data: np.ndarray, planes: int = 8) -> str | None:
+    """The first and last planes of what a writer stored, and some between (seeded), read back by
+    zarr-python and compared with ``data``; a pyramid or converted store is checked at its first
+    multiscales dataset. None when equal, else what differs: a writer's figures count only when
+    what it wrote is the data."""
+    import zarr
+
+    node: Any = zarr.open(str(path), mode="r")
+    if not isinstance(node, zarr.Array):
+        attrs: dict[str, Any] = dict(node.attrs)
+        ms: Any = (attrs.get("ome") or attrs).get("multiscales") or [{}]
+        node = node[ms[0].get("datasets", [{"path": "0"}])[0]["path"]]
+    if tuple(node.shape) != data.shape:
+        return f"read back: shape {tuple(node.shape)}, the data's is {data.shape}"
+    rng = np.random.default_rng(0)
+    for z in sorted({0, data.shape[0] - 1, *rng.integers(0, data.shape[0], planes - 2).tolist()}):
+        plane = np.asarray(node[z])
+        if not np.array_equal(plane, data[z]):
+            bad = int(np.count_nonzero(plane != data[z]))
+            return f"read back by zarr: plane {z} differs from the data in {bad} of {plane.size} values"
+    return None
+
+
 def _stored(p: Path) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
@@ -323,6 +346,11 @@ def run(*, size_mib: int = 2048, chunks: Sequence[int] = (1, 512, 1024), shard_m
                     shutil.rmtree(fresh, ignore_errors=True)
             except Exception as exc:  # noqa: BLE001 - a peer's failure is recorded, not fatal
                 recs[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                continue
+            differs = _read_back(path, data)
+            if differs:
+                recs[name] = {"error": differs}
+                log(f"{layout:8s} {name:12s} {differs}")
                 continue
             sec = statistics.median(times) if times else warm_s
             timed = mems[1:] or mems  # peaks of the timed writes (the warm-up's when none was timed)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -112,26 +112,15 @@ def _check_encoded(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, nbyt
         Naming the first bad frame of the batch; nothing of the batch is written.
     """
     from gpu_zarr.engine.codecs.zstd_frames import check_frames
+    from gpu_zarr.engine.plan import LazyNames
 
+    n = len(sizes)
     try:
-        check_frames(buf, offsets, sizes, nbytes, cast(Sequence[str], _FrameNames(len(sizes))))
+        check_frames(buf, offsets, sizes, nbytes, LazyNames(n, lambda k: f"frame {k} of {n} in the batch"))
     except CorruptChunkError as exc:
         raise WriteError(f"nvCOMP's zstd encode returned a frame that is not a whole zstd frame of {nbytes} bytes "
                          f"({exc}); nothing of this batch was written, and the write did not complete. Write with "
                          "encoder='cpu' instead.") from exc
-
-
-class _FrameNames:
-    """'frame k of n' for the frame walk's messages."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, k: int) -> str:
-        return f"frame {k} of {self.n} in the batch"
 
 
 class GpuEncoder:

@@ -179,9 +179,9 @@ def _load() -> tuple[Any, NativeStatus]:
     lib.gz_unshuffle.restype = None
     lib.gz_unshuffle.argtypes = [_vp, _vp, _i64, _i64, _int]
     lib.gz_stat.restype = None
+    lib.gz_stat.argtypes = [_vp, _i64, _int, _i64p, _i64p, _i32p]
     lib.gz_lz4_check.restype = _i64
     lib.gz_lz4_check.argtypes = [_i64, _vp, _i64, _i64p, _i64p, _i64p, _int, _i32p]
-    lib.gz_stat.argtypes = [_vp, _i64, _int, _i64p, _i64p, _i32p]
     mask = lib.gz_libraries()
     libs = {name: ("" if mask >> k & 1 else lib.gz_library_error(k).decode(errors="replace") or "not found")
             for k, name in enumerate(_LIBS)}

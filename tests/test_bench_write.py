@@ -39,6 +39,10 @@ def test_small_write_benchmark(tmp_path, capsys):
     ran = [r for recs in res["layouts"].values() for r in recs.values() if "gib_per_s" in r]
     assert ran and all("host_peak_bytes" in r and r["host_memory"] for r in ran)
     assert "peak extra MiB, host" in out.with_suffix(".md").read_text()
+    # ours' stages (what bounds a write) are kept and shown; peers have none to show
+    assert {"encode", "write", "copy"} <= set(sharded["ours-cpu"]["stages"]) and "stages" not in sharded["zarr"]
+    row = next(line for line in out.with_suffix(".md").read_text().splitlines() if "| sharded | ours-cpu |" in line)
+    assert "x the fastest peer; stages " in row and " s |" in row
 
 
 def test_peers_can_be_timed_fewer_times(tmp_path):

@@ -393,3 +393,100 @@ def test_encoded_frames_are_walked_before_anything_is_written():
             check([frames[0], bad, frames[2]])
     with pytest.raises(WriteError, match="frame 0 of 3"):
         check(frames, chunk.nbytes * 2)
+
+
+class _Staging:
+    """Host staging as the runtime's pinned pool lends it (ordinary memory here), counting leases."""
+
+    def __init__(self):
+        self.leases, self.out, self.copies = [], 0, 0
+
+    def copy(self, src, dst):
+        self.copies += 1
+        np.copyto(dst, src)
+
+    def lease(self, nbytes):
+        import contextlib
+
+        @contextlib.contextmanager
+        def lent():
+            self.leases.append(nbytes)
+            self.out += 1
+            try:
+                yield [np.empty(nbytes + 7, np.uint8)]
+            finally:
+                self.out -= 1
+        return lent()
+
+
+def _staged(parts, group_bytes, staging):
+    from gpu_zarr.write.encode import StagedFrames
+
+    packed = np.frombuffer(b"".join(bytes(p) for p in parts), np.uint8).copy()
+    sizes = np.array([len(p) for p in parts], np.int64)
+    return StagedFrames(packed, sizes, CHUNKS[0] * CHUNKS[1] * CHUNKS[2] * 2, staging.copy, staging.lease,
+                        group_bytes)
+
+
+def test_staged_frames_come_to_the_host_a_run_at_a_time_and_are_walked():
+    """The GPU encoder's frames reach the host through one staging buffer, a run of frames a
+    call (the copy here is numpy's; on the GPU a copy on the lane's stream): each run equals its
+    frames, one lease serves every run that fits it, a bigger run gets a bigger one, and a frame
+    that is not whole fails its run, named by its place in the batch."""
+    import numcodecs
+
+    chunks = [(np.arange(int(np.prod(CHUNKS)), dtype="<u2") * (k + 1)).reshape(CHUNKS) for k in range(6)]
+    parts = [bytes(numcodecs.Zstd(3).encode(c)) for c in chunks]
+    staging = _Staging()
+    enc = _staged(parts, 2 * max(map(len, parts)), staging)
+    assert [bytes(p) for p in enc.frames(0, 2)] == parts[:2] and [bytes(p) for p in enc.frames(2, 4)] == parts[2:4]
+    assert len(staging.leases) == 1
+    assert [bytes(p) for p in enc.frames(0, 6)] == parts and len(staging.leases) == 2 and staging.out == 1
+    enc.release()
+    assert staging.out == 0
+    bad = parts[:3] + [parts[3][:-5]] + parts[4:]
+    enc = _staged(bad, 1 << 30, staging)
+    assert [bytes(p) for p in enc.frames(0, 3)] == parts[:3]
+    with pytest.raises(WriteError, match="frame 3 of 6 in the batch"):
+        enc.frames(2, 6)
+    enc.release()
+    assert staging.out == 0
+
+
+def test_file_groups_hold_whole_files_under_the_limit():
+    from gpu_zarr.write.plan import Unit
+    from gpu_zarr.write.writer import _file_groups
+
+    units = [Unit((k,), (0,), (1,), np.array(p)) for k, p in enumerate([[1, 1], [1, 0], [1, 1], [1]])]
+    sizes = np.array([10, 10, 30, 5, 5, 40], np.int64)  # frames: unit 0: 2, unit 1: 1, unit 2: 2, unit 3: 1
+    assert _file_groups(units, sizes, None) == [(0, 4, 0, 6)]
+    assert _file_groups(units, sizes, 50) == [(0, 2, 0, 3), (2, 4, 3, 6)]  # 20 + 30, 10 + 40 bytes
+    assert _file_groups(units, sizes, 49) == [(0, 1, 0, 2), (1, 3, 2, 5), (3, 4, 5, 6)]
+    assert _file_groups(units, sizes, 1) == [(0, 1, 0, 2), (1, 2, 2, 3), (2, 3, 3, 5), (3, 4, 5, 6)]  # one file each
+    assert _file_groups(units, sizes, 100) == [(0, 4, 0, 6)]
+
+
+@pytest.mark.parametrize("fmt,shards", [(3, (16, 64, 128)), (3, False), (2, None)], ids=["v3-sharded", "v3", "v2"])
+def test_a_staged_encoder_writes_the_same_files(tmp_path, monkeypatch, fmt, shards):
+    """The writer through the GPU encoder's staged hand-off (frames packed in one buffer, copied
+    out in runs of whole files under a small staging buffer) writes the files the CPU encoder
+    writes, byte for byte, and zarr reads them back."""
+    from gpu_zarr.write import api
+    from gpu_zarr.write.encode import CpuEncoder
+
+    staging = _Staging()
+
+    class Staged(CpuEncoder):
+        def encode(self, chunks):
+            return _staged(super().encode(chunks).parts, 64 << 10, staging)
+
+    a = _data()
+    with settings.set(batch_bytes=1 << 20, lanes=2):
+        write_zarr(a, tmp_path / "cpu", chunks=CHUNKS, shards=shards, zarr_format=fmt, encoder="cpu")
+        monkeypatch.setattr(api, "choose_encoder", lambda spec, encoder, threads: (Staged(spec, threads), "staged"))
+        res = write_zarr(a, tmp_path / "staged", chunks=CHUNKS, shards=shards, zarr_format=fmt, encoder="cpu")
+    n_files = len([f for f in (tmp_path / "cpu").rglob("*") if f.is_file() and not f.name.startswith((".z", "zarr."))])
+    assert res.reason == "staged" and res.stages["copy"] > 0 and staging.out == 0
+    assert 2 < staging.copies <= n_files and all(n >= 64 << 10 for n in staging.leases)  # runs of whole files
+    assert _tree(tmp_path / "cpu") == _tree(tmp_path / "staged")
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "staged"), mode="r")[...], a)

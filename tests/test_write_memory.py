@@ -45,7 +45,7 @@ if kind == "hoarding":  # a writer that keeps every encoded chunk: the bound mus
     from gpu_zarr.write import encode
 
     real = encode.CpuEncoder.encode
-    encode.CpuEncoder.encode = lambda self, c: held.append(real(self, c)) or held[-1]
+    encode.CpuEncoder.encode = lambda self, c: held.append(list(real(self, c).parts)) or encode.HostFrames(held[-1])
 with settings.set(batch_bytes=1 << 20, lanes=2):
     res = write_zarr(data, dst + "/big", chunks=chunks, shards=None if kind == "auto" else shards, level=1,
                      encoder="cpu")

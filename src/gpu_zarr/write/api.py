@@ -52,13 +52,15 @@ class WriteResult:
     encoder, reason : str
         "gpu" (nvCOMP) or "cpu" (numcodecs), and why.
     stages : dict of str to float
-        Seconds per stage (read, transfer, downsample, gather, encode, write, metadata,
-        commit), summed over lanes: overlapping lanes can add up past ``seconds``.
+        Seconds per stage (read, transfer, downsample, gather, encode, copy: a GPU batch's
+        frames to the host and walked, write, metadata, commit), summed over lanes:
+        overlapping lanes can add up past ``seconds``.
     host_peak_bytes : int or None
         Peak growth of the process's resident host memory during the call, above its value
         when the call began, sampled every 2 ms (:class:`gpu_zarr.memory.PeakSampler`): the
-        blocks read, gathered and encoded chunks of the batches in flight, pinned frames, a
-        pyramid computed in host memory. None where it cannot be measured.
+        blocks read, gathered and encoded chunks of the batches in flight, a pyramid computed
+        in host memory (a GPU write's frames pass through the runtime's pinned staging, which
+        it keeps: counted by the write that first needs it). None where it cannot be measured.
     device_peak_bytes : int or None
         Peak growth of the bytes in use in cupy's memory pool during the call, sampled alike:
         the GPU copy of host data, pyramid levels, gathered chunks and packed frames. None when
@@ -172,7 +174,7 @@ def encode_batch_bytes(on_gpu: bool, lanes: int) -> int:
     """Data bytes a lane encodes at once: ``batch_bytes`` on the CPU; on the GPU
     ``write_batch_bytes``, or (0) as much as a quarter of the free GPU memory holds with each
     lane's batch counted three times (the chunks, nvCOMP's output, the packed frames; on the host
-    twice: the blocks read and the pinned frames), between
+    once: the blocks read, the frames passing through a fixed staging buffer), between
     ``batch_bytes`` and 2 GiB: nvCOMP's batched encode costs about the same per call whatever
     it holds, so fewer, bigger calls write faster (``benchmarks/README.md``, the writer)."""
     base = int(settings.get("batch_bytes"))
@@ -184,8 +186,8 @@ def encode_batch_bytes(on_gpu: bool, lanes: int) -> int:
     from gpu_zarr.engine.fit import device_memory, host_available_bytes
 
     free, _ = device_memory()
-    host = host_available_bytes() or free  # the blocks read and the pinned frames of each lane, on the host
-    return int(max(base, min(2 << 30, free // 4 // (3 * max(1, lanes)), host // 4 // (2 * max(1, lanes)))))
+    host = host_available_bytes() or free  # the blocks read of each lane, on the host
+    return int(max(base, min(2 << 30, free // 4 // (3 * max(1, lanes)), host // 4 // max(1, lanes))))
 
 
 def _array_documents(job: ArrayJob, spec: CodecSpec) -> dict[str, bytes]:

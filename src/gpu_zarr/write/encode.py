@@ -1,44 +1,76 @@
 """Batch encoders: many chunks in, their encoded bytes out.
 
 Both halves take a batch of chunks as one contiguous array of shape ``(n, *chunk)`` (numpy
-for the CPU encoder, cupy for the GPU one) and return an :class:`EncodedBatch`: one host
-buffer per chunk (views into one buffer on the GPU path) and their sizes. The writer's
-planning, gathering, shard assembly and file output are the same for both.
+for the CPU encoder, cupy for the GPU one) and return an encoded batch: the frames' sizes, and
+:meth:`frames` handing the writer a run of them as host bytes. The writer's planning,
+gathering, shard assembly and file output are the same for both.
 
 - :class:`CpuEncoder` — numcodecs, the codec zarr-python itself calls, chunks spread over
-  worker threads (numcodecs releases the GIL while it compresses).
+  worker threads (numcodecs releases the GIL while it compresses): :class:`HostFrames`.
 - :class:`GpuEncoder` (zstd) — one nvCOMP batched call per batch (RAW bitstream: standard zstd
-  frames), the frames packed on the device by one kernel and copied to the host in ONE
-  transfer into a reused pinned buffer.
+  frames), the frames packed on the device: :class:`StagedFrames` copies them to the host a
+  group of files at a time, into one staging buffer leased from the runtime's pinned pool
+  (reused across batches and writes: pinning costs about 0.5 s per GiB, and a batch's frames
+  whole on the host cost that much memory again), and walks each group's frames before the
+  writer sees them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import numpy as np
 
+from gpu_zarr import settings
 from gpu_zarr.errors import CorruptChunkError, WriteError
 from gpu_zarr.write.codecs import CodecSpec
 
-__all__ = ["GPU_CODECS", "CpuEncoder", "EncodedBatch", "GpuEncoder"]
+__all__ = ["GPU_CODECS", "CpuEncoder", "EncodedBatch", "GpuEncoder", "HostFrames", "StagedFrames"]
 
 #: codecs nvCOMP encodes into frames every zarr reader decodes
 GPU_CODECS = ("zstd",)
 
 
-@dataclass
-class EncodedBatch:
-    """Encoded chunks of one batch: ``parts[i]`` (a bytes-like object of ``sizes[i]`` bytes)."""
+class EncodedBatch(Protocol):
+    """Encoded chunks of one batch, ``sizes[i]`` bytes each, in the batch's order.
 
-    parts: list[Any]
-    sizes: np.ndarray
-    release: Callable[[], None] = field(default=lambda: None)
+    ``group_bytes``: how many frame bytes one :meth:`frames` call should ask for at most (the
+    writer groups whole files under it; None: any number).
+    """
+
+    @property
+    def sizes(self) -> np.ndarray: ...
+
+    @property
+    def group_bytes(self) -> int | None: ...
+
+    def frames(self, first: int, last: int) -> list[Any]:
+        """Frames ``first .. last - 1`` as host bytes-like objects, valid until the next call
+        or :meth:`release`."""
+        ...
+
+    def release(self) -> None: ...
+
+
+class HostFrames:
+    """Frames already on the host, one object each (the CPU encoder's)."""
+
+    group_bytes = None
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+        self.sizes = np.array([memoryview(p).nbytes for p in parts], np.int64)
+
+    def frames(self, first: int, last: int) -> list[Any]:
+        return self.parts[first:last]
+
+    def release(self) -> None:
+        self.parts = []
 
 
 class CpuEncoder:
@@ -68,40 +100,73 @@ class CpuEncoder:
             parts: list[Any] = [chunks[i] for i in range(n)]
         else:
             parts = list(self.pool.map(lambda i: self.codec.encode(chunks[i]), range(n)))
-        sizes = np.array([memoryview(p).nbytes for p in parts], np.int64)
-        return EncodedBatch(parts, sizes)
+        return HostFrames(parts)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
 
 
-class _PinnedPool:
-    """Reused pinned host buffers (fresh pinned memory costs ~1-2 ms per 8 MiB)."""
+class StagedFrames:
+    """Frames packed in one buffer where they were made (the GPU), copied to the host a run at
+    a time into one staging buffer, each run walked (:func:`_check_encoded`) before it is
+    handed on: a frame that is not whole fails the write before any file of its run is written.
 
-    def __init__(self) -> None:
-        self._free: list[np.ndarray] = []
-        self._lock = threading.Lock()
+    Parameters
+    ----------
+    packed : array
+        The frames back to back, 1-D uint8 (cupy on the GPU path).
+    sizes : ndarray of int64
+        Each frame's size.
+    chunk_nbytes : int
+        A chunk's decoded size (what a frame that states its content size must state).
+    copy : callable
+        ``copy(src, dst)``: the bytes of ``src`` (a slice of ``packed``) into the host array
+        ``dst``, complete when it returns.
+    lease : callable
+        ``lease(nbytes)``: a context manager giving ``[buffer]`` of at least ``nbytes`` host
+        bytes (the runtime's pinned pool), given back on exit.
+    group_bytes : int
+        The staging buffer's usual size; a run that needs more (one big shard) gets more.
+    """
 
-    def take(self, nbytes: int) -> np.ndarray:
-        with self._lock:
-            for k, buf in enumerate(self._free):
-                if buf.nbytes >= nbytes:
-                    return self._free.pop(k)
-        import cupy
+    def __init__(self, packed: Any, sizes: np.ndarray, chunk_nbytes: int, copy: Callable[[Any, np.ndarray], None],
+                 lease: Callable[[int], AbstractContextManager[list[np.ndarray]]], group_bytes: int) -> None:
+        self.sizes = np.asarray(sizes, np.int64)
+        self.group_bytes = group_bytes
+        self._packed = packed
+        self._ends = np.cumsum(self.sizes)
+        self._chunk_nbytes = chunk_nbytes
+        self._copy = copy
+        self._lease = lease
+        self._held = contextlib.ExitStack()
+        self._buf: np.ndarray | None = None
 
-        mem = cupy.cuda.alloc_pinned_memory(max(nbytes, 1 << 20))
-        return np.frombuffer(mem, np.uint8, max(nbytes, 1 << 20))
+    def _staging(self, nbytes: int) -> np.ndarray:
+        if self._buf is None or self._buf.nbytes < nbytes:
+            self._held.close()  # a smaller buffer back to the pool first
+            self._held = contextlib.ExitStack()
+            self._buf = self._held.enter_context(self._lease(max(nbytes, self.group_bytes)))[0]
+        return self._buf
 
-    def give(self, buf: np.ndarray) -> None:
-        with self._lock:
-            self._free.append(buf)
+    def frames(self, first: int, last: int) -> list[Any]:
+        if last <= first:
+            return []
+        sizes = self.sizes[first:last]
+        lo, hi = int(self._ends[first] - sizes[0]), int(self._ends[last - 1])
+        buf = self._staging(hi - lo)
+        self._copy(self._packed[lo:hi], buf[:hi - lo])
+        offsets = self._ends[first:last] - sizes - lo
+        _check_encoded(buf, offsets, sizes, self._chunk_nbytes, first=first, total=len(self.sizes))
+        return [buf[int(o):int(o + s)] for o, s in zip(offsets, sizes, strict=True)]
 
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
+    def release(self) -> None:
+        self._held.close()
+        self._buf = None
+        self._packed = None
 
 
-def _check_encoded(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, nbytes: int) -> None:
+def _check_encoded(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, nbytes: int, *, first: int = 0,
+                   total: int | None = None) -> None:
     """Every frame nvCOMP returned walked as the reader walks a chunk's (header, block headers,
     end, a content size of ``nbytes`` where stated) before any is written: a frame that is not
     whole fails the write instead of storing a chunk no reader can decode.
@@ -109,17 +174,20 @@ def _check_encoded(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, nbyt
     Raises
     ------
     WriteError
-        Naming the first bad frame of the batch; nothing of the batch is written.
+        Naming the first bad frame (``first`` + its place in ``sizes``, of ``total`` in the
+        batch); nothing of its run is written, and the write stops (its temporary folder is
+        removed: no array that looks complete is left).
     """
     from gpu_zarr.engine.codecs.zstd_frames import check_frames
     from gpu_zarr.engine.plan import LazyNames
 
     n = len(sizes)
+    of = n if total is None else total
     try:
-        check_frames(buf, offsets, sizes, nbytes, LazyNames(n, lambda k: f"frame {k} of {n} in the batch"))
+        check_frames(buf, offsets, sizes, nbytes, LazyNames(n, lambda k: f"frame {first + k} of {of} in the batch"))
     except CorruptChunkError as exc:
         raise WriteError(f"nvCOMP's zstd encode returned a frame that is not a whole zstd frame of {nbytes} bytes "
-                         f"({exc}); nothing of this batch was written, and the write did not complete. Write with "
+                         f"({exc}); the write stopped before writing it and did not complete. Write with "
                          "encoder='cpu' instead.") from exc
 
 
@@ -143,8 +211,9 @@ class GpuEncoder:
         if spec.name not in GPU_CODECS:
             raise ValueError(f"the GPU encoder writes {GPU_CODECS}, not {spec.name!r}")
         self.spec = spec
-        self._runtime = runtime  # keeps the nvCOMP codecs (per stream and thread)
-        self._pinned = _PinnedPool()
+        self._runtime = runtime  # keeps the nvCOMP codecs (per stream and thread) and the pinned pool
+        # each lane's staging buffer: two per lane fit the pinned pool, leaving room for reads
+        self._group_bytes = max(16 << 20, int(settings.get("pinned_bytes")) // (2 * max(1, int(settings.get("lanes")))))
 
     def encode(self, chunks: Any) -> EncodedBatch:
         import cupy
@@ -160,18 +229,14 @@ class GpuEncoder:
         frames = [cupy.asarray(e).view(np.uint8).reshape(-1) for e in codec.encode(batch)]
         sizes = np.array([f.nbytes for f in frames], np.int64)
         packed = cupy.concatenate(frames) if n > 1 else frames[0]
-        total = int(sizes.sum())
-        host = self._pinned.take(total)
-        packed.get(out=host[:total], stream=stream)  # one transfer, into reused pinned memory
-        stream.synchronize()
-        ends = np.cumsum(sizes)
-        try:
-            _check_encoded(host, ends - sizes, sizes, int(flat.shape[1]))
-        except WriteError:
-            self._pinned.give(host)
-            raise
-        parts = [host[int(e - s):int(e)] for s, e in zip(sizes, ends, strict=True)]
-        return EncodedBatch(parts, sizes, release=lambda: self._pinned.give(host))
+
+        def copy(src: Any, dst: np.ndarray) -> None:
+            src.get(out=dst, stream=stream)  # on the lane's stream: after the encode and the packing
+            stream.synchronize()
+
+        rt = self._runtime
+        return StagedFrames(packed, sizes, int(flat.shape[1]), copy, lambda nbytes: rt.pinned.lease(
+            nbytes, 1, rt.pinned_alloc), self._group_bytes)
 
     def close(self) -> None:
-        self._pinned.clear()
+        """Nothing to free: the staging buffers belong to the runtime's pinned pool."""

@@ -4,10 +4,12 @@ For each batch (a few shards, about ``batch_bytes`` of data): read the blocks (s
 dask compute), move them where the encoder works (one copy to or from the GPU), cut them
 into their inner chunks in ONE contiguous buffer (one copy per unit, no Python per chunk),
 encode the whole batch (one nvCOMP call, or numcodecs on worker threads), lay out each
-shard (chunks, then its crc32c index) and write the batch's files in one call
+shard (chunks, then its crc32c index) and write the batch's files, a group of files a call
 (:meth:`~gpu_zarr.write.output.Destination.write_files`: native threads, or ``writev`` on
-writer threads). ``lanes`` batches run at once, each on its own thread (and its own CUDA stream),
-so one batch's encode overlaps another's file writes.
+writer threads); a GPU batch's frames come to the host a group at a time, through one
+reused staging buffer (:class:`~gpu_zarr.write.encode.StagedFrames`). ``lanes`` batches run
+at once, each on its own thread (and its own CUDA stream), so one batch's encode overlaps
+another's file writes.
 """
 
 from __future__ import annotations
@@ -134,27 +136,62 @@ def _read_blocks(source: Source, units: list[Unit], stages: Stages) -> list[Any]
     return blocks
 
 
-def _shard_files(units: list[Unit], enc: Any, plan: WritePlan, prefix: str) -> tuple[list[tuple[str, list[Any]]], int]:
-    """Each unit's file of an encoded batch, ``(key, parts)`` (a shard: its chunks, then its
-    index), and their total bytes."""
+def _file_groups(units: list[Unit], sizes: np.ndarray, limit: int | None) -> list[tuple[int, int, int, int]]:
+    """Runs of whole files of an encoded batch, ``(first unit, end unit, first frame, end frame)``,
+    each taking at most ``limit`` frame bytes (a file alone when it takes more; None: one run)."""
+    ends = np.cumsum([int(u.present.sum()) for u in units])
+    cum = np.concatenate([[0], np.cumsum(sizes)])
+    groups: list[tuple[int, int, int, int]] = []
+    u0 = f0 = 0
+    for u, f1 in enumerate(ends.tolist()):
+        if limit is not None and u > u0 and cum[f1] - cum[f0] > limit:
+            f = int(ends[u - 1])
+            groups.append((u0, u, f0, f))
+            u0, f0 = u, f
+    groups.append((u0, len(units), f0, int(ends[-1]) if len(ends) else 0))
+    return groups
+
+
+def _shard_files(units: list[Unit], parts: list[Any], sizes: np.ndarray, plan: WritePlan,
+                 prefix: str) -> tuple[list[tuple[str, list[Any]]], int]:
+    """Each unit's file, ``(key, parts)`` (a shard: its chunks, then its index), from the
+    units' encoded chunks ``parts`` (``sizes`` bytes each, in order), and their total bytes."""
     files: list[tuple[str, list[Any]]] = []
     k = 0
     total = 0
     for unit in units:
         m = int(unit.present.sum())
         key = f"{prefix}/{plan.key(unit.index)}" if prefix else plan.key(unit.index)
-        parts = list(enc.parts[k:k + m])
+        chunk_parts = list(parts[k:k + m])
         if plan.shards is not None:
-            sizes = np.zeros(len(unit.present), np.int64)
-            sizes[unit.present] = enc.sizes[k:k + m]
-            _, index, nbytes = shard_layout(sizes, unit.present)
-            parts.append(index)
+            inner = np.zeros(len(unit.present), np.int64)
+            inner[unit.present] = sizes[k:k + m]
+            _, index, nbytes = shard_layout(inner, unit.present)
+            chunk_parts.append(index)
         else:
-            nbytes = int(enc.sizes[k])
+            nbytes = int(sizes[k])
         total += nbytes
-        files.append((key, parts))
+        files.append((key, chunk_parts))
         k += m
     return files, total
+
+
+def _write_encoded(units: list[Unit], enc: Any, plan: WritePlan, prefix: str, dest: Output,
+                   writers: ThreadPoolExecutor, threads: int, stages: Stages) -> int:
+    """Write an encoded batch's files a group at a time (the frames of a group on the host at
+    once: a staging buffer, not the whole batch); returns the bytes stored."""
+    total = 0
+    try:
+        for u0, u1, f0, f1 in _file_groups(units, enc.sizes, enc.group_bytes):
+            with stages.time("copy"):
+                parts = enc.frames(f0, f1)
+            with stages.time("write"):
+                files, nbytes = _shard_files(units[u0:u1], parts, enc.sizes[f0:f1], plan, prefix)
+                dest.write_files(files, writers, threads)  # every file finished (or failed) when it returns
+            total += nbytes
+    finally:
+        enc.release()
+    return total
 
 
 def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Output, prefix: str, *,
@@ -202,13 +239,8 @@ def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Output, pre
             with stages.time("encode"):
                 enc = encoder.encode(chunks)
             del chunks
-            t0 = time.perf_counter()
-            files, total = _shard_files(units, enc, plan, prefix)
-            try:
-                dest.write_files(files, writers, threads)  # every file finished (or failed) when it returns
-            finally:
-                enc.release()
-            stages.add("write", time.perf_counter() - t0)
+            total = _write_encoded(units, enc, plan, prefix, dest, writers, threads, stages)
+            del enc
             raw = sum(int(np.prod([b - a for a, b in zip(u.start, u.stop, strict=True)])) for u in units)
             progress.add(raw * plan.dtype.itemsize, total)
             with lock:

@@ -16,6 +16,7 @@
 #   bash benchmarks/on_gpu_machine.sh dask1    # dask on one GPU: one worker against the plain read, 16 GiB volumes
 #   bash benchmarks/on_gpu_machine.sh ab       # today's tree against .ab-old/src on the README's 4 GiB layouts, in turns
 #   bash benchmarks/on_gpu_machine.sh write    # the writer: 4 GiB write bench, every layout, peers beside (one call, < 560 s)
+#   bash benchmarks/on_gpu_machine.sh write-ab # ours' sharded and plain writes, today's tree against .ab-old/src, in turns
 #   bash benchmarks/on_gpu_machine.sh nvcomp-size  # nvCOMP's sizes of the same chunks in plain and sharded batches (seconds)
 #   bash benchmarks/on_gpu_machine.sh pack     # everything in $OUT into $OUT/results.tgz (the device tool returns 8 files)
 # Results go to $OUT (default ./gpu-results).
@@ -50,6 +51,14 @@ if [ ! -f $N/libgz_native.so ] || [ -n "$(find $N -name '*.c' -newer $N/libgz_na
     || echo "native library not built"
 fi
 WORK=/tmp/gzb
+# the older tree of `ab` and `write-ab` (.ab-old/src, carried), its native library built once
+old_tree() {
+  [ -d .ab-old/src ] || { echo "no .ab-old/src: git archive OLD src | tar -x -C .ab-old, and carry it"; exit 1; }
+  local O=.ab-old/src/gpu_zarr/engine/native
+  if [ -d $O ] && [ ! -f $O/libgz_native.so ]; then
+    gcc -O3 -shared -fPIC -pthread -fvisibility=hidden $O/*.c -o $O/libgz_native.so -ldl || echo "old native library not built"
+  fi
+}
 bench() { timeout "$1" python3 -m gpu_zarr.bench --device gpu --workdir $WORK --out "$OUT" --no-progress "${@:2}"; }
 
 case "${1:-tests}" in
@@ -173,11 +182,7 @@ ab)
   # no-regression check: the README's 4 GiB layouts read by today's tree and by an older one, in turns (old, new,
   # old, new: the machine's drift falls on both), each in a process of its own on the same volumes. The old tree:
   #   mkdir -p .ab-old && git archive OLD src | tar -x -C .ab-old      (carried: run's carry=[".ab-old"])
-  [ -d .ab-old/src ] || { echo "no .ab-old/src: git archive OLD src | tar -x -C .ab-old, and carry it"; exit 1; }
-  O=.ab-old/src/gpu_zarr/engine/native
-  if [ -d $O ] && [ ! -f $O/libgz_native.so ]; then
-    gcc -O3 -shared -fPIC -pthread -fvisibility=hidden $O/*.c -o $O/libgz_native.so -ldl || echo "old native library not built"
-  fi
+  old_tree
   L=${AB_LAYOUTS:-raw-v3-32MiB,zstd-v3-4MiB,zstd-v3-1MiB,sharded-zstd-v3-64MiB-1MiB,blosc-lz4-shuffle-v2,blosc-zstd-bitshuffle-v2,sharded-blosc-zstd-v3}
   for turn in 1 2; do
     for side in old new; do
@@ -244,6 +249,21 @@ write)
   echo "exit $?" >> "$OUT/write.log"
   rm -rf /tmp/gzw
   cat "$OUT/write-bench.md" 2>/dev/null; tail -3 "$OUT/write.log"
+  ;;
+write-ab)
+  # ours-gpu only, sharded and plain 4 GiB writes (the write step's settings), today's tree against an older one
+  # (.ab-old/src, made and carried as for `ab`), in turns, each side in a process of its own: old, new, old, new
+  old_tree
+  for turn in 1 2; do
+    for side in old new; do
+      S=$([ $side = old ] && echo .ab-old/src || echo src)
+      PYTHONPATH=/tmp/site:$S timeout 130 python3 -m gpu_zarr.bench --mode write --size-mib 4096 --chunks 1,512,1024 \
+        --shard-mib 64 --repeat 2 --layouts sharded,plain --writers ours-gpu --workdir /tmp/gzw-$side \
+        --out "$OUT/write-ab-$side-$turn.json" > "$OUT/write-ab-$side-$turn.log" 2>&1
+      echo "$side turn $turn: exit $?"; grep -h "| ours-gpu |" "$OUT/write-ab-$side-$turn.md" 2>/dev/null
+      rm -rf /tmp/gzw-$side
+    done
+  done
   ;;
 nvcomp-size)
   # plain vs sharded stored bytes (ours-gpu 2.005 against 2.138 in results/h200/write): nvCOMP's sizes of the same

@@ -83,3 +83,20 @@ def test_clear_caches_drops_the_indexes(tmp_path: Path) -> None:
     assert get_runtime().shard_indexes().nbytes > 0
     get_runtime().clear_caches()
     assert get_runtime().shard_indexes().nbytes == 0
+
+
+def test_shard_groups_are_numpys_row_wise_unique():
+    """Pieces are grouped by shard through one integer per shard over the read's bounding box;
+    the groups are numpy's row-wise unique, also where the box is too large to number."""
+    from gpu_zarr.engine.sources.locate import _shard_groups
+
+    rng = np.random.default_rng(0)
+    cases = [rng.integers(3, 9, (40, 3)), rng.integers(0, 2, (5, 1)), np.array([[7, 0, 2]]),
+             np.array([[0, 0, 0], [2**40, 2**40, 1], [0, 0, 0]]), rng.integers(0, 4, (200, 5))]
+    for coords in cases:
+        coords = coords.astype(np.int64)
+        uniq, where = _shard_groups(coords)
+        want, want_where = np.unique(coords, axis=0, return_inverse=True)
+        np.testing.assert_array_equal(uniq, want)
+        np.testing.assert_array_equal(where, want_where.reshape(-1))
+        np.testing.assert_array_equal(uniq[where], coords)

@@ -18,7 +18,6 @@ import stat as stat_mode
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -198,7 +197,7 @@ def expected_chunk(layout: Layout) -> str:
     return f"a {layout.codec}-compressed chunk of shape {layout.inner_shape}"
 
 
-def _read_index(layout: Layout, path: Path, indexes: ChunkCache | None = None) -> tuple[np.ndarray, int] | None:
+def _read_index(layout: Layout, path: str, indexes: ChunkCache | None = None) -> tuple[np.ndarray, int] | None:
     """The (n_inner, 2) uint64 index of one shard and the shard's mtime (ns), or None when the
     shard does not exist (from ``indexes`` when the shard's size and mtime are unchanged)."""
     n = math.prod(layout.inner_per_shard)
@@ -298,23 +297,39 @@ def piece_entries(indexes: Sequence[np.ndarray | None], shard_of: np.ndarray, in
     return offset, nbytes
 
 
+def _shard_groups(shard_coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of ``shard_coords`` (sorted) and each row's place among them: through
+    one integer per row over the rows' bounding box (a 1-D unique: an order of magnitude faster
+    than numpy's row-wise unique, which a viewer's every read pays), row-wise only where that box
+    is too large to number."""
+    lo = shard_coords.min(axis=0)
+    span = tuple(int(v) for v in shard_coords.max(axis=0) - lo + 1)
+    if math.prod(span) >= 2**62:
+        uniq, shard_of = np.unique(shard_coords, axis=0, return_inverse=True)
+        return uniq, shard_of.reshape(-1)
+    lin, shard_of = np.unique(np.ravel_multi_index(tuple((shard_coords - lo).T), span), return_inverse=True)
+    return np.stack(np.unravel_index(lin, span), axis=1) + lo, shard_of.reshape(-1)
+
+
 def _locate_sharded(layout: Layout, pieces: Pieces, pool: ThreadPoolExecutor,
                     indexes: ChunkCache | None = None) -> Located:
+    n = len(pieces)
+    if not n:
+        return Located([], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), [],
+                       np.zeros(0, np.int64))
     per = np.asarray(layout.inner_per_shard, np.int64)
     shard_coords = pieces.coords // per
-    inner_coords = pieces.coords % per
-    inner_lin: np.ndarray = (np.asarray(np.ravel_multi_index(inner_coords.T, tuple(per))) if len(pieces)
-                             else np.zeros(0, np.int64))
-    uniq, shard_of = np.unique(shard_coords, axis=0, return_inverse=True)
-    shard_of = shard_of.reshape(-1)
+    inner_coords = pieces.coords - shard_coords * per
+    inner_lin = np.asarray(np.ravel_multi_index(tuple(inner_coords.T), tuple(per)))
+    uniq, shard_of = _shard_groups(shard_coords)
     keys = [layout.chunk_key(tuple(c)) for c in uniq.tolist()]
-    files = [layout.root / k for k in keys]
+    root = str(layout.root) + os.sep  # plain strings: a Path per shard cost more than its stat
+    files: list[Any] = [root + k for k in keys]
     # a viewer's read touches a few shards, mostly known: a plain loop beats a task per shard
     found = ([_read_index(layout, p, indexes) for p in files] if len(files) <= 4
              else list(pool.map(lambda p: _read_index(layout, p, indexes), files)))
     shard_index = [f[0] if f is not None else None for f in found]
     mtimes = np.array([f[1] if f is not None else -1 for f in found], np.int64)
-    n = len(pieces)
     offset, nbytes = piece_entries(shard_index, shard_of, inner_lin, math.prod(layout.inner_per_shard))
 
     def name(k: int) -> str:

@@ -212,8 +212,11 @@ class GpuEncoder:
             raise ValueError(f"the GPU encoder writes {GPU_CODECS}, not {spec.name!r}")
         self.spec = spec
         self._runtime = runtime  # keeps the nvCOMP codecs (per stream and thread) and the pinned pool
-        # each lane's staging buffer: two per lane fit the pinned pool, leaving room for reads
-        self._group_bytes = max(16 << 20, int(settings.get("pinned_bytes")) // (2 * max(1, int(settings.get("lanes")))))
+        # each lane's staging buffer: the lanes' together take a quarter of the pinned pool, so a
+        # read's staging (a convert reads, then writes, in turn) stays pinned beside them instead of
+        # being dropped and pinned again each time
+        lanes = max(1, int(settings.get("lanes")))
+        self._group_bytes = max(16 << 20, int(settings.get("pinned_bytes")) // (4 * lanes))
 
     def encode(self, chunks: Any) -> EncodedBatch:
         import cupy

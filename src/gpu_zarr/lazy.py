@@ -107,7 +107,6 @@ class _Source:
         self.array = array
         self.backend = backend
         self.resident: Any = None  # cupy array of the whole level, or None
-        self.resident_backend: str | None = None
         self.lock = threading.RLock()
         self._prepared: PreparedArray | None = None
         self.last_key: tuple[int | slice, ...] | None = None
@@ -507,7 +506,6 @@ class GpuLazyArray:
             raise GPUUnavailable(f"backend {result.backend!r} returned host memory: {result.reason}")
         with self._src.lock:
             self._src.resident = result.data
-            self._src.resident_backend = result.backend
         return result
 
     def release_resident(self) -> None:
@@ -515,7 +513,6 @@ class GpuLazyArray:
         with self._src.lock:
             had = self._src.resident is not None
             self._src.resident = None
-            self._src.resident_backend = None
         freed = get_runtime().clear_caches()  # decoded chunks kept for browsing go too
         if had or freed:
             import cupy

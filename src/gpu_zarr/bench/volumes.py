@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -642,10 +642,6 @@ def ensure_volumes(
     if todo:
         infos.update(_write_volumes(base, todo, shape, seed, log, progress, threads))
     return [infos[lay.name] for lay in layouts]
-
-
-def layout_dict(lay: Layout) -> dict[str, Any]:
-    return asdict(lay)
 
 
 # ---------------------------------------------------------------- the user's store

@@ -170,9 +170,6 @@ class Layout:
     def inner_per_shard(self) -> tuple[int, ...]:
         return tuple(c // i for c, i in zip(self.chunk_shape, self.inner_shape))
 
-    def path_of(self, coords: tuple[int, ...]) -> Path:
-        return self.root / self.chunk_key(tuple(int(c) for c in coords))
-
 
 def batch_key(lay: Layout) -> tuple[Any, ...] | None:
     """What chunks must share to be read, decoded and placed by one engine read although they

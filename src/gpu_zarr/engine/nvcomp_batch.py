@@ -47,9 +47,6 @@ __all__ = [
 
 ALGORITHMS = MappingProxyType({"zstd": "Zstd", "lz4": "LZ4", "deflate": "Deflate"})
 MIN_VERSION = (6, 0)
-#: The environment variable that points at a libnvcomp.so to use instead of the wheel's (read
-#: at import by :mod:`gpu_zarr.settings`: the ``nvcomp_library`` setting).
-LIB_ENV = "GPU_ZARR_NVCOMP_LIBRARY"
 UPGRADE_HINT = ('pip install -U "nvidia-libnvcomp-cu13>=6,<7"  (or nvidia-libnvcomp-cu12 for a CUDA 12 '
                 'driver; both come with napari-gpu-zarr[cuda13] / [cuda12])')
 

@@ -105,3 +105,25 @@ def test_write_right_after_the_upload_writes_the_uploaded_bytes(tmp_path, source
     back = zarr.open_array(tmp_path / "w", mode="r")
     for z in range(0, a.shape[0], 128):
         np.testing.assert_array_equal(back[z:z + 128], a[z:z + 128])
+
+
+@pytest.mark.parametrize("fmt,shards", [(3, (16, 64, 128)), (3, False)], ids=["v3-sharded", "v3"])
+def test_frames_reach_the_host_in_small_groups(tmp_path, monkeypatch, fmt, shards):
+    """The GPU encoder's frames come to the host in groups of whole files through pinned staging
+    (here 64 KiB, so a batch takes many groups and a shard more than one buffer): the files are
+    the ones zarr reads back, and the staging stays in the runtime's pool for the next write."""
+    import cupy
+
+    from gpu_zarr.engine.runtime import get_runtime
+    from gpu_zarr.write import api
+    from gpu_zarr.write.encode import GpuEncoder
+
+    a = _data()
+    monkeypatch.setattr(api, "choose_encoder", lambda spec, encoder, threads: (
+        GpuEncoder(spec, get_runtime(), group_bytes=64 << 10), "small groups"))
+    with settings.set(batch_bytes=4 << 20, lanes=2):
+        res = write_zarr(cupy.asarray(a), tmp_path / "g", chunks=CHUNKS, shards=shards, zarr_format=fmt,
+                         encoder="gpu")
+    assert res.reason == "small groups" and res.stages["copy"] > 0
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "g", mode="r")[...], a)
+    assert get_runtime().pinned.held_bytes >= 64 << 10  # leased from the pool and kept there

@@ -196,6 +196,7 @@ class GpuEncoder:
 
     Each writer lane runs in its own thread on its own stream; nvCOMP codecs are kept per
     (stream, thread) by the runtime (:func:`gpu_zarr.engine.decode.nvcomp_codec`).
+    ``group_bytes``: frame bytes a lane brings to the host at once (:class:`StagedFrames`).
 
     Notes
     -----
@@ -207,16 +208,16 @@ class GpuEncoder:
     name = "gpu"
     xp_name = "cupy"
 
-    def __init__(self, spec: CodecSpec, runtime: Any) -> None:
+    def __init__(self, spec: CodecSpec, runtime: Any, group_bytes: int | None = None) -> None:
         if spec.name not in GPU_CODECS:
             raise ValueError(f"the GPU encoder writes {GPU_CODECS}, not {spec.name!r}")
         self.spec = spec
         self._runtime = runtime  # keeps the nvCOMP codecs (per stream and thread) and the pinned pool
-        # each lane's staging buffer: the lanes' together take a quarter of the pinned pool, so a
-        # read's staging (a convert reads, then writes, in turn) stays pinned beside them instead of
-        # being dropped and pinned again each time
+        # each lane's staging buffer (default): the lanes' together take a quarter of the pinned pool,
+        # so a read's staging (a convert reads, then writes, in turn) stays pinned beside them
+        # instead of being dropped and pinned again each time
         lanes = max(1, int(settings.get("lanes")))
-        self._group_bytes = max(16 << 20, int(settings.get("pinned_bytes")) // (4 * lanes))
+        self._group_bytes = group_bytes or max(16 << 20, int(settings.get("pinned_bytes")) // (4 * lanes))
 
     def encode(self, chunks: Any) -> EncodedBatch:
         import cupy

@@ -5,7 +5,7 @@
 #   bash benchmarks/on_gpu_machine.sh tests    # every GPU test but the fuzz suite
 #   bash benchmarks/on_gpu_machine.sh verify   # tests, then fuzz, in one call (~350 s: one call's overhead saved)
 #   bash benchmarks/on_gpu_machine.sh chains   # codec chains beyond one core codec and 64 KiB inner chunks, with peers
-#   bash benchmarks/on_gpu_machine.sh nocache  # the chains step's tiles with the chunk cache off
+#   bash benchmarks/on_gpu_machine.sh nocache  # the chains step's tiles with the chunk cache off; fused tiles per thread count
 #   bash benchmarks/on_gpu_machine.sh fuzz     # the fuzz suite's GPU entries (a call of its own: ~560 s)
 #   bash benchmarks/on_gpu_machine.sh browse   # browsing 1 GiB volumes with the CPU peers; per-stage plane reads
 #   bash benchmarks/on_gpu_machine.sh readers  # the two staging readers on 4 GiB volumes
@@ -88,6 +88,11 @@ nocache)
     --layouts sharded-zstd-64MiB-1MiB,sharded-zstd-64KiB-v3 --planes 20 --patterns tile \
     --readers ours-lazy-auto,tensorstore > "$NC/chains-tiles-nocache.log" 2>&1
   tail -12 "$NC/chains-tiles-nocache.log"
+  # the fused executor's tile against its threads (1.1 ms on 16 cores, 1.7 on 2): does it scale?
+  for v in sharded-zstd-64KiB-v3 sharded-zstd-64MiB-1MiB; do
+    timeout 60 python3 benchmarks/tile_threads.py $WORK/browse/64x2048x2048/$v.zarr --threads 1,2,4,8,16 \
+      | tee "$NC/tile-threads-$v.md"
+  done
   ;;
 tests)
   # every GPU test: the engine-level ones in their own process (a GPU fault there cannot hide the rest)

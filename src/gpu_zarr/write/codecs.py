@@ -54,10 +54,6 @@ class CodecSpec:
     level: int
     itemsize: int
 
-    @property
-    def compressed(self) -> bool:
-        return self.name != "none"
-
     def v3_compressors(self) -> Any:
         """The ``compressors=`` argument of ``zarr.create_array`` for a v3 array."""
         from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec

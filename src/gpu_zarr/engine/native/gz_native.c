@@ -452,12 +452,13 @@ static struct {
     pthread_cond_t go, done;
     int size;               /* threads started */
     unsigned long gen;      /* calls so far: a thread runs the call whose generation it has not seen */
-    int want;               /* threads 0 .. want-1 take part in this call */
-    int running;            /* of those, still working */
+    int want;               /* threads 0 .. want-1 may take part in this call */
+    int open;               /* the call takes helpers still: its caller has not finished its own part */
+    int running;            /* helpers that joined the call and are still working */
     void *(*wk)(void *);
     void *job;
 } team = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, NULL, NULL};
+          PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, NULL, NULL};
 static unsigned long team_born[TEAM_MAX]; /* the generation when thread k was started */
 
 static void *team_main(void *p) {
@@ -467,7 +468,11 @@ static void *team_main(void *p) {
         pthread_mutex_lock(&team.m);
         while (team.gen == seen) pthread_cond_wait(&team.go, &team.m);
         seen = team.gen;
-        int mine = id < team.want;
+        /* a helper that wakes after the caller finished its own part stays out: the call does
+         * not wait for its wake-up (on a busy or virtual machine that can take longer than the
+         * whole read) */
+        int mine = id < team.want && team.open;
+        if (mine) team.running++;
         void *(*wk)(void *) = team.wk;
         void *job = team.job;
         pthread_mutex_unlock(&team.m);
@@ -487,6 +492,7 @@ static void team_after_fork_child(void) {
     pthread_cond_init(&team.go, NULL);
     pthread_cond_init(&team.done, NULL);
     team.size = 0;
+    team.open = 0;
     team.running = 0;
 }
 
@@ -535,12 +541,14 @@ static void team_run(void *(*wk)(void *), void *job, int threads) {
     team.wk = wk;
     team.job = job;
     team.want = helpers;
-    team.running = helpers;
+    team.open = 1;
+    team.running = 0;
     team.gen++;
     pthread_cond_broadcast(&team.go);
     pthread_mutex_unlock(&team.m);
-    wk(job); /* the calling thread works too */
+    wk(job); /* the calling thread works too: when it returns, every item is taken */
     pthread_mutex_lock(&team.m);
+    team.open = 0; /* helpers not awake yet stay out; those that joined finish their items */
     while (team.running > 0) pthread_cond_wait(&team.done, &team.m);
     pthread_mutex_unlock(&team.m);
     pthread_mutex_unlock(&team.busy);

@@ -26,6 +26,7 @@ import numpy as np
 
 from gpu_zarr import settings
 from gpu_zarr.errors import WriteError
+from gpu_zarr.write.encode import EncodedBatch
 from gpu_zarr.write.output import Output
 from gpu_zarr.write.plan import Unit, WritePlan
 from gpu_zarr.write.shard import shard_layout
@@ -176,7 +177,7 @@ def _shard_files(units: list[Unit], parts: list[Any], sizes: np.ndarray, plan: W
     return files, total
 
 
-def _write_encoded(units: list[Unit], enc: Any, plan: WritePlan, prefix: str, dest: Output,
+def _write_encoded(units: list[Unit], enc: EncodedBatch, plan: WritePlan, prefix: str, dest: Output,
                    writers: ThreadPoolExecutor, threads: int, stages: Stages) -> int:
     """Write an encoded batch's files a group at a time (the frames of a group on the host at
     once: a staging buffer, not the whole batch); returns the bytes stored."""

@@ -16,6 +16,7 @@ from gpu_zarr.write.api import write_zarr
 from gpu_zarr.write.codecs import codec_spec
 from gpu_zarr.write.output import Destination
 from gpu_zarr.write.shard import MISSING, crc32c
+from staging import Staging, staged, staged_encoder
 
 CODECS = ["zstd", "blosc-lz4", "blosc-zstd", "gzip", None]
 FORMATS = [(3, None), (3, False), (2, None)]  # v3 sharded (automatic shards), v3 plain, v2
@@ -395,39 +396,6 @@ def test_encoded_frames_are_walked_before_anything_is_written():
         check(frames, chunk.nbytes * 2)
 
 
-class _Staging:
-    """Host staging as the runtime's pinned pool lends it (ordinary memory here), counting leases."""
-
-    def __init__(self):
-        self.leases, self.out, self.copies = [], 0, 0
-
-    def copy(self, src, dst):
-        self.copies += 1
-        np.copyto(dst, src)
-
-    def lease(self, nbytes):
-        import contextlib
-
-        @contextlib.contextmanager
-        def lent():
-            self.leases.append(nbytes)
-            self.out += 1
-            try:
-                yield [np.empty(nbytes + 7, np.uint8)]
-            finally:
-                self.out -= 1
-        return lent()
-
-
-def _staged(parts, group_bytes, staging):
-    from gpu_zarr.write.encode import StagedFrames
-
-    packed = np.frombuffer(b"".join(bytes(p) for p in parts), np.uint8).copy()
-    sizes = np.array([len(p) for p in parts], np.int64)
-    return StagedFrames(packed, sizes, CHUNKS[0] * CHUNKS[1] * CHUNKS[2] * 2, staging.copy, staging.lease,
-                        group_bytes)
-
-
 def test_staged_frames_come_to_the_host_a_run_at_a_time_and_are_walked():
     """The GPU encoder's frames reach the host through one staging buffer, a run of frames a
     call (the copy here is numpy's; on the GPU a copy on the lane's stream): each run equals its
@@ -437,15 +405,15 @@ def test_staged_frames_come_to_the_host_a_run_at_a_time_and_are_walked():
 
     chunks = [(np.arange(int(np.prod(CHUNKS)), dtype="<u2") * (k + 1)).reshape(CHUNKS) for k in range(6)]
     parts = [bytes(numcodecs.Zstd(3).encode(c)) for c in chunks]
-    staging = _Staging()
-    enc = _staged(parts, 2 * max(map(len, parts)), staging)
+    staging = Staging()
+    enc = staged(parts, 2 * max(map(len, parts)), staging, chunks[0].nbytes)
     assert [bytes(p) for p in enc.frames(0, 2)] == parts[:2] and [bytes(p) for p in enc.frames(2, 4)] == parts[2:4]
     assert len(staging.leases) == 1
     assert [bytes(p) for p in enc.frames(0, 6)] == parts and len(staging.leases) == 2 and staging.out == 1
     enc.release()
     assert staging.out == 0
     bad = parts[:3] + [parts[3][:-5]] + parts[4:]
-    enc = _staged(bad, 1 << 30, staging)
+    enc = staged(bad, 1 << 30, staging, chunks[0].nbytes)
     assert [bytes(p) for p in enc.frames(0, 3)] == parts[:3]
     with pytest.raises(WriteError, match="frame 3 of 6 in the batch"):
         enc.frames(2, 6)
@@ -464,6 +432,9 @@ def test_file_groups_hold_whole_files_under_the_limit():
     assert _file_groups(units, sizes, 49) == [(0, 1, 0, 2), (1, 3, 2, 5), (3, 4, 5, 6)]
     assert _file_groups(units, sizes, 1) == [(0, 1, 0, 2), (1, 2, 2, 3), (2, 3, 3, 5), (3, 4, 5, 6)]  # one file each
     assert _file_groups(units, sizes, 100) == [(0, 4, 0, 6)]
+    # at least min_files files a group (a remote store's requests in flight), bytes or not
+    assert _file_groups(units, sizes, 1, 2) == [(0, 2, 0, 3), (2, 4, 3, 6)]
+    assert _file_groups(units, sizes, 49, 3) == [(0, 3, 0, 5), (3, 4, 5, 6)]
 
 
 @pytest.mark.parametrize("fmt,shards", [(3, (16, 64, 128)), (3, False), (2, None)], ids=["v3-sharded", "v3", "v2"])
@@ -472,13 +443,9 @@ def test_a_staged_encoder_writes_the_same_files(tmp_path, monkeypatch, fmt, shar
     out in runs of whole files under a small staging buffer) writes the files the CPU encoder
     writes, byte for byte, and zarr reads them back."""
     from gpu_zarr.write import api
-    from gpu_zarr.write.encode import CpuEncoder
 
-    staging = _Staging()
-
-    class Staged(CpuEncoder):
-        def encode(self, chunks):
-            return _staged(super().encode(chunks).parts, 64 << 10, staging)
+    staging = Staging()
+    Staged = staged_encoder(staging, 64 << 10)
 
     a = _data()
     with settings.set(batch_bytes=1 << 20, lanes=2):

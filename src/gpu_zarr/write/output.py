@@ -53,6 +53,9 @@ class Output(Protocol):
 
     path: Any
     bytes_written: int
+    #: files one ``write_files`` call should hold at least to keep the destination busy (a
+    #: remote store: its requests in flight; a local folder: 1, its writes are memory copies)
+    files_at_once: int
 
     def write_files(self, files: Sequence[tuple[str, Sequence[Any]]], pool: Executor, threads: int) -> int: ...
     def write_documents(self, prefix: str, docs: dict[str, bytes]) -> None: ...
@@ -105,6 +108,8 @@ class Destination:
         ``path`` exists and is not a zarr (never replaced, whatever ``overwrite`` says), or the
         temporary folder cannot be made (read-only, full, no permission).
     """
+
+    files_at_once = 1
 
     def __init__(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
         text = os.fspath(path)

@@ -68,6 +68,7 @@ class RemoteDestination:
         self._put: list[str] = []
         self._lock = threading.Lock()
         self._requests = location.requests()
+        self.files_at_once = self._requests  # a write's groups keep every request slot busy
         self._prepare()
 
     # -- what is there already -------------------------------------------------------

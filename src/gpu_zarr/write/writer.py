@@ -137,15 +137,17 @@ def _read_blocks(source: Source, units: list[Unit], stages: Stages) -> list[Any]
     return blocks
 
 
-def _file_groups(units: list[Unit], sizes: np.ndarray, limit: int | None) -> list[tuple[int, int, int, int]]:
+def _file_groups(units: list[Unit], sizes: np.ndarray, limit: int | None,
+                 min_files: int = 1) -> list[tuple[int, int, int, int]]:
     """Runs of whole files of an encoded batch, ``(first unit, end unit, first frame, end frame)``,
-    each taking at most ``limit`` frame bytes (a file alone when it takes more; None: one run)."""
+    each taking at most ``limit`` frame bytes unless it holds fewer than ``min_files`` files
+    (a file alone when it takes more; None: one run)."""
     ends = np.cumsum([int(u.present.sum()) for u in units])
     cum = np.concatenate([[0], np.cumsum(sizes)])
     groups: list[tuple[int, int, int, int]] = []
     u0 = f0 = 0
     for u, f1 in enumerate(ends.tolist()):
-        if limit is not None and u > u0 and cum[f1] - cum[f0] > limit:
+        if limit is not None and u - u0 >= max(1, min_files) and cum[f1] - cum[f0] > limit:
             f = int(ends[u - 1])
             groups.append((u0, u, f0, f))
             u0, f0 = u, f
@@ -183,7 +185,7 @@ def _write_encoded(units: list[Unit], enc: EncodedBatch, plan: WritePlan, prefix
     once: a staging buffer, not the whole batch); returns the bytes stored."""
     total = 0
     try:
-        for u0, u1, f0, f1 in _file_groups(units, enc.sizes, enc.group_bytes):
+        for u0, u1, f0, f1 in _file_groups(units, enc.sizes, enc.group_bytes, dest.files_at_once):
             with stages.time("copy"):
                 parts = enc.frames(f0, f1)
             with stages.time("write"):

@@ -53,8 +53,8 @@ class Output(Protocol):
 
     path: Any
     bytes_written: int
-    #: files one ``write_files`` call should hold at least to keep the destination busy (a
-    #: remote store: its requests in flight; a local folder: 1, its writes are memory copies)
+    #: files the writer's lanes should hand over at once, together, to keep the destination busy
+    #: (a remote store: about its requests in flight; a local folder: 1, its writes are memory copies)
     files_at_once: int
 
     def write_files(self, files: Sequence[tuple[str, Sequence[Any]]], pool: Executor, threads: int) -> int: ...

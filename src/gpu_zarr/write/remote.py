@@ -33,6 +33,8 @@ __all__ = ["PART_BYTES", "RemoteDestination"]
 #: objects above this size go out as multipart uploads, in parts of this size (S3's parts
 #: are 5 MiB at least; larger parts mean fewer requests per shard)
 PART_BYTES = 8 << 20
+#: parts of one multipart upload in flight at once
+PART_CONCURRENCY = 4
 
 
 def _nbytes(p: Any) -> int:
@@ -68,7 +70,8 @@ class RemoteDestination:
         self._put: list[str] = []
         self._lock = threading.Lock()
         self._requests = location.requests()
-        self.files_at_once = self._requests  # a write's groups keep every request slot busy
+        # objects a write hands over at once to keep its requests busy (a big one puts several parts)
+        self.files_at_once = max(1, self._requests // PART_CONCURRENCY)
         self._prepare()
 
     # -- what is there already -------------------------------------------------------
@@ -139,7 +142,7 @@ class RemoteDestination:
         try:
             if total > PART_BYTES:  # streamed from the parts: no joined copy of a big shard
                 obstore.put(self.store, key, iter(views), use_multipart=True, chunk_size=PART_BYTES,
-                            max_concurrency=4)
+                            max_concurrency=PART_CONCURRENCY)
             else:
                 obstore.put(self.store, key, views[0] if len(views) == 1 else b"".join(views),
                             use_multipart=False)  # (b"" for an empty object)

@@ -180,12 +180,13 @@ def _shard_files(units: list[Unit], parts: list[Any], sizes: np.ndarray, plan: W
 
 
 def _write_encoded(units: list[Unit], enc: EncodedBatch, plan: WritePlan, prefix: str, dest: Output,
-                   writers: ThreadPoolExecutor, threads: int, stages: Stages) -> int:
+                   writers: ThreadPoolExecutor, threads: int, lanes: int, stages: Stages) -> int:
     """Write an encoded batch's files a group at a time (the frames of a group on the host at
     once: a staging buffer, not the whole batch); returns the bytes stored."""
     total = 0
     try:
-        for u0, u1, f0, f1 in _file_groups(units, enc.sizes, enc.group_bytes, dest.files_at_once):
+        at_once = -(-dest.files_at_once // max(1, lanes))  # the lanes' groups together
+        for u0, u1, f0, f1 in _file_groups(units, enc.sizes, enc.group_bytes, at_once):
             with stages.time("copy"):
                 parts = enc.frames(f0, f1)
             with stages.time("write"):
@@ -242,7 +243,7 @@ def write_array(source: Source, plan: WritePlan, encoder: Any, dest: Output, pre
             with stages.time("encode"):
                 enc = encoder.encode(chunks)
             del chunks
-            total = _write_encoded(units, enc, plan, prefix, dest, writers, threads, stages)
+            total = _write_encoded(units, enc, plan, prefix, dest, writers, threads, lanes, stages)
             del enc
             raw = sum(int(np.prod([b - a for a, b in zip(u.start, u.stop, strict=True)])) for u in units)
             progress.add(raw * plan.dtype.itemsize, total)

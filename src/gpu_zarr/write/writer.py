@@ -141,17 +141,20 @@ def _file_groups(units: list[Unit], sizes: np.ndarray, limit: int | None,
                  min_files: int = 1) -> list[tuple[int, int, int, int]]:
     """Runs of whole files of an encoded batch, ``(first unit, end unit, first frame, end frame)``,
     each taking at most ``limit`` frame bytes unless it holds fewer than ``min_files`` files
-    (a file alone when it takes more; None: one run)."""
-    ends = np.cumsum([int(u.present.sum()) for u in units])
-    cum = np.concatenate([[0], np.cumsum(sizes)])
+    (a file alone when it takes more; None: one run). One search per run, not a step per file."""
+    ends = np.cumsum([int(u.present.sum()) for u in units])  # each file's end among the frames
+    upto = np.concatenate([[0], np.cumsum(sizes)])[ends]  # frame bytes up to each file's end
+    n = len(units)
+    if limit is None or n == 0:
+        return [(0, n, 0, int(ends[-1]) if n else 0)]
     groups: list[tuple[int, int, int, int]] = []
-    u0 = f0 = 0
-    for u, f1 in enumerate(ends.tolist()):
-        if limit is not None and u - u0 >= max(1, min_files) and cum[f1] - cum[f0] > limit:
-            f = int(ends[u - 1])
-            groups.append((u0, u, f0, f))
-            u0, f0 = u, f
-    groups.append((u0, len(units), f0, int(ends[-1]) if len(ends) else 0))
+    u0 = 0
+    while u0 < n:
+        before = int(upto[u0 - 1]) if u0 else 0
+        u1 = int(np.searchsorted(upto, before + limit, side="right"))  # files that fit the limit
+        u1 = min(n, max(u1, u0 + max(1, min_files)))
+        groups.append((u0, u1, int(ends[u0 - 1]) if u0 else 0, int(ends[u1 - 1])))
+        u0 = u1
     return groups
 
 

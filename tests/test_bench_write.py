@@ -21,7 +21,7 @@ def test_write_mode_is_routed():
 
 def test_small_write_benchmark(tmp_path, capsys):
     pytest.importorskip("tensorstore")
-    out = tmp_path / "w.json"
+    out = tmp_path / "results" / "w.json"  # a folder not made yet: the bench makes it
     rc = main(["bench", "--mode", "write", "--size-mib", "4", "--chunks", "1,128,256", "--shard-mib", "1",
                "--repeat", "1", "--writers", "ours-cpu,zarr,tensorstore,ome-zarr-py", "--out", str(out),
                "--workdir", str(tmp_path / "wd")])

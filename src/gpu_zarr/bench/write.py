@@ -426,7 +426,9 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def _save(res: dict[str, Any], out: str) -> None:
-    """The records as JSON at ``out`` and their table beside it (.md)."""
+    """The records as JSON at ``out`` and their table beside it (.md); ``out``'s folder is made
+    when missing (the first save comes after a layout's writes: a missing folder lost them)."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(res, indent=1))
     Path(out).with_suffix(".md").write_text(markdown(res) + "\n")
 

@@ -444,26 +444,13 @@ class RemoteSource:
             except KeyError:
                 todo.append(i)
         if todo:  # all in one wave: one round trip
-            sem = asyncio.Semaphore(self.requests)
-
-            async def all_(which: list[int]) -> list[Any]:
-                return list(await asyncio.gather(*(self._index(sem, rels[i], nbytes, at_end, cap) for i in which)))
+            rng: Span = {"suffix": nbytes} if at_end else (0, nbytes)
             found: list[Any] = [None] * len(todo)
-            left = list(range(len(todo)))
-            if self.http is not None:
-                rng: Any = {"suffix": nbytes} if at_end else (0, nbytes)
 
-                def one(j: int, g: Got | None) -> None:
-                    if g is None:
-                        found[j] = None
-                    elif g.size < 0:  # 416: shorter than its index
-                        found[j] = (b"", 0, 0, "")
-                    else:
-                        found[j] = (bytes(g.data), g.size, g.mtime, g.etag)
-                left = self._native([(rels[i], rng) for i in todo], one, nbytes, missing_ok=True, stop=stop)
-            if left:
-                for j, g in zip(left, self._state.loop.run(all_([todo[j] for j in left]), stop)):
-                    found[j] = g
+            def one(j: int, g: Got | None) -> None:  # None: no such shard; size -1: shorter than its index
+                found[j] = None if g is None else (b"", 0, 0, "") if g.size < 0 else (
+                    bytes(g.data), g.size, g.mtime, g.etag)
+            self.stream([(rels[i], rng) for i in todo], one, cap, stop=stop, missing_ok=True)
             for i, g in zip(todo, found):
                 out[i] = g[:3] if g is not None else None
                 self.fetched.put((self.url, rels[i], "index", nbytes, at_end), out[i])
@@ -471,32 +458,12 @@ class RemoteSource:
                     self.keep_index(rels[i], *g)
         return out
 
-    async def _index(self, sem: asyncio.Semaphore, rel: str, nbytes: int, at_end: bool, cap: int | None) -> Any:
-
-        async def once() -> Any:
-            rng: Any = {"suffix": nbytes} if at_end else (0, nbytes)
-            try:
-                data, lo, hi, meta = await self._range_get(rel, rng, cap)
-            except FileNotFoundError:
-                return None
-            size = int(meta["size"])
-            if len(data) != hi - lo:
-                raise ShortAnswer(f"expected {hi - lo} bytes, got {len(data)}")
-            self._count(len(data))
-            return bytes(data), size, _mtime(meta), _etag(meta)
-        async with sem:
-            try:
-                return await self._retry(rel, _what({"suffix": nbytes}), once)
-            except RemoteError as exc:
-                if "416" in str(exc) or "Range Not Satisfiable" in str(exc):
-                    return b"", 0, 0, ""  # shorter than its index: locate says it is truncated
-                raise
-
     # -- whole objects and byte ranges, each handed on as it arrives -----------------------------
     def stream(self, jobs: Sequence[tuple[str, Span]],
                on_done: Callable[[int, Got | None], None], cap: int | None = None,
                arena: Bodies | None = None, sink: Any = None, on_sent: Callable[[], None] | None = None,
-               parts: Any = None, stop: Callable[[], bool] | None = None, expected: str = "") -> None:
+               parts: Any = None, stop: Callable[[], bool] | None = None, expected: str = "",
+               missing_ok: bool = False) -> None:
         """GET every job, up to ``requests`` in flight, and call ``on_done(i, got)`` (on the
         event loop's thread: it must only hand the work on) as each one arrives.
 
@@ -504,8 +471,8 @@ class RemoteSource:
         ``(rel, {"suffix": n})`` for its last n bytes, or
         ``(rel, (start, end))`` for a byte range (an object that is gone, or shorter than the
         range now, is handed on as a ``Got`` with no data and its new size, -1 when gone: the
-        caller sees that it changed). An answer cut short is retried and never handed on. The first error
-        cancels the rest and is raised here. ``cap``: the most bytes a whole object may have
+        caller sees that it changed; None with ``missing_ok``). An answer cut short is retried
+        and never handed on. The first error cancels the rest and is raised here. ``cap``: the most bytes a whole object may have
         (the native client needs it for whole-object jobs; without it obstore serves them);
         ``arena``: where the native client's answers land (else buffers of their own);
         ``sink``: where the native client hands complete whole bodies to be decoded as they
@@ -530,25 +497,25 @@ class RemoteSource:
                 on_sent()
         left = list(range(len(jobs)))
         if self.http is not None and (cap is not None or all(j[1] is not None for j in jobs)):
-            left = self._native(list(jobs), on_done, cap, arena=arena, sink=sink, on_sent=sent, parts=parts,
-                                stop=stop, expected=expected)
+            left = self._native(list(jobs), on_done, cap, missing_ok=missing_ok, arena=arena, sink=sink, on_sent=sent,
+                                parts=parts, stop=stop, expected=expected)
         if left:
             sent()
             sub = [jobs[j] for j in left]
-            self._state.loop.run(self._stream(sub, lambda k, got: on_done(left[k], got), cap, expected), stop)
+            self._state.loop.run(self._stream(sub, lambda k, got: on_done(left[k], got), cap, expected, missing_ok),
+                                 stop)
 
-    async def _stream(self, jobs: Sequence[tuple[str, Span]],
-                      on_done: Callable[[int, Got | None], None], cap: int | None = None,
-                      expected: str = "") -> None:
+    async def _stream(self, jobs: Sequence[tuple[str, Span]], on_done: Callable[[int, Got | None], None],
+                      cap: int | None, expected: str, missing_ok: bool) -> None:
         sem = asyncio.Semaphore(self.requests)
 
         async def one(i: int, rel: str, rng: Span) -> None:
             async with sem:
-                got = await self._get(rel, rng, cap, expected)
+                got = await self._get(rel, rng, cap, expected, missing_ok)
             on_done(i, got)
         await _all([one(i, *j) for i, j in enumerate(jobs)])
 
-    async def _get(self, rel: str, rng: Span, cap: int | None = None, expected: str = "") -> Got | None:
+    async def _get(self, rel: str, rng: Span, cap: int | None, expected: str, missing_ok: bool) -> Got | None:
         """One job through obstore; a whole object at most ``cap`` bytes (None: ``_WHOLE_CAP``;
         more is a CorruptChunkError naming it, said before its body is read when the server
         gives its size)."""
@@ -569,8 +536,8 @@ class RemoteSource:
                     data, _, _, meta = await self._range_get(rel, rng, cap)
             except FileNotFoundError:
                 # a whole object: missing (the fill value); a range: the shard is gone since its
-                # index was read, and the caller sees it changed
-                return None if rng is None else Got(b"", -1, 0, "")
+                # index was read, and the caller sees it changed (``missing_ok``: no such shard)
+                return None if rng is None or missing_ok else Got(b"", -1, 0, "")
             except oe.GenericError as exc:
                 if rng is not None and ("416" in str(exc) or "Range Not Satisfiable" in str(exc)):
                     return Got(b"", -1, 0, "")  # the object is shorter now: the caller sees it changed

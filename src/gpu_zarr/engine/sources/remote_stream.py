@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import array
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +32,7 @@ import numpy as np
 from gpu_zarr.engine.bounds import max_stored_nbytes
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.plan import Batch, Pieces
-from gpu_zarr.engine.sources.files import read_tasks
+from gpu_zarr.engine.sources.files import OwnThreads, read_tasks
 from gpu_zarr.engine.sources.http import Handoff, Parts, Sink
 from gpu_zarr.engine.sources.locate import Located, check_sizes, entry_spans, expected_chunk, index_entries, index_nbytes
 from gpu_zarr.engine.sources.remote import Bodies, Got, RemoteBlob, RemoteSource, Span, changed_while_read
@@ -389,7 +388,7 @@ def _runs(offs: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
     return [np.asarray(g, np.int64) for g in out]
 
 
-class RemoteReader:
+class RemoteReader(OwnThreads):
     """The fetch stage for remote pieces (:class:`~gpu_zarr.engine.sources.files.Reader`).
 
     Parameters
@@ -411,10 +410,6 @@ class RemoteReader:
         self._pool = pool if copiers > 1 else None
         self._copiers = max(1, copiers)
 
-    def session(self) -> AbstractContextManager[None]:
-        """Nothing to scope: the client's settings belong to its store."""
-        return nullcontext()
-
     def read(self, files: list[Any], batch: Batch, dest: Any) -> None:
         """Fill ``dest`` (host uint8) with the encoded bytes of every piece of ``batch`` (its
         files are :class:`RemoteBlob`: answers already fetched)."""
@@ -431,9 +426,6 @@ class RemoteReader:
                 copies.append((d, obj.data, at, n))
                 at += n
         _copy(dest, copies, self._pool, self._copiers)
-
-    def close(self) -> None:
-        pass
 
 
 COPY_SHARE = 4 << 20  # bytes one thread copies at least (below that a thread costs more than it saves)

@@ -219,9 +219,12 @@ class RemoteSource:
     requests : int
         Requests in flight at once.
     http : HttpClient or None
-        The native HTTP client for an ``http(s)`` store or an anonymous ``s3://`` one (None: obstore).
+        The native HTTP client (:class:`~gpu_zarr.engine.sources.http.HttpClient`) for an
+        ``http(s)`` store or an anonymous ``s3://`` one; None: obstore serves (signed s3, gs, no
+        libcurl, a fallback).
     http_url : str, optional
-        The HTTPS address of an anonymous ``s3://`` array (default: ``url``).
+        Where the native client finds the objects: an anonymous ``s3://`` array's HTTPS address
+        (then any failure is left to obstore, whose messages speak S3); default ``url``.
     store_of : callable, optional
         Builds the obstore store (4-7 ms) the first time a request needs it.
     timeout_s : float, optional
@@ -236,16 +239,11 @@ class RemoteSource:
                  http_url: str | None = None, store_of: Callable[[], Any] | None = None,
                  timeout_s: float | None = None, min_rate: int | None = None, *, state: RemoteState) -> None:
         self._state = state
-        #: the runtime's byte cache (whole chunks and shard indexes fetched, by URL)
-        self.fetched = state.fetched
+        self.fetched = state.fetched  # the runtime's byte cache (whole chunks and shard indexes fetched, by URL)
         self.timeout_s = float(settings.get("remote_timeout") if timeout_s is None else timeout_s)
         self.min_rate = int(settings.get("remote_min_rate") if min_rate is None else min_rate)
         self._store, self._store_of = store, store_of
-        #: the native HTTP client (:class:`~gpu_zarr.engine.sources.http.HttpClient`) serving this
-        #: source's requests, or None: obstore serves them (signed s3, gs; no libcurl; a fallback)
-        self.http = http
-        #: where the native client finds the objects: the URL itself, or an anonymous s3:// read's
-        #: HTTPS address (then any failure is left to obstore, whose messages speak S3)
+        self.http = http  # None once obstore serves this source (from the start, or after a fallback)
         self.http_url = (http_url or url).rstrip("/")
         self.prefix = prefix.strip("/")
         self.url = url.rstrip("/")

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
+import gpu_zarr.engine.sources.http as nh
 from gpu_zarr import settings
 from gpu_zarr.engine.layout import RemoteRef
 from gpu_zarr.engine.runtime import Runtime, host_empty
@@ -300,12 +301,10 @@ class RemoteSource:
 
     def _limit(self, rel: str, nbytes: int, over: Callable[[int], BaseException] | None = None) -> Limit:
         """How much of an answer about ``rel`` may be taken (``nbytes``), and by when."""
-        from gpu_zarr.engine.sources.http import rate_window
-
         url = self.url_of(rel)
         return Limit(int(nbytes), over or (lambda n: ShortAnswer(f"GET {url}: the answer is longer than the {n} bytes "
                                                                   "asked for")),
-                     deadline_of(self.timeout_s), self.min_rate, rate_window(self.timeout_s), url)
+                     deadline_of(self.timeout_s), self.min_rate, nh.rate_window(self.timeout_s), url)
 
     def _too_big(self, rel: str, expected: str = "") -> Callable[[int], BaseException]:
         """The error for an object of ``rel`` bigger than its bound (an encoded chunk's worst
@@ -562,8 +561,6 @@ class RemoteSource:
         bytes for whole objects; carved from ``arena`` when given).
         Returns the jobs given back to obstore: a server that answers no byte ranges, or a
         body longer than ``cap``; obstore serves this source from then on."""
-        import gpu_zarr.engine.sources.http as nh
-
         http = self.http
         assert http is not None
         n = len(jobs)
@@ -623,8 +620,6 @@ class RemoteSource:
     def _judge(self, rel: str, rng: Any, r: Any, buf: np.ndarray, missing_ok: bool, expected: str = "") -> Got | None:
         """One finished native request: its answer (``handed``: what the native client handed to
         the fetch's decode set, its row's ``added``), None (missing), or a clear error."""
-        import gpu_zarr.engine.sources.http as nh
-
         st, code = int(r["status"]), int(r["curl"])
         got_n, size = int(r["got"]), int(r["size"])
         mtime = int(r["mtime"]) * 10**9 if int(r["mtime"]) >= 0 else 0
@@ -828,7 +823,7 @@ def ref_of(arr: Any) -> RemoteRef | None:
     requests = loc.requests() if loc is not None else int(settings.get("remote_requests"))
     timeout = loc.storage_options.get("timeout") if loc is not None else None
     return RemoteRef(base + ("/" + path if path else ""), path, base, loc, max(1, int(requests)),
-                     _seconds(timeout) if timeout is not None else None, None if loc is not None else store.store)
+                     nh.seconds(timeout) if timeout is not None else None, None if loc is not None else store.store)
 
 
 class RemoteState:
@@ -913,7 +908,3 @@ def source_of(arr: Any, rt: Runtime) -> RemoteSource | None:
     """The live source ``rt`` keeps for a zarr array opened over obstore, None for any other store."""
     ref = ref_of(arr)
     return None if ref is None else remote_source(rt, ref)
-
-
-def _seconds(v: Any) -> float:
-    return float(v.total_seconds()) if hasattr(v, "total_seconds") else float(v)

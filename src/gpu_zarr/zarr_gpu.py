@@ -246,7 +246,7 @@ async def _check_shard_indexes(codec: Any, batch: list[Any]) -> None:
     from zarr.core.buffer import default_buffer_prototype
 
     from gpu_zarr.engine.metadata import shard_index_format
-    from gpu_zarr.engine.sources.locate import index_entries
+    from gpu_zarr.engine.sources.locate import index_entries, index_nbytes
 
     try:
         index_at_end, index_crc, big = shard_index_format(codec)
@@ -254,7 +254,7 @@ async def _check_shard_indexes(codec: Any, batch: list[Any]) -> None:
         return  # an index format the engine does not parse (other index codecs): zarr's own checks only
     geo = _Shards(tuple(int(s) // int(c) for s, c in zip(batch[0][1].shape, codec.chunk_shape)),
                   index_crc, index_at_end, big)
-    size = math.prod(geo.inner_per_shard) * 16 + (4 if geo.index_crc else 0)
+    size = index_nbytes(geo)
 
     async def one(getter: Any) -> None:
         store, path = getattr(getter, "store", None), getattr(getter, "path", None)

@@ -190,18 +190,16 @@ def _read(lay: Layout, selection: Any, device: str, opts: EngineOptions, ops: Op
     pieces = plan_pieces(lay, region.start, region.stop)
     stats["plan_s"] = time.perf_counter() - t0
     post = None if region.is_box else region.post
-    if lay.source is not None:
-        t = time.perf_counter()
-        out = ops.empty(box_shape, lay.out_dtype) if given is None else given
-        stats["alloc_s"] = time.perf_counter() - t
-        result = _execute_remote(lay, stage, pieces, out, post, device, opts, ops, rt, stats, batch)
-    else:
+    if lay.source is None:
         t = time.perf_counter()
         loc = locate(lay, pieces, rt.pool("locate", min(opts.threads, 64)), rt.shard_indexes())
         stats["locate_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        out = ops.empty(box_shape, lay.out_dtype) if given is None else given
-        stats["alloc_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    out = ops.empty(box_shape, lay.out_dtype) if given is None else given
+    stats["alloc_s"] = time.perf_counter() - t
+    if lay.source is not None:
+        result = _execute_remote(lay, stage, pieces, out, post, device, opts, ops, rt, stats, batch)
+    else:
         result = _execute(lay, stage, loc, pieces, out, post, device, opts, ops, own_ops, rt, stats, batch)
     stats["total_s"] = time.perf_counter() - t0
     rt.last.stats = stats

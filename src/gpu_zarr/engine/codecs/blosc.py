@@ -27,11 +27,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gpu_zarr.engine.binary import align_up, le_ints
+from gpu_zarr.engine.plan import LazyNames
 from gpu_zarr.errors import CorruptChunkError
 
 if TYPE_CHECKING:
@@ -146,10 +147,18 @@ class BloscPlan:
         return out
 
 
+def _name(names: Sequence[str] | None, k: Any) -> str:
+    return names[int(k)] if names is not None else f"#{int(k)}"
+
+
+def _stream_names(names: Sequence[str] | None, chunks: np.ndarray) -> Sequence[str]:
+    """Stream -> its chunk's name, looked up only when an error message needs one."""
+    return LazyNames(len(chunks), lambda i: _name(names, chunks[i]))
+
+
 def _fail(names: Sequence[str] | None, k: int, what: str) -> CorruptChunkError:
-    name = names[int(k)] if names is not None else f"#{int(k)}"
     return CorruptChunkError(
-        f"chunk {name}: not a valid Blosc chunk: {what}. The chunk is corrupt or truncated; "
+        f"chunk {_name(names, k)}: not a valid Blosc chunk: {what}. The chunk is corrupt or truncated; "
         "rewrite or delete it (zarr-python's own read fails on it too)."
     )
 
@@ -175,9 +184,8 @@ def _host_decode(staging: np.ndarray, offs: np.ndarray, sizes: np.ndarray, idx: 
         except Exception as exc:
             v = int(versions[k])
             if v >= 3:
-                name = names[int(k)] if names is not None else f"#{int(k)}"
                 raise CorruptChunkError(
-                    f"chunk {name}: a Blosc2-format chunk (header version {v}), which numcodecs' c-blosc 1.x "
+                    f"chunk {_name(names, k)}: a Blosc2-format chunk (header version {v}), which numcodecs' c-blosc 1.x "
                     f"cannot decode ({exc}); zarr-python cannot read it either. Rewrite the array with c-blosc "
                     "1.x (numcodecs) or Blosc2's Blosc1-compatible writer, or delete the chunk if it is damaged."
                 ) from exc
@@ -401,7 +409,7 @@ def _check_zstd(staging: np.ndarray, s_src: np.ndarray, s_size: np.ndarray, s_ds
         return
     for ds in np.unique(s_dsize[z]).tolist():
         g = z[s_dsize[z] == ds]
-        check_frames(staging, s_src[g], s_size[g], int(ds), cast(Sequence[str], _StreamNames(names, s_chunk[g])))
+        check_frames(staging, s_src[g], s_size[g], int(ds), _stream_names(names, s_chunk[g]))
 
 
 def _strip_zlib(staging: np.ndarray, s_src: np.ndarray, s_size: np.ndarray, kind: np.ndarray, s_chunk: np.ndarray,
@@ -428,20 +436,6 @@ def _strip_zlib(staging: np.ndarray, s_src: np.ndarray, s_size: np.ndarray, kind
 
 
 _ALGO = MappingProxyType({KIND_LZ4: "lz4", KIND_ZSTD: "zstd", KIND_DEFLATE: "deflate"})
-
-
-class _StreamNames:
-    """Stream -> chunk name, looked up only when an error message needs one."""
-
-    def __init__(self, names: Sequence[str] | None, chunks: np.ndarray) -> None:
-        self._names, self._chunks = names, chunks
-
-    def __len__(self) -> int:
-        return len(self._chunks)
-
-    def __getitem__(self, k: int) -> str:
-        c = int(self._chunks[k])
-        return self._names[c] if self._names is not None else f"#{c}"
 
 
 def decode_plan(ops: Ops, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.ndarray,
@@ -475,7 +469,7 @@ def decode_plan(ops: Ops, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.n
                 ops.copy_spans(src, s_src, buf, offs, s_size, slot=slot, wait=wait)
                 s_src = offs
             ops.decode_batch(algo, buf, s_src, s_size, dec, plan.s_dst[sel], plan.s_dsize[sel],
-                             cast(Sequence[str], _StreamNames(names, plan.s_chunk[sel])), slot=slot, wait=wait,
+                             _stream_names(names, plan.s_chunk[sel]), slot=slot, wait=wait,
                              **({"adler32": plan.s_adler[sel]} if kind == KIND_DEFLATE else {}))
         ops.unshuffle(src, dec, plan.s_kind == KIND_COPY, plan.s_src, plan.s_dst, plan.b_first, plan.b_nsplit,
                       plan.b_size, plan.b_ts, plan.b_mode, dst, dst_offsets[plan.b_chunk] + plan.b_off,

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from gpu_zarr import settings
+from gpu_zarr.engine.place import place_geometry
 
 __all__ = [
     "CODECS",
@@ -367,13 +368,6 @@ def lz4_check(buf: np.ndarray, offsets: Any, sizes: Any, dsizes: Any, threads: i
     return st
 
 
-def _geometry(table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype,
-              perm: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray, int, int]:
-    from gpu_zarr.engine.place import place_geometry
-
-    return place_geometry(table, out.shape, disk_dtype, perm)
-
-
 def delta(src: np.ndarray, dst: np.ndarray) -> bool:
     """The Delta filter's decode of each row of ``src`` (a 2-D C-contiguous array of 1-, 2-, 4- or
     8-byte integers) into the same row of ``dst`` (same shape and dtype): its running sum,
@@ -400,14 +394,18 @@ def place(src: np.ndarray, src_offsets: Any, chunk_nbytes: int, table: np.ndarra
           disk_dtype: np.dtype, perm: tuple[int, ...] | None, threads: int) -> np.ndarray:
     """Scatter decoded chunks (chunk k at ``src[src_offsets[k]:]``) into ``out`` with the
     placement ``table`` (see :func:`gpu_zarr.engine.place.place_cpu`). Returns the statuses."""
-    _check_buffer(out, "out")
     src = np.ascontiguousarray(src).view(np.uint8).reshape(-1)
-    so = _i64a(src_offsets)
-    n = len(so)
-    st = np.empty(n, np.int32)
-    if n:
-        tab, strides, unit, swap = _geometry(table, out, np.dtype(disk_dtype), perm)
-        loaded().gz_place(n, _ptr(src), src.nbytes, so, int(chunk_nbytes), tab, tab.shape[1], strides, unit, swap,
+    return _place(_ptr(src), src.nbytes, _i64a(src_offsets), chunk_nbytes, table, out, disk_dtype, perm, threads)
+
+
+def _place(src: int | None, src_nbytes: int, at: np.ndarray, chunk_nbytes: int, table: np.ndarray, out: np.ndarray,
+           disk_dtype: np.dtype, perm: tuple[int, ...] | None, threads: int) -> np.ndarray:
+    """``gz_place`` of chunk k at ``at[k]`` (an offset into ``src``; an address when ``src`` is None)."""
+    _check_buffer(out, "out")
+    st = np.empty(len(at), np.int32)
+    if len(at):
+        tab, strides, unit, swap = place_geometry(table, out.shape, np.dtype(disk_dtype), perm)
+        loaded().gz_place(len(at), src, src_nbytes, at, int(chunk_nbytes), tab, tab.shape[1], strides, unit, swap,
                           _ptr(out), out.nbytes, int(threads), st)
     return st
 
@@ -444,19 +442,12 @@ def place_chunks(chunks: list[np.ndarray], chunk_nbytes: int, table: np.ndarray,
     """Scatter decoded chunks held in buffers of their own (chunk k is ``chunks[k]``, each a
     C-contiguous array of ``chunk_nbytes`` bytes: the chunk cache's) into ``out``, like
     :func:`place`, in one call. Returns the statuses."""
-    _check_buffer(out, "out")
     bad = [k for k, c in enumerate(chunks)
            if not (isinstance(c, np.ndarray) and c.flags.c_contiguous and c.nbytes == chunk_nbytes)]
     if bad:
         raise ValueError(f"chunk {bad[0]} is not a C-contiguous buffer of {chunk_nbytes} bytes")
-    n = len(chunks)
-    st = np.empty(n, np.int32)
-    if n:
-        addresses = np.fromiter((address(c) for c in chunks), np.int64, n)
-        tab, strides, unit, swap = _geometry(table, out, np.dtype(disk_dtype), perm)
-        loaded().gz_place(n, None, 0, addresses, int(chunk_nbytes), tab, tab.shape[1], strides, unit, swap,
-                          _ptr(out), out.nbytes, int(threads), st)
-    return st
+    addresses = np.fromiter((address(c) for c in chunks), np.int64, len(chunks))
+    return _place(None, 0, addresses, chunk_nbytes, table, out, disk_dtype, perm, threads)
 
 
 def fused(codec: str, files: list[Any], file_id: Any, file_offset: Any, sizes: Any, chunk_nbytes: int,
@@ -492,7 +483,7 @@ def fused(codec: str, files: list[Any], file_id: Any, file_offset: Any, sizes: A
     per = scratch_per_thread(codec, int(size.max()), chunk_nbytes)
     if scratch.nbytes < threads * per:
         raise ValueError(f"scratch has {scratch.nbytes} bytes, {threads * per} needed")
-    tab, strides, unit, swap = _geometry(table, out, np.dtype(disk_dtype), perm)
+    tab, strides, unit, swap = place_geometry(table, out.shape, np.dtype(disk_dtype), perm)
     keep_arr = _pointers(keep)
     paths = _Paths(files)
     loaded().gz_fused(CODECS[codec], ctypes.cast(paths.array, _vp), paths.n, n, fid, foff, size, int(chunk_nbytes),
@@ -542,7 +533,7 @@ class Arrivals:
         if scratch.nbytes < min(threads, n) * chunk_nbytes:
             raise ValueError(f"scratch has {scratch.nbytes} bytes, {min(threads, n) * chunk_nbytes} needed")
         self.status, self.detail = np.empty(n, np.int32), np.empty(n, np.int64)
-        tab, strides, unit, swap = _geometry(table, out, np.dtype(disk_dtype), perm)
+        tab, strides, unit, swap = place_geometry(table, out.shape, np.dtype(disk_dtype), perm)
         self._keep_arr = _pointers(keep)
         self.keep = keep
         # every buffer the workers touch (the geometry's arrays too), alive until close

@@ -21,14 +21,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+import gpu_zarr.engine.native as native
 from gpu_zarr.errors import CorruptChunkError
 
 if TYPE_CHECKING:
     from gpu_zarr.engine.plan import Batch
     from gpu_zarr.engine.runtime import Runtime
 
-__all__ = ["KvikioReader", "NativeReader", "Reader", "ThreadReader", "make_reader", "native_items", "raise_read_errors",
-           "read_range", "read_tasks", "reader_of"]
+__all__ = ["KvikioReader", "NativeReader", "OwnThreads", "Reader", "ThreadReader", "make_reader", "native_items",
+           "raise_read_errors", "read_range", "read_tasks", "reader_of"]
 
 PART_BYTES = 4 << 20
 
@@ -79,10 +80,7 @@ def _read_task(path: Path, offset: int, dest: memoryview, spans: list[tuple[int,
         while got < total:
             n = os.preadv(fd, bufs, offset + got)
             if n == 0:
-                raise CorruptChunkError(
-                    f"{path}: expected {total} bytes at offset {offset}, the file ends after {got}; "
-                    "it was truncated (or is being written). Re-run once the writer has finished."
-                )
+                raise _ended(path, total, offset, got)
             got += n
             # drop what was filled, keep reading into the rest
             while bufs and n >= len(bufs[0]):
@@ -92,6 +90,11 @@ def _read_task(path: Path, offset: int, dest: memoryview, spans: list[tuple[int,
                 bufs[0] = bufs[0][n:]
     finally:
         os.close(fd)
+
+
+def _ended(path: Any, n: int, offset: int, got: int) -> CorruptChunkError:
+    return CorruptChunkError(f"{path}: expected {n} bytes at offset {offset}, the file ends after {got}; it was "
+                             "truncated (or is being written). Re-run once the writer has finished.")
 
 
 class Reader(Protocol):
@@ -107,7 +110,18 @@ class Reader(Protocol):
     def close(self) -> None: ...
 
 
-class ThreadReader:
+class OwnThreads:
+    """A reader on threads of our own (the runtime's pools, the native library's): nothing to
+    scope around its reads, nothing of its own to release."""
+
+    def session(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def close(self) -> None:
+        pass
+
+
+class ThreadReader(OwnThreads):
     """Read byte ranges with a pool of Python threads (``os.preadv``, GIL released)."""
 
     name = "threads"
@@ -136,15 +150,8 @@ class ThreadReader:
         for fut in [self._pool.submit(run, j) for j in range(jobs)]:
             fut.result()
 
-    def session(self) -> AbstractContextManager[None]:
-        """Nothing to scope: the threads are ours."""
-        return nullcontext()
 
-    def close(self) -> None:
-        """The pool belongs to the runtime; nothing to release here."""
-
-
-class KvikioReader:
+class KvikioReader(OwnThreads):
     """Read byte ranges with kvikio (``CuFile.pread``), into host or device memory.
 
     Notes
@@ -206,16 +213,10 @@ class KvikioReader:
             for f, o, n, fut in futs:
                 got = fut.get()
                 if got != n:
-                    raise CorruptChunkError(
-                        f"{files[f]}: expected {n} bytes at offset {o}, read {got}; the file was "
-                        "truncated (or is being written)."
-                    )
+                    raise _ended(files[f], n, o, got)
         finally:
             for fh in handles.values():
                 fh.close()
-
-    def close(self) -> None:
-        pass
 
 
 def native_items(batch: Batch, part: int = PART_BYTES) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -234,23 +235,19 @@ def raise_read_errors(files: list[Any], fid: np.ndarray, foff: np.ndarray, size:
                       detail: np.ndarray) -> None:
     """Raise for the first failed item of a native read: CorruptChunkError naming the file
     for a short file, the OSError of the failed open or read otherwise."""
-    import gpu_zarr.engine.native as native
-
     bad = np.flatnonzero(status != native.OK)
     if not len(bad):
         return
     i = int(bad[0])
     path, code, det = files[int(fid[i])], int(status[i]), int(detail[i])
     if code == native.SHORT:
-        raise CorruptChunkError(
-            f"{path}: expected {int(size[i])} bytes at offset {int(foff[i])}, the file ends after {det}; "
-            "it was truncated (or is being written). Re-run once the writer has finished.")
+        raise _ended(path, int(size[i]), int(foff[i]), det)
     if code in (native.OPEN, native.IO) and det:
         raise OSError(det, f"{os.strerror(det)} (reading chunk bytes)", str(path))
     raise RuntimeError(f"{path}: native read failed: {native.describe(code, det)}")
 
 
-class NativeReader:
+class NativeReader(OwnThreads):
     """Read byte ranges on the native library's threads (:mod:`gpu_zarr.engine.native`).
 
     One call per batch: the Python side only computes the batch's read list (vectorised);
@@ -262,33 +259,17 @@ class NativeReader:
     name = "native"
 
     def __init__(self, threads: int):
-        import gpu_zarr.engine.native as native
-
         if not native.available():
             raise RuntimeError(f"the native reader is not available: {native.status().reason}")
         self.threads = threads
-        self._native = native
 
     def read(self, files: list[Path], batch: Batch, dest: Any) -> None:
         """Fill ``dest`` (host uint8) with the encoded bytes of every piece of ``batch``."""
         if not isinstance(dest, np.ndarray):
             raise TypeError("the native reader fills host memory (numpy); use kvikio for device memory")
         fid, foff, size, doff = native_items(batch)
-        st, det = self._native.read(files, fid, foff, size, doff, dest.reshape(-1), self.threads)
+        st, det = native.read(files, fid, foff, size, doff, dest.reshape(-1), self.threads)
         raise_read_errors(files, fid, foff, size, st, det)
-
-    def session(self) -> AbstractContextManager[None]:
-        """Nothing to scope: the threads are ours."""
-        return nullcontext()
-
-    def close(self) -> None:
-        pass
-
-
-def _native_ok() -> bool:
-    import gpu_zarr.engine.native as native
-
-    return native.available()
 
 
 def make_reader(kind: str, threads: int, runtime: Runtime | None = None) -> Reader:
@@ -298,19 +279,17 @@ def make_reader(kind: str, threads: int, runtime: Runtime | None = None) -> Read
 
     Readers are long-lived: get them through :func:`reader_of`, which keeps them in the runtime.
     """
-    if kind == "cpu-auto":
-        kind = "native" if _native_ok() else "threads"
-    if kind == "native":
-        return NativeReader(threads)
     if kind == "auto":
         try:
             import kvikio  # noqa: F401
 
             kind = "kvikio"
         except ImportError:
-            kind = "native" if _native_ok() else "threads"
-        if kind == "native":
-            return NativeReader(threads)
+            kind = "cpu-auto"
+    if kind == "cpu-auto":
+        kind = "native" if native.available() else "threads"
+    if kind == "native":
+        return NativeReader(threads)
     if kind == "kvikio":
         return KvikioReader(threads)
     if kind != "threads":

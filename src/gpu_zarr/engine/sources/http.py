@@ -34,7 +34,7 @@ import gpu_zarr.engine.native as native
 from gpu_zarr import settings
 
 __all__ = ["AGENT_BYTES", "CHANGED", "MAX_AGENTS", "REFUSED", "REQ", "TOO_LONG", "UNANSWERED", "Carved", "Handoff", "HttpClient",
-           "Landing", "Parts", "Sink", "agents_for", "available", "client_for", "new_requests", "status"]
+           "Landing", "Parts", "Sink", "agents_for", "available", "client_for", "new_requests", "seconds", "status"]
 
 #: one request (gz_http_req in gz_http.c)
 REQ = np.dtype([("start", "<i8"), ("end", "<i8"), ("dest", "<u8"), ("cap", "<i8"), ("got", "<i8"),
@@ -474,8 +474,8 @@ def client_for(scheme: str, options: Mapping[str, Any]) -> HttpClient | None:
     if scheme not in ("http", "https") or not available():
         return None
     headers = tuple(f"{k}: {v}" for k, v in dict(options.get("headers") or {}).items())
-    timeout = _seconds(options.get("timeout", settings.get("remote_timeout")))
-    return HttpClient(headers=headers, connect_timeout_s=_seconds(options.get("connect_timeout", 10)),
+    timeout = seconds(options.get("timeout", settings.get("remote_timeout")))
+    return HttpClient(headers=headers, connect_timeout_s=seconds(options.get("connect_timeout", 10)),
                       stall_s=rate_window(timeout), attempts=1 + int(options.get("max_retries", 8)), timeout_s=timeout,
                       min_rate=int(settings.get("remote_min_rate")))
 
@@ -487,8 +487,9 @@ def rate_window(timeout_s: float) -> float:
     return max(1.0, min(10.0, timeout_s / 2)) if timeout_s > 0 else 10.0
 
 
-def _seconds(v: Any) -> float:
-    return float(v.total_seconds()) if hasattr(v, "total_seconds") else float(v)
+def seconds(v: Any) -> float:
+    """A timeout in seconds, given as a number or a ``timedelta``."""
+    return float(v.totalseconds()) if hasattr(v, "total_seconds") else float(v)
 
 
 _ROW = REQ.itemsize // 8  # int64s per row

@@ -31,8 +31,8 @@ from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.plan import LazyNames, Pieces
 from gpu_zarr.errors import CorruptChunkError
 
-__all__ = ["Located", "ShardGeometry", "check_sizes", "expected_chunk", "index_entries", "locate", "merge_located",
-           "piece_entries"]
+__all__ = ["Located", "ShardGeometry", "check_sizes", "entry_spans", "expected_chunk", "index_entries", "index_nbytes",
+           "locate", "merge_located", "piece_entries"]
 
 
 class ShardGeometry(Protocol):
@@ -200,8 +200,7 @@ def expected_chunk(layout: Layout) -> str:
 def _read_index(layout: Layout, path: str, indexes: ChunkCache | None = None) -> tuple[np.ndarray, int] | None:
     """The (n_inner, 2) uint64 index of one shard and the shard's mtime (ns), or None when the
     shard does not exist (from ``indexes`` when the shard's size and mtime are unchanged)."""
-    n = math.prod(layout.inner_per_shard)
-    size = n * 16 + (4 if layout.index_crc else 0)
+    size = index_nbytes(layout)
     if indexes is not None:
         try:
             st = os.stat(path)
@@ -220,19 +219,19 @@ def _read_index(layout: Layout, path: str, indexes: ChunkCache | None = None) ->
         st = os.fstat(fd)
         _regular(path, st.st_mode)
         fsize = st.st_size
-        if fsize < size:
-            raise CorruptChunkError(
-                f"shard {path} has {fsize} bytes, fewer than its index alone ({size} bytes for "
-                f"{n} inner chunks): the shard is truncated. Rewrite or delete it."
-            )
-        raw = os.pread(fd, size, fsize - size if layout.index_at_end else 0)
+        # (a shard shorter than its index reads short: index_entries says it is truncated)
+        raw = os.pread(fd, size, max(0, fsize - size) if layout.index_at_end else 0)
     finally:
         os.close(fd)
-    index = index_entries(layout, path, raw, fsize,
-                          max_stored_nbytes(layout))
+    index = index_entries(layout, path, raw, fsize, max_stored_nbytes(layout))
     if indexes is not None:
         indexes.put(("shard-index", str(path), size, layout.index_at_end, fsize, st.st_mtime_ns), index)
     return index, st.st_mtime_ns
+
+
+def index_nbytes(layout: ShardGeometry) -> int:
+    """Bytes of a shard's index: 16 per inner chunk, and its crc32c."""
+    return math.prod(layout.inner_per_shard) * 16 + (4 if layout.index_crc else 0)
 
 
 def index_entries(layout: ShardGeometry, path: Any, raw: bytes, fsize: int, max_nbytes: int | None = None) -> np.ndarray:
@@ -241,8 +240,7 @@ def index_entries(layout: ShardGeometry, path: Any, raw: bytes, fsize: int, max_
     points outside, or claims more than ``max_nbytes`` for one inner chunk: its codec's worst
     case, :func:`~gpu_zarr.engine.bounds.max_encoded_nbytes`; checked before anything is read
     or allocated for it)."""
-    n = int(np.prod(layout.inner_per_shard))
-    size = n * 16 + (4 if layout.index_crc else 0)
+    n, size = math.prod(layout.inner_per_shard), index_nbytes(layout)
     if fsize < size or len(raw) != size:
         raise CorruptChunkError(
             f"shard {path} has {fsize} bytes, fewer than its index alone ({size} bytes for "
@@ -289,7 +287,12 @@ def piece_entries(indexes: Sequence[np.ndarray | None], shard_of: np.ndarray, in
     for s, index in enumerate(indexes):
         if index is not None:
             table[s] = index
-    entries = table[shard_of, inner_lin] if len(shard_of) else np.zeros((0, 2), np.uint64)
+    return entry_spans(table[shard_of, inner_lin] if len(shard_of) else np.zeros((0, 2), np.uint64))
+
+
+def entry_spans(entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Offset and size (int64) of index entries (rows of a checked index); size -1 where the
+    inner chunk is missing."""
     ok = entries[:, 0] != _MISSING
     offset = np.where(ok, entries[:, 0], 0).astype(np.int64)
     nbytes = np.where(ok, entries[:, 1], 0).astype(np.int64)

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
+import gpu_zarr.engine.sources.http as nh
 from gpu_zarr import settings
 from gpu_zarr.engine.layout import RemoteRef
 from gpu_zarr.engine.runtime import Runtime, host_empty
@@ -219,9 +220,12 @@ class RemoteSource:
     requests : int
         Requests in flight at once.
     http : HttpClient or None
-        The native HTTP client for an ``http(s)`` store or an anonymous ``s3://`` one (None: obstore).
+        The native HTTP client (:class:`~gpu_zarr.engine.sources.http.HttpClient`) for an
+        ``http(s)`` store or an anonymous ``s3://`` one; None: obstore serves (signed s3, gs, no
+        libcurl, a fallback).
     http_url : str, optional
-        The HTTPS address of an anonymous ``s3://`` array (default: ``url``).
+        Where the native client finds the objects: an anonymous ``s3://`` array's HTTPS address
+        (then any failure is left to obstore, whose messages speak S3); default ``url``.
     store_of : callable, optional
         Builds the obstore store (4-7 ms) the first time a request needs it.
     timeout_s : float, optional
@@ -236,16 +240,11 @@ class RemoteSource:
                  http_url: str | None = None, store_of: Callable[[], Any] | None = None,
                  timeout_s: float | None = None, min_rate: int | None = None, *, state: RemoteState) -> None:
         self._state = state
-        #: the runtime's byte cache (whole chunks and shard indexes fetched, by URL)
-        self.fetched = state.fetched
+        self.fetched = state.fetched  # the runtime's byte cache (whole chunks and shard indexes fetched, by URL)
         self.timeout_s = float(settings.get("remote_timeout") if timeout_s is None else timeout_s)
         self.min_rate = int(settings.get("remote_min_rate") if min_rate is None else min_rate)
         self._store, self._store_of = store, store_of
-        #: the native HTTP client (:class:`~gpu_zarr.engine.sources.http.HttpClient`) serving this
-        #: source's requests, or None: obstore serves them (signed s3, gs; no libcurl; a fallback)
-        self.http = http
-        #: where the native client finds the objects: the URL itself, or an anonymous s3:// read's
-        #: HTTPS address (then any failure is left to obstore, whose messages speak S3)
+        self.http = http  # None once obstore serves this source (from the start, or after a fallback)
         self.http_url = (http_url or url).rstrip("/")
         self.prefix = prefix.strip("/")
         self.url = url.rstrip("/")
@@ -302,12 +301,10 @@ class RemoteSource:
 
     def _limit(self, rel: str, nbytes: int, over: Callable[[int], BaseException] | None = None) -> Limit:
         """How much of an answer about ``rel`` may be taken (``nbytes``), and by when."""
-        from gpu_zarr.engine.sources.http import rate_window
-
         url = self.url_of(rel)
         return Limit(int(nbytes), over or (lambda n: ShortAnswer(f"GET {url}: the answer is longer than the {n} bytes "
                                                                   "asked for")),
-                     deadline_of(self.timeout_s), self.min_rate, rate_window(self.timeout_s), url)
+                     deadline_of(self.timeout_s), self.min_rate, nh.rate_window(self.timeout_s), url)
 
     def _too_big(self, rel: str, expected: str = "") -> Callable[[int], BaseException]:
         """The error for an object of ``rel`` bigger than its bound (an encoded chunk's worst
@@ -444,26 +441,13 @@ class RemoteSource:
             except KeyError:
                 todo.append(i)
         if todo:  # all in one wave: one round trip
-            sem = asyncio.Semaphore(self.requests)
-
-            async def all_(which: list[int]) -> list[Any]:
-                return list(await asyncio.gather(*(self._index(sem, rels[i], nbytes, at_end, cap) for i in which)))
+            rng: Span = {"suffix": nbytes} if at_end else (0, nbytes)
             found: list[Any] = [None] * len(todo)
-            left = list(range(len(todo)))
-            if self.http is not None:
-                rng: Any = {"suffix": nbytes} if at_end else (0, nbytes)
 
-                def one(j: int, g: Got | None) -> None:
-                    if g is None:
-                        found[j] = None
-                    elif g.size < 0:  # 416: shorter than its index
-                        found[j] = (b"", 0, 0, "")
-                    else:
-                        found[j] = (bytes(g.data), g.size, g.mtime, g.etag)
-                left = self._native([(rels[i], rng) for i in todo], one, nbytes, missing_ok=True, stop=stop)
-            if left:
-                for j, g in zip(left, self._state.loop.run(all_([todo[j] for j in left]), stop)):
-                    found[j] = g
+            def one(j: int, g: Got | None) -> None:  # None: no such shard; size -1: shorter than its index
+                found[j] = None if g is None else (b"", 0, 0, "") if g.size < 0 else (
+                    bytes(g.data), g.size, g.mtime, g.etag)
+            self.stream([(rels[i], rng) for i in todo], one, cap, stop=stop, missing_ok=True)
             for i, g in zip(todo, found):
                 out[i] = g[:3] if g is not None else None
                 self.fetched.put((self.url, rels[i], "index", nbytes, at_end), out[i])
@@ -471,32 +455,12 @@ class RemoteSource:
                     self.keep_index(rels[i], *g)
         return out
 
-    async def _index(self, sem: asyncio.Semaphore, rel: str, nbytes: int, at_end: bool, cap: int | None) -> Any:
-
-        async def once() -> Any:
-            rng: Any = {"suffix": nbytes} if at_end else (0, nbytes)
-            try:
-                data, lo, hi, meta = await self._range_get(rel, rng, cap)
-            except FileNotFoundError:
-                return None
-            size = int(meta["size"])
-            if len(data) != hi - lo:
-                raise ShortAnswer(f"expected {hi - lo} bytes, got {len(data)}")
-            self._count(len(data))
-            return bytes(data), size, _mtime(meta), _etag(meta)
-        async with sem:
-            try:
-                return await self._retry(rel, _what({"suffix": nbytes}), once)
-            except RemoteError as exc:
-                if "416" in str(exc) or "Range Not Satisfiable" in str(exc):
-                    return b"", 0, 0, ""  # shorter than its index: locate says it is truncated
-                raise
-
     # -- whole objects and byte ranges, each handed on as it arrives -----------------------------
     def stream(self, jobs: Sequence[tuple[str, Span]],
                on_done: Callable[[int, Got | None], None], cap: int | None = None,
                arena: Bodies | None = None, sink: Any = None, on_sent: Callable[[], None] | None = None,
-               parts: Any = None, stop: Callable[[], bool] | None = None, expected: str = "") -> None:
+               parts: Any = None, stop: Callable[[], bool] | None = None, expected: str = "",
+               missing_ok: bool = False) -> None:
         """GET every job, up to ``requests`` in flight, and call ``on_done(i, got)`` (on the
         event loop's thread: it must only hand the work on) as each one arrives.
 
@@ -504,8 +468,8 @@ class RemoteSource:
         ``(rel, {"suffix": n})`` for its last n bytes, or
         ``(rel, (start, end))`` for a byte range (an object that is gone, or shorter than the
         range now, is handed on as a ``Got`` with no data and its new size, -1 when gone: the
-        caller sees that it changed). An answer cut short is retried and never handed on. The first error
-        cancels the rest and is raised here. ``cap``: the most bytes a whole object may have
+        caller sees that it changed; None with ``missing_ok``). An answer cut short is retried
+        and never handed on. The first error cancels the rest and is raised here. ``cap``: the most bytes a whole object may have
         (the native client needs it for whole-object jobs; without it obstore serves them);
         ``arena``: where the native client's answers land (else buffers of their own);
         ``sink``: where the native client hands complete whole bodies to be decoded as they
@@ -530,25 +494,25 @@ class RemoteSource:
                 on_sent()
         left = list(range(len(jobs)))
         if self.http is not None and (cap is not None or all(j[1] is not None for j in jobs)):
-            left = self._native(list(jobs), on_done, cap, arena=arena, sink=sink, on_sent=sent, parts=parts,
-                                stop=stop, expected=expected)
+            left = self._native(list(jobs), on_done, cap, missing_ok=missing_ok, arena=arena, sink=sink, on_sent=sent,
+                                parts=parts, stop=stop, expected=expected)
         if left:
             sent()
             sub = [jobs[j] for j in left]
-            self._state.loop.run(self._stream(sub, lambda k, got: on_done(left[k], got), cap, expected), stop)
+            self._state.loop.run(self._stream(sub, lambda k, got: on_done(left[k], got), cap, expected, missing_ok),
+                                 stop)
 
-    async def _stream(self, jobs: Sequence[tuple[str, Span]],
-                      on_done: Callable[[int, Got | None], None], cap: int | None = None,
-                      expected: str = "") -> None:
+    async def _stream(self, jobs: Sequence[tuple[str, Span]], on_done: Callable[[int, Got | None], None],
+                      cap: int | None, expected: str, missing_ok: bool) -> None:
         sem = asyncio.Semaphore(self.requests)
 
         async def one(i: int, rel: str, rng: Span) -> None:
             async with sem:
-                got = await self._get(rel, rng, cap, expected)
+                got = await self._get(rel, rng, cap, expected, missing_ok)
             on_done(i, got)
         await _all([one(i, *j) for i, j in enumerate(jobs)])
 
-    async def _get(self, rel: str, rng: Span, cap: int | None = None, expected: str = "") -> Got | None:
+    async def _get(self, rel: str, rng: Span, cap: int | None, expected: str, missing_ok: bool) -> Got | None:
         """One job through obstore; a whole object at most ``cap`` bytes (None: ``_WHOLE_CAP``;
         more is a CorruptChunkError naming it, said before its body is read when the server
         gives its size)."""
@@ -569,8 +533,8 @@ class RemoteSource:
                     data, _, _, meta = await self._range_get(rel, rng, cap)
             except FileNotFoundError:
                 # a whole object: missing (the fill value); a range: the shard is gone since its
-                # index was read, and the caller sees it changed
-                return None if rng is None else Got(b"", -1, 0, "")
+                # index was read, and the caller sees it changed (``missing_ok``: no such shard)
+                return None if rng is None or missing_ok else Got(b"", -1, 0, "")
             except oe.GenericError as exc:
                 if rng is not None and ("416" in str(exc) or "Range Not Satisfiable" in str(exc)):
                     return Got(b"", -1, 0, "")  # the object is shorter now: the caller sees it changed
@@ -597,8 +561,6 @@ class RemoteSource:
         bytes for whole objects; carved from ``arena`` when given).
         Returns the jobs given back to obstore: a server that answers no byte ranges, or a
         body longer than ``cap``; obstore serves this source from then on."""
-        import gpu_zarr.engine.sources.http as nh
-
         http = self.http
         assert http is not None
         n = len(jobs)
@@ -658,8 +620,6 @@ class RemoteSource:
     def _judge(self, rel: str, rng: Any, r: Any, buf: np.ndarray, missing_ok: bool, expected: str = "") -> Got | None:
         """One finished native request: its answer (``handed``: what the native client handed to
         the fetch's decode set, its row's ``added``), None (missing), or a clear error."""
-        import gpu_zarr.engine.sources.http as nh
-
         st, code = int(r["status"]), int(r["curl"])
         got_n, size = int(r["got"]), int(r["size"])
         mtime = int(r["mtime"]) * 10**9 if int(r["mtime"]) >= 0 else 0
@@ -863,7 +823,7 @@ def ref_of(arr: Any) -> RemoteRef | None:
     requests = loc.requests() if loc is not None else int(settings.get("remote_requests"))
     timeout = loc.storage_options.get("timeout") if loc is not None else None
     return RemoteRef(base + ("/" + path if path else ""), path, base, loc, max(1, int(requests)),
-                     _seconds(timeout) if timeout is not None else None, None if loc is not None else store.store)
+                     nh.seconds(timeout) if timeout is not None else None, None if loc is not None else store.store)
 
 
 class RemoteState:
@@ -948,7 +908,3 @@ def source_of(arr: Any, rt: Runtime) -> RemoteSource | None:
     """The live source ``rt`` keeps for a zarr array opened over obstore, None for any other store."""
     ref = ref_of(arr)
     return None if ref is None else remote_source(rt, ref)
-
-
-def _seconds(v: Any) -> float:
-    return float(v.total_seconds()) if hasattr(v, "total_seconds") else float(v)

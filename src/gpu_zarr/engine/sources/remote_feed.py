@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from gpu_zarr import settings
+from gpu_zarr.engine.bounds import max_stored_nbytes
 from gpu_zarr.engine.codecs import CodecStage
 from gpu_zarr.engine.feed import Feed, check_cancel, keeper
 from gpu_zarr.engine.layout import Layout
@@ -97,7 +98,6 @@ class RemoteFeed:
     def __init__(self, lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, ops: Ops, rt: Runtime,
                  opts: EngineOptions, cache: Any, batch: int, arena: Any) -> None:
         from gpu_zarr.engine.sources.remote import RemoteBlob, remote_source
-        from gpu_zarr.engine.sources.remote_stream import whole_cap
 
         assert lay.source is not None
         self._blob = RemoteBlob  # (an answer's bytes as a "file" of the batches)
@@ -118,7 +118,7 @@ class RemoteFeed:
         self.last: dict[int, Any] = {}
         # staging per slot: FEED_BATCH_BYTES on the device (a group that came at once is one decode
         # call), or the biggest chunk a codec can make; no more than the read can need
-        self.whole = whole_cap(lay)
+        self.whole = max_stored_nbytes(lay)
         most = max(1, n) * self.whole
         self.cap = min(max(min(batch, FEED_BATCH_BYTES), self.whole), most)
         self.per = max(1, min(n, self.cap // max(1, int(lay.inner_nbytes))))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import array
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,13 +32,13 @@ import numpy as np
 from gpu_zarr.engine.bounds import max_stored_nbytes
 from gpu_zarr.engine.layout import Layout
 from gpu_zarr.engine.plan import Batch, Pieces
-from gpu_zarr.engine.sources.files import read_tasks
+from gpu_zarr.engine.sources.files import OwnThreads, read_tasks
 from gpu_zarr.engine.sources.http import Handoff, Parts, Sink
-from gpu_zarr.engine.sources.locate import Located, check_sizes, expected_chunk, index_entries
+from gpu_zarr.engine.sources.locate import Located, check_sizes, entry_spans, expected_chunk, index_entries, index_nbytes
 from gpu_zarr.engine.sources.remote import Bodies, Got, RemoteBlob, RemoteSource, Span, changed_while_read
 from gpu_zarr.errors import CorruptChunkError, ShardChanged
 
-__all__ = ["GAP_BYTES", "PART_BYTES", "WHOLE_SHARD_BYTES", "Arrived", "RemoteReader", "stream_remote", "whole_cap"]
+__all__ = ["GAP_BYTES", "PART_BYTES", "WHOLE_SHARD_BYTES", "Arrived", "RemoteReader", "stream_remote"]
 
 PART_BYTES = 8 << 20
 GAP_BYTES = 64 << 10  # inner chunks of one shard closer than this are one GET (a round trip costs more)
@@ -152,7 +151,7 @@ def _stream_chunks(layout: Layout, pieces: Pieces, source: RemoteSource, on_arri
         hand(i, value, got.handed if got is not None else 0)
     counts["requests"] += len(todo)
     sink = Sink(handoff, array.array("q", todo)) if handoff is not None else None
-    source.stream([(keys[i], None) for i in todo], done, whole_cap(layout), arena, sink, on_sent, stop=stop,
+    source.stream([(keys[i], None) for i in todo], done, max_stored_nbytes(layout), arena, sink, on_sent, stop=stop,
                   expected=expected_chunk(layout))
     return counts
 
@@ -193,12 +192,12 @@ class _ShardStream:
         shard_of = shard_of.reshape(-1)
         self.keys = [layout.chunk_key(tuple(c)) for c in uniq.tolist()]
         self.n_inner = int(np.prod(layout.inner_per_shard))
-        self.index_size = self.n_inner * 16 + (4 if layout.index_crc else 0)
+        self.index_size = index_nbytes(layout)
         order = np.argsort(shard_of, kind="stable")  # each shard's pieces, in one sort (not a pass per shard)
         bounds = np.searchsorted(shard_of[order], np.arange(len(self.keys) + 1))
         self.members = [order[bounds[s]:bounds[s + 1]] for s in range(len(self.keys))]
         self.whole_ok = self.n_inner * int(layout.inner_nbytes) <= WHOLE_SHARD_BYTES
-        self.chunk_cap = whole_cap(layout)  # no index entry may claim more (checked before a range is asked for)
+        self.chunk_cap = max_stored_nbytes(layout)  # no index entry may claim more (checked before a range is asked for)
         self.shard_cap = self.n_inner * self.chunk_cap + self.index_size
         self.whole: list[int] = []
         self.known: dict[int, tuple[np.ndarray, int, int, str]] = {}
@@ -256,12 +255,11 @@ class _ShardStream:
             self.what.append((s, self.members[s], np.zeros(0, np.int64), np.zeros(0, np.int64), -1))
         for s, (index, _fsize, mtime, _etag) in self.known.items():
             sel = self.members[s]
-            entries = index[self.inner_lin[sel]]
-            ok = entries[:, 0] != np.uint64(2**64 - 1)
+            offs, sizes = entry_spans(index[self.inner_lin[sel]])
+            ok = sizes >= 0
             if not ok.all():
                 self.missing(s, sel[~ok], mtime)
-            sel = sel[ok]
-            offs, sizes = entries[ok, 0].astype(np.int64), entries[ok, 1].astype(np.int64)
+            sel, offs, sizes = sel[ok], offs[ok], sizes[ok]
             for a in _runs(offs, sizes):
                 start, end = int(offs[a].min()), int((offs[a] + sizes[a]).max())
                 self.jobs.append((self.keys[s], (start, end)))
@@ -299,11 +297,10 @@ class _ShardStream:
         s = self.whole[j]
         sel = self.members[s]
         try:
-            entries = index_entries(self.layout, self.url(s), raw, fsize, self.chunk_cap)[self.inner_lin[sel]]
+            offs, sizes = entry_spans(index_entries(self.layout, self.url(s), raw, fsize, self.chunk_cap)[self.inner_lin[sel]])
         except CorruptChunkError:
             return None  # (the shard's own bytes say so when it comes)
-        ok = entries[:, 0] != np.uint64(2**64 - 1)
-        offs, sizes = entries[:, 0].astype(np.int64), entries[:, 1].astype(np.int64)
+        ok = sizes >= 0
         order = np.lexsort((offs, np.where(ok, offs + sizes, -1)))  # missing first, then by their ends
         first = int((~ok).sum())
         self.cut[j] = (np.concatenate([sel[order[first:]], sel[order[:first]]]), raw)
@@ -323,18 +320,23 @@ class _ShardStream:
         it had parts, the first ``got.handed`` of them handed already; ``raw``: the index they
         were cut by)."""
         data, url, key = got.data, self.url(s), self.keys[s]
-        index = _whole_shard_index(self.layout, self.source, key, data, got.mtime, got.etag)
+        index = self.whole_index(key, data, got.mtime, got.etag)
         kept = self.source.cached_index(key)  # (kept just now, from these bytes)
         if got.handed and (kept is None or kept[0] != raw):
             raise changed_while_read(url, "its size, Last-Modified and ETag are those of the version whose index cut "
                                           "it, its bytes are not")
         sel = self.members[s] if order is None else order
-        entries = index[self.inner_lin[sel]]
-        ok = entries[:, 0] != np.uint64(2**64 - 1)
-        offset = np.where(ok, entries[:, 0], 0).astype(np.int64)
-        nbytes = np.where(ok, entries[:, 1], 0).astype(np.int64)
-        nbytes[~ok] = -1
+        offset, nbytes = entry_spans(index[self.inner_lin[sel]])
         self.on_arrived(Arrived(sel, data, offset, nbytes, 0, url, got.mtime, self.namer(url, sel), got.handed))
+
+    def whole_index(self, key: str, data: Any, mtime: int, etag: str) -> np.ndarray:
+        """The index entries of a shard fetched whole, from its own bytes (checked, then kept as
+        the source's known index of that shard)."""
+        size = self.index_size
+        raw = bytes(memoryview(data)[max(0, len(data) - size):] if self.layout.index_at_end else memoryview(data)[:size])
+        index = index_entries(self.layout, self.source.url_of(key), raw, len(data), self.chunk_cap)
+        self.source.keep_index(key, raw, len(data), mtime, etag)
+        return index
 
     def done(self, j: int, got: Got | None) -> None:
         s, sel, offs, sizes, start = self.what[j]
@@ -369,27 +371,6 @@ class _ShardStream:
             self.source.fetched.drop((self.source.url, self.keys[s], "index", self.index_size, self.layout.index_at_end))
 
 
-def _whole_shard_index(layout: Layout, source: RemoteSource, key: str, data: Any, mtime: int, etag: str) -> np.ndarray:
-    """The index entries of a shard fetched whole (taken from its own bytes, and kept as the
-    source's known index of that shard)."""
-    n_inner = int(np.prod(layout.inner_per_shard))
-    size = n_inner * 16 + (4 if layout.index_crc else 0)
-    url = source.url_of(key)
-    if len(data) < size:
-        raise CorruptChunkError(f"shard {url} has {len(data)} bytes, fewer than its index alone ({size} bytes for "
-                                f"{n_inner} inner chunks): the shard is truncated. Rewrite or delete it.")
-    raw = bytes(memoryview(data)[len(data) - size:] if layout.index_at_end else memoryview(data)[:size])
-    index = index_entries(layout, url, raw, len(data), whole_cap(layout))  # checked before it is kept
-    source.keep_index(key, raw, len(data), mtime, etag)
-    return index
-
-
-def whole_cap(layout: Layout) -> int:
-    """The most encoded bytes a whole chunk may have: its codec's worst case for its decoded
-    size (a body past this is a CorruptChunkError naming it, nothing past it read)."""
-    return max_stored_nbytes(layout)
-
-
 def _runs(offs: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
     """Groups of pieces (positions into ``offs``) fetched by one GET: in offset order, a gap
     of at most ``GAP_BYTES`` between them, at most ``PART_BYTES`` in all (a bigger piece alone)."""
@@ -407,7 +388,7 @@ def _runs(offs: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
     return [np.asarray(g, np.int64) for g in out]
 
 
-class RemoteReader:
+class RemoteReader(OwnThreads):
     """The fetch stage for remote pieces (:class:`~gpu_zarr.engine.sources.files.Reader`).
 
     Parameters
@@ -429,10 +410,6 @@ class RemoteReader:
         self._pool = pool if copiers > 1 else None
         self._copiers = max(1, copiers)
 
-    def session(self) -> AbstractContextManager[None]:
-        """Nothing to scope: the client's settings belong to its store."""
-        return nullcontext()
-
     def read(self, files: list[Any], batch: Batch, dest: Any) -> None:
         """Fill ``dest`` (host uint8) with the encoded bytes of every piece of ``batch`` (its
         files are :class:`RemoteBlob`: answers already fetched)."""
@@ -449,9 +426,6 @@ class RemoteReader:
                 copies.append((d, obj.data, at, n))
                 at += n
         _copy(dest, copies, self._pool, self._copiers)
-
-    def close(self) -> None:
-        pass
 
 
 COPY_SHARE = 4 << 20  # bytes one thread copies at least (below that a thread costs more than it saves)

@@ -97,6 +97,6 @@ def test_results_stay_out_of_the_sdist_and_the_wheel():
         files = [f.distribution_path for f in builder.recurse_included_files()]
         assert files and not [f for f in files if "results/" in f], type(builder).__name__
     results = ROOT / "benchmarks" / "results"
-    assert sorted(p.name for p in results.iterdir()) == ["cpu-2core", "h200"]  # one folder per machine
+    assert sorted(p.name for p in results.iterdir()) == ["cpu-2core", "h100", "h200"]  # one folder per machine
     for machine in results.iterdir():
         assert (machine / "README.md").is_file() and (machine / "scripts").is_dir(), machine.name

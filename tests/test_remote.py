@@ -649,6 +649,19 @@ def test_a_stalled_server_times_out_with_the_url(stores):
         assert time.monotonic() - t < 30
 
 
+def test_timeouts_given_as_timedeltas_read_exact_pixels(stores):
+    """obstore's own options take timeouts as timedeltas: ours (the native client's, the source's
+    deadline) take them too."""
+    from datetime import timedelta
+
+    opts = {"timeout": timedelta(seconds=30), "connect_timeout": timedelta(seconds=5)}
+    byte_cache(get_runtime()).clear()
+    with RangeServer(stores) as srv:
+        for rel in ("plain.zarr", "sharded.zarr"):
+            arr = open_array(f"{srv.url}/{rel}", opts)
+            np.testing.assert_array_equal(engine_read(arr, device="cpu").data, _disk(stores, rel))
+
+
 def test_dns_failure_names_the_url():
     import time
 

@@ -489,7 +489,7 @@ def rate_window(timeout_s: float) -> float:
 
 def seconds(v: Any) -> float:
     """A timeout in seconds, given as a number or a ``timedelta``."""
-    return float(v.totalseconds()) if hasattr(v, "total_seconds") else float(v)
+    return float(v.total_seconds()) if hasattr(v, "total_seconds") else float(v)
 
 
 _ROW = REQ.itemsize // 8  # int64s per row

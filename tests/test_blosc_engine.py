@@ -67,12 +67,12 @@ def test_overlapped_cpu_twin_orders_blosc_work(tmp_path):
     from gpu_zarr.engine.ops import AsyncCpuOps
 
     class SlowDecodes(AsyncCpuOps):
-        def decode_batch(self, algo, src, so, ss, dst, do, ds, names, slot=0, wait=None):
+        def decode_batch(self, algo, src, so, ss, dst, do, ds, names, slot=0, wait=None, walked=False):
             from gpu_zarr.engine.decode import decode_batch_cpu
 
             def slow(*a):
                 time.sleep(0.01)
-                decode_batch_cpu(*a)
+                decode_batch_cpu(*a, walked=walked)
             self._run(slow, algo, src, so, ss, dst, do, ds, names, slot=slot, after=wait)
 
     arr, _ = write_blosc(tmp_path / "a.zarr", fmt=3, cname="zstd", shuffle="bitshuffle", chunks=(4, 8, 7),

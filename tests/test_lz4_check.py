@@ -11,6 +11,8 @@ decode, with the library and without.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numcodecs
 import numpy as np
 import pytest
@@ -201,3 +203,70 @@ def test_gpu_walk_kernel_agrees_with_the_native_walk(tmp_path):
     assert ((code != 0) == (st != native.OK)).all()
     assert (code[st == native.SIZE] == 21).all() and set(code[(st != 0) & (st != native.SIZE)].tolist()) <= {20}
     assert (table[:n][code != 0] == 99).all() and (table[n:2 * n][code != 0] == 2).all()
+
+
+def _long_blocks(count: int, nbytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[bytes]]:
+    """``count`` numcodecs LZ4 blocks of ``nbytes`` decoded bytes each, back to back in one buffer."""
+    blocks = [bytes(numcodecs.LZ4().encode(payload(nbytes, 2, "smooth", seed=k).tobytes()))[4:] for k in range(count)]
+    sizes = np.array([len(b) for b in blocks], np.int64)
+    return np.frombuffer(b"".join(blocks), np.uint8).copy(), np.cumsum(sizes) - sizes, sizes, blocks
+
+
+@needs_native
+def test_long_blocks_are_walked_on_the_host_and_many_short_ones_left_to_the_gpu():
+    """The GPU walks a block on one thread, the host all of them on its threads: a few blocks of
+    megabytes are walked here, thousands of small streams are left to the GPU, and a damaged long
+    block is refused here, naming its chunk."""
+    from gpu_zarr.engine.codecs.lz4 import walk_blocks
+
+    buf, offs, sizes, blocks = _long_blocks(3, 2 << 20)
+    names = ["c/0", "c/1", "c/2"]
+    assert walk_blocks(buf, offs, sizes, np.full(3, 2 << 20), names)
+    many = np.full(4096, 32 << 10, np.int64)  # 128 MiB of 32 KiB streams (all the same bytes: only sizes matter)
+    assert not walk_blocks(buf, np.zeros(4096, np.int64), np.full(4096, 1, np.int64), many, ["s"] * 4096)
+    cut = np.frombuffer(blocks[0] + blocks[1][: len(blocks[1]) // 2] + blocks[2], np.uint8).copy()
+    cut_sizes = np.array([len(blocks[0]), len(blocks[1]) // 2, len(blocks[2])], np.int64)
+    with pytest.raises(CorruptChunkError, match="c/1: its LZ4 block does not decode"):
+        walk_blocks(cut, np.cumsum(cut_sizes) - cut_sizes, cut_sizes, np.full(3, 2 << 20), names)
+    with settings.set(native=False):
+        assert not walk_blocks(buf, offs, sizes, np.full(3, 2 << 20), names)  # no library: the decoders walk
+
+
+@needs_native
+def test_chunks_walked_on_the_host_are_not_walked_again(monkeypatch):
+    """numcodecs LZ4 chunks of 2 MiB (one block each) and a Blosc chunk of long LZ4 streams: the
+    stages' host halves walk them, the decode does not walk them a second time, and a damaged
+    stream is refused by the host half naming its chunk."""
+    from gpu_zarr.engine.codecs.blosc import BloscStage
+    from gpu_zarr.engine.codecs.lz4 import Lz4Stage
+
+    walks = []
+    real = native.lz4_check
+    monkeypatch.setattr(native, "lz4_check", lambda *a: walks.append(len(a[1])) or real(*a))
+    raws = [payload(2 << 20, 2, "smooth", seed=k) for k in range(2)]
+    encs = [bytes(numcodecs.LZ4().encode(r.tobytes())) for r in raws]
+    lens = np.array([len(e) for e in encs], np.int64)
+    staging = np.frombuffer(b"".join(encs), np.uint8).copy()
+
+    class Lay:  # what the stages read of a layout
+        inner_nbytes = 2 << 20
+        codec_params: dict = {}
+
+    batch = SimpleNamespace(src_offsets=np.cumsum(lens) - lens, src_sizes=lens)  # what the stages read of a batch
+    prep = Lz4Stage().prepare(staging, batch, Lay(), ["c/0", "c/1"])
+    assert prep.walked and walks == [2]
+    dst = np.empty(4 << 20, np.uint8)
+    Lz4Stage().decode(CpuOps(), staging, batch, prep, dst, np.array([0, 2 << 20]), Lay(), ["c/0", "c/1"], 0, None)
+    assert walks == [2], "the decode walked the blocks again"
+    assert dst.tobytes() == b"".join(r.tobytes() for r in raws)
+
+    raw = payload(1 << 20, 2, "smooth").view("<u2")  # Blosc blocks of 512 KiB, shuffled: streams of 256 KiB
+    enc = bytearray(numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE, 1 << 20).encode(raw))
+    one = SimpleNamespace(src_offsets=np.array([0]), src_sizes=np.array([len(enc)]))
+    Lay.inner_nbytes = raw.nbytes
+    plan = BloscStage().prepare(np.frombuffer(bytes(enc), np.uint8).copy(), one, Lay(), ["c/9"])
+    assert plan.lz4_walked
+    s = int(plan.s_src[np.flatnonzero(plan.s_kind == 1)[0]])
+    enc[s:s + 2049] = bytes([0xF0 | (enc[s] & 0x0F)]) + b"\xff" * 2048  # a first literal run far past the stream
+    with pytest.raises(CorruptChunkError, match="c/9"):
+        BloscStage().prepare(np.frombuffer(bytes(enc), np.uint8).copy(), one, Lay(), ["c/9"])

@@ -62,8 +62,8 @@ class CheckingCpuOps(AsyncCpuOps):
         return fut
 
     def decode_batch(self, algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names, slot=0,
-                     wait=None):
-        fut = self._run(pipeline_decode(algo), src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names,
+                     wait=None, walked=False):
+        fut = self._run(pipeline_decode(algo, walked), src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names,
                         slot=slot, after=wait)
         self._read_by(src, fut)
 
@@ -74,10 +74,10 @@ class CheckingCpuOps(AsyncCpuOps):
         self._read_by(src, fut)
 
 
-def pipeline_decode(algo):
+def pipeline_decode(algo, walked=False):
     from gpu_zarr.engine.decode import decode_batch_cpu
 
-    return lambda *a: decode_batch_cpu(algo, *a)
+    return lambda *a: decode_batch_cpu(algo, *a, walked=walked)
 
 
 class CheckingReader:

@@ -50,7 +50,7 @@ def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np
                      dst_offsets: np.ndarray, dst_sizes: np.ndarray | int, stream: Any,
                      names: Sequence[str] | None = None, slot: int = 0, check: bool = True,
                      crc32: np.ndarray | None = None, adler32: np.ndarray | None = None, *,
-                     runtime: Any) -> Any:
+                     runtime: Any, walked: bool = False) -> Any:
     """Decode a batch of streams from one device buffer into another, in ONE nvCOMP call.
 
     Parameters
@@ -79,8 +79,11 @@ def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np
     adler32 : ndarray of uint32, optional
         Expected Adler-32 of each stream's decoded bytes (zlib trailers): computed by a
         kernel on the GPU after the decode and checked with the statuses.
-    runtime : Runtime, optional
-        The runtime that keeps the decoder and its scratch (default: the process's).
+    runtime : Runtime
+        The runtime that keeps the decoder and its scratch.
+    walked : bool
+        LZ4 only: every block was walked on the host already
+        (:func:`gpu_zarr.engine.codecs.lz4.walk_blocks`); the GPU does not walk them again.
 
     Raises
     ------
@@ -105,7 +108,7 @@ def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np
     dec = batched_decoder(algo, stream, slot, runtime=runtime)
     return dec.decode(src, np.asarray(src_offsets, np.int64), np.asarray(src_sizes, np.int64), dst,
                       np.asarray(dst_offsets, np.int64), _as_sizes(dst_sizes, n), stream, names, check=check,
-                      crc32=crc32, adler32=adler32)
+                      crc32=crc32, adler32=adler32, walked=walked)
 
 
 def _nvcomp() -> Any:
@@ -195,20 +198,25 @@ def _fail_native(algo: str, names: Sequence[str] | None, k: int, code: int, deta
                              "chunk is corrupt or truncated; rewrite or delete that chunk.")
 
 
+def lz4_walk_error(name: str, dsize: int, why: str) -> CorruptChunkError:
+    """The error of an LZ4 block that does not decode to exactly ``dsize`` bytes (its walk said ``why``)."""
+    return CorruptChunkError(f"chunk {name}: its LZ4 block does not decode to the {dsize} bytes it must hold ({why}, "
+                             "walked before decoding). The chunk is corrupt or truncated; rewrite or delete that chunk.")
+
+
 def _decode_batch_native(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: np.ndarray,
                          dst_offsets: np.ndarray, dsizes: np.ndarray, names: Sequence[str] | None,
-                         crc32: np.ndarray | None, adler32: np.ndarray | None, threads: int) -> None:
-    """The whole batch in ONE call on native threads; then the trailers' checksums, also native."""
+                         crc32: np.ndarray | None, adler32: np.ndarray | None, threads: int, walked: bool) -> None:
+    """The whole batch in ONE call on native threads (LZ4 blocks walked first unless ``walked``);
+    then the trailers' checksums, also native."""
     import gpu_zarr.engine.native as native
 
-    if algo == "lz4":  # the GPU's lz4_sanitize walk, so both refuse the same blocks (an offset of 0)
+    if algo == "lz4" and not walked:  # the GPU's lz4_sanitize walk, so both refuse the same blocks (an offset of 0)
         walk = native.lz4_check(src, src_offsets, src_sizes, dsizes, threads)
         bad = np.flatnonzero(walk != native.OK) if walk is not None else np.zeros(0, np.int64)
         if walk is not None and len(bad):
             k = int(bad[0])
-            raise CorruptChunkError(f"chunk {_name(names, k)}: its LZ4 block does not decode to the {int(dsizes[k])} "
-                                    f"bytes it must hold ({native.describe(int(walk[k]))}, walked before decoding). The "
-                                    "chunk is corrupt or truncated; rewrite or delete that chunk.")
+            raise lz4_walk_error(_name(names, k), int(dsizes[k]), native.describe(int(walk[k])))
     st, det = native.decode(algo, src, src_offsets, src_sizes, dst, dst_offsets, dsizes, threads)
     bad = np.flatnonzero(st != native.OK)
     if len(bad):
@@ -232,7 +240,7 @@ def _decode_batch_native(algo: str, src: np.ndarray, src_offsets: np.ndarray, sr
 def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray,
                      dst: np.ndarray, dst_offsets: np.ndarray, dst_sizes: np.ndarray | int,
                      names: Sequence[str] | None = None, crc32: np.ndarray | None = None,
-                     adler32: np.ndarray | None = None, threads: int = 1) -> None:
+                     adler32: np.ndarray | None = None, threads: int = 1, walked: bool = False) -> None:
     """numcodecs/zlib twin of :func:`decode_batch_gpu` (on the CPU).
 
     Same arguments (host numpy buffers, no stream) and same errors: a stream that fails or
@@ -248,7 +256,7 @@ def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_si
     if native_stream_codec(algo) and isinstance(dst, np.ndarray) and dst.flags.c_contiguous:
         _decode_batch_native(algo, src, np.asarray(src_offsets, np.int64), np.asarray(src_sizes, np.int64), dst,
                              np.asarray(dst_offsets, np.int64), _as_sizes(dst_sizes, n), names, crc32, adler32,
-                             threads)
+                             threads, walked)
         return
     decode = _cpu_decoder(algo)
     dsizes = _as_sizes(dst_sizes, n)

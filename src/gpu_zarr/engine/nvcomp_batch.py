@@ -305,7 +305,8 @@ extern "C" __global__ void zstd_sanitize(long long* table, long long n, long lon
 }
 
 // One thread per LZ4 block: the walk of the native library's gz_lz4_check (LZ4's safe decoder's
-// rules, copying nothing; its C twin runs before the CPU's batched LZ4 decode). A block that does
+// rules, copying nothing; its C twin runs before the CPU's batched LZ4 decode, and instead of this
+// one where the host walks a batch sooner: codecs/lz4.py's walk_blocks). A block that does
 // not decode to exactly its expected size gets code 20 (malformed) or 21 (another size) and is
 // replaced by a tiny valid block, so nvCOMP never reads it (nvCOMP's LZ4 returned data for blocks
 // cut short). table: [in_ptr | in_bytes | out_bytes | ...], n each.
@@ -700,7 +701,7 @@ class BatchedDecoder:
     def decode(self, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any, dst_offsets: np.ndarray,
                dst_sizes: np.ndarray, stream: Any, names: Sequence[str] | None = None,
                check: bool = True, crc32: np.ndarray | None = None,
-               adler32: np.ndarray | None = None) -> PendingBatch | None:
+               adler32: np.ndarray | None = None, walked: bool = False) -> PendingBatch | None:
         """Decode every stream of a batch in ONE nvCOMP call on ``stream``.
 
         Parameters
@@ -723,6 +724,9 @@ class BatchedDecoder:
             Expected Adler-32 (zlib's) of each stream's decoded bytes: computed on the GPU
             by a small kernel (self-tested against ``zlib.adler32`` once per device; if that
             self-test fails the check is skipped with a warning).
+        walked : bool
+            LZ4: every block was walked on the host (``gz_lz4_check``); the GPU's walk
+            (``lz4_sanitize``) is skipped.
 
         Raises
         ------
@@ -757,7 +761,7 @@ class BatchedDecoder:
                     checksum = ("Adler-32", np.asarray(adler32, np.uint32).reshape(-1))
                 if checksum is not None and len(checksum[1]) != n:
                     raise ValueError("crc32/adler32 must have one entry per stream")
-                pending = self._queue(src, so, ss, dst, do, ds, n, max_out, stream, names, checksum)
+                pending = self._queue(src, so, ss, dst, do, ds, n, max_out, stream, names, checksum, walked)
             except _cuda_errors() as exc:  # an earlier batch faulted the GPU: say so, not a raw CUDA error
                 raise _gpu_fault(exc, self.algo, names, n) from exc
         if check:
@@ -767,7 +771,7 @@ class BatchedDecoder:
 
     def _queue(self, src: Any, so: np.ndarray, ss: np.ndarray, dst: Any, do: np.ndarray, ds: np.ndarray, n: int,
                max_out: int, stream: Any, names: Sequence[str] | None,
-               checksum: tuple[str, np.ndarray] | None) -> PendingBatch:
+               checksum: tuple[str, np.ndarray] | None, walked: bool) -> PendingBatch:
         """Queue one batch on ``stream`` (under the decoder's lock); the caller checks it."""
         self._on(stream)
         a_in, a_out, a_tmp = self.alignment
@@ -790,7 +794,7 @@ class BatchedDecoder:
             # device table: [in_ptr | in_bytes | out_bytes | out_actual | out_ptr | status | frame code]
             # + [crc32] (n uint32 in an 8n area)
             meta = self._ensure("_meta", 8 * 8 * n)
-        host = self._upload_table(meta, n, src_base + so, ss, ds, out_base + out_do, stream)
+        host = self._upload_table(meta, n, src_base + so, ss, ds, out_base + out_do, stream, walked)
         self._launch(int(meta.data.ptr), n, scratch, temp, stream, names)
         res, status = self._results(meta, n, max_out, stream, checksum)
         result = host[7 * n:7 * n + res.size]
@@ -812,10 +816,10 @@ class BatchedDecoder:
         return offsets, buf
 
     def _upload_table(self, meta: Any, n: int, in_ptrs: np.ndarray, in_bytes: np.ndarray, out_bytes: np.ndarray,
-                      out_ptrs: np.ndarray, stream: Any) -> np.ndarray:
-        """Copy the batch's pointer/size table into ``meta`` (zstd and LZ4: then let the GPU check
-        each frame or block, see ``zstd_sanitize`` and ``lz4_sanitize``); returns the pinned host
-        buffer (7n table out, 4n results back)."""
+                      out_ptrs: np.ndarray, stream: Any, walked: bool) -> np.ndarray:
+        """Copy the batch's pointer/size table into ``meta`` (zstd, and LZ4 not ``walked`` on the
+        host: then let the GPU check each frame or block, see ``zstd_sanitize`` and
+        ``lz4_sanitize``); returns the pinned host buffer (7n table out, 4n results back)."""
         host = _pinned(11 * n)
         table = host[:7 * n].reshape(7, n)
         table[0] = in_ptrs
@@ -826,7 +830,7 @@ class BatchedDecoder:
         table[5] = 0
         table[6] = 0
         _h2d(int(meta.data.ptr), host[:7 * n], stream)
-        if self.algo in _SANITIZE:
+        if self.algo in _SANITIZE and not (walked and self.algo == "lz4"):
             dummy = self._dummy(stream)
             with stream:
                 _kernel(_SANITIZE[self.algo])(((n + 127) // 128,), (128,),

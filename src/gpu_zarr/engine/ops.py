@@ -75,7 +75,7 @@ class Ops(Protocol):
     def decode_batch(self, algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
                      dst_offsets: np.ndarray, dst_sizes: np.ndarray, names: Sequence[str] | None,
                      slot: int = 0, wait: Any = None, crc32: np.ndarray | None = None,
-                     adler32: np.ndarray | None = None) -> None: ...
+                     adler32: np.ndarray | None = None, walked: bool = False) -> None: ...
     def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray,
                    sizes: np.ndarray, slot: int = 0, wait: Any = None) -> None: ...
     def place(self, src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
@@ -183,11 +183,11 @@ class CpuOps:
     def _decode_parallel(self, algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray,
                          dst: np.ndarray, dst_offsets: np.ndarray, dst_sizes: np.ndarray,
                          names: Sequence[str] | None, crc32: np.ndarray | None = None,
-                         adler32: np.ndarray | None = None) -> None:
+                         adler32: np.ndarray | None = None, walked: bool = False) -> None:
         n = len(src_offsets)
         if self.native and native_stream_codec(algo):  # one native call for the batch
             decode_batch_cpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, names, crc32, adler32,
-                             threads=self.native_threads)
+                             threads=self.native_threads, walked=walked)
             return
         parts = np.array_split(np.arange(n), max(1, min(n, self._threads)))
 
@@ -228,9 +228,9 @@ class CpuOps:
     def decode_batch(self, algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray,
                      dst: np.ndarray, dst_offsets: np.ndarray, dst_sizes: np.ndarray,
                      names: Sequence[str] | None, slot: int = 0, wait: Any = None, crc32: np.ndarray | None = None,
-                     adler32: np.ndarray | None = None) -> None:
+                     adler32: np.ndarray | None = None, walked: bool = False) -> None:
         self._run(self._decode_parallel, algo, src, np.asarray(src_offsets), np.asarray(src_sizes), dst,
-                  np.asarray(dst_offsets), np.asarray(dst_sizes), names, crc32, adler32, slot=slot,
+                  np.asarray(dst_offsets), np.asarray(dst_sizes), names, crc32, adler32, walked, slot=slot,
                   after=wait)
 
     def copy_spans(self, src: np.ndarray, src_offsets: np.ndarray, dst: np.ndarray, dst_offsets: np.ndarray,
@@ -477,8 +477,9 @@ class GpuOps:
     def decode_batch(self, algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any,
                      dst_offsets: np.ndarray, dst_sizes: np.ndarray, names: Sequence[str] | None,
                      slot: int = 0, wait: Any = None, crc32: np.ndarray | None = None,
-                     adler32: np.ndarray | None = None) -> None:
-        """ONE nvCOMP batched call on the slot's work stream; CRC-32 / Adler-32 checked on the GPU."""
+                     adler32: np.ndarray | None = None, walked: bool = False) -> None:
+        """ONE nvCOMP batched call on the slot's work stream; CRC-32 / Adler-32 checked on the GPU
+        (LZ4 blocks walked there first unless ``walked`` on the host)."""
         self._after(wait, slot)
         # one nvCOMP decoder (one scratch) per lane: the slots of a lane decode on its stream in order
         lane = slot % self.lanes
@@ -489,7 +490,8 @@ class GpuOps:
         while len(queue) >= 2:
             queue.pop(0).check()
         pending = decode_batch_gpu(algo, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes, self._work(slot),
-                                   names, lane, check=False, crc32=crc32, adler32=adler32, runtime=self._rt)
+                                   names, lane, check=False, crc32=crc32, adler32=adler32, runtime=self._rt,
+                                   walked=walked)
         if pending is not None:
             queue.append(pending)
 

@@ -111,6 +111,8 @@ class BloscPlan:
         Decoded size of every chunk.
     shuffled_bytes : int
         Size of the buffer the compressed streams decode into.
+    lz4_walked : bool
+        The LZ4 streams were walked on the host (:func:`gpu_zarr.engine.codecs.lz4.walk_blocks`).
     """
 
     nbytes: int
@@ -132,6 +134,7 @@ class BloscPlan:
     h_chunk: np.ndarray = field(default_factory=_empty)
     h_data: np.ndarray | None = None
     h_reasons: dict[str, int] = field(default_factory=dict)
+    lz4_walked: bool = False
     shuffled_bytes: int = 0
     s_adler: np.ndarray = field(default_factory=lambda: _empty(np.uint32))
 
@@ -470,6 +473,7 @@ def decode_plan(ops: Ops, src: Any, plan: BloscPlan, dst: Any, dst_offsets: np.n
                 s_src = offs
             ops.decode_batch(algo, buf, s_src, s_size, dec, plan.s_dst[sel], plan.s_dsize[sel],
                              _stream_names(names, plan.s_chunk[sel]), slot=slot, wait=wait,
+                             walked=kind == KIND_LZ4 and plan.lz4_walked,
                              **({"adler32": plan.s_adler[sel]} if kind == KIND_DEFLATE else {}))
         ops.unshuffle(src, dec, plan.s_kind == KIND_COPY, plan.s_src, plan.s_dst, plan.b_first, plan.b_nsplit,
                       plan.b_size, plan.b_ts, plan.b_mode, dst, dst_offsets[plan.b_chunk] + plan.b_off,
@@ -560,7 +564,14 @@ class BloscStage:
         return f"Blosc {cname}"
 
     def prepare(self, staging: np.ndarray, batch: Any, lay: Any, names: Sequence[str]) -> BloscPlan:
-        return parse_batch(staging, batch.src_offsets, batch.src_sizes, lay.inner_nbytes, names)
+        """:func:`parse_batch`, then the LZ4 streams walked here where the host walks them sooner."""
+        from gpu_zarr.engine.codecs.lz4 import walk_blocks
+
+        plan = parse_batch(staging, batch.src_offsets, batch.src_sizes, lay.inner_nbytes, names)
+        lz = np.flatnonzero(plan.s_kind == KIND_LZ4)
+        plan.lz4_walked = walk_blocks(staging, plan.s_src[lz], plan.s_size[lz], plan.s_dsize[lz],
+                                      _stream_names(names, plan.s_chunk[lz]))
+        return plan
 
     def decode(self, ops: Ops, src: Any, batch: Any, prep: BloscPlan | None, dst: Any, dst_offsets: np.ndarray,
                lay: Any, names: Sequence[str], slot: int, wait: Any) -> None:

@@ -4,12 +4,18 @@ The zarr v2 ``lz4`` compressor and zarr v3's ``numcodecs.lz4`` write this (numco
 ``LZ4_compress_fast`` behind the size). The host half reads the sizes (each must be the chunk's
 decoded size) and points past them; the decode is ONE batched call of raw LZ4 blocks: nvCOMP
 LZ4 on the GPU (as for Blosc's LZ4 streams), the native library's LZ4 on CPU threads, numcodecs
-in the pure-Python twin. Before nvCOMP sees a block, the GPU walks it (``lz4_sanitize`` in
-:mod:`gpu_zarr.engine.nvcomp_batch`: a block that does not decode to exactly its size is never
-decoded); the native twin walks it the same way (``gz_lz4_check``). The CPU's fused path
-reads, decodes and places whole chunks natively (``lz4-sized``: the same size check in C).
-Every decoder bounds its writes by the chunk's size and reports a block that does not decode to
-exactly that size.
+in the pure-Python twin. The CPU's fused path reads, decodes and places whole chunks natively
+(``lz4-sized``: the same size check in C). Every decoder bounds its writes by the chunk's size
+and reports a block that does not decode to exactly that size.
+
+nvCOMP never sees a block that has not been walked (LZ4's safe decoder's rules, copying
+nothing: a block must decode to exactly its size). :func:`walk_blocks` decides where, here and
+for Blosc's LZ4 streams: the GPU walks each block on one thread (``lz4_sanitize`` in
+:mod:`gpu_zarr.engine.nvcomp_batch`), so its time is the longest block's, at a few dependent
+loads from device memory per LZ4 sequence; the native library (``gz_lz4_check``) walks them
+all on the host's threads, so its time is their total over the threads. Whole chunks of
+numcodecs' LZ4 (a block of megabytes) walk on the host; Blosc's streams (a block split by byte)
+on the GPU, off the host's threads, unless a batch is a few blocks.
 """
 
 from __future__ import annotations
@@ -31,12 +37,52 @@ if TYPE_CHECKING:  # annotations only
 __all__ = ["Lz4Stage"]
 
 
+#: decoded bytes a second one GPU thread walks (``lz4_sanitize``: one thread per block)
+GPU_WALK_RATE = 16e6
+#: decoded bytes a second one host thread walks (``gz_lz4_check``) beside a read's file reads
+#: and its other lanes' walks (a free core walks about four times as fast)
+HOST_WALK_RATE = float(1 << 30)
+
+
 @dataclass(frozen=True)
 class Lz4Blocks:
-    """Where each chunk's raw LZ4 block lies in the staging buffer."""
+    """Where each chunk's raw LZ4 block lies in the staging buffer; ``walked``: all were
+    walked on the host (:func:`walk_blocks`), so the GPU need not walk them again."""
 
     offsets: np.ndarray
     sizes: np.ndarray
+    walked: bool = False
+
+
+def walk_blocks(buf: np.ndarray, offsets: Any, sizes: Any, dsizes: Any, names: Sequence[str]) -> bool:
+    """Walk the LZ4 blocks ``buf[offsets[k]:+sizes[k]]`` on the host's native threads where that
+    is estimated faster than the GPU's walk (see the module docstring): True when they were
+    walked here (each decodes to exactly ``dsizes[k]`` bytes), False when they are left to the
+    GPU (the native library is not loaded, or the GPU walks them sooner).
+
+    Raises
+    ------
+    CorruptChunkError
+        Naming the first block that does not decode to exactly its size.
+    """
+    import gpu_zarr.engine.native as native
+    from gpu_zarr import settings
+    from gpu_zarr.engine.decode import lz4_walk_error
+
+    dsizes = np.asarray(dsizes, np.int64)
+    if len(dsizes) == 0 or not native.available():
+        return False
+    threads = int(settings.get("threads"))
+    if float(dsizes.sum()) / (threads * HOST_WALK_RATE) > float(dsizes.max()) / GPU_WALK_RATE:
+        return False
+    status = native.lz4_check(buf, offsets, sizes, dsizes, threads)
+    if status is None:
+        return False
+    bad = np.flatnonzero(status != native.OK)
+    if len(bad):
+        k = int(bad[0])
+        raise lz4_walk_error(names[k], int(dsizes[k]), native.describe(int(status[k])))
+    return True
 
 
 def parse_blocks(buf: np.ndarray, offsets: Any, sizes: Any, expected: int, names: Sequence[str]) -> Lz4Blocks:
@@ -87,15 +133,19 @@ class Lz4Stage:
         return "lz4"
 
     def prepare(self, staging: np.ndarray, batch: Batch, lay: Layout, names: Sequence[str]) -> Lz4Blocks:
-        """The size headers; the blocks are walked by the decoders (see the module docstring)."""
-        return parse_blocks(staging, batch.src_offsets, batch.src_sizes, int(lay.inner_nbytes), names)
+        """The size headers, then the blocks walked here where the host walks them sooner
+        (:func:`walk_blocks`; else by the decoder)."""
+        blocks = parse_blocks(staging, batch.src_offsets, batch.src_sizes, int(lay.inner_nbytes), names)
+        size = int(lay.inner_nbytes)
+        walked = walk_blocks(staging, blocks.offsets, blocks.sizes, np.full(len(blocks.offsets), size, np.int64), names)
+        return Lz4Blocks(blocks.offsets, blocks.sizes, walked)
 
     def decode(self, ops: Ops, src: Any, batch: Batch, prep: Lz4Blocks, dst: Any, dst_offsets: np.ndarray,
                lay: Layout, names: Sequence[str], slot: int, wait: Any) -> None:
         n = len(prep.offsets)
         if n:
             ops.decode_batch("lz4", src, prep.offsets, prep.sizes, dst, np.asarray(dst_offsets[:n], np.int64),
-                             np.full(n, int(lay.inner_nbytes), np.int64), names, slot, wait=wait)
+                             np.full(n, int(lay.inner_nbytes), np.int64), names, slot, wait=wait, walked=prep.walked)
 
     def scratch_bytes(self, chunks_per_batch: int, lay: Layout) -> int:
         """nvCOMP's LZ4 decode needs no scratch; at most a gathered copy of the blocks, should

@@ -1,18 +1,38 @@
 #!/usr/bin/env bash
-# The H100 run of 2026-12-05 at 1fa490d, in order (one warm machine; OUT is the device's result folder).
+# The H100 run of 2026-12-05 (second session), in order; OUT is the device's result folder.
+#   bash run.sh write    # carrying .whl, after a call carrying .whl-ome and .whl-zarrs installed them into /tmp/site
+#   bash run.sh chains   # carrying .whl (the same warm machine)
+#   bash run.sh lz4      # carrying .whl and .ab-old (git archive 6c45236 src): the LZ4 walk before/after, then the GPU tests
 set -uo pipefail
-# 1. carrying .whl: every GPU test, then the fuzz suite
-bash benchmarks/on_gpu_machine.sh verify
-export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
-# 2. the writer, sharded and plain, against TensorStore
-python3 -m gpu_zarr.bench --mode write --size-mib 4096 --chunks 1,512,1024 --shard-mib 64 --repeat 2 --peer-repeat 1 \
-  --layouts sharded,plain --writers ours-gpu,tensorstore --workdir /tmp/gzw --out "$OUT/write/write-bench.json"
-# 3. fused tiles per thread count (the 64 KiB-inner store written by a browse of that layout first)
-S=/tmp/gzb/browse/64x2048x2048/sharded-zstd-64KiB-v3.zarr
-python3 -m gpu_zarr.bench --device gpu --workdir /tmp/gzb --out "$OUT/diag" --no-progress --mode browse --size 64,2048,2048 \
-  --layouts sharded-zstd-64KiB-v3 --planes 20 --patterns tile --readers ours-lazy-auto,tensorstore
-python3 benchmarks/tile_threads.py $S --threads 1,4,16 --tiles 40 --turns 1
-# 4. browsing three sharded layouts against TensorStore
-python3 -m gpu_zarr.bench --device gpu --workdir /tmp/gzb --out "$OUT/browse" --no-progress --mode browse \
-  --size 64,2048,2048 --layouts sharded-zstd-64MiB-1MiB,sharded-zstd-crc32c-v3,sharded-zstd-64KiB-v3 --planes 20 \
-  --patterns random,tile --readers ours-lazy-auto,tensorstore
+OUT=${OUT:-gpu-results}; mkdir -p "$OUT"
+case "${1:-}" in
+write|chains)
+  bash benchmarks/on_gpu_machine.sh "$1"
+  ;;
+lz4)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
+  for N in src/gpu_zarr/engine/native .ab-old/src/gpu_zarr/engine/native; do
+    gcc -O3 -shared -fPIC -pthread -fvisibility=hidden $N/*.c -o $N/libgz_native.so -ldl
+  done
+  nvidia-smi -L | tee "$OUT/gpus.txt"
+  # the LZ4 layouts read by the tree before the host walk (old) and after (new), in turns, each in its own process
+  L=shuffle-lz4-v2,blosc-lz4-shuffle-v2,blosc-lz4-shuffle-big-endian-v2
+  for turn in 1 2; do for side in old new; do
+    S=$([ $side = old ] && echo .ab-old/src || echo src)
+    PYTHONPATH=/tmp/site:$S timeout 80 python3 -m gpu_zarr.bench --device gpu --workdir /tmp/gzb --no-progress \
+      --size 128,2048,2048 --repeat 5 --layouts $L --readers ours-kvikio --out "$OUT/ab-$side-$turn" \
+      > "$OUT/ab-$side-$turn.log" 2>&1
+    echo "$side $turn: exit $?"
+  done; done
+  python3 benchmarks/ab.py "$OUT" | tee "$OUT/ab.md"
+  bash benchmarks/on_gpu_machine.sh tests
+  # the fuzz suite in what is left of the call's 600 s (on_gpu_machine.sh fuzz, with that limit)
+  timeout $((585 - SECONDS)) python3 -m pytest -m gpu -q -rfE -p no:cacheprovider -n 8 tests/test_fuzz.py \
+    > "$OUT/tests-fuzz.txt" 2>&1
+  echo "exit $?" >> "$OUT/tests-fuzz.txt"
+  grep -E "passed|failed|^exit" "$OUT/tests-fuzz.txt" | tail -3 | tee "$OUT/tests-fuzz-summary.txt"
+  ;;
+*) echo "usage: run.sh write|chains|lz4"; exit 2 ;;
+esac

@@ -13,9 +13,8 @@ nothing: a block must decode to exactly its size). :func:`walk_blocks` decides w
 for Blosc's LZ4 streams: the GPU walks each block on one thread (``lz4_sanitize`` in
 :mod:`gpu_zarr.engine.nvcomp_batch`), so its time is the longest block's, at a few dependent
 loads from device memory per LZ4 sequence; the native library (``gz_lz4_check``) walks them
-all on the host's threads, so its time is their total over the threads. Whole chunks of
-numcodecs' LZ4 (a block of megabytes) walk on the host; Blosc's streams (a block split by byte)
-on the GPU, off the host's threads, unless a batch is a few blocks.
+all on the host's threads, so its time is their total over the threads: long blocks (numcodecs'
+LZ4 puts a whole chunk in one) walk on the host, batches of many short ones on the GPU.
 """
 
 from __future__ import annotations

@@ -32,32 +32,9 @@ import numpy as np
 from gpu_zarr import settings
 from gpu_zarr.engine.place import place_geometry
 
-__all__ = [
-    "CODECS",
-    "address",
-    "checksums",
-    "OK",
-    "SHORT",
-    "UNSUPPORTED",
-    "NativeStatus",
-    "available",
-    "codec_available",
-    "decode",
-    "delta",
-    "describe",
-    "fused",
-    "library",
-    "loaded",
-    "place",
-    "place_chunks",
-    "read",
-    "stat_files",
-    "Arrivals",
-    "scratch_per_thread",
-    "status",
-    "unshuffle",
-    "write_files",
-]
+__all__ = ["CODECS", "address", "checksums", "OK", "SHORT", "UNSUPPORTED", "NativeStatus", "available",
+           "codec_available", "decode", "delta", "describe", "fused", "library", "loaded", "place", "place_chunks",
+           "read", "stat_files", "Arrivals", "scratch_per_thread", "status", "unshuffle", "write_files"]
 
 LIBNAME = "libgz_native.so"
 VERSION = 14  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
@@ -228,8 +205,7 @@ def describe(code: int, detail: int = 0) -> str:
 
 def address(a: np.ndarray) -> int:
     """Where ``a``'s first element lies in memory. A writable array's address comes through
-    the buffer protocol (``a.ctypes.data`` builds a Python helper object each call: ~70 us
-    cold against ~30, four times before a plane's requests left)."""
+    the buffer protocol (``a.ctypes.data`` builds a Python helper object each call)."""
     try:  # (a writable C-contiguous array of at least one byte)
         return ctypes.addressof(ctypes.c_char.from_buffer(a))
     except (TypeError, ValueError, BufferError):  # read-only, empty or strided: numpy says

@@ -16,10 +16,10 @@ as streams (:mod:`gpu_zarr.engine.sources.remote_body`) and given up past their 
 worst case for its codec (:func:`gpu_zarr.engine.bounds.max_encoded_nbytes`; more is a
 :class:`~gpu_zarr.errors.CorruptChunkError` naming it), a range's length; a server that answers
 no byte ranges is read whole only up to the object's bound. Every answer's range is checked
-against its request; each request has a deadline and a minimum rate (``storage_options
-["timeout"]``, the ``remote_timeout`` and ``remote_min_rate`` settings), and a read's cancel
-event (or Ctrl-C) stops the requests in flight. A ranged answer whose length is not the length asked for is never decoded:
-it is retried and, if it persists, raises :class:`~gpu_zarr.errors.RemoteError`.
+against its request (one that does not match is retried, then raises
+:class:`~gpu_zarr.errors.RemoteError`; it is never decoded); each request has a deadline and a
+minimum rate (``storage_options["timeout"]``, the ``remote_timeout`` and ``remote_min_rate``
+settings), and a read's cancel event (or Ctrl-C) stops the requests in flight.
 Fetched whole chunks and shard indexes are kept in a bounded LRU of encoded bytes
 (``GPU_ZARR_REMOTE_CACHE_MIB``, default 256), so a viewer's next look at a plane sends no
 request; decoded chunks go to the runtime's chunk cache as for local files.
@@ -125,9 +125,6 @@ class _Loop:
 _TICK_S = 0.1  # how often a waiting read looks at its cancel event
 
 
-NOT_KEPT = object()  # ByteCache.get's default: raise KeyError
-
-
 class ByteCache:
     """A bounded LRU of fetched encoded bytes (whole chunks, shard indexes; None: absent),
     keyed by URL: the runtime keeps one (:func:`byte_cache`)."""
@@ -136,10 +133,6 @@ class ByteCache:
         self._d: OrderedDict[Any, Any] = OrderedDict()
         self._lock = threading.Lock()
         self.nbytes = 0
-
-    @staticmethod
-    def limit() -> int:
-        return int(settings.get("remote_cache_bytes"))
 
     def find(self, keys: Sequence[Any], default: Any) -> list[Any]:
         """What is kept for each of ``keys`` (``default`` where nothing is), under one lock."""
@@ -151,20 +144,16 @@ class ByteCache:
                     d.move_to_end(k)
         return found
 
-    def get(self, key: Any, default: Any = NOT_KEPT) -> Any:
-        """The value kept for ``key`` (None: the object is absent); ``default`` when none is
-        kept, or KeyError without one (a plane's misses took a raise and catch each)."""
+    def get(self, key: Any) -> Any:
+        """The value kept for ``key`` (None: the object is absent); KeyError when none is kept."""
         with self._lock:
-            if key in self._d:
-                self._d.move_to_end(key)
-                return self._d[key]
-        if default is NOT_KEPT:
-            raise KeyError(key)
-        return default
+            value = self._d[key]
+            self._d.move_to_end(key)
+            return value
 
     def put(self, key: Any, value: Any) -> None:
         size = len(value[0]) if value is not None else 0
-        limit = self.limit()
+        limit = int(settings.get("remote_cache_bytes"))
         if size > limit // 4:
             return
         with self._lock:
@@ -227,7 +216,7 @@ class RemoteSource:
         Where the native client finds the objects: an anonymous ``s3://`` array's HTTPS address
         (then any failure is left to obstore, whose messages speak S3); default ``url``.
     store_of : callable, optional
-        Builds the obstore store (4-7 ms) the first time a request needs it.
+        Builds the obstore store (not free) the first time a request needs it.
     timeout_s : float, optional
         Deadline of one request, retries included (default: the ``remote_timeout`` setting;
         0: none); ``min_rate`` is the slowest transfer accepted (default ``remote_min_rate``).
@@ -568,11 +557,9 @@ class RemoteSource:
         whole = int(cap or 0)
         starts, ends, sizes = [0] * n, [-1] * n, [whole] * n  # (whole objects: a plane's chunks)
         for i, (_rel, rng) in enumerate(jobs):
-            if rng is None:
-                continue
             if isinstance(rng, dict):
                 starts[i], ends[i], sizes[i] = -int(rng["suffix"]), 0, int(rng["suffix"])
-            else:
+            elif rng is not None:
                 starts[i], ends[i] = int(rng[0]), int(rng[1])
                 sizes[i] = ends[i] - starts[i]
         reqs = nh.new_requests(n, starts, ends)
@@ -700,11 +687,10 @@ class BodyArena:
     """Where one big read's answers land: buffers leased from a runtime pool (``host_scratch``:
     reused, so already touched; the GPU path's pinned staging pool: the answers are uploaded
     from where they landed) and given back by :meth:`close` -- fresh memory for every
-    answer cost more CPU in page faults than the transfer itself (81 MiB of a 128 MiB array:
-    84-130 ms of CPU into fresh buffers, 45-60 into reused ones, on the 2-core machine).
-    Nothing carved from it may outlive the read (it is not put in the byte cache). Bounded by
-    ``limit``: the answers of bigger reads get buffers of their own, each freed once decoded,
-    so a huge read never holds all its encoded bytes at once.
+    answer costs more CPU in page faults than the transfer itself. Nothing carved from it may
+    outlive the read (it is not put in the byte cache). Bounded by ``limit``: the answers of
+    bigger reads get buffers of their own, each freed once decoded, so a huge read never holds
+    all its encoded bytes at once.
 
     ``lease(nbytes)``: a context manager giving ``[buffer]`` (default: ``pool.lease`` of
     ``host_empty`` memory)."""

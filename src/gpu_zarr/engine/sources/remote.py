@@ -454,23 +454,24 @@ class RemoteSource:
         event loop's thread: it must only hand the work on) as each one arrives.
 
         A job is ``(rel, None)`` for the whole object (``got`` None: it does not exist),
-        ``(rel, {"suffix": n})`` for its last n bytes, or
-        ``(rel, (start, end))`` for a byte range (an object that is gone, or shorter than the
-        range now, is handed on as a ``Got`` with no data and its new size, -1 when gone: the
-        caller sees that it changed; None with ``missing_ok``). An answer cut short is retried
-        and never handed on. The first error cancels the rest and is raised here. ``cap``: the most bytes a whole object may have
-        (the native client needs it for whole-object jobs; without it obstore serves them);
-        ``arena``: where the native client's answers land (else buffers of their own);
-        ``sink``: where the native client hands complete whole bodies to be decoded as they
-        arrive (a :class:`~gpu_zarr.engine.sources.http.Sink`, one chunk per job; those answers
-        come with ``handed`` 1, and obstore's never do); ``parts``: pieces of whole answers
-        handed to that sink's set as their bytes arrive (a
-        :class:`~gpu_zarr.engine.sources.http.Parts`; ``handed`` counts them). ``on_sent()`` runs once, on this
-        thread, before any ``on_done``: as soon as the native client's first requests are
-        written (the caller's setup for the answers then overlaps their round trip), else
-        before obstore's are made. ``stop()`` is asked while the answers travel (every 0.1 s):
-        true stops the requests in flight and raises ReadCancelled. ``expected``: what one
-        whole object holds, in words (the message for one past ``cap``).
+        ``(rel, {"suffix": n})`` for its last n bytes, or ``(rel, (start, end))`` for a byte range
+        (an object that is gone, or shorter than the range now, is handed on as a ``Got`` with no
+        data and its new size, -1 when gone: the caller sees that it changed; None with
+        ``missing_ok``). An answer cut short is retried and never handed on. The first error
+        cancels the rest and is raised here.
+
+        ``cap``: the most bytes a whole object may have (the native client needs it for
+        whole-object jobs; without it obstore serves them); ``arena``: where the native client's
+        answers land (else buffers of their own); ``sink``: where it hands complete whole bodies
+        to be decoded as they arrive (a :class:`~gpu_zarr.engine.sources.http.Sink`, one chunk per
+        job; those answers come with ``handed`` 1, obstore's never do); ``parts``: pieces of whole
+        answers handed to that sink's set as their bytes arrive (a
+        :class:`~gpu_zarr.engine.sources.http.Parts`; ``handed`` counts them). ``on_sent()`` runs
+        once, on this thread, before any ``on_done``: once the native client's first requests are
+        written (the caller's setup then overlaps their round trip), else before obstore's are
+        made. ``stop()`` is asked every 0.1 s while the answers travel: true stops the requests
+        in flight and raises ReadCancelled. ``expected``: what one whole object holds, in words
+        (the message for one past ``cap``).
         """
         if not jobs:
             return
@@ -545,17 +546,16 @@ class RemoteSource:
                 on_sent: Callable[[], None] | None = None, parts: Any = None,
                 stop: Callable[[], bool] | None = None, expected: str = "") -> list[int]:
         """Run ``jobs`` (``(rel, None | (start, end) | {"suffix": n})``) through the native
-        client, ``on_done(i, got)`` as each arrives (None: the object does not exist; for
-        ranges only with ``missing_ok``). Each body goes into a buffer of its own (``cap``
-        bytes for whole objects; carved from ``arena`` when given).
-        Returns the jobs given back to obstore: a server that answers no byte ranges, or a
-        body longer than ``cap``; obstore serves this source from then on."""
+        client, ``on_done(i, got)`` as each arrives (None: the object does not exist; for ranges
+        only with ``missing_ok``). Each body goes into a buffer of its own (``cap`` bytes for
+        whole objects; carved from ``arena`` when given). Returns the jobs given back to obstore
+        (a server that answers no byte ranges, or a body longer than ``cap``), which serves this
+        source from then on."""
         http = self.http
         assert http is not None
         n = len(jobs)
         # (Python lists, not numpy per element: a plane's few requests leave sooner)
-        whole = int(cap or 0)
-        starts, ends, sizes = [0] * n, [-1] * n, [whole] * n  # (whole objects: a plane's chunks)
+        starts, ends, sizes = [0] * n, [-1] * n, [int(cap or 0)] * n  # (whole objects: a plane's chunks)
         for i, (_rel, rng) in enumerate(jobs):
             if isinstance(rng, dict):
                 starts[i], ends[i], sizes[i] = -int(rng["suffix"]), 0, int(rng["suffix"])
@@ -563,9 +563,8 @@ class RemoteSource:
                 starts[i], ends[i] = int(rng[0]), int(rng[1])
                 sizes[i] = ends[i] - starts[i]
         reqs = nh.new_requests(n, starts, ends)
-        # where the answers land, made once the requests are written (they travel meanwhile):
-        # one lease carved (64-byte aligned; each answer's view made as it is done), else
-        # buffers of their own
+        # where the answers land, made once the requests are written (they travel meanwhile): one
+        # lease carved (64-byte aligned; each answer's view made as it is done), else their own buffers
         block: Any = None
         at: list[int] = []
         bufs: list[Any] = []

@@ -4,7 +4,7 @@ as they arrive, for the scheduler.
 :func:`~gpu_zarr.engine.sources.remote_stream.stream_remote` requests every object at once
 (on a thread of its own; a small read's on the reading thread) and hands each answer on as
 it arrives; the feed makes whatever has arrived -- once ``GROUP_BYTES`` of it is in on the
-GPU (a decode call costs 5-16 ms whatever it holds), anything on the CPU, or all -- into the
+GPU (a decode call costs about the same whatever it holds), anything on the CPU, or all -- into the
 next batches, which the scheduler copies into staging (or decodes where they landed: one
 arena block), uploads, decodes and places while the rest are still on the way. On the CPU
 with the native library, a small or sharded read's answers go to a native decode set

@@ -110,12 +110,8 @@ class HostPool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._free: list[np.ndarray] = []
-        self._held = 0  # bytes allocated by the pool (free or leased)
+        self.held_bytes = 0  # bytes allocated by the pool (free or leased)
         self.pageable_leases = 0
-
-    @property
-    def held_bytes(self) -> int:
-        return self._held
 
     def _take(self, nbytes: int, alloc: Callable[[int], np.ndarray]) -> tuple[np.ndarray, bool]:
         if nbytes > MiB:
@@ -129,12 +125,12 @@ class HostPool:
                 return self._free.pop(min(fits, key=lambda i: self._free[i].nbytes)), True
             limit = settings.get("pinned_bytes")
             # drop free buffers that are too small to make room for a bigger one
-            while self._free and self._held + nbytes > limit:
-                self._held -= self._free.pop().nbytes
-            if self._held + nbytes > limit:
+            while self._free and self.held_bytes + nbytes > limit:
+                self.held_bytes -= self._free.pop().nbytes
+            if self.held_bytes + nbytes > limit:
                 self.pageable_leases += 1
                 return host_empty(nbytes), False
-            self._held += nbytes
+            self.held_bytes += nbytes
         return alloc(nbytes), True
 
     @contextlib.contextmanager
@@ -150,7 +146,7 @@ class HostPool:
     def clear(self) -> None:
         with self._lock:
             for b in self._free:
-                self._held -= b.nbytes
+                self.held_bytes -= b.nbytes
             self._free.clear()
 
 
@@ -184,10 +180,7 @@ class Recycled:
 
     def take(self, nbytes: int) -> np.ndarray:
         """``nbytes`` bytes (a remote read's answers land in them)."""
-        n = max(1, int(nbytes))
-        if n < self.MIN_BYTES or n > self.limit:
-            return np.empty(n, np.uint8)
-        return np.frombuffer(self._lend(n), np.uint8, count=n)
+        return self.empty(max(1, int(nbytes)))
 
     def empty(self, shape: Sequence[int] | int, dtype: Any = np.uint8) -> np.ndarray:
         """Like ``np.empty(shape, dtype)``: C order, contents undefined, owned by the caller."""

@@ -3,15 +3,14 @@
 One job: find ``libgz_native.so`` (built next to this module by the package's build hook on
 ``pip install``), load it with ctypes, and offer typed batch calls -- read many byte ranges,
 decode many chunks, place many chunks, or all three per chunk; and the writer's one: create
-many files from their pieces (``native/gz_write.c``) -- each spread over native
-threads with no Python per file or chunk (ctypes releases the GIL for the call).
-:func:`status` says whether it loaded and which codec libraries it found (dlopen at run
-time: libzstd, liblz4, zlib, libdeflate), or why not. The ``native`` setting
-(``GPU_ZARR_NATIVE=0``) turns it off: the engine then runs its pure-Python paths. It is asked
-at each decision (:func:`available`, :func:`library`, :func:`status`), so
-``settings.set(native=False)`` applies to reads prepared after it; the library itself is
-loaded once per process (from the ``native_library`` setting, ``GPU_ZARR_NATIVE_LIB``, when
-given), and a batch call already decided on runs on it.
+many files from their pieces (``native/gz_write.c``) -- each spread over native threads with
+no Python per file or chunk (ctypes releases the GIL for the call). :func:`status` says whether
+it loaded and which codec libraries it found (dlopen at run time: libzstd, liblz4, zlib,
+libdeflate), or why not. The ``native`` setting (``GPU_ZARR_NATIVE=0``) turns it off: the
+engine then runs its pure-Python paths. It is asked at each decision (:func:`available`,
+:func:`library`, :func:`status`), so ``settings.set(native=False)`` applies to reads prepared
+after it; the library itself is loaded once per process (from the ``native_library`` setting,
+``GPU_ZARR_NATIVE_LIB``, when given), and a batch call already decided on runs on it.
 
 Every call returns per-item status codes; :func:`describe` turns one into words, and
 :data:`UNSUPPORTED` are the codes for which a caller falls back to numcodecs.

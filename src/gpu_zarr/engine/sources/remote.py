@@ -5,24 +5,19 @@
 Whole objects (unsharded chunks, whole shards; a 404 is None: the fill value) and byte ranges
 are fetched with up to ``requests`` in flight, each handed on as it arrives
 (:meth:`RemoteSource.stream`); shard indexes by one suffix-range GET each
-(:meth:`RemoteSource.get_indexes`).
+(:meth:`RemoteSource.get_indexes`). obstore retries 429/5xx, connection errors and timeouts
+(:mod:`gpu_zarr.location` configures it); answers that end early are retried here.
 
-Retries: obstore retries 429/5xx, connection errors and timeouts with exponential backoff
-(:mod:`gpu_zarr.location` configures it); answers that end early (a truncated body) are
-retried here.
-
-Hostile servers: no answer is held beyond what its request needs. obstore's bodies are read
-as streams (:mod:`gpu_zarr.engine.sources.remote_body`) and given up past their bound: a whole chunk's
+Hostile servers: no answer is held beyond what its request needs. Bodies are read as streams
+(:mod:`gpu_zarr.engine.sources.remote_body`) and given up past their bound: a whole chunk's
 worst case for its codec (:func:`gpu_zarr.engine.bounds.max_encoded_nbytes`; more is a
-:class:`~gpu_zarr.errors.CorruptChunkError` naming it), a range's length; a server that answers
-no byte ranges is read whole only up to the object's bound. Every answer's range is checked
-against its request (one that does not match is retried, then raises
+:class:`~gpu_zarr.errors.CorruptChunkError` naming it), a range's length. Every answer's range
+is checked against its request (one that does not match is retried, then raises
 :class:`~gpu_zarr.errors.RemoteError`; it is never decoded); each request has a deadline and a
 minimum rate (``storage_options["timeout"]``, the ``remote_timeout`` and ``remote_min_rate``
-settings), and a read's cancel event (or Ctrl-C) stops the requests in flight.
-Fetched whole chunks and shard indexes are kept in a bounded LRU of encoded bytes
-(``GPU_ZARR_REMOTE_CACHE_MIB``, default 256), so a viewer's next look at a plane sends no
-request; decoded chunks go to the runtime's chunk cache as for local files.
+settings), and a read's cancel event (or Ctrl-C) stops the requests in flight. Fetched whole
+chunks and shard indexes are kept in a bounded LRU of encoded bytes (``GPU_ZARR_REMOTE_CACHE_MIB``),
+so a viewer's next look at a plane sends no request.
 
 What lives across reads -- the event loop of obstore's requests, that byte cache, and one
 :class:`RemoteSource` per array (its shard indexes) -- is the runtime's

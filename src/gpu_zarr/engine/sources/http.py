@@ -404,7 +404,12 @@ class HttpClient:
             calls.pop()
         if cb.failed:
             raise cb.failed[0]
-        _check_rc(rc, urls)
+        if rc == -4:  # (-3: cancelled; the callback's exception was raised above)
+            raise MemoryError("the native HTTP client could not allocate its request table")
+        if rc == -5:
+            raise ValueError(f"{len(urls)} URLs of which one holds a NUL character: {[u for u in urls if chr(0) in u][:1]!r}")
+        if rc < 0 and rc != -3:
+            raise RuntimeError(f"the native HTTP client failed ({rc})")
         return reqs
 
     def get_small(self, urls: Sequence[str], cap: int, in_flight: int = 64, sending: threading.Event | None = None,
@@ -527,16 +532,6 @@ def _destinations(dests: Any, n: int, agents: int | None) -> tuple[Any, Landing 
         assert not isinstance(dests, Landing)
         addrs, caps = _places(dests, n)
     return dests, landing, addrs, list(caps), agents
-
-
-def _check_rc(rc: int, urls: Sequence[str]) -> None:
-    """Raise what the native fetch's return code says (-3: cancelled, raised by the caller)."""
-    if rc == -4:
-        raise MemoryError("the native HTTP client could not allocate its request table")
-    if rc == -5:
-        raise ValueError(f"{len(urls)} URLs of which one holds a NUL character: {[u for u in urls if chr(0) in u][:1]!r}")
-    if rc < 0 and rc != -3:
-        raise RuntimeError(f"the native HTTP client failed ({rc})")
 
 
 class _Callbacks:

@@ -1,11 +1,11 @@
 """Where a read's chunks decode: on the host's native threads (then one copy to the GPU) or
 in nvCOMP batches on the GPU, whichever this machine is estimated to do faster.
 
-nvCOMP's batched decode costs about the same per call whatever the call holds (5-16 ms, see
-``reference/figures.md``), while the host decodes a chunk per thread at a rate that depends
-on the codec (LZ4 several times zstd's, gzip a fraction of it) and on the machine. So a read
-of a few chunks is faster on CPU threads and a read of many on the GPU, and where the two
-cross moves with the codec and the CPU. :func:`choose` estimates both times from:
+nvCOMP's batched decode costs about the same per call whatever the call holds, while the host
+decodes a chunk per thread at a rate that depends on the codec (LZ4 several times zstd's, gzip a
+fraction of it) and on the machine. So a read of a few chunks is faster on CPU threads and a
+read of many on the GPU, and where the two cross moves with the codec and the CPU.
+:func:`choose` estimates both times from:
 
 - **this process's host decode rates**, per codec (:class:`DecodeRates`, owned by the
   runtime): every read decoded on CPU threads records its decoded bytes per second per
@@ -42,8 +42,8 @@ GiB = 1 << 30
 SEED_HOST_RATE = MappingProxyType({"zstd": 0.75 * GiB, "lz4": 2.0 * GiB, "blosclz": 2.0 * GiB, "snappy": 1.5 * GiB,
                   "zlib": 0.3 * GiB, "gzip": 0.3 * GiB, "deflate": 0.3 * GiB, "raw": 4.0 * GiB,
                   "host": 0.3 * GiB})
-#: nvCOMP's time per batched call, about the same whatever it holds (``reference/figures.md``);
-#: the "host" chain decodes on the host on either path, so the GPU adds nothing
+#: nvCOMP's time per batched call, about the same whatever it holds; the "host" chain decodes
+#: on the host on either path, so the GPU adds nothing
 GPU_CALL_S = MappingProxyType({"zstd": 8e-3, "lz4": 6e-3, "zlib": 8e-3, "gzip": 8e-3, "deflate": 8e-3,
                                "raw": 0.0})
 #: decoded bytes per second of a busy nvCOMP call (a few hundred chunks a call)

@@ -70,8 +70,7 @@ def check_fits(result_bytes: int, scratch_bytes: int = 0, *, device: str = "gpu"
         Temporary bytes the read needs beside its result (buffers, decoder scratch).
     device : {"gpu", "cpu"}
     what : str or callable
-        What is read, for the message (a callable is called only for a message: formatting
-        a shape, a dtype and a URL cost ~0.08 ms of every plane's time before its requests left).
+        What is read, for the message (a callable is called only for a message, not on every plane).
     free_total : (int, int), optional
         (free, total) device bytes when the caller already knows them.
 
@@ -81,7 +80,7 @@ def check_fits(result_bytes: int, scratch_bytes: int = 0, *, device: str = "gpu"
         Saying how much was needed, how much is free, and what to do.
     """
     need = int(result_bytes) + int(scratch_bytes)
-    if device == "cpu" and need <= _HOST_SURE:  # a viewer's plane: reading /proc/meminfo cost 0.1 ms of every read
+    if device == "cpu" and need <= _HOST_SURE:  # a viewer's plane: /proc/meminfo is not read for it
         return
     if callable(what):
         what = what()

@@ -116,8 +116,6 @@ class Layout:
         before the core codec.
     host : gpu_zarr.engine.codecs.host.HostChain or None
         The codecs that decode each chunk on the host when ``codec`` is "host".
-    index_big_endian : bool
-        The shard index's integers are big-endian.
     elements : tuple of gpu_zarr.engine.codecs.elements.ElementStep
         Element steps after the core codec, in decode order (filters); the core then decodes
         each chunk to ``stored_nbytes`` of the first step's stored dtype.
@@ -176,13 +174,11 @@ def batch_key(lay: Layout) -> tuple[Any, ...] | None:
     belong to different arrays (:func:`gpu_zarr.engine.pipeline.read_many`): the codec stage and
     its parameters, the (inner) chunk shape, the dtypes, the element order and the fill value.
     Layouts with equal keys can be read together; None for a remote array (its fetch stage
-    belongs to its own store)."""
-    if lay.source is not None:
+    belongs to its own store) and a host chain (its codecs are objects of its own metadata)."""
+    if lay.source is not None or lay.host is not None:
         return None
     fill = np.asarray(lay.fill_value, lay.out_dtype).tobytes()  # bytes: NaN equals NaN
     params = tuple(sorted((str(k), repr(v)) for k, v in lay.codec_params.items()))
-    if lay.host is not None:  # its codecs are objects of its own metadata
-        return None
     frames = tuple(f.name for f in lay.frames)
     return (lay.codec, params, frames, lay.elements, lay.inner_shape, lay.disk_dtype.str, lay.out_dtype.str,
             lay.transpose, fill)

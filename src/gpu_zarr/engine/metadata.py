@@ -44,16 +44,12 @@ def _root_and_source(arr: Any) -> tuple[Path, Any]:
     ref = ref_of(arr)
     if ref is not None:
         return _RemoteRoot(ref.url), ref  # type: ignore[return-value]
-    return _local_root(arr), None
-
-
-def _local_root(arr: Any) -> Path:
     store = arr.store
     root = getattr(store, "root", None)
     if root is None or type(store).__name__ != "LocalStore":
         raise _unsupported("arrays in a local directory store or a remote store opened by gpu_zarr "
                            "(http, s3, gs)", f"a {type(store).__name__}")
-    return Path(root) / arr.path if arr.path else Path(root)
+    return (Path(root) / arr.path if arr.path else Path(root)), None
 
 
 def native_dtype(dtype: np.dtype) -> np.dtype:
@@ -74,10 +70,8 @@ def _regular_chunks(meta: Any) -> tuple[int, ...]:
 
 
 def _fill(arr: Any, dtype: np.dtype) -> Any:
-    fv = arr.fill_value
-    if fv is None:  # zarr v2 ``fill_value: null``: zarr-python reads missing chunks as zeros
-        fv = 0
-    return np.array(fv, dtype=dtype)[()]
+    fv = arr.fill_value  # zarr v2 ``fill_value: null``: zarr-python reads missing chunks as zeros
+    return np.array(0 if fv is None else fv, dtype=dtype)[()]
 
 
 def _or(names: Sequence[str]) -> str:

@@ -157,9 +157,8 @@ class Pieces:
     cells : list of tuple of int
         ``coords`` as Python ints (what chunk keys are made from).
 
-    A small plan (:meth:`small`) keeps Python lists and makes its table and arrays when
-    first asked for: a remote plane's requests leave before any numpy call (each cost
-    ~0.04 ms cold there), and its table is made while they travel.
+    A small plan (:meth:`small`) keeps Python lists and makes its table and arrays when first
+    asked for: a remote plane's requests leave before any numpy call; its table is made while they travel.
     """
 
     __slots__ = ("_box", "_cells", "_coords", "_ndim", "_table")
@@ -225,8 +224,7 @@ def plan_pieces(layout: Layout, start: tuple[int, ...], stop: tuple[int, ...]) -
     spans = [range(a // c, (b - 1) // c + 1) for a, b, c in zip(start, stop, shape)]
     count = math.prod([len(r) for r in spans])
     if count <= SMALL_PLAN:
-        # a viewer's plane or tile: plain Python (two dozen numpy calls on tiny arrays took
-        # 0.18 ms of a plane's time before its requests left, cold), the table made when asked for
+        # a viewer's plane or tile: plain Python (numpy calls on tiny arrays cost more), the table made when asked for
         return Pieces.small(list(itertools.product(*spans)), shape, tuple(start), tuple(stop))
     inner = np.asarray(shape, dtype=np.int64)
     ranges = [np.arange(r.start, r.stop, dtype=np.int64) for r in spans]

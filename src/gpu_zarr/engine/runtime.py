@@ -57,16 +57,6 @@ def record_gpu_fault(what: str) -> None:
             _fault.append(what)
 
 
-def _fault_error(exc: BaseException, names: Sequence[str], more: int) -> GPUFault:
-    listed = ", ".join(names) + (f" and {more} more" if more else "") if names else "of this read"
-    record_gpu_fault(f"decoding chunks {listed}")
-    return GPUFault(f"the GPU faulted while decoding chunks {listed} ({type(exc).__name__}: {exc}). nvCOMP's "
-                    "decoders are undefined on corrupt input, and damage inside a compressed block passes the "
-                    "checks that run before them: one of these chunks is most likely corrupt. CUDA cannot recover "
-                    "a context after a fault, so the GPU is unusable until Python restarts; read the array with "
-                    "backend='cpu' to find the damaged chunk (its error names it).")
-
-
 @contextlib.contextmanager
 def faults_as_errors(names: Callable[[], tuple[Sequence[str], int]] | None = None) -> Iterator[None]:
     """A CUDA fault raised in the block becomes a :class:`GPUFault` naming the chunks whose
@@ -77,8 +67,14 @@ def faults_as_errors(names: Callable[[], tuple[Sequence[str], int]] | None = Non
     except Exception as exc:
         if not is_gpu_fault(exc):
             raise
-        listed, more = names() if names is not None else ([], 0)
-        raise _fault_error(exc, listed, more) from exc
+        shown, more = names() if names is not None else ([], 0)
+        listed = ", ".join(shown) + (f" and {more} more" if more else "") if shown else "of this read"
+        record_gpu_fault(f"decoding chunks {listed}")
+        raise GPUFault(f"the GPU faulted while decoding chunks {listed} ({type(exc).__name__}: {exc}). nvCOMP's "
+                       "decoders are undefined on corrupt input, and damage inside a compressed block passes the "
+                       "checks that run before them: one of these chunks is most likely corrupt. CUDA cannot recover "
+                       "a context after a fault, so the GPU is unusable until Python restarts; read the array with "
+                       "backend='cpu' to find the damaged chunk (its error names it).") from exc
 
 
 def gpu_fault() -> str | None:
@@ -88,9 +84,7 @@ def gpu_fault() -> str | None:
 
 def host_empty(nbytes: int) -> np.ndarray:
     """``nbytes`` of ordinary host memory (uint8, untouched). Buffers of 4 MiB and more are mapped
-    in 4 KiB pages: numpy asks for transparent huge pages there, and on the 2-core VM the
-    first touch of a fresh huge page cost ~18 ms (128 MiB: 1.2 s, against 66 ms in 4 KiB
-    pages; on the H200 machine ~0.5 ms, about what small pages cost)."""
+    in 4 KiB pages: numpy asks for transparent huge pages there, whose first touch is slow on some VMs."""
     if nbytes < 4 << 20:
         return np.empty(max(0, nbytes), np.uint8)
     return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
@@ -116,18 +110,13 @@ class HostPool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._free: list[np.ndarray] = []
-        self._held = 0  # bytes allocated by the pool (free or leased)
+        self.held_bytes = 0  # bytes allocated by the pool (free or leased)
         self.pageable_leases = 0
-
-    @property
-    def held_bytes(self) -> int:
-        return self._held
 
     def _take(self, nbytes: int, alloc: Callable[[int], np.ndarray]) -> tuple[np.ndarray, bool]:
         if nbytes > MiB:
             # a size class (1/16 of the next power of two): reads whose batches differ by a few
-            # bytes share buffers instead of each allocating its own (pinning ~150 MiB took
-            # ~180 ms on the H200: that was the p95 of browsing thick chunks)
+            # bytes share buffers instead of each allocating (and pinning) its own
             granule = 1 << max(20, nbytes.bit_length() - 4)
             nbytes = -(-nbytes // granule) * granule
         with self._lock:
@@ -136,12 +125,12 @@ class HostPool:
                 return self._free.pop(min(fits, key=lambda i: self._free[i].nbytes)), True
             limit = settings.get("pinned_bytes")
             # drop free buffers that are too small to make room for a bigger one
-            while self._free and self._held + nbytes > limit:
-                self._held -= self._free.pop().nbytes
-            if self._held + nbytes > limit:
+            while self._free and self.held_bytes + nbytes > limit:
+                self.held_bytes -= self._free.pop().nbytes
+            if self.held_bytes + nbytes > limit:
                 self.pageable_leases += 1
                 return host_empty(nbytes), False
-            self._held += nbytes
+            self.held_bytes += nbytes
         return alloc(nbytes), True
 
     @contextlib.contextmanager
@@ -157,7 +146,7 @@ class HostPool:
     def clear(self) -> None:
         with self._lock:
             for b in self._free:
-                self._held -= b.nbytes
+                self.held_bytes -= b.nbytes
             self._free.clear()
 
 
@@ -165,12 +154,9 @@ class Recycled:
     """Host arrays a read hands on (a CPU read's result; a remote answer kept in the byte cache)
     whose memory comes back, already touched, once the last array over it is gone.
 
-    Fresh memory costs a page fault per 4 KiB on these VMs (the host faults it in too), and
-    memory the caller frees goes back to the system: reading one 2 MiB plane of a remote store
-    on the 2-core machine faulted ~1200 pages (its result and its answers), ~3 ms of the
-    read's 6.5 ms of CPU, more than decoding it; whole 128 MiB reads into fresh results took
-    0.2-2.5 s where the same read into touched memory took 0.2 s (TensorStore's allocator
-    keeps freed memory: ~10 faults a plane). A block is lent to the caller through a small
+    Fresh memory costs a page fault per 4 KiB (on a VM the host faults it in too), and memory
+    the caller frees goes back to the system: for a viewer's plane those faults cost more than
+    decoding it. A block is lent to the caller through a small
     buffer object over it; when that object dies (no array or view over it is left) the block
     returns to a free list. Arrays under 256 KiB or over ``pinned_bytes // 4`` are plain
     ``np.empty``; at most ``pinned_bytes // 2`` bytes of free blocks are kept (the oldest go
@@ -194,16 +180,13 @@ class Recycled:
 
     def take(self, nbytes: int) -> np.ndarray:
         """``nbytes`` bytes (a remote read's answers land in them)."""
-        n = max(1, int(nbytes))
-        if n < self.MIN_BYTES or n > self.limit:
-            return np.empty(n, np.uint8)
-        return np.frombuffer(self._lend(n), np.uint8, count=n)
+        return self.empty(max(1, int(nbytes)))
 
     def empty(self, shape: Sequence[int] | int, dtype: Any = np.uint8) -> np.ndarray:
         """Like ``np.empty(shape, dtype)``: C order, contents undefined, owned by the caller."""
         dt = np.dtype(dtype)
         shp = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
-        nbytes = math.prod(shp) * dt.itemsize  # (np.prod on a tuple: ~0.1 ms cold, on every plane's buffers)
+        nbytes = math.prod(shp) * dt.itemsize  # (not np.prod: slow on a tuple, on every plane's buffers)
         if nbytes < self.MIN_BYTES or nbytes > self.limit or dt.hasobject:
             return np.empty(shp, dt)
         return np.frombuffer(self._lend(nbytes), dt, count=nbytes // dt.itemsize).reshape(shp)
@@ -225,8 +208,7 @@ class Recycled:
 
     def _track(self, block: np.ndarray) -> Any:  # (under the lock)
         lent = (ctypes.c_ubyte * block.nbytes).from_buffer(block)
-        # a plain weak reference, kept here until it fires (weakref.finalize cost ~0.02 ms more,
-        # cold, before every plane's requests left)
+        # a plain weak reference, kept here until it fires (weakref.finalize costs more)
         ref = weakref.ref(lent, self._returned)
         self._lent[id(ref)] = (ref, block)
         return lent
@@ -234,10 +216,8 @@ class Recycled:
     def _returned(self, ref: Any) -> None:
         with self._lock:
             _, block = self._lent.pop(id(ref), (None, None))
-        if block is not None:
-            self._back(block)
-
-    def _back(self, block: np.ndarray) -> None:
+        if block is None:
+            return
         bound = int(settings.get("pinned_bytes")) // 2
         with self._lock:
             self._free.append(block)
@@ -312,12 +292,8 @@ class Runtime:
         import cupy
 
         dev = cupy.cuda.runtime.getDevice()
-
-        def make() -> dict[str, list[Any]]:
-            return {"copy": [], "work": []}
-
         with self._lock:
-            pools = self.resource(("streams", dev), make)
+            pools = self.resource(("streams", dev), lambda: {"copy": [], "work": []})
             for kind, n in (("copy", copies), ("work", lanes)):
                 while len(pools[kind]) < n:
                     pools[kind].append(cupy.cuda.Stream(non_blocking=True))

@@ -24,7 +24,7 @@ What guards the data
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,9 +64,14 @@ def _fail(names: Sequence[str], k: int, wrapper: str, what: str) -> CorruptChunk
         "is corrupt or truncated. Nothing was decoded from it; rewrite or delete that chunk.")
 
 
-def _first(mask: np.ndarray) -> int | None:
+def _refuse(mask: np.ndarray, names: Sequence[str], wrapper: str, what: str | Callable[[int], str],
+            rows: np.ndarray | None = None) -> None:
+    """Raise :func:`_fail` for the first chunk where ``mask`` is true (``rows``: the chunks the
+    mask's entries are; ``what``: the message, or a function of that chunk giving it)."""
     idx = np.flatnonzero(mask)
-    return int(idx[0]) if len(idx) else None
+    if len(idx):
+        k = int(idx[0]) if rows is None else int(rows[idx[0]])
+        raise _fail(names, k, wrapper, what(k) if callable(what) else what)
 
 
 def _skip_zero_terminated(buf: np.ndarray, pos: np.ndarray, end: np.ndarray, names: Sequence[str],
@@ -128,55 +133,39 @@ def parse_gzip(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expected
         return DeflateStreams(offsets, sizes, np.zeros(0, np.uint32), "gzip")
     expected = np.broadcast_to(np.asarray(expected, np.int64), (n,))
     end = offsets + sizes
-    k = _first(sizes < 20)  # 10 header + at least 2 deflate + 8 trailer
-    if k is not None:
-        raise _fail(names, k, "gzip", f"{int(sizes[k])} bytes is too short for a gzip member")
+    _refuse(sizes < 20, names, "gzip",  # 10 header + at least 2 deflate + 8 trailer
+            lambda k: f"{int(sizes[k])} bytes is too short for a gzip member")
     magic = buf[offsets].astype(np.int64) | (buf[offsets + 1].astype(np.int64) << 8)
-    k = _first(magic != 0x8B1F)
-    if k is not None:
-        raise _fail(names, k, "gzip", f"starts with bytes {bytes(buf[offsets[k]:offsets[k] + 2]).hex()}, not the "
-                                      "gzip magic 1f8b")
-    k = _first(buf[offsets + 2] != 8)
-    if k is not None:
-        raise _fail(names, k, "gzip", f"compression method {int(buf[offsets[k] + 2])}, not 8 (deflate)")
+    _refuse(magic != 0x8B1F, names, "gzip",
+            lambda k: f"starts with bytes {bytes(buf[offsets[k]:offsets[k] + 2]).hex()}, not the gzip magic 1f8b")
+    _refuse(buf[offsets + 2] != 8, names, "gzip",
+            lambda k: f"compression method {int(buf[offsets[k] + 2])}, not 8 (deflate)")
     flg = buf[offsets + 3].astype(np.int64)
-    k = _first((flg & 0xE0) != 0)
-    if k is not None:
-        raise _fail(names, k, "gzip", "header flags have reserved bits set")
+    _refuse((flg & 0xE0) != 0, names, "gzip", "header flags have reserved bits set")
     pos = offsets + 10
     m = np.flatnonzero(flg & _FEXTRA)
     if len(m):
-        k = _first(pos[m] + 2 > end[m] - 8)
-        if k is not None:
-            raise _fail(names, int(m[k]), "gzip", "the header's extra field runs past the end of the chunk")
+        _refuse(pos[m] + 2 > end[m] - 8, names, "gzip", "the header's extra field runs past the end of the chunk", m)
         pos[m] += 2 + le_uints(buf, pos[m], 2)
     for flag, what in ((_FNAME, "file name"), (_FCOMMENT, "comment")):
         m = np.flatnonzero(flg & flag)
         if len(m):
-            k = _first(pos[m] >= end[m] - 8)
-            if k is not None:
-                raise _fail(names, int(m[k]), "gzip", f"the header's {what} runs past the end of the chunk")
+            _refuse(pos[m] >= end[m] - 8, names, "gzip", f"the header's {what} runs past the end of the chunk", m)
             pos[m] = _skip_zero_terminated(buf, pos[m], end[m] - 8, names, m, what)
     m = np.flatnonzero(flg & _FHCRC)
     if len(m):
-        k = _first(pos[m] + 2 > end[m] - 8)
-        if k is not None:
-            raise _fail(names, int(m[k]), "gzip", "the header CRC runs past the end of the chunk")
+        _refuse(pos[m] + 2 > end[m] - 8, names, "gzip", "the header CRC runs past the end of the chunk", m)
         for j in m:  # rare (zarr writers never set FHCRC): one small crc per such chunk
             o, p = int(offsets[j]), int(pos[j])
             if (zlib.crc32(buf[o:p]) & 0xFFFF) != le_uint(buf, p, 2):
                 raise _fail(names, int(j), "gzip", "the header CRC does not match the header")
         pos[m] += 2
     raw_sizes = end - 8 - pos
-    k = _first(raw_sizes < 2)
-    if k is not None:
-        raise _fail(names, k, "gzip", "no room for a deflate stream between header and trailer")
+    _refuse(raw_sizes < 2, names, "gzip", "no room for a deflate stream between header and trailer")
     crc = le_uints(buf, end - 8, 4).astype(np.uint32)
     isize = le_uints(buf, end - 4, 4)
-    k = _first(isize != (expected & 0xFFFFFFFF))
-    if k is not None:
-        raise _fail(names, k, "gzip", f"the trailer says {int(isize[k])} decoded bytes (mod 2**32); the array "
-                                      f"metadata says a chunk holds {int(expected[k])}")
+    _refuse(isize != (expected & 0xFFFFFFFF), names, "gzip", lambda k: f"the trailer says {int(isize[k])} decoded "
+            f"bytes (mod 2**32); the array metadata says a chunk holds {int(expected[k])}")
     return DeflateStreams(pos, raw_sizes, crc, "gzip")
 
 
@@ -194,21 +183,14 @@ def parse_zlib(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, names: S
     buf, offsets, sizes, n = _batch(buf, offsets, sizes)
     if n == 0:
         return DeflateStreams(offsets, sizes, np.zeros(0, np.uint32), "zlib")
-    k = _first(sizes < 8)  # 2 header + at least 2 deflate + 4 trailer
-    if k is not None:
-        raise _fail(names, k, "zlib", f"{int(sizes[k])} bytes is too short for a zlib stream")
+    _refuse(sizes < 8, names, "zlib",  # 2 header + at least 2 deflate + 4 trailer
+            lambda k: f"{int(sizes[k])} bytes is too short for a zlib stream")
     cmf = buf[offsets].astype(np.int64)
     flg = buf[offsets + 1].astype(np.int64)
-    k = _first(((cmf & 0x0F) != 8) | ((cmf >> 4) > 7))
-    if k is not None:
-        raise _fail(names, k, "zlib", f"header byte CMF={int(cmf[k]):#04x} is not deflate with a window of at most "
-                                      "32 KiB")
-    k = _first((cmf * 256 + flg) % 31 != 0)
-    if k is not None:
-        raise _fail(names, k, "zlib", "the header check bits (FCHECK) are wrong")
-    k = _first((flg & 0x20) != 0)
-    if k is not None:
-        raise _fail(names, k, "zlib", "the stream needs a preset dictionary (FDICT), which zarr never writes")
+    _refuse(((cmf & 0x0F) != 8) | ((cmf >> 4) > 7), names, "zlib",
+            lambda k: f"header byte CMF={int(cmf[k]):#04x} is not deflate with a window of at most 32 KiB")
+    _refuse((cmf * 256 + flg) % 31 != 0, names, "zlib", "the header check bits (FCHECK) are wrong")
+    _refuse((flg & 0x20) != 0, names, "zlib", "the stream needs a preset dictionary (FDICT), which zarr never writes")
     end = offsets + sizes
     adler = (buf[end - 4].astype(np.int64) << 24 | buf[end - 3].astype(np.int64) << 16
              | buf[end - 2].astype(np.int64) << 8 | buf[end - 1].astype(np.int64)).astype(np.uint32)
@@ -227,10 +209,10 @@ class DeflateStage:
     ``prepare`` parses the wrappers on the host (staging buffer, before upload);
     ``decode`` makes ONE ``ops.decode_batch("deflate", ...)`` call per batch: nvCOMP on
     the GPU (plus one batched CRC-32 / Adler-32 of the decoded chunks), zlib on the CPU
-    twin; both verify the trailers' checksums (see the module docstring). nvCOMP wants 4-byte aligned deflate input
-    and the streams start 2 (zlib) or 10+ (gzip) bytes into a chunk, so the GPU decoder
-    first gathers them into an aligned buffer: up to one batch of compressed bytes of
-    scratch, counted in :meth:`scratch_bytes`.
+    twin; both verify the trailers' checksums (see the module docstring). nvCOMP wants 4-byte
+    aligned deflate input and the streams start 2 (zlib) or 10+ (gzip) bytes into a chunk, so
+    the GPU decoder first gathers them into an aligned buffer: up to one batch of compressed
+    bytes of scratch, counted in :meth:`scratch_bytes`.
     """
 
     nvcomp = True

@@ -100,11 +100,6 @@ def _work_dtype(stored: np.dtype, scale: Any, offset: Any) -> np.dtype:
         return (np.zeros(1, stored) / scale + offset).dtype
 
 
-def _exact_cast(src: np.dtype, dst: np.dtype) -> bool:
-    """A cast both libraries round the same way: not from floats to integers."""
-    return _numeric(src) and _numeric(dst) and not (src.kind == "f" and dst.kind in "iu")
-
-
 def _step(codec: Any) -> ElementStep | tuple[()] | None:
     """The element step of one numcodecs filter object; ``()`` for one that leaves the bytes as
     they are; None when it has no exact step."""
@@ -124,7 +119,7 @@ def _step(codec: Any) -> ElementStep | tuple[()] | None:
         elif cid in ("astype", "quantize"):
             src = np.dtype(codec.encode_dtype if cid == "astype" else codec.astype)
             dst = np.dtype(codec.decode_dtype if cid == "astype" else codec.dtype)
-            if _exact_cast(src, dst):
+            if _numeric(src) and _numeric(dst) and not (src.kind == "f" and dst.kind in "iu"):  # rounded alike
                 return ElementStep(cid, src, dst)
         elif cid == "fixedscaleoffset":
             dt, ast = np.dtype(codec.dtype), np.dtype(codec.astype)

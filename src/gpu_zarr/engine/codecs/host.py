@@ -7,10 +7,8 @@ codec objects of the array's own metadata -- zarr-python's codecs, which wrap nu
 exactly as zarr's codec pipeline decodes it: bytes-to-bytes steps in reverse, then the
 array-to-bytes step, then array-to-array steps in reverse, each with the chunk spec it sees
 in zarr. Chunks of a batch are decoded side by side on the engine's worker threads (the
-numcodecs decoders release the GIL); the decoded chunks are then uploaded and placed like
-any other.
-
-Nothing here executes code from the store: codecs are looked up by name in zarr's registry,
+numcodecs decoders release the GIL); the decoded chunks are then uploaded and placed like any
+other. Nothing here executes code from the store: codecs are looked up by name in zarr's registry,
 and object dtypes (the pickle codec and its kin) are refused by the layout.
 """
 

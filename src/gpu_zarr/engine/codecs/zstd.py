@@ -22,14 +22,12 @@ class ZstdStage:
 
     Notes
     -----
-    nvCOMP's statuses do not guard a truncated or garbage frame, which faulted the GPU
-    (CUDA_ERROR_ILLEGAL_ADDRESS, the process's context lost), so every frame is walked
-    before nvCOMP reads it: on the GPU by the batched decoder (``zstd_sanitize`` in
-    :mod:`gpu_zarr.engine.nvcomp_batch`, a CI test holds it equal to the host walk), on
-    the host by :meth:`prepare` for the CPU twin. The GPU path skips the host walk
-    (``device_checks``): it holds the thread that drives the GPU (one numpy step per block
-    position), which the device's walk does not. The CPU's
-    small-read path skips it too (``native_checks``): libzstd checks its input.
+    nvCOMP's statuses do not guard a truncated or garbage frame, which can fault the GPU (the
+    process's context lost), so every frame is walked before nvCOMP reads it: on the GPU by the
+    batched decoder (``zstd_sanitize`` in :mod:`gpu_zarr.engine.nvcomp_batch`, a CI test holds
+    it equal to the host walk), on the host by :meth:`prepare` for the CPU twin. The GPU path
+    skips the host walk (``device_checks``): it would hold the thread that drives the GPU. The
+    CPU's small-read path skips it too (``native_checks``): libzstd checks its input.
     """
 
     name = "zstd"

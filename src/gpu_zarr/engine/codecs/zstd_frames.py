@@ -8,8 +8,8 @@ a batch (one numpy step per block position, not one Python call per chunk).
 The same walk runs on the GPU inside the batched decoder (``zstd_sanitize`` in
 :mod:`gpu_zarr.engine.nvcomp_batch`; a CI test holds the two equal). Neither can see
 corruption inside a compressed block: a flipped byte in a block's literal or sequence
-headers passes both and was measured to fault the GPU in nvCOMP 6.0 (zstd has no
-block-level check; the frame checksum is verified only after decoding).
+headers passes both and can fault the GPU (zstd has no block-level check; the frame checksum
+is verified only after decoding).
 """
 
 from __future__ import annotations

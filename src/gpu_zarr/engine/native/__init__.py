@@ -3,15 +3,14 @@
 One job: find ``libgz_native.so`` (built next to this module by the package's build hook on
 ``pip install``), load it with ctypes, and offer typed batch calls -- read many byte ranges,
 decode many chunks, place many chunks, or all three per chunk; and the writer's one: create
-many files from their pieces (``native/gz_write.c``) -- each spread over native
-threads with no Python per file or chunk (ctypes releases the GIL for the call).
-:func:`status` says whether it loaded and which codec libraries it found (dlopen at run
-time: libzstd, liblz4, zlib, libdeflate), or why not. The ``native`` setting
-(``GPU_ZARR_NATIVE=0``) turns it off: the engine then runs its pure-Python paths. It is asked
-at each decision (:func:`available`, :func:`library`, :func:`status`), so
-``settings.set(native=False)`` applies to reads prepared after it; the library itself is
-loaded once per process (from the ``native_library`` setting, ``GPU_ZARR_NATIVE_LIB``, when
-given), and a batch call already decided on runs on it.
+many files from their pieces (``native/gz_write.c``) -- each spread over native threads with
+no Python per file or chunk (ctypes releases the GIL for the call). :func:`status` says whether
+it loaded and which codec libraries it found (dlopen at run time: libzstd, liblz4, zlib,
+libdeflate), or why not. The ``native`` setting (``GPU_ZARR_NATIVE=0``) turns it off: the
+engine then runs its pure-Python paths. It is asked at each decision (:func:`available`,
+:func:`library`, :func:`status`), so ``settings.set(native=False)`` applies to reads prepared
+after it; the library itself is loaded once per process (from the ``native_library`` setting,
+``GPU_ZARR_NATIVE_LIB``, when given), and a batch call already decided on runs on it.
 
 Every call returns per-item status codes; :func:`describe` turns one into words, and
 :data:`UNSUPPORTED` are the codes for which a caller falls back to numcodecs.
@@ -32,32 +31,9 @@ import numpy as np
 from gpu_zarr import settings
 from gpu_zarr.engine.place import place_geometry
 
-__all__ = [
-    "CODECS",
-    "address",
-    "checksums",
-    "OK",
-    "SHORT",
-    "UNSUPPORTED",
-    "NativeStatus",
-    "available",
-    "codec_available",
-    "decode",
-    "delta",
-    "describe",
-    "fused",
-    "library",
-    "loaded",
-    "place",
-    "place_chunks",
-    "read",
-    "stat_files",
-    "Arrivals",
-    "scratch_per_thread",
-    "status",
-    "unshuffle",
-    "write_files",
-]
+__all__ = ["CODECS", "address", "checksums", "OK", "SHORT", "UNSUPPORTED", "NativeStatus", "available",
+           "codec_available", "decode", "delta", "describe", "fused", "library", "loaded", "place", "place_chunks",
+           "read", "stat_files", "Arrivals", "scratch_per_thread", "status", "unshuffle", "write_files"]
 
 LIBNAME = "libgz_native.so"
 VERSION = 14  # gz_version() of the library this module speaks to (an older build is refused: rebuild)
@@ -228,8 +204,7 @@ def describe(code: int, detail: int = 0) -> str:
 
 def address(a: np.ndarray) -> int:
     """Where ``a``'s first element lies in memory. A writable array's address comes through
-    the buffer protocol (``a.ctypes.data`` builds a Python helper object each call: ~70 us
-    cold against ~30, four times before a plane's requests left)."""
+    the buffer protocol (``a.ctypes.data`` builds a Python helper object each call)."""
     try:  # (a writable C-contiguous array of at least one byte)
         return ctypes.addressof(ctypes.c_char.from_buffer(a))
     except (TypeError, ValueError, BufferError):  # read-only, empty or strided: numpy says

@@ -5,8 +5,8 @@ Three readers with one interface: :class:`NativeReader` (the native library's th
 (a pool of Python threads calling ``os.preadv``, which releases the GIL; the fallback) and
 :class:`KvikioReader` (kvikio's own C++ thread pool, several threads; kvikio's default is
 one). All fill a host staging buffer (pinned memory on the GPU path); kvikio can also fill
-device memory directly.
-Large ranges are split into parts so that all threads work on a batch of few big chunks.
+device memory directly. Large ranges are split into parts so that all threads work on a batch
+of few big chunks.
 """
 
 from __future__ import annotations

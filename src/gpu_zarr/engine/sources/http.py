@@ -4,8 +4,7 @@ One job: many GETs -- whole objects, byte ranges, suffixes -- in flight from ONE
 each body written straight into a buffer the caller gives (a staging buffer, a scratch
 array), retried with backoff on 429/5xx, resets, timeouts and answers cut short, with a
 callback per finished request so decode overlaps the transfer. No Python per byte and no
-event loop: on the 2-core machine obstore's client spent 113-163 ms of CPU on the 81 MiB of
-a 128 MiB array where libcurl (TensorStore's client) spent 42-48 ms.
+event loop: libcurl (TensorStore's client too) spends a fraction of obstore's CPU per byte.
 
 :mod:`gpu_zarr.engine.sources.remote` uses it for ``http(s)://`` stores and anonymous ``s3://`` reads
 when it loads (libcurl.so.4, found with dlopen at run time); otherwise, for signed ``s3://`` and
@@ -79,13 +78,11 @@ def _lib(lib: Any) -> tuple[Any, str, str]:
     if not lib.gz_http_available(ctypes.byref(why), ctypes.byref(ver)):
         return None, "", f"libcurl did not load ({(why.value or b'').decode(errors='replace')}); install libcurl4"
     lib.gz_http_fetch.restype = ctypes.c_int
-    lib.gz_http_fetch.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
-                                  ctypes.c_void_p,
-                                  ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, _DONE,
-                                  ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+    i64, vp, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.gz_http_fetch.argtypes = [ctypes.c_char_p, i64, vp, i64, c_int, vp, c_int, i64, i64, c_int, i64, _DONE, vp, c_int,
+                                  vp, vp, c_int, vp, i64, i64, c_int, c_int]
     lib.gz_http_publish.restype = None
-    lib.gz_http_publish.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.gz_http_publish.argtypes = [vp, i64]
     return lib, (ver.value or b"").decode(errors="replace"), ""
 
 
@@ -131,9 +128,8 @@ class Landing:
     """Destinations made once the requests are written (:meth:`HttpClient.fetch`'s ``dests``):
     ``make()`` gives them (arrays, or a :class:`Carved` block), request i's holding at least
     ``caps[i]`` bytes, and no body is written before they are there (one that comes sooner
-    waits, paused). So a small read's requests leave before its buffers are set up (taking
-    and carving a plane's block cost ~0.1 ms cold, before every plane). A fetch that spreads
-    its answers over several threads makes them before its requests leave."""
+    waits, paused). So a small read's requests leave before its buffers are set up. A fetch
+    that spreads its answers over several threads makes them before its requests leave."""
 
     caps: Sequence[int]
     make: Callable[[], Sequence[np.ndarray] | Carved]
@@ -158,8 +154,7 @@ class Handoff:
     destinations of every fetch that fed it. Its owner keeps both until the set is closed
     (a worker may still be decoding from them after the fetch returned)."""
 
-    # (a plain class and an array.array, not a dataclass and numpy: made before a plane's
-    # requests leave, where a numpy call and its address cost ~0.07 ms cold)
+    # (a plain class and an array.array, not a dataclass and numpy: made before a plane's requests leave)
     __slots__ = ("alive", "cell")
 
     def __init__(self) -> None:
@@ -264,10 +259,8 @@ class Parts:
             raise ValueError(f"request {i}: parts are published once, for a request with none set")
         one = Parts(1)
         one.set(0, chunks, offsets, sizes, size, mtime_s, etag)
-        at = one.pointer(1)
         self._published.append(one)
-        lib = _bound()
-        lib.gz_http_publish(self._late.buffer_info()[0] + 8 * i, at)
+        _bound().gz_http_publish(self._late.buffer_info()[0] + 8 * i, one.pointer(1))
 
 
 def _int64s(v: Any, n: int, what: str) -> int:
@@ -297,7 +290,7 @@ def _dispatch(i: int) -> None:
     _local.calls[-1](i)
 
 
-_THUNK = _DONE(_dispatch)  # (kept for the process: made per call it cost a few microseconds of every plane)
+_THUNK = _DONE(_dispatch)  # (kept for the process, not made per call)
 
 
 @functools.lru_cache(maxsize=64)
@@ -378,7 +371,7 @@ class HttpClient:
             _set(raw, "dest", n, addrs)
         _set(raw, "cap", n, caps)
         table = raw.buffer_info()[0]
-        # (one buffer of NUL-terminated URLs: a ctypes array of n pointers cost ~0.02 ms cold)
+        # (one buffer of NUL-terminated URLs, cheaper than a ctypes array of n pointers)
         c_urls = ("\0".join(urls) + "\0").encode()
         c_hdr, nhdr = _headers(self.headers)
         sink_at: tuple[int | None, int | None] = (None, None)
@@ -391,7 +384,6 @@ class HttpClient:
                 sink.to.alive.append(dests)  # (the set may read them after this returns)
         cancel = ctypes.c_int32(0)
         cb = _Callbacks(raw, n, caps, landing, sink, on_sent, on_done, stop, cancel)
-        done, failed = cb.done, cb.failed
         if sending is not None:
             sending.set()
         if agents is None:
@@ -399,7 +391,7 @@ class HttpClient:
         # the callback: one native thunk for every call, dispatching to this call's `done`
         # (the innermost fetch of this thread: a `done` may run another fetch)
         calls = _calls()
-        calls.append(done)
+        calls.append(cb.done)
         try:
             rc = lib.gz_http_fetch(c_urls, len(c_urls), table, n, max(1, int(in_flight)), c_hdr, nhdr,
                                    int(self.connect_timeout_s * 1000), max(1, int(round(self.stall_s))),
@@ -410,9 +402,14 @@ class HttpClient:
                                    max(0, int(self.redirects)))
         finally:
             calls.pop()
-        if failed:
-            raise failed[0]
-        _check_rc(rc, urls)
+        if cb.failed:
+            raise cb.failed[0]
+        if rc == -4:  # (-3: cancelled; the callback's exception was raised above)
+            raise MemoryError("the native HTTP client could not allocate its request table")
+        if rc == -5:
+            raise ValueError(f"{len(urls)} URLs of which one holds a NUL character: {[u for u in urls if chr(0) in u][:1]!r}")
+        if rc < 0 and rc != -3:
+            raise RuntimeError(f"the native HTTP client failed ({rc})")
         return reqs
 
     def get_small(self, urls: Sequence[str], cap: int, in_flight: int = 64, sending: threading.Event | None = None,
@@ -450,20 +447,16 @@ class HttpClient:
         return out
 
 
-_CORES = os.cpu_count() or 1  # (asked once: a syscall, ~0.08 ms cold, before every plane's requests)
+_CORES = os.cpu_count() or 1  # (asked once, not before every plane's requests)
 AGENT_BYTES = 16 << 20  # answers' bytes per receiving thread
 MAX_AGENTS = 4
 
 
 def agents_for(nbytes: int, requests: int, cores: int | None = None) -> int:
     """Threads to receive ``requests`` answers of ``nbytes`` in all: one per ``AGENT_BYTES``,
-    at most ``MAX_AGENTS`` and a quarter of the cores (the rest decode what arrives).
-
-    One thread receiving every body was the limit of big reads on the H200 VM (16 cores):
-    81 MiB of shards over loopback took 46 ms at 20 ms a request with one thread, 38 with two,
-    32 with four or eight (31, 18, 13, 12 ms at 0 ms). On the 2-core machine more threads only
-    took time from the server and the decoders (52 ms with one, 54-60 with more).
-    """
+    at most ``MAX_AGENTS`` and a quarter of the cores (the rest decode what arrives): one
+    thread receiving every body limits big reads on many cores, while on few cores more threads
+    only take time from the server and the decoders."""
     cores = _CORES if cores is None else cores
     return max(1, min(MAX_AGENTS, cores // 4, requests, -(-max(0, nbytes) // AGENT_BYTES)))
 
@@ -501,8 +494,7 @@ def new_requests(n: int, starts: Sequence[int] | None = None, ends: Sequence[int
     """A zeroed request table of ``n`` rows (:data:`REQ`), with ``start`` and ``end`` set when given.
 
     Its memory is an ``array.array`` of int64s: the fields a fetch sets before its requests
-    leave are set there, and its address taken, with no numpy call (a numpy table, its fields
-    set and its address taken cost ~0.05 ms cold before every plane's requests)."""
+    leave are set there, and its address taken, with no numpy call."""
     raw = array.array("q", bytes(n * REQ.itemsize))
     for name, values in (("start", starts), ("end", ends)):
         if values is not None:
@@ -540,16 +532,6 @@ def _destinations(dests: Any, n: int, agents: int | None) -> tuple[Any, Landing 
         assert not isinstance(dests, Landing)
         addrs, caps = _places(dests, n)
     return dests, landing, addrs, list(caps), agents
-
-
-def _check_rc(rc: int, urls: Sequence[str]) -> None:
-    """Raise what the native fetch's return code says (-3: cancelled, raised by the caller)."""
-    if rc == -4:
-        raise MemoryError("the native HTTP client could not allocate its request table")
-    if rc == -5:
-        raise ValueError(f"{len(urls)} URLs of which one holds a NUL character: {[u for u in urls if chr(0) in u][:1]!r}")
-    if rc < 0 and rc != -3:
-        raise RuntimeError(f"the native HTTP client failed ({rc})")
 
 
 class _Callbacks:

@@ -5,24 +5,19 @@
 Whole objects (unsharded chunks, whole shards; a 404 is None: the fill value) and byte ranges
 are fetched with up to ``requests`` in flight, each handed on as it arrives
 (:meth:`RemoteSource.stream`); shard indexes by one suffix-range GET each
-(:meth:`RemoteSource.get_indexes`).
+(:meth:`RemoteSource.get_indexes`). obstore retries 429/5xx, connection errors and timeouts
+(:mod:`gpu_zarr.location` configures it); answers that end early are retried here.
 
-Retries: obstore retries 429/5xx, connection errors and timeouts with exponential backoff
-(:mod:`gpu_zarr.location` configures it); answers that end early (a truncated body) are
-retried here.
-
-Hostile servers: no answer is held beyond what its request needs. obstore's bodies are read
-as streams (:mod:`gpu_zarr.engine.sources.remote_body`) and given up past their bound: a whole chunk's
+Hostile servers: no answer is held beyond what its request needs. Bodies are read as streams
+(:mod:`gpu_zarr.engine.sources.remote_body`) and given up past their bound: a whole chunk's
 worst case for its codec (:func:`gpu_zarr.engine.bounds.max_encoded_nbytes`; more is a
-:class:`~gpu_zarr.errors.CorruptChunkError` naming it), a range's length; a server that answers
-no byte ranges is read whole only up to the object's bound. Every answer's range is checked
-against its request; each request has a deadline and a minimum rate (``storage_options
-["timeout"]``, the ``remote_timeout`` and ``remote_min_rate`` settings), and a read's cancel
-event (or Ctrl-C) stops the requests in flight. A ranged answer whose length is not the length asked for is never decoded:
-it is retried and, if it persists, raises :class:`~gpu_zarr.errors.RemoteError`.
-Fetched whole chunks and shard indexes are kept in a bounded LRU of encoded bytes
-(``GPU_ZARR_REMOTE_CACHE_MIB``, default 256), so a viewer's next look at a plane sends no
-request; decoded chunks go to the runtime's chunk cache as for local files.
+:class:`~gpu_zarr.errors.CorruptChunkError` naming it), a range's length. Every answer's range
+is checked against its request (one that does not match is retried, then raises
+:class:`~gpu_zarr.errors.RemoteError`; it is never decoded); each request has a deadline and a
+minimum rate (``storage_options["timeout"]``, the ``remote_timeout`` and ``remote_min_rate``
+settings), and a read's cancel event (or Ctrl-C) stops the requests in flight. Fetched whole
+chunks and shard indexes are kept in a bounded LRU of encoded bytes (``GPU_ZARR_REMOTE_CACHE_MIB``),
+so a viewer's next look at a plane sends no request.
 
 What lives across reads -- the event loop of obstore's requests, that byte cache, and one
 :class:`RemoteSource` per array (its shard indexes) -- is the runtime's
@@ -125,9 +120,6 @@ class _Loop:
 _TICK_S = 0.1  # how often a waiting read looks at its cancel event
 
 
-NOT_KEPT = object()  # ByteCache.get's default: raise KeyError
-
-
 class ByteCache:
     """A bounded LRU of fetched encoded bytes (whole chunks, shard indexes; None: absent),
     keyed by URL: the runtime keeps one (:func:`byte_cache`)."""
@@ -136,10 +128,6 @@ class ByteCache:
         self._d: OrderedDict[Any, Any] = OrderedDict()
         self._lock = threading.Lock()
         self.nbytes = 0
-
-    @staticmethod
-    def limit() -> int:
-        return int(settings.get("remote_cache_bytes"))
 
     def find(self, keys: Sequence[Any], default: Any) -> list[Any]:
         """What is kept for each of ``keys`` (``default`` where nothing is), under one lock."""
@@ -151,20 +139,16 @@ class ByteCache:
                     d.move_to_end(k)
         return found
 
-    def get(self, key: Any, default: Any = NOT_KEPT) -> Any:
-        """The value kept for ``key`` (None: the object is absent); ``default`` when none is
-        kept, or KeyError without one (a plane's misses took a raise and catch each)."""
+    def get(self, key: Any) -> Any:
+        """The value kept for ``key`` (None: the object is absent); KeyError when none is kept."""
         with self._lock:
-            if key in self._d:
-                self._d.move_to_end(key)
-                return self._d[key]
-        if default is NOT_KEPT:
-            raise KeyError(key)
-        return default
+            value = self._d[key]
+            self._d.move_to_end(key)
+            return value
 
     def put(self, key: Any, value: Any) -> None:
         size = len(value[0]) if value is not None else 0
-        limit = self.limit()
+        limit = int(settings.get("remote_cache_bytes"))
         if size > limit // 4:
             return
         with self._lock:
@@ -227,7 +211,7 @@ class RemoteSource:
         Where the native client finds the objects: an anonymous ``s3://`` array's HTTPS address
         (then any failure is left to obstore, whose messages speak S3); default ``url``.
     store_of : callable, optional
-        Builds the obstore store (4-7 ms) the first time a request needs it.
+        Builds the obstore store (not free) the first time a request needs it.
     timeout_s : float, optional
         Deadline of one request, retries included (default: the ``remote_timeout`` setting;
         0: none); ``min_rate`` is the slowest transfer accepted (default ``remote_min_rate``).
@@ -465,23 +449,24 @@ class RemoteSource:
         event loop's thread: it must only hand the work on) as each one arrives.
 
         A job is ``(rel, None)`` for the whole object (``got`` None: it does not exist),
-        ``(rel, {"suffix": n})`` for its last n bytes, or
-        ``(rel, (start, end))`` for a byte range (an object that is gone, or shorter than the
-        range now, is handed on as a ``Got`` with no data and its new size, -1 when gone: the
-        caller sees that it changed; None with ``missing_ok``). An answer cut short is retried
-        and never handed on. The first error cancels the rest and is raised here. ``cap``: the most bytes a whole object may have
-        (the native client needs it for whole-object jobs; without it obstore serves them);
-        ``arena``: where the native client's answers land (else buffers of their own);
-        ``sink``: where the native client hands complete whole bodies to be decoded as they
-        arrive (a :class:`~gpu_zarr.engine.sources.http.Sink`, one chunk per job; those answers
-        come with ``handed`` 1, and obstore's never do); ``parts``: pieces of whole answers
-        handed to that sink's set as their bytes arrive (a
-        :class:`~gpu_zarr.engine.sources.http.Parts`; ``handed`` counts them). ``on_sent()`` runs once, on this
-        thread, before any ``on_done``: as soon as the native client's first requests are
-        written (the caller's setup for the answers then overlaps their round trip), else
-        before obstore's are made. ``stop()`` is asked while the answers travel (every 0.1 s):
-        true stops the requests in flight and raises ReadCancelled. ``expected``: what one
-        whole object holds, in words (the message for one past ``cap``).
+        ``(rel, {"suffix": n})`` for its last n bytes, or ``(rel, (start, end))`` for a byte range
+        (an object that is gone, or shorter than the range now, is handed on as a ``Got`` with no
+        data and its new size, -1 when gone: the caller sees that it changed; None with
+        ``missing_ok``). An answer cut short is retried and never handed on. The first error
+        cancels the rest and is raised here.
+
+        ``cap``: the most bytes a whole object may have (the native client needs it for
+        whole-object jobs; without it obstore serves them); ``arena``: where the native client's
+        answers land (else buffers of their own); ``sink``: where it hands complete whole bodies
+        to be decoded as they arrive (a :class:`~gpu_zarr.engine.sources.http.Sink`, one chunk per
+        job; those answers come with ``handed`` 1, obstore's never do); ``parts``: pieces of whole
+        answers handed to that sink's set as their bytes arrive (a
+        :class:`~gpu_zarr.engine.sources.http.Parts`; ``handed`` counts them). ``on_sent()`` runs
+        once, on this thread, before any ``on_done``: once the native client's first requests are
+        written (the caller's setup then overlaps their round trip), else before obstore's are
+        made. ``stop()`` is asked every 0.1 s while the answers travel: true stops the requests
+        in flight and raises ReadCancelled. ``expected``: what one whole object holds, in words
+        (the message for one past ``cap``).
         """
         if not jobs:
             return
@@ -556,29 +541,25 @@ class RemoteSource:
                 on_sent: Callable[[], None] | None = None, parts: Any = None,
                 stop: Callable[[], bool] | None = None, expected: str = "") -> list[int]:
         """Run ``jobs`` (``(rel, None | (start, end) | {"suffix": n})``) through the native
-        client, ``on_done(i, got)`` as each arrives (None: the object does not exist; for
-        ranges only with ``missing_ok``). Each body goes into a buffer of its own (``cap``
-        bytes for whole objects; carved from ``arena`` when given).
-        Returns the jobs given back to obstore: a server that answers no byte ranges, or a
-        body longer than ``cap``; obstore serves this source from then on."""
+        client, ``on_done(i, got)`` as each arrives (None: the object does not exist; for ranges
+        only with ``missing_ok``). Each body goes into a buffer of its own (``cap`` bytes for
+        whole objects; carved from ``arena`` when given). Returns the jobs given back to obstore
+        (a server that answers no byte ranges, or a body longer than ``cap``), which serves this
+        source from then on."""
         http = self.http
         assert http is not None
         n = len(jobs)
         # (Python lists, not numpy per element: a plane's few requests leave sooner)
-        whole = int(cap or 0)
-        starts, ends, sizes = [0] * n, [-1] * n, [whole] * n  # (whole objects: a plane's chunks)
+        starts, ends, sizes = [0] * n, [-1] * n, [int(cap or 0)] * n  # (whole objects: a plane's chunks)
         for i, (_rel, rng) in enumerate(jobs):
-            if rng is None:
-                continue
             if isinstance(rng, dict):
                 starts[i], ends[i], sizes[i] = -int(rng["suffix"]), 0, int(rng["suffix"])
-            else:
+            elif rng is not None:
                 starts[i], ends[i] = int(rng[0]), int(rng[1])
                 sizes[i] = ends[i] - starts[i]
         reqs = nh.new_requests(n, starts, ends)
-        # where the answers land, made once the requests are written (they travel meanwhile):
-        # one lease carved (64-byte aligned; each answer's view made as it is done), else
-        # buffers of their own
+        # where the answers land, made once the requests are written (they travel meanwhile): one
+        # lease carved (64-byte aligned; each answer's view made as it is done), else their own buffers
         block: Any = None
         at: list[int] = []
         bufs: list[Any] = []
@@ -700,11 +681,10 @@ class BodyArena:
     """Where one big read's answers land: buffers leased from a runtime pool (``host_scratch``:
     reused, so already touched; the GPU path's pinned staging pool: the answers are uploaded
     from where they landed) and given back by :meth:`close` -- fresh memory for every
-    answer cost more CPU in page faults than the transfer itself (81 MiB of a 128 MiB array:
-    84-130 ms of CPU into fresh buffers, 45-60 into reused ones, on the 2-core machine).
-    Nothing carved from it may outlive the read (it is not put in the byte cache). Bounded by
-    ``limit``: the answers of bigger reads get buffers of their own, each freed once decoded,
-    so a huge read never holds all its encoded bytes at once.
+    answer costs more CPU in page faults than the transfer itself. Nothing carved from it may
+    outlive the read (it is not put in the byte cache). Bounded by ``limit``: the answers of
+    bigger reads get buffers of their own, each freed once decoded, so a huge read never holds
+    all its encoded bytes at once.
 
     ``lease(nbytes)``: a context manager giving ``[buffer]`` (default: ``pool.lease`` of
     ``host_empty`` memory)."""

@@ -4,7 +4,7 @@ as they arrive, for the scheduler.
 :func:`~gpu_zarr.engine.sources.remote_stream.stream_remote` requests every object at once
 (on a thread of its own; a small read's on the reading thread) and hands each answer on as
 it arrives; the feed makes whatever has arrived -- once ``GROUP_BYTES`` of it is in on the
-GPU (a decode call costs 5-16 ms whatever it holds), anything on the CPU, or all -- into the
+GPU (a decode call costs about the same whatever it holds), anything on the CPU, or all -- into the
 next batches, which the scheduler copies into staging (or decodes where they landed: one
 arena block), uploads, decodes and places while the rest are still on the way. On the CPU
 with the native library, a small or sharded read's answers go to a native decode set
@@ -19,7 +19,6 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -98,6 +97,7 @@ class RemoteFeed:
     def __init__(self, lay: Layout, stage: CodecStage, pieces: Pieces, out: Any, ops: Ops, rt: Runtime,
                  opts: EngineOptions, cache: Any, batch: int, arena: Any) -> None:
         from gpu_zarr.engine.sources.remote import RemoteBlob, remote_source
+        from gpu_zarr.engine.sources.remote_stream import RemoteReader
 
         assert lay.source is not None
         self._blob = RemoteBlob  # (an answer's bytes as a "file" of the batches)
@@ -128,7 +128,8 @@ class RemoteFeed:
         self.group_bytes = 0 if ops.host_is_device else GROUP_BYTES
         self.located = Located(self.files, self.file_id, self.offset, self.nbytes, LazyNames(n, self.name),
                                np.zeros(0, np.int64))
-        self.reader = _reader(self.source.requests, rt)
+        copiers = min(8, CORES)  # the fetch stage: copies of the answers' pieces into a slot
+        self.reader = RemoteReader(self.source.requests, rt.pool("remote-copy", copiers), copiers)
         self.cond = threading.Condition()
         self.queue: list[Any] = []
         self.queued = 0  # encoded bytes queued since the last group
@@ -176,10 +177,11 @@ class RemoteFeed:
     def fetch_all(self) -> None:
         from gpu_zarr.engine.sources.remote_stream import stream_remote
 
+        cancel = self.opts.cancel  # asked while the answers travel
         try:
             self.counts = stream_remote(self.lay, self.pieces, self.source, self.arrived, self.arena,
                                         self.set.handoff if self.set is not None else None, self.ready,
-                                        _stop_of(self.opts))
+                                        None if cancel is None else (lambda: bool(cancel.is_set())))
             self.ready()  # (nothing was requested: every piece was known)
         except BaseException as exc:  # noqa: BLE001 - handed to the scheduler, which raises it
             self.error = exc
@@ -427,17 +429,3 @@ class _NativeSet:
         if self.arrivals is not None:
             self.arrivals.close()
             self.arrivals = None
-
-
-def _reader(requests: int, rt: Runtime) -> Any:
-    """The fetch stage of a remote array: copies of the answers' pieces into a slot."""
-    from gpu_zarr.engine.sources.remote_stream import RemoteReader
-
-    copiers = min(8, CORES)
-    return RemoteReader(requests, rt.pool("remote-copy", copiers), copiers)
-
-
-def _stop_of(opts: EngineOptions) -> Callable[[], bool] | None:
-    """What the fetch asks while its answers travel: the read's cancel event is set (None: no event)."""
-    cancel = opts.cancel
-    return None if cancel is None else (lambda: bool(cancel.is_set()))

@@ -5,16 +5,14 @@
   CPU's host path decodes each answer; the GPU path takes them in groups). Unsharded chunks are
   GET whole (a 404 is the fill value, as zarr reads it). A shard the read needs at least half
   of (and no bigger than ``WHOLE_SHARD_BYTES`` decoded) is GET whole, its index taken from its
-  own bytes: one round trip, no index request (a shard the read needs all of is GET whole
-  even when its index is known: one request instead of a ranged GET per part; with a native
-  decode set, its inner chunks are handed to it as the shard's bytes pass each one's end, and
-  decode while the rest of it arrives). Other shards
-  need their index: known from an earlier read of the open array
-  (:meth:`RemoteSource.cached_index`), or fetched for all of them in one wave of suffix-range
-  GETs; then one ranged GET per run of inner chunks closer than ``GAP_BYTES``
-  (cut at ``PART_BYTES``). A ranged answer whose object changed since its index was fetched
-  (another size, modification time or etag; or it is gone) is dropped and the shard is read
-  again, its index fetched anew.
+  own bytes: one round trip, no index request; one it needs all of is GET whole even when its
+  index is known (with a native decode set, its inner chunks then decode as the shard's bytes
+  pass each one's end). Other shards need their index: known from an earlier read of the open
+  array (:meth:`RemoteSource.cached_index`), or fetched for all of them in one wave of
+  suffix-range GETs; then one ranged GET per run of inner chunks closer than ``GAP_BYTES`` (cut
+  at ``PART_BYTES``). A ranged answer whose object changed since its index was fetched (another
+  size, modification time or etag; or it is gone) is dropped and the shard is read again, its
+  index fetched anew.
 - :class:`RemoteReader` is the fetch stage's :class:`~gpu_zarr.engine.sources.files.Reader` on the GPU
   path: it copies the answers that arrived (:class:`~gpu_zarr.engine.sources.remote.RemoteBlob`) into
   the same staging buffers as local reads, so decode is unchanged.
@@ -94,9 +92,8 @@ def stream_remote(layout: Layout, pieces: Pieces, source: RemoteSource,
     native HTTP client hands each whole chunk's complete answer to it as it arrives, and
     reports it later (``handed``); of a whole shard whose index is known, each inner chunk as
     the shard's bytes pass its end (when the answer is the object that index belongs to: its
-    size, Last-Modified and ETag). ``on_sent()``: see
-    :meth:`RemoteSource.stream` (the chunks' requests; a sharded read's after its indexes).
-    ``stop()``: asked while the answers travel; true stops them (ReadCancelled).
+    size, Last-Modified and ETag). ``on_sent()``: see :meth:`RemoteSource.stream` (a sharded
+    read's after its indexes). ``stop()``: asked while the answers travel; true stops them.
 
     Raises
     ------
@@ -397,8 +394,8 @@ class RemoteReader(OwnThreads):
         Requests in flight at once.
     pool : executor, optional
         ``copiers`` threads that copy bytes already fetched (:class:`RemoteBlob`) into staging,
-        a share each: numpy's copies run without the interpreter lock (one thread copied 81 MiB
-        in 12.7 ms on the H200 machine, the GPU path's longest stage after the transfer).
+        a share each: numpy's copies run without the interpreter lock (on the GPU path, the
+        longest stage after the transfer).
     copiers : int
         Threads of ``pool``.
     """

@@ -142,7 +142,11 @@ def place_gpu(src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, di
     n = len(src_offsets)
     if n == 0:
         return
-    tab, strides, unit, swap = place_geometry(table, out.shape, np.dtype(disk_dtype), perm)
+    unit, per = unit_layout(disk_dtype)
+    swap = int(disk_dtype.byteorder == ">" or (disk_dtype.byteorder == "=" and np.little_endian is False))
+    swap = swap if unit > 1 else 0
+    tab, strides = _with_units(table, out.shape, per)
+    tab, strides = _permuted(tab, strides, perm)
     ndim = tab.shape[1]
     kern = _module().get_function(f"place_{unit}")
     rows = np.prod(tab[:, :-1, 2], axis=1) if ndim > 1 else np.ones(n, np.int64)

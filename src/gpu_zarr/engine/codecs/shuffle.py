@@ -165,6 +165,12 @@ extern "C" __global__ void blosc_unshuffle(
 _THREADS = 256
 
 
+def _kernel(cupy: Any, runtime: Any) -> Any:
+    """The compiled kernel, kept by the engine's runtime (compiled once per device)."""
+    key = ("kernel", "blosc_unshuffle", cupy.cuda.runtime.getDevice())
+    return runtime.resource(key, lambda: cupy.RawKernel(_SOURCE, "blosc_unshuffle"))
+
+
 @dataclass
 class _RingSlot:
     lock: Any
@@ -214,12 +220,18 @@ class _TableRing:
         return dev.view(np.int64)
 
 
+def _ring(cupy: Any, runtime: Any) -> _TableRing:
+    return runtime.resource(("blosc_table_ring", cupy.cuda.runtime.getDevice()), _TableRing,
+                            nbytes=lambda ring: ring.nbytes())
+
+
 def unshuffle_gpu(s_addr: np.ndarray, b_first: np.ndarray, b_nsplit: np.ndarray, b_size: np.ndarray,
                   b_ts: np.ndarray, b_mode: np.ndarray, dst: Any, b_dst: np.ndarray, stream: Any, *,
                   runtime: Any) -> None:
     """Unshuffle every block into device buffer ``dst`` in ONE kernel launch on ``stream``.
 
-    ``runtime`` keeps the kernel (compiled once per device) and the pinned table ring.
+    ``runtime`` keeps the kernel and the pinned table ring (default: the process's).
+
     ``s_addr`` are device addresses (uint64) of the streams.
 
     Notes
@@ -234,12 +246,12 @@ def unshuffle_gpu(s_addr: np.ndarray, b_first: np.ndarray, b_nsplit: np.ndarray,
         return
     tiles = int(min(65535, max(1, -(-int(np.max(b_size)) // (_THREADS * 16)))))  # ~16 bytes per thread
     ns = len(s_addr)
-    table = np.concatenate([np.asarray(a, np.int64) for a in (b_dst, b_first, b_size, b_ts, b_mode, b_nsplit)]
-                           + [np.asarray(s_addr, np.uint64).view(np.int64)])
-    dev = cupy.cuda.runtime.getDevice()
-    ring = runtime.resource(("blosc_table_ring", dev), _TableRing, nbytes=lambda r: r.nbytes())
-    kernel = runtime.resource(("kernel", "blosc_unshuffle", dev), lambda: cupy.RawKernel(_SOURCE, "blosc_unshuffle"))
-    d = ring.upload(table, stream)
+    table = np.concatenate([np.asarray(b_dst, np.int64), np.asarray(b_first, np.int64),
+                            np.asarray(b_size, np.int64), np.asarray(b_ts, np.int64),
+                            np.asarray(b_mode, np.int64), np.asarray(b_nsplit, np.int64),
+                            np.asarray(s_addr, np.uint64).view(np.int64)])
+    d = _ring(cupy, runtime).upload(table, stream)
     with stream:
-        kernel((nb, tiles), (_THREADS,), (dst, d[:nb], d[nb:2 * nb], d[6 * nb:6 * nb + ns], d[2 * nb:3 * nb],
-                                          d[3 * nb:4 * nb], d[4 * nb:5 * nb], d[5 * nb:6 * nb]))
+        _kernel(cupy, runtime)((nb, tiles), (_THREADS,),
+                      (dst, d[:nb], d[nb:2 * nb], d[6 * nb:6 * nb + ns], d[2 * nb:3 * nb], d[3 * nb:4 * nb],
+                       d[4 * nb:5 * nb], d[5 * nb:6 * nb]))

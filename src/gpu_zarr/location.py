@@ -315,12 +315,11 @@ async def _get_document(store: Any, loc: Location | None, key: str) -> bytes | N
     import obstore.exceptions as oe
 
     from gpu_zarr import settings
-    from gpu_zarr.engine.sources.remote_body import Limit, deadline_of, read_body
+    from gpu_zarr.engine.sources.remote_body import Limit, deadline_of, read_body, seconds
 
     url = f"{loc.url.rstrip('/')}/{key}" if loc is not None else key
     most = int(settings.get("metadata_bytes"))
-    timeout = float(_seconds((loc.storage_options if loc is not None else {}).get(
-        "timeout", settings.get("remote_timeout"))).total_seconds())
+    timeout = seconds((loc.storage_options if loc is not None else {}).get("timeout", settings.get("remote_timeout")))
 
     def over(n: int) -> BaseException:
         return RemoteError(f"the metadata document {url} is larger than {n / (1 << 20):g} MiB, the most read "
@@ -772,14 +771,17 @@ def _obstore() -> Any:
 
 
 def _seconds(v: Any) -> timedelta:
-    return v if isinstance(v, timedelta) else timedelta(seconds=float(v))
+    """A timeout (a number of seconds or a ``timedelta``) as obstore takes it."""
+    from gpu_zarr.engine.sources.remote_body import seconds
+
+    return timedelta(seconds=seconds(v))
 
 
 def _client_and_retry(opts: Mapping[str, Any], allow_http: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     from gpu_zarr import settings
 
     # (no deadline, 0, is a day for obstore, whose client needs one)
-    timeout = float(_seconds(opts.get("timeout", settings.get("remote_timeout"))).total_seconds()) or 86400.0
+    timeout = _seconds(opts.get("timeout", settings.get("remote_timeout"))).total_seconds() or 86400.0
     client: dict[str, Any] = {"timeout": _seconds(timeout),
                               "connect_timeout": _seconds(opts.get("connect_timeout", 10)),
                               "pool_max_idle_per_host": "256"}

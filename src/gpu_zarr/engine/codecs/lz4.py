@@ -134,8 +134,8 @@ class Lz4Stage:
     def prepare(self, staging: np.ndarray, batch: Batch, lay: Layout, names: Sequence[str]) -> Lz4Blocks:
         """The size headers, then the blocks walked here where the host walks them sooner
         (:func:`walk_blocks`; else by the decoder)."""
-        blocks = parse_blocks(staging, batch.src_offsets, batch.src_sizes, int(lay.inner_nbytes), names)
         size = int(lay.inner_nbytes)
+        blocks = parse_blocks(staging, batch.src_offsets, batch.src_sizes, size, names)
         walked = walk_blocks(staging, blocks.offsets, blocks.sizes, np.full(len(blocks.offsets), size, np.int64), names)
         return Lz4Blocks(blocks.offsets, blocks.sizes, walked)
 

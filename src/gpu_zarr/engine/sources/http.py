@@ -31,6 +31,7 @@ import numpy as np
 
 import gpu_zarr.engine.native as native
 from gpu_zarr import settings
+from gpu_zarr.engine.sources.remote_body import seconds
 
 __all__ = ["AGENT_BYTES", "CHANGED", "MAX_AGENTS", "REFUSED", "REQ", "TOO_LONG", "UNANSWERED", "Carved", "Handoff", "HttpClient",
            "Landing", "Parts", "Sink", "agents_for", "available", "client_for", "new_requests", "seconds", "status"]
@@ -478,11 +479,6 @@ def rate_window(timeout_s: float) -> float:
     (at least 1): long enough that a pause of a busy server passes, short enough that a dripped
     body is cut within the deadline."""
     return max(1.0, min(10.0, timeout_s / 2)) if timeout_s > 0 else 10.0
-
-
-def seconds(v: Any) -> float:
-    """A timeout in seconds, given as a number or a ``timedelta``."""
-    return float(v.total_seconds()) if hasattr(v, "total_seconds") else float(v)
 
 
 _ROW = REQ.itemsize // 8  # int64s per row

@@ -45,7 +45,7 @@ import gpu_zarr.engine.sources.http as nh
 from gpu_zarr import settings
 from gpu_zarr.engine.layout import RemoteRef
 from gpu_zarr.engine.runtime import Runtime, host_empty
-from gpu_zarr.engine.sources.remote_body import Limit, deadline_of, read_body
+from gpu_zarr.engine.sources.remote_body import Limit, deadline_of, read_body, seconds
 from gpu_zarr.errors import CorruptChunkError, NativeHttpDeclined, ReadCancelled, RemoteError, ShortAnswer
 from gpu_zarr.location import network_cause
 from gpu_zarr.pending import track
@@ -803,7 +803,7 @@ def ref_of(arr: Any) -> RemoteRef | None:
     requests = loc.requests() if loc is not None else int(settings.get("remote_requests"))
     timeout = loc.storage_options.get("timeout") if loc is not None else None
     return RemoteRef(base + ("/" + path if path else ""), path, base, loc, max(1, int(requests)),
-                     nh.seconds(timeout) if timeout is not None else None, None if loc is not None else store.store)
+                     seconds(timeout) if timeout is not None else None, None if loc is not None else store.store)
 
 
 class RemoteState:

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpu_zarr.errors import RemoteError
 
-__all__ = ["Limit", "deadline_of", "read_body"]
+__all__ = ["Limit", "deadline_of", "read_body", "seconds"]
 
 _PIECE = 64 << 10  # obstore gathers at least this much before handing a piece on
 
@@ -48,6 +48,11 @@ class Limit:
     min_rate: int = 1
     window: float = 10.0
     url: str = ""
+
+
+def seconds(v: Any) -> float:
+    """A timeout in seconds, given as a number or a ``timedelta`` (obstore's own type)."""
+    return float(v.total_seconds()) if hasattr(v, "total_seconds") else float(v)
 
 
 def deadline_of(timeout_s: float) -> float:

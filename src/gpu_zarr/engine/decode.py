@@ -24,11 +24,9 @@ from gpu_zarr.errors import INSTALL_HINT, CorruptChunkError, GPUUnavailable
 __all__ = [
     "ALGORITHMS",
     "copy_spans_cpu",
-    "copy_spans_gpu",
     "decode_batch_cpu",
     "decode_batch_gpu",
     "decode_zstd_cpu",
-    "decode_zstd_gpu",
     "native_stream_codec",
     "nvcomp_codec",
 ]
@@ -254,31 +252,14 @@ def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_si
 
 def copy_spans_cpu(src: np.ndarray, src_offsets: np.ndarray, dst: np.ndarray, dst_offsets: np.ndarray,
                    sizes: np.ndarray) -> None:
-    """Copy byte spans ``src[so : so + n] -> dst[do : do + n]`` (CPU twin of :func:`copy_spans_gpu`)."""
+    """Copy byte spans ``src[so : so + n] -> dst[do : do + n]`` (CPU twin of
+    :func:`gpu_zarr.engine.nvcomp_batch.copy_spans`)."""
     for so, do, n in zip(np.asarray(src_offsets).tolist(), np.asarray(dst_offsets).tolist(),
                          np.asarray(sizes).tolist()):
         dst[do:do + n] = src[so:so + n]
 
 
-def copy_spans_gpu(src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
-                   stream: Any, keep: list | None = None, *, runtime: Any) -> None:
-    """Copy many byte spans between device buffers in one kernel on ``stream``.
-
-    See :func:`gpu_zarr.engine.nvcomp_batch.copy_spans` (the kernel lives with the other
-    device code of the decode stage).
-    """
-    from gpu_zarr.engine.nvcomp_batch import copy_spans
-
-    copy_spans(src, src_offsets, dst, dst_offsets, sizes, stream, keep, runtime=runtime)
-
-
-def decode_zstd_gpu(src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any, dst_offsets: np.ndarray,
-                    dst_size: int, stream: Any, names: Sequence[str] | None = None, *, runtime: Any) -> None:
-    """zstd frames, one decoded size for all: :func:`decode_batch_gpu` with ``algo="zstd"``."""
-    decode_batch_gpu("zstd", src, src_offsets, src_sizes, dst, dst_offsets, dst_size, stream, names, runtime=runtime)
-
-
 def decode_zstd_cpu(src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: np.ndarray,
                     dst_offsets: np.ndarray, dst_size: int, names: Sequence[str] | None = None) -> None:
-    """numcodecs twin of :func:`decode_zstd_gpu`: :func:`decode_batch_cpu` with ``algo="zstd"``."""
+    """zstd frames, one decoded size for all: :func:`decode_batch_cpu` with ``algo="zstd"``."""
     decode_batch_cpu("zstd", src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names)

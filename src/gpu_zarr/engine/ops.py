@@ -14,13 +14,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gpu_zarr.engine.decode import (
-    copy_spans_cpu,
-    copy_spans_gpu,
-    decode_batch_cpu,
-    decode_batch_gpu,
-    native_stream_codec,
-)
+from gpu_zarr.engine.decode import copy_spans_cpu, decode_batch_cpu, decode_batch_gpu, native_stream_codec
+from gpu_zarr.engine.nvcomp_batch import copy_spans
 from gpu_zarr.engine.place import place_cpu, place_gpu
 from gpu_zarr.errors import INSTALL_HINT, GPUUnavailable
 
@@ -498,7 +493,7 @@ class GpuOps:
     def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
                    slot: int = 0, wait: Any = None) -> None:
         self._after(wait, slot)
-        copy_spans_gpu(src, src_offsets, dst, dst_offsets, sizes, self._work(slot), runtime=self._rt)
+        copy_spans(src, src_offsets, dst, dst_offsets, sizes, self._work(slot), runtime=self._rt)
 
     def place(self, src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
               slot: int = 0, wait: Any = None, perm: tuple[int, ...] | None = None) -> None:

@@ -101,18 +101,9 @@ assert ctypes.sizeof(_CRC32Spec) == 32 and ctypes.sizeof(_CRC32KernelConf) == 32
 
 @dataclass(frozen=True)
 class NvcompLibrary:
-    """A loaded libnvcomp with its version and the entry points this module uses.
-
-    Attributes
-    ----------
-    path : str
-        File the library was loaded from.
-    version : tuple of int
-        (major, minor, patch) from ``nvcompGetProperties``.
-    cudart_version : int
-        CUDA runtime version the library was built with (e.g. 13000).
-    lib : ctypes.CDLL
-    """
+    """A loaded libnvcomp (``lib``, a ctypes.CDLL, from the file ``path``), its (major, minor,
+    patch) version from ``nvcompGetProperties`` and the CUDA runtime version it was built with
+    (e.g. 13000)."""
 
     path: str
     version: tuple[int, int, int]

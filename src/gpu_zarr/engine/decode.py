@@ -222,13 +222,12 @@ def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_si
     n = len(src_offsets)
     if n == 0:
         return
+    dsizes = _as_sizes(dst_sizes, n)
     if native_stream_codec(algo) and isinstance(dst, np.ndarray) and dst.flags.c_contiguous:
         _decode_batch_native(algo, src, np.asarray(src_offsets, np.int64), np.asarray(src_sizes, np.int64), dst,
-                             np.asarray(dst_offsets, np.int64), _as_sizes(dst_sizes, n), names, crc32, adler32,
-                             threads, walked)
+                             np.asarray(dst_offsets, np.int64), dsizes, names, crc32, adler32, threads, walked)
         return
     decode = _cpu_decoder(algo)
-    dsizes = _as_sizes(dst_sizes, n)
     src = src.view(np.uint8).reshape(-1)
     for k in range(n):
         so, ss, do, ds = int(src_offsets[k]), int(src_sizes[k]), int(dst_offsets[k]), int(dsizes[k])

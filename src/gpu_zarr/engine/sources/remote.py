@@ -387,7 +387,7 @@ class RemoteSource:
         import obstore
 
         res = await obstore.get_async(self.store, self.key(rel))
-        meta = dict(res.meta)
+        meta: dict[str, Any] = dict(res.meta)
         if int(meta["size"]) > most:
             raise over(most)
         data = await read_body(res, self._limit(rel, most, over))

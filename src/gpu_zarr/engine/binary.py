@@ -43,20 +43,10 @@ def _gather(buf: np.ndarray, pos: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def le_uints(buf: np.ndarray, pos: Any, n: int) -> np.ndarray:
-    """Unsigned little-endian integers of ``n`` bytes (1 to 8) at byte positions ``pos``.
-
-    Parameters
-    ----------
-    buf : ndarray of uint8
-        Host buffer; every ``pos + n`` must be in bounds (callers check sizes first).
-    pos : int array of any shape
-    n : int
-
-    Returns
-    -------
-    ndarray of int64, shaped like ``pos``
-        An 8-byte value of 2**63 or more wraps negative (numpy's uint64 -> int64 cast).
-    """
+    """Unsigned little-endian integers of ``n`` bytes (1 to 8) at byte positions ``pos`` (any
+    shape) of the uint8 host buffer ``buf``, as int64 shaped like ``pos``. Every ``pos + n`` must
+    be in bounds (callers check sizes first); an 8-byte value of 2**63 or more wraps negative
+    (numpy's uint64 -> int64 cast)."""
     pos, b = _gather(buf, pos, n)
     if n in (1, 2, 4, 8):
         return b.view(f"<u{n}")[..., 0].astype(np.int64)

@@ -11,7 +11,6 @@ chunk must never be refused.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["max_encoded_nbytes", "max_stored_nbytes"]
@@ -19,19 +18,11 @@ __all__ = ["max_encoded_nbytes", "max_stored_nbytes"]
 _SLACK = 64  # bytes beyond each encoder's bound: headers we do not model exactly (never tight)
 
 
-def max_encoded_nbytes(codec: str, params: Mapping[str, Any] | None, decoded_nbytes: int) -> int:
-    """The most bytes a chunk of ``decoded_nbytes`` decoded bytes encoded with ``codec``
-    (a :attr:`~gpu_zarr.engine.layout.Layout.codec` name) may have.
-
-    Parameters
-    ----------
-    codec : str
-        "raw", "zstd", "blosc", "gzip", "zlib", "lz4"; any other name gets a generous bound.
-    params : mapping or None
-        The codec's parameters (checksums around the codec are counted by :func:`max_stored_nbytes`).
-    decoded_nbytes : int
-        Decoded size of one chunk.
-    """
+def max_encoded_nbytes(codec: str, decoded_nbytes: int) -> int:
+    """The most bytes a chunk of ``decoded_nbytes`` decoded bytes encoded with ``codec`` (a
+    :attr:`~gpu_zarr.engine.layout.Layout.codec` name: "raw", "zstd", "blosc", "gzip", "zlib",
+    "lz4", "host"; any other gets a generous bound) may have; checksums around the codec are
+    counted by :func:`max_stored_nbytes`."""
     n = max(0, int(decoded_nbytes))
     if codec == "raw":
         bound = n  # stored as is
@@ -68,4 +59,4 @@ def max_stored_nbytes(layout: Any) -> int:
     """The most bytes one stored (inner) chunk of ``layout`` may have: its core codec's bound
     (:func:`max_encoded_nbytes`) plus the checksums its chain appends (``layout.frames``)."""
     inner = int(layout.stored_nbytes)
-    return max_encoded_nbytes(layout.codec, layout.codec_params, inner) + int(layout.frame_bytes)
+    return max_encoded_nbytes(layout.codec, inner) + int(layout.frame_bytes)

@@ -24,11 +24,9 @@ from gpu_zarr.errors import INSTALL_HINT, CorruptChunkError, GPUUnavailable
 __all__ = [
     "ALGORITHMS",
     "copy_spans_cpu",
-    "copy_spans_gpu",
     "decode_batch_cpu",
     "decode_batch_gpu",
     "decode_zstd_cpu",
-    "decode_zstd_gpu",
     "native_stream_codec",
     "nvcomp_codec",
 ]
@@ -53,44 +51,11 @@ def decode_batch_gpu(algo: str, src: Any, src_offsets: np.ndarray, src_sizes: np
                      runtime: Any, walked: bool = False) -> Any:
     """Decode a batch of streams from one device buffer into another, in ONE nvCOMP call.
 
-    Parameters
-    ----------
-    algo : {"zstd", "lz4", "deflate"}
-    src : cupy.ndarray of uint8
-        Encoded streams, stream k at ``src_offsets[k]`` with ``src_sizes[k]`` bytes.
-    src_offsets, src_sizes : ndarray of int64 (host)
-    dst : cupy.ndarray of uint8
-        Output; stream k decodes to ``dst[dst_offsets[k] : dst_offsets[k] + dst_sizes[k]]``.
-    dst_offsets : ndarray of int64 (host)
-    dst_sizes : ndarray of int64 or int
-        Exact decoded size of each stream (one int: the same for all).
-    stream : cupy.cuda.Stream
-        Stream the decode is ordered on.
-    names : sequence of str, optional
-        Name of each stream's chunk, for error messages.
-    slot : int
-        In-flight slot: each (device, algorithm, slot, stream) keeps its own nvCOMP scratch.
-    check : bool
-        True: wait for the batch and check its statuses before returning. False: return a
-        :class:`~gpu_zarr.engine.nvcomp_batch.PendingBatch` to ``check()`` later.
-    crc32 : ndarray of uint32, optional
-        Expected CRC-32 of each stream's decoded bytes (gzip trailers): computed by nvCOMP on
-        the GPU after the decode and checked with the statuses.
-    adler32 : ndarray of uint32, optional
-        Expected Adler-32 of each stream's decoded bytes (zlib trailers): computed by a
-        kernel on the GPU after the decode and checked with the statuses.
-    runtime : Runtime
-        The runtime that keeps the decoder and its scratch.
-    walked : bool
-        LZ4 only: every block was walked on the host already
-        (:func:`gpu_zarr.engine.codecs.lz4.walk_blocks`); the GPU does not walk them again.
-
-    Raises
-    ------
-    CorruptChunkError
-        A stream failed to decode or decoded to another size, naming its chunk.
-    GPUUnavailable
-        nvCOMP's C library is missing or too old (the message names the fix).
+    The arguments are those of :meth:`~gpu_zarr.engine.nvcomp_batch.BatchedDecoder.decode`, but
+    ``dst_sizes`` may be one int (the same for all), ``slot`` picks the in-flight slot (each
+    (device, algorithm, slot, stream) keeps its own nvCOMP scratch) and ``runtime`` keeps the
+    decoder. Raises CorruptChunkError naming a chunk that fails, and GPUUnavailable when
+    nvCOMP's C library is missing or too old (the message names the fix).
 
     Notes
     -----
@@ -198,6 +163,12 @@ def _fail_native(algo: str, names: Sequence[str] | None, k: int, code: int, deta
                              "chunk is corrupt or truncated; rewrite or delete that chunk.")
 
 
+def _checksum_error(names: Sequence[str] | None, k: int, kind: str, got: int, want: int) -> CorruptChunkError:
+    """The error of chunk ``k`` whose decoded bytes' ``kind`` checksum ``got`` is not its trailer's ``want``."""
+    return CorruptChunkError(f"chunk {_name(names, k)}: the decoded bytes' {kind} is {int(got):#010x}, the stream's "
+                             f"trailer says {int(want):#010x}. The chunk is corrupt; rewrite or delete that chunk.")
+
+
 def lz4_walk_error(name: str, dsize: int, why: str) -> CorruptChunkError:
     """The error of an LZ4 block that does not decode to exactly ``dsize`` bytes (its walk said ``why``)."""
     return CorruptChunkError(f"chunk {name}: its LZ4 block does not decode to the {dsize} bytes it must hold ({why}, "
@@ -232,9 +203,7 @@ def _decode_batch_native(algo: str, src: np.ndarray, src_offsets: np.ndarray, sr
         wrong = np.flatnonzero(got != np.asarray(want, np.uint32))
         if len(wrong):
             k = int(wrong[0])
-            raise CorruptChunkError(f"chunk {_name(names, k)}: the decoded bytes' {label} is {int(got[k]):#010x}, the "
-                                    f"stream's trailer says {int(want[k]):#010x}. The chunk is corrupt; rewrite or "
-                                    "delete that chunk.")
+            raise _checksum_error(names, k, label, got[k], want[k])
 
 
 def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray,
@@ -253,13 +222,12 @@ def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_si
     n = len(src_offsets)
     if n == 0:
         return
+    dsizes = _as_sizes(dst_sizes, n)
     if native_stream_codec(algo) and isinstance(dst, np.ndarray) and dst.flags.c_contiguous:
         _decode_batch_native(algo, src, np.asarray(src_offsets, np.int64), np.asarray(src_sizes, np.int64), dst,
-                             np.asarray(dst_offsets, np.int64), _as_sizes(dst_sizes, n), names, crc32, adler32,
-                             threads, walked)
+                             np.asarray(dst_offsets, np.int64), dsizes, names, crc32, adler32, threads, walked)
         return
     decode = _cpu_decoder(algo)
-    dsizes = _as_sizes(dst_sizes, n)
     src = src.view(np.uint8).reshape(-1)
     for k in range(n):
         so, ss, do, ds = int(src_offsets[k]), int(src_sizes[k]), int(dst_offsets[k]), int(dsizes[k])
@@ -278,38 +246,19 @@ def decode_batch_cpu(algo: str, src: np.ndarray, src_offsets: np.ndarray, src_si
             target[:] = got
         for want, fn, kind in ((crc32, zlib.crc32, "CRC-32"), (adler32, zlib.adler32, "Adler-32")):
             if want is not None and (fn(target) & 0xFFFFFFFF) != int(want[k]):
-                raise CorruptChunkError(f"chunk {_name(names, k)}: the decoded bytes' {kind} is "
-                                        f"{fn(target) & 0xFFFFFFFF:#010x}, the stream's trailer says {int(want[k]):#010x}. "
-                                        "The chunk is corrupt; rewrite or delete that chunk.")
+                raise _checksum_error(names, k, kind, fn(target) & 0xFFFFFFFF, want[k])
 
 
 def copy_spans_cpu(src: np.ndarray, src_offsets: np.ndarray, dst: np.ndarray, dst_offsets: np.ndarray,
                    sizes: np.ndarray) -> None:
-    """Copy byte spans ``src[so : so + n] -> dst[do : do + n]`` (CPU twin of :func:`copy_spans_gpu`)."""
+    """Copy byte spans ``src[so : so + n] -> dst[do : do + n]`` (CPU twin of
+    :func:`gpu_zarr.engine.nvcomp_batch.copy_spans`)."""
     for so, do, n in zip(np.asarray(src_offsets).tolist(), np.asarray(dst_offsets).tolist(),
                          np.asarray(sizes).tolist()):
         dst[do:do + n] = src[so:so + n]
 
 
-def copy_spans_gpu(src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
-                   stream: Any, keep: list | None = None, *, runtime: Any) -> None:
-    """Copy many byte spans between device buffers in one kernel on ``stream``.
-
-    See :func:`gpu_zarr.engine.nvcomp_batch.copy_spans` (the kernel lives with the other
-    device code of the decode stage).
-    """
-    from gpu_zarr.engine.nvcomp_batch import copy_spans
-
-    copy_spans(src, src_offsets, dst, dst_offsets, sizes, stream, keep, runtime=runtime)
-
-
-def decode_zstd_gpu(src: Any, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: Any, dst_offsets: np.ndarray,
-                    dst_size: int, stream: Any, names: Sequence[str] | None = None, *, runtime: Any) -> None:
-    """zstd frames, one decoded size for all: :func:`decode_batch_gpu` with ``algo="zstd"``."""
-    decode_batch_gpu("zstd", src, src_offsets, src_sizes, dst, dst_offsets, dst_size, stream, names, runtime=runtime)
-
-
 def decode_zstd_cpu(src: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndarray, dst: np.ndarray,
                     dst_offsets: np.ndarray, dst_size: int, names: Sequence[str] | None = None) -> None:
-    """numcodecs twin of :func:`decode_zstd_gpu`: :func:`decode_batch_cpu` with ``algo="zstd"``."""
+    """zstd frames, one decoded size for all: :func:`decode_batch_cpu` with ``algo="zstd"``."""
     decode_batch_cpu("zstd", src, src_offsets, src_sizes, dst, dst_offsets, dst_size, names)

@@ -60,24 +60,12 @@ def host_available_bytes() -> int | None:
 
 def check_fits(result_bytes: int, scratch_bytes: int = 0, *, device: str = "gpu",
                what: str | Callable[[], str] = "the read", free_total: tuple[int, int] | None = None) -> None:
-    """Raise unless ``result_bytes + scratch_bytes`` (plus headroom on the GPU) fits now.
+    """Raise OutOfGPUMemory or OutOfHostMemory (saying how much was needed, how much is free,
+    and what to do) unless the result's bytes plus the scratch the read needs beside it
+    (buffers, decoder scratch), plus headroom on the GPU, fit on ``device`` now.
 
-    Parameters
-    ----------
-    result_bytes : int
-        Bytes of the result.
-    scratch_bytes : int
-        Temporary bytes the read needs beside its result (buffers, decoder scratch).
-    device : {"gpu", "cpu"}
-    what : str or callable
-        What is read, for the message (a callable is called only for a message, not on every plane).
-    free_total : (int, int), optional
-        (free, total) device bytes when the caller already knows them.
-
-    Raises
-    ------
-    OutOfGPUMemory, OutOfHostMemory
-        Saying how much was needed, how much is free, and what to do.
+    ``what``: what is read, for the message (a callable is called only for a message, not on
+    every plane); ``free_total``: (free, total) device bytes when the caller already knows them.
     """
     need = int(result_bytes) + int(scratch_bytes)
     if device == "cpu" and need <= _HOST_SURE:  # a viewer's plane: /proc/meminfo is not read for it

@@ -101,18 +101,9 @@ assert ctypes.sizeof(_CRC32Spec) == 32 and ctypes.sizeof(_CRC32KernelConf) == 32
 
 @dataclass(frozen=True)
 class NvcompLibrary:
-    """A loaded libnvcomp with its version and the entry points this module uses.
-
-    Attributes
-    ----------
-    path : str
-        File the library was loaded from.
-    version : tuple of int
-        (major, minor, patch) from ``nvcompGetProperties``.
-    cudart_version : int
-        CUDA runtime version the library was built with (e.g. 13000).
-    lib : ctypes.CDLL
-    """
+    """A loaded libnvcomp (``lib``, a ctypes.CDLL, from the file ``path``), its (major, minor,
+    patch) version from ``nvcompGetProperties`` and the CUDA runtime version it was built with
+    (e.g. 13000)."""
 
     path: str
     version: tuple[int, int, int]
@@ -463,8 +454,8 @@ def copy_spans(src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndar
     n = len(sizes)
     if n == 0:
         return
-    kern = _resource(("kernel", "copy_spans", cupy.cuda.Device().id),
-                     lambda: cupy.RawKernel(_COPY_KERNEL, "copy_spans"), None, runtime=runtime)
+    kern = runtime.resource(("kernel", "copy_spans", cupy.cuda.Device().id),
+                            lambda: cupy.RawKernel(_COPY_KERNEL, "copy_spans"))
     longest = int(np.max(sizes))
     gx = max(1, min(64, -(-longest // (256 * 4))))
     table = np.concatenate([np.asarray(src_offsets, np.int64), np.asarray(dst_offsets, np.int64),
@@ -822,13 +813,8 @@ class BatchedDecoder:
         ``lz4_sanitize``); returns the pinned host buffer (7n table out, 4n results back)."""
         host = _pinned(11 * n)
         table = host[:7 * n].reshape(7, n)
-        table[0] = in_ptrs
-        table[1] = in_bytes
-        table[2] = out_bytes
-        table[3] = 0
-        table[4] = out_ptrs
-        table[5] = 0
-        table[6] = 0
+        table[:] = 0
+        table[0], table[1], table[2], table[4] = in_ptrs, in_bytes, out_bytes, out_ptrs
         _h2d(int(meta.data.ptr), host[:7 * n], stream)
         if self.algo in _SANITIZE and not (walked and self.algo == "lz4"):
             dummy = self._dummy(stream)
@@ -922,17 +908,6 @@ def _pinned(count: int) -> np.ndarray:
     return np.frombuffer(mem, np.int64, max(count, 1))
 
 
-def _factory(algo: str, backend: str, device: int, runtime: Any) -> Any:
-    def make() -> BatchedDecoder:
-        import cupy
-
-        with cupy.cuda.Device(device):
-            dec = BatchedDecoder(algo, backend=backend, device=device)
-        dec.runtime = runtime  # the runtime that keeps it keeps its kernels too
-        return dec
-    return make
-
-
 def batched_decoder(algo: str, stream: Any, slot: int = 0, backend: str = "cuda", *,
                     runtime: Any) -> BatchedDecoder:
     """The runtime's decoder for (device, algo, slot, stream), created once and reused.
@@ -942,11 +917,11 @@ def batched_decoder(algo: str, stream: Any, slot: int = 0, backend: str = "cuda"
     import cupy
 
     device = int(cupy.cuda.Device().id)
+
+    def make() -> BatchedDecoder:
+        with cupy.cuda.Device(device):
+            dec = BatchedDecoder(algo, backend=backend, device=device)
+        dec.runtime = runtime  # the runtime that keeps it keeps its kernels too
+        return dec
     key = ("nvcomp-decoder", device, algo, backend, int(slot), int(stream.ptr))
-    return _resource(key, _factory(algo, backend, device, runtime), BatchedDecoder.close, lambda d: d.nbytes,
-                     runtime=runtime)
-
-
-def _resource(key: Any, factory: Any, close: Any, nbytes: Any = None, *, runtime: Any) -> Any:
-    """``runtime.resource(...)``: the runtime owns what lives across reads."""
-    return runtime.resource(key, factory, close=close, nbytes=nbytes)
+    return runtime.resource(key, make, close=BatchedDecoder.close, nbytes=lambda d: d.nbytes)

@@ -14,13 +14,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gpu_zarr.engine.decode import (
-    copy_spans_cpu,
-    copy_spans_gpu,
-    decode_batch_cpu,
-    decode_batch_gpu,
-    native_stream_codec,
-)
+from gpu_zarr.engine.decode import copy_spans_cpu, decode_batch_cpu, decode_batch_gpu, native_stream_codec
+from gpu_zarr.engine.nvcomp_batch import copy_spans
 from gpu_zarr.engine.place import place_cpu, place_gpu
 from gpu_zarr.errors import INSTALL_HINT, GPUUnavailable
 
@@ -242,29 +237,24 @@ class CpuOps:
         fn = self._place_native if self.native and out.flags.c_contiguous and out.flags.writeable else place_cpu
         self._run(fn, src, src_offsets, table, out, disk_dtype, perm, slot=slot, after=wait)
 
-    def _place_native(self, src: np.ndarray, src_offsets: np.ndarray, table: np.ndarray, out: np.ndarray,
+    def _place_native(self, src: np.ndarray | None, at: Any, table: np.ndarray, out: np.ndarray,
                       disk_dtype: np.dtype, perm: tuple[int, ...] | None = None) -> None:
+        """One native placement of the pieces at offsets ``at`` of ``src``, or (``src`` None) of
+        the whole chunks ``at`` in buffers of their own (the chunk cache's)."""
         import gpu_zarr.engine.native as native
 
-        if len(src_offsets) == 0:
+        if len(at) == 0:
             return
         nbytes = int(np.prod(table[0, :, 0])) * disk_dtype.itemsize
-        st = native.place(src, src_offsets, nbytes, table, out, disk_dtype, perm, self.native_threads)
+        if src is None:
+            st = native.place_chunks(at, nbytes, table, out, disk_dtype, perm, self.native_threads)
+        else:
+            st = native.place(src, at, nbytes, table, out, disk_dtype, perm, self.native_threads)
         if (st != native.OK).any():
             k = int(np.flatnonzero(st != native.OK)[0])
-            raise ValueError(f"placing piece {k}: {native.describe(int(st[k]))} (a bug: the placement table and "
+            what = "piece" if src is not None else "cached chunk"
+            raise ValueError(f"placing {what} {k}: {native.describe(int(st[k]))} (a bug: the placement table and "
                              "the buffers disagree)")
-
-    def _place_chunks_native(self, chunks: list[Any], table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype,
-                             perm: tuple[int, ...] | None) -> None:
-        import gpu_zarr.engine.native as native
-
-        nbytes = int(np.prod(table[0, :, 0])) * disk_dtype.itemsize
-        st = native.place_chunks(chunks, nbytes, table, out, disk_dtype, perm, self.native_threads)
-        if (st != native.OK).any():
-            k = int(np.flatnonzero(st != native.OK)[0])
-            raise ValueError(f"placing cached chunk {k}: {native.describe(int(st[k]))} (a bug: the placement table "
-                             "and the chunks disagree)")
 
     def place_chunks(self, chunks: list[Any], table: np.ndarray, out: np.ndarray, disk_dtype: np.dtype,
                      perm: tuple[int, ...] | None = None) -> None:
@@ -274,7 +264,7 @@ class CpuOps:
         if not chunks:
             return
         if self.native and out.flags.c_contiguous and out.flags.writeable:
-            self._run(self._place_chunks_native, chunks, table, out, disk_dtype, perm)
+            self._run(self._place_native, None, chunks, table, out, disk_dtype, perm)
             return
         zero = np.zeros(1, np.int64)
         for k, chunk in enumerate(chunks):
@@ -498,7 +488,7 @@ class GpuOps:
     def copy_spans(self, src: Any, src_offsets: np.ndarray, dst: Any, dst_offsets: np.ndarray, sizes: np.ndarray,
                    slot: int = 0, wait: Any = None) -> None:
         self._after(wait, slot)
-        copy_spans_gpu(src, src_offsets, dst, dst_offsets, sizes, self._work(slot), runtime=self._rt)
+        copy_spans(src, src_offsets, dst, dst_offsets, sizes, self._work(slot), runtime=self._rt)
 
     def place(self, src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
               slot: int = 0, wait: Any = None, perm: tuple[int, ...] | None = None) -> None:

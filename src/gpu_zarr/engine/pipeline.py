@@ -421,11 +421,9 @@ def decode_chunks(lay: Layout, encoded: Sequence[np.ndarray], *, names: Sequence
 
 
 def _gpu_reader(kind: str, lay: Layout, opts: EngineOptions) -> str:
-    """The GPU path's reader for ``reader="auto"``, as measured on the H200 (4 GiB volumes,
-    ``benchmarks/sweep_engine.py --configs 192x3:kvikio,192x3:native``): native threads into
-    pinned staging for compressed chunks (zstd 1 MiB 15.0 GiB/s against kvikio's 8.6, 4 MiB
-    23.6 / 20.2, Blosc lz4 16.5 / 14.6: kvikio opens each file from Python), kvikio for raw
-    chunks, which it reads straight into device memory (34.1 / 26.9)."""
+    """The GPU path's reader for ``reader="auto"``: native threads into pinned staging for
+    compressed chunks (kvikio opens each file from Python, which is slower), kvikio for raw
+    chunks, which it reads straight into device memory (``benchmarks/sweep_engine.py``)."""
     import gpu_zarr.engine.native as native
 
     if kind != "auto":

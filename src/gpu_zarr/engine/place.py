@@ -120,22 +120,12 @@ def place_geometry(table: np.ndarray, out_shape: tuple[int, ...], disk_dtype: np
 
 def place_gpu(src: Any, src_offsets: np.ndarray, table: np.ndarray, out: Any, disk_dtype: np.dtype,
               stream: Any = None, perm: tuple[int, ...] | None = None) -> None:
-    """Scatter pieces of ``src`` (device uint8) into ``out`` (C-contiguous cupy array).
-
-    Parameters
-    ----------
-    src : cupy.ndarray of uint8, or None
-        Decoded pieces; piece k starts at byte ``src_offsets[k]`` (aligned to the unit).
-        None: ``src_offsets`` are device addresses (pieces in separate buffers, e.g. cached).
-    src_offsets : ndarray of int64
-    table : ndarray, shape (n, ndim, 4)
-        Placement table (see :class:`gpu_zarr.engine.plan.Pieces`).
-    out : cupy.ndarray
-        Output box, native byte order.
-    disk_dtype : numpy.dtype
-        dtype of the decoded bytes; big-endian data are swapped while placing.
-    perm : tuple of int, optional
-        The chunks are stored transposed (``Layout.transpose``).
+    """Scatter the decoded pieces of ``src`` (device uint8; piece k at byte ``src_offsets[k]``,
+    aligned to the unit; None: ``src_offsets`` are device addresses, pieces in separate buffers
+    such as the cache's) into ``out`` (a C-contiguous cupy box, native byte order) with the
+    placement ``table`` (see :class:`gpu_zarr.engine.plan.Pieces`). Pieces of a big-endian
+    ``disk_dtype`` are swapped while placing; ``perm``: the chunks are stored transposed
+    (``Layout.transpose``).
     """
     import cupy
 

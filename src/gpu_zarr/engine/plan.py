@@ -346,23 +346,11 @@ def make_batches(file_id: np.ndarray, offset: np.ndarray, nbytes: np.ndarray, de
     their own: nvCOMP reads frames at any byte offset, and raw pieces in a run are whole
     multiples of the element size apart.)
 
-    Parameters
-    ----------
-    file_id, offset, nbytes : ndarray of int64
-        Location of each piece's encoded bytes; ``nbytes < 0`` marks a missing piece,
-        which no batch contains.
-    decoded_nbytes : int
-        Decoded size of one piece: a batch holds at most ``batch_bytes`` of encoded and
-        of decoded bytes (and at least one piece).
-    batch_bytes : int
-        Staging size of a batch.
-    align : int
-        Alignment of each run in the staging buffer.
-
-    Returns
-    -------
-    list of Batch
-        In file order, which is also the order reads are issued.
+    ``file_id``, ``offset``, ``nbytes``: where each piece's encoded bytes lie (``nbytes < 0``: a
+    missing piece, which no batch contains). A batch holds at most ``batch_bytes`` (its staging
+    size) of encoded and of decoded bytes (``decoded_nbytes`` a piece), and at least one piece;
+    each run starts ``align``-ed in staging. The batches come in file order, which is also the
+    order reads are issued.
     """
     present = np.flatnonzero(nbytes >= 0)
     order = present[np.lexsort((offset[present], file_id[present]))]

@@ -257,19 +257,9 @@ class Runtime:
     # -- registered resources -----------------------------------------------------
     def resource(self, key: Hashable, factory: Callable[[], Any], *, close: Callable[[Any], None] | None = None,
                  nbytes: Callable[[Any], int] | None = None) -> Any:
-        """The object registered under ``key``, made by ``factory()`` on first use.
-
-        Parameters
-        ----------
-        key : hashable
-            Identifies the resource, e.g. ``("nvcomp", "zstd", device, stream)``.
-        factory : callable
-            Builds it (called once, under the runtime's lock).
-        close : callable, optional
-            ``close(obj)`` is called by :meth:`close`.
-        nbytes : callable, optional
-            ``nbytes(obj)``: memory it holds, for :meth:`report`.
-        """
+        """The object registered under ``key`` (e.g. ``("nvcomp", "zstd", device, stream)``),
+        made by ``factory()`` on first use (once, under the runtime's lock). :meth:`close` calls
+        ``close(obj)``; ``nbytes(obj)`` is the memory it holds, for :meth:`report`."""
         with self._lock:
             res = self._resources.get(key)
             if res is None:

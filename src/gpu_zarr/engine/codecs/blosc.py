@@ -257,28 +257,11 @@ def parse_batch(staging: np.ndarray, src_offsets: np.ndarray, src_sizes: np.ndar
                 names: Sequence[str] | None = None, *, align: int = 16) -> BloscPlan:
     """Parse and check every Blosc chunk of a batch; lay out its streams and blocks.
 
-    Parameters
-    ----------
-    staging : ndarray of uint8
-        Host buffer holding the batch's encoded chunks.
-    src_offsets, src_sizes : ndarray of int64
-        Chunk k is ``staging[src_offsets[k] : src_offsets[k] + src_sizes[k]]``.
-    nbytes : int
-        Decoded size of every chunk (from the metadata; zarr stores edge chunks whole).
-    names : sequence of str, optional
-        Chunk names for error messages (looked up only on error).
-    align : int
-        Alignment of each decoded stream's slot in the per-batch buffer.
-
-    Returns
-    -------
-    BloscPlan
-
-    Raises
-    ------
-    CorruptChunkError
-        A header, block table or stream size is inconsistent, or points past the chunk's end,
-        or a host-decoded chunk fails.
+    Chunk k is ``staging[src_offsets[k] : src_offsets[k] + src_sizes[k]]`` (host memory), each
+    decoding to ``nbytes`` (from the metadata; zarr stores edge chunks whole); ``names`` are
+    looked up only for an error; each decoded stream's slot in the per-batch buffer is
+    ``align``-ed. Raises CorruptChunkError when a header, block table or stream size is
+    inconsistent or points past the chunk's end, or a host-decoded chunk fails.
     """
     offs = np.asarray(src_offsets, np.int64)
     sizes = np.asarray(src_sizes, np.int64)

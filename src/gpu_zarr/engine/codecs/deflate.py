@@ -106,27 +106,13 @@ def _batch(buf: np.ndarray, offsets: Any, sizes: Any) -> tuple[np.ndarray, np.nd
 
 def parse_gzip(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expected: int | np.ndarray,
                names: Sequence[str]) -> DeflateStreams:
-    """Find the raw deflate stream of every gzip member ``buf[offsets[k] : + sizes[k]]``.
+    """Find the raw deflate stream of every gzip member ``buf[offsets[k] : + sizes[k]]`` (host
+    staging) of ``expected`` decoded bytes (one int: the same for all), whose trailer's ISIZE
+    (size mod 2**32) must match it.
 
-    Parameters
-    ----------
-    buf : ndarray of uint8
-        Host staging buffer.
-    offsets, sizes : ndarray of int64
-    expected : int or ndarray of int64
-        Decoded size of each chunk; the trailer's ISIZE (size mod 2**32) must match it.
-    names : sequence of str
-        Chunk names for error messages.
-
-    Returns
-    -------
-    DeflateStreams
-
-    Raises
-    ------
-    CorruptChunkError
-        Naming the first chunk whose wrapper is wrong: magic, method, reserved flags,
-        header fields past the end, header CRC, or an ISIZE that is not the chunk's size.
+    Raises CorruptChunkError naming (from ``names``) the first chunk whose wrapper is wrong:
+    magic, method, reserved flags, header fields past the end, header CRC, or an ISIZE that is
+    not the chunk's size.
     """
     buf, offsets, sizes, n = _batch(buf, offsets, sizes)
     if n == 0:

@@ -66,18 +66,10 @@ def frame_of(codec: Any) -> Frame | None:
 def strip_frames(staging: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, frames: Sequence[Frame],
                  names: Sequence[str], pool: Any = None) -> np.ndarray:
     """Verify each chunk's frames (outermost first) in ``staging[offsets[k]:][:sizes[k]]`` and
-    return the sizes without them (the offsets stay: the checksums are at the ends).
-
-    Parameters
-    ----------
-    pool : concurrent.futures.Executor, optional
-        Worker threads that check chunks of a large batch side by side.
-
-    Raises
-    ------
-    CorruptChunkError
-        A chunk shorter than its checksums, or whose checksum does not match; the message names
-        the first such chunk in the batch's order.
+    return the sizes without them (the offsets stay: the checksums are at the ends); ``pool``:
+    worker threads that check chunks of a large batch side by side. Raises CorruptChunkError
+    naming the first chunk (in the batch's order) shorter than its checksums or whose checksum
+    does not match.
     """
     sizes = np.asarray(sizes, np.int64).copy()
     offs = np.asarray(offsets, np.int64)

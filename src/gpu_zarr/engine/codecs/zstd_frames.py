@@ -128,23 +128,12 @@ def _walk_blocks(buf: np.ndarray, pos: np.ndarray, end: np.ndarray, names: Seque
 
 def check_frames(buf: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, expected: int | np.ndarray,
                  names: Sequence[str]) -> FrameInfo:
-    """Validate the zstd frames ``buf[offsets[i] : offsets[i] + sizes[i]]``.
+    """Validate the zstd frames ``buf[offsets[i] : offsets[i] + sizes[i]]`` (host staging).
 
-    Parameters
-    ----------
-    buf : ndarray of uint8
-        Host staging buffer.
-    offsets, sizes : ndarray of int64
-    expected : int or ndarray of int64
-        Decoded size of each chunk (one int: the same for all); a header that states another content size is refused.
-        -1: not known (the frame's own content size stands).
-    names : sequence of str
-        Chunk names for error messages, in the order of ``offsets``.
-
-    Raises
-    ------
-    CorruptChunkError
-        Naming the first bad chunk and what is wrong with it.
+    ``expected``: the decoded size of each chunk (one int: the same for all); a header that
+    states another content size is refused (-1: not known, the frame's own content size
+    stands). Raises CorruptChunkError naming (from ``names``, in the order of ``offsets``) the
+    first bad chunk and what is wrong with it.
     """
     offsets = np.asarray(offsets, np.int64)
     sizes = np.asarray(sizes, np.int64)

@@ -55,20 +55,9 @@ _i64, _int = ctypes.c_int64, ctypes.c_int
 
 @dataclass(frozen=True)
 class NativeStatus:
-    """Whether the native library runs here.
-
-    Attributes
-    ----------
-    loaded : bool
-    path : str or None
-        The shared library loaded (or looked for).
-    reason : str
-        Why it is not loaded ("" when it is).
-    libraries : dict
-        Codec library name -> "" when loaded, else why not.
-    codecs : tuple of str
-        Codecs the library can decode here (Blosc inner codecs follow the libraries).
-    """
+    """Whether the native library runs here: the shared library loaded (or looked for), why it
+    is not loaded ("" when it is), per codec library "" when loaded or why not, and the codecs
+    the library can decode here (Blosc inner codecs follow the libraries)."""
 
     loaded: bool
     path: str | None
@@ -430,23 +419,13 @@ def fused(codec: str, files: list[Any], file_id: Any, file_offset: Any, sizes: A
           scratch: np.ndarray, keep: list[np.ndarray | None] | None = None,
           crc32c_frames: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Per chunk, on native threads: read its bytes, verify and strip its checksums, decode them,
-    place them into ``out``.
+    place them into ``out``; returns (status, detail) per chunk.
 
-    Parameters
-    ----------
-    crc32c_frames : int
-        crc32c checksums at the end of each chunk's bytes (zarr v3 ``crc32c`` codecs after the
-        codec): verified (status 18 on a mismatch) and stripped before the decode.
-    scratch : ndarray of uint8
-        At least ``threads * scratch_per_thread(codec, max(sizes), chunk_nbytes)`` bytes
-        (reused memory: fresh memory costs page faults).
-    keep : list, optional
-        Per chunk a buffer of ``chunk_nbytes`` bytes to decode into and keep (the chunk
-        cache's), or None.
-
-    Returns
-    -------
-    (status, detail)
+    ``crc32c_frames``: crc32c checksums at the end of each chunk's bytes (zarr v3 ``crc32c``
+    codecs after the codec), verified (status 18 on a mismatch) and stripped before the decode.
+    ``scratch``: at least ``threads * scratch_per_thread(codec, max(sizes), chunk_nbytes)``
+    bytes (reused memory: fresh memory costs page faults). ``keep``: per chunk a buffer of
+    ``chunk_nbytes`` bytes to decode into and keep (the chunk cache's), or None.
     """
     _check_buffer(out, "out")
     fid, foff, size = _i64a(file_id), _i64a(file_offset), _i64a(sizes)
@@ -476,26 +455,13 @@ class Arrivals:
     (closed on exit, also on an error: no worker outlives it, and every buffer added is kept
     alive until then).
 
-    Parameters
-    ----------
-    codec : str
-        A key of :data:`CODECS`.
-    n : int
-        Chunks in the set (indices 0..n-1; each added at most once).
-    chunk_nbytes : int
-        Decoded bytes of each chunk.
-    table, out, disk_dtype, perm
-        As for :func:`place`.
-    threads : int
-        Workers at most on the set at once (the library's, kept between sets).
-    scratch : ndarray of uint8
-        At least ``min(threads, n) * chunk_nbytes`` bytes.
-    split : int
-        Workers at most on one Blosc chunk of several blocks (a run of its blocks each): the
-        last chunk of a read to arrive is not decoded by one thread while the others wait.
-        1 (the default): one worker a chunk.
-    keep : list, optional
-        Per chunk a buffer of ``chunk_nbytes`` bytes to decode into and keep, or None.
+    ``n`` chunks (indices 0..n-1, each added at most once) of ``codec`` (a key of
+    :data:`CODECS`), each ``chunk_nbytes`` decoded; ``table``, ``out``, ``disk_dtype`` and
+    ``perm`` as for :func:`place`; at most ``threads`` workers on the set (the library's, kept
+    between sets); ``scratch`` of at least ``min(threads, n) * chunk_nbytes`` bytes; ``keep``
+    as for :func:`fused`. ``split``: workers at most on one Blosc chunk of several blocks (a run
+    of its blocks each), so the last chunk of a read to arrive is not decoded by one thread
+    while the others wait (1: one worker a chunk).
     """
 
     NOT_ADDED = 30

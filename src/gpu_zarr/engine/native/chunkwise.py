@@ -56,36 +56,15 @@ _HOST_REASONS = MappingProxyType({21: "blosclz", 22: "snappy", 23: "blosc2"})
 
 def read_chunkwise(lay: Any, loc: Any, pieces: Any, todo: np.ndarray, out: np.ndarray, rt: Any, threads: int,
                    keep: Any = None, stats: dict[str, Any] | None = None) -> np.ndarray:
-    """Read, decode and place the located pieces ``todo`` into ``out`` on native threads.
+    """Read, decode and place the located pieces ``todo`` (present, not served by the cache) of
+    ``lay`` into ``out`` (C-contiguous, native byte order) on ``threads`` native threads, with
+    per-thread scratch lent by ``rt.host_scratch``.
 
-    Parameters
-    ----------
-    lay : Layout
-    loc : Located
-    pieces : Pieces
-    todo : ndarray of int
-        Indices of the pieces to read (present, not served by the cache).
-    out : ndarray
-        The output box (C-contiguous, native byte order).
-    rt : Runtime
-        Its ``host_scratch`` pool lends the per-thread scratch.
-    threads : int
-    keep : callable with ``wants(k)``, optional
-        The chunk cache's keeper (see ``batches.Keep``): wanted chunks are decoded into
-        buffers of their own, handed to ``keep(k, buffer)``.
-    stats : dict, optional
-        Receives counts of the chunks left to numcodecs, as the Blosc parser reports them
-        (``blosc_host_chunks``, ``blosc_host_blosclz``, ...).
-
-    Returns
-    -------
-    ndarray of int
-        The pieces of ``todo`` the library does not decode (unsupported Blosc chunks).
-
-    Raises
-    ------
-    CorruptChunkError
-        A chunk file is truncated or a chunk does not decode (named).
+    ``keep``: the chunk cache's keeper; chunks it ``wants(k)`` are decoded into buffers of their
+    own, handed to ``keep(k, buffer)``. ``stats`` receives counts of the chunks left to numcodecs,
+    as the Blosc parser reports them (``blosc_host_chunks``, ``blosc_host_blosclz``, ...).
+    Returns the pieces of ``todo`` the library does not decode (unsupported Blosc chunks);
+    raises CorruptChunkError naming a truncated file or a chunk that does not decode.
     """
     import gpu_zarr.engine.native as native
     from gpu_zarr.engine.sources.files import raise_read_errors

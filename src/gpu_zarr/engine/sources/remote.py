@@ -147,7 +147,7 @@ class ByteCache:
             return value
 
     def put(self, key: Any, value: Any) -> None:
-        size = len(value[0]) if value is not None else 0
+        size = _held(value)
         limit = int(settings.get("remote_cache_bytes"))
         if size > limit // 4:
             return
@@ -157,19 +157,22 @@ class ByteCache:
             self._d[key] = value
             self.nbytes += size
             while self.nbytes > limit and self._d:
-                _, old = self._d.popitem(last=False)
-                self.nbytes -= len(old[0]) if old is not None else 0
+                self.nbytes -= _held(self._d.popitem(last=False)[1])
 
     def drop(self, key: Any) -> None:
         """Forget ``key`` (what it named changed)."""
         with self._lock:
-            old = self._d.pop(key, None)
-            self.nbytes -= len(old[0]) if old is not None else 0
+            self.nbytes -= _held(self._d.pop(key, None))
 
     def clear(self) -> None:
         with self._lock:
             self._d.clear()
             self.nbytes = 0
+
+
+def _held(value: Any) -> int:
+    """Bytes a kept value holds: its first item's (an object's bytes, an index's); None holds none."""
+    return len(value[0]) if value is not None else 0
 
 
 def _first_line(exc: BaseException) -> str:
@@ -190,34 +193,18 @@ async def _all(coros: Sequence[Awaitable[Any]]) -> None:
 
 
 class RemoteSource:
-    """One remote zarr array's objects: its obstore store, the key prefix of the array in it,
-    a URL for messages, and how many requests may be in flight.
+    """One remote zarr array's objects: its obstore ``store`` (None: ``store_of()`` builds it,
+    not free, when a request first needs it), the key ``prefix`` of the array in it ("" at the
+    store's root), its ``url`` (messages, cache keys), and how many ``requests`` may be in flight.
 
-    Parameters
-    ----------
-    store : obstore store or None
-        None: ``store_of()`` builds it when first needed.
-    prefix : str
-        Key of the array inside ``store`` ("" at the store's root).
-    url : str
-        The array's URL (messages, cache keys).
-    requests : int
-        Requests in flight at once.
-    http : HttpClient or None
-        The native HTTP client (:class:`~gpu_zarr.engine.sources.http.HttpClient`) for an
-        ``http(s)`` store or an anonymous ``s3://`` one; None: obstore serves (signed s3, gs, no
-        libcurl, a fallback).
-    http_url : str, optional
-        Where the native client finds the objects: an anonymous ``s3://`` array's HTTPS address
-        (then any failure is left to obstore, whose messages speak S3); default ``url``.
-    store_of : callable, optional
-        Builds the obstore store (not free) the first time a request needs it.
-    timeout_s : float, optional
-        Deadline of one request, retries included (default: the ``remote_timeout`` setting;
-        0: none); ``min_rate`` is the slowest transfer accepted (default ``remote_min_rate``).
-    state : RemoteState
-        The runtime's remote state (:func:`remote_state`): the event loop obstore's requests run
-        on, the byte cache.
+    ``http``: the native HTTP client (:class:`~gpu_zarr.engine.sources.http.HttpClient`) for an
+    ``http(s)`` store or an anonymous ``s3://`` one; None: obstore serves (signed s3, gs, no
+    libcurl, a fallback). ``http_url``: where that client finds the objects, an anonymous
+    ``s3://`` array's HTTPS address (then any failure is left to obstore, whose messages speak
+    S3); default ``url``. ``timeout_s``: the deadline of one request, retries included (default
+    the ``remote_timeout`` setting; 0: none); ``min_rate``: the slowest transfer accepted
+    (default ``remote_min_rate``). ``state``: the runtime's :func:`remote_state` (the event
+    loop obstore's requests run on, the byte cache).
     """
 
     def __init__(self, store: Any, prefix: str, url: str, requests: int = 64, http: Any = None,
@@ -263,19 +250,16 @@ class RemoteSource:
         limit = int(settings.get("remote_index_bytes"))
         raw = bytes(raw)
         with self._stats_lock:
-            old = self._indexes.pop(rel, None)
-            self._indexes_nbytes -= len(old[0]) if old is not None else 0
+            self._indexes_nbytes -= _held(self._indexes.pop(rel, None))
             self._indexes[rel] = (raw, int(size), int(mtime), etag)
             self._indexes_nbytes += len(raw)
             while self._indexes_nbytes > limit and len(self._indexes) > 1:
-                _, gone = self._indexes.popitem(last=False)
-                self._indexes_nbytes -= len(gone[0])
+                self._indexes_nbytes -= _held(self._indexes.popitem(last=False)[1])
 
     def forget_index(self, rel: str) -> None:
         """Drop a shard's index (the shard changed since it was fetched)."""
         with self._stats_lock:
-            old = self._indexes.pop(rel, None)
-            self._indexes_nbytes -= len(old[0]) if old is not None else 0
+            self._indexes_nbytes -= _held(self._indexes.pop(rel, None))
 
     def key(self, rel: str) -> str:
         return f"{self.prefix}/{rel}" if self.prefix else rel
@@ -373,8 +357,6 @@ class RemoteSource:
         """The whole object (one GET for every range of it asked for at once; kept in the byte
         cache), read only up to ``cap`` bytes (None: the ``_WHOLE_CAP``): the ranges of an
         object bigger than its bound are not taken from a server that answers no ranges."""
-        import obstore
-
         cap = _WHOLE_CAP if cap is None else int(cap)
         url = self.url_of(rel)
 
@@ -391,18 +373,27 @@ class RemoteSource:
         task = self._whole_pending.get(rel)
         if task is None:
             async def fetch() -> tuple[bytes, dict[str, Any]]:
-                res = await obstore.get_async(self.store, self.key(rel))
-                if int(res.meta["size"]) > cap:  # (said before its body is read)
-                    raise over(cap)
-                data = await read_body(res, self._limit(rel, cap, over))
-                if len(data) != int(res.meta["size"]):
-                    raise ShortAnswer(f"expected {int(res.meta['size'])} bytes, got {len(data)}")
+                data, meta = await self._get_whole(rel, cap, over)
                 self._count(len(data))
-                self.fetched.put((self.url, rel, "whole"), (data, dict(res.meta)))
-                return data, dict(res.meta)
+                self.fetched.put((self.url, rel, "whole"), (data, meta))
+                return data, meta
             task = self._whole_pending[rel] = track(asyncio.ensure_future(fetch()))  # (shared: may outlive its askers)
             task.add_done_callback(lambda _t: self._whole_pending.pop(rel, None))
         return await asyncio.shield(task)
+
+    async def _get_whole(self, rel: str, most: int, over: Callable[[int], BaseException]) -> tuple[Any, dict[str, Any]]:
+        """(body, metadata) of one whole-object GET of ``rel``: ``over(most)`` past ``most`` bytes
+        (said before its body is read when the server gives its size), ShortAnswer when it ends early."""
+        import obstore
+
+        res = await obstore.get_async(self.store, self.key(rel))
+        meta: dict[str, Any] = dict(res.meta)
+        if int(meta["size"]) > most:
+            raise over(most)
+        data = await read_body(res, self._limit(rel, most, over))
+        if len(data) != int(meta["size"]):
+            raise ShortAnswer(f"expected {int(meta['size'])} bytes, got {len(data)}")
+        return data, meta
 
     # -- shard indexes ---------------------------------------------------------------------------
     def get_indexes(self, rels: Sequence[str], nbytes: int, at_end: bool, cap: int | None = None,
@@ -501,19 +492,14 @@ class RemoteSource:
         """One job through obstore; a whole object at most ``cap`` bytes (None: ``_WHOLE_CAP``;
         more is a CorruptChunkError naming it, said before its body is read when the server
         gives its size)."""
-        import obstore
         import obstore.exceptions as oe
 
         async def once() -> Got | None:
             meta: Any
             try:
                 if rng is None:
-                    most = _WHOLE_CAP if cap is None else int(cap)
-                    res = await obstore.get_async(self.store, self.key(rel))
-                    meta = dict(res.meta)
-                    if int(meta["size"]) > most:
-                        raise self._too_big(rel, expected)(most)
-                    data = await read_body(res, self._limit(rel, most, self._too_big(rel, expected)))
+                    data, meta = await self._get_whole(rel, _WHOLE_CAP if cap is None else int(cap),
+                                                       self._too_big(rel, expected))
                 else:
                     data, _, _, meta = await self._range_get(rel, rng, cap)
             except FileNotFoundError:

@@ -386,18 +386,10 @@ def _runs(offs: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
 
 
 class RemoteReader(OwnThreads):
-    """The fetch stage for remote pieces (:class:`~gpu_zarr.engine.sources.files.Reader`).
-
-    Parameters
-    ----------
-    requests : int
-        Requests in flight at once.
-    pool : executor, optional
-        ``copiers`` threads that copy bytes already fetched (:class:`RemoteBlob`) into staging,
-        a share each: numpy's copies run without the interpreter lock (on the GPU path, the
-        longest stage after the transfer).
-    copiers : int
-        Threads of ``pool``.
+    """The fetch stage for remote pieces (:class:`~gpu_zarr.engine.sources.files.Reader`), with
+    ``requests`` in flight at once. ``pool``: ``copiers`` threads that copy bytes already
+    fetched (:class:`RemoteBlob`) into staging, a share each: numpy's copies run without the
+    interpreter lock (on the GPU path, the longest stage after the transfer).
     """
 
     name = "remote"

@@ -5,6 +5,7 @@
 #   bash benchmarks/on_gpu_machine.sh tests    # every GPU test but the fuzz suite
 #   bash benchmarks/on_gpu_machine.sh verify   # tests, then fuzz, in one call (~350 s: one call's overhead saved)
 #   bash benchmarks/on_gpu_machine.sh chains   # codec chains beyond one core codec and 64 KiB inner chunks, with peers
+#   bash benchmarks/on_gpu_machine.sh tiles    # the sharded chains' planes and tiles against TensorStore, 100 reads a pattern, 2 turns
 #   bash benchmarks/on_gpu_machine.sh nocache  # the chains step's tiles with the chunk cache off; fused tiles per thread count
 #   bash benchmarks/on_gpu_machine.sh fuzz     # the fuzz suite's GPU entries (a call of its own: ~560 s)
 #   bash benchmarks/on_gpu_machine.sh browse   # browsing 1 GiB volumes with the CPU peers; per-stage plane reads
@@ -79,6 +80,16 @@ chains)
   bench 220 --mode browse --size 64,2048,2048 --layouts $L,sharded-zstd-64MiB-1MiB --planes 20 --patterns random,tile \
     --readers zarr-cpu,ours-lazy-auto,tensorstore,zarrs,zarr-fused > "$OUT/chains-browse.log" 2>&1
   tail -40 "$OUT/chains-browse.log"
+  ;;
+tiles)
+  # the chains step's 20 reads a pattern leave a p50 within the noise: 100 here, in two turns (separate processes)
+  for turn in 1 2; do
+    T="$OUT/tiles-$turn"; mkdir -p "$T"
+    OUT="$T" bench 240 --mode browse --size 64,2048,2048 --planes 100 --patterns random,tile \
+      --layouts sharded-zstd-64MiB-1MiB,sharded-zstd-crc32c-v3,sharded-zstd-64KiB-v3 \
+      --readers ours-lazy-auto,tensorstore > "$T/tiles.log" 2>&1
+    grep -A12 "^Browsing" "$T/tiles.log" | head -12
+  done
   ;;
 nocache)
   # the chains step's tiles again with the chunk cache off: what filling it costs a tile (fresh host memory for its

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The H100 runs of 2026-12-05/06 behind this folder, in order; OUT is the device's result folder.
+# The H100 runs of 2026-12-05 behind this folder; OUT is the device's result folder.
+#   (first, carrying .whl: bash benchmarks/on_gpu_machine.sh nocache, at 5f8a040: nocache/)
 #   bash run.sh ab       # carrying .whl and .ab-old (git archive e44555b src): the README's layouts, old and new in turns
 #   bash run.sh verify   # carrying .whl: every GPU test, then the fuzz suite in what is left of the call's 600 s
 #   bash run.sh tiles    # carrying .whl, the same warm machine: the sharded chains browsed, 100 reads a pattern
+#   (ab/ is the second ab call, at 5968ee9, after tiles; the first, at 5f8a040, gave 0.95-1.10 on every layout)
 # write/, chains/ and lz4-walk/ are the previous session's (git log of this file has its run.sh).
 set -uo pipefail
 OUT=${OUT:-gpu-results}; mkdir -p "$OUT"

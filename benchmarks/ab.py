@@ -2,7 +2,8 @@
 
 Usage: ``python3 benchmarks/ab.py OUT`` where OUT holds ``ab-old-1/``, ``ab-new-1/``,
 ``ab-old-2/``, ... each with one ``throughput-*.json`` of ``gpu-zarr bench``. Prints, per
-layout and reader, the median GiB/s of each side over its turns and new / old: a ratio inside
+layout and reader, the median GiB/s of each side over its turns, new / old, and each turn's
+figure (old turns / new turns: how far one tree's turns differ shows the noise): a ratio inside
 the machine's run-to-run noise (20-30 %) is no result.
 """
 
@@ -30,13 +31,13 @@ def main(out: Path) -> int:
     if not rates:
         print(f"no throughput-*.json under {out}/ab-*-*/")
         return 1
-    print("| layout | reader | old GiB/s | new GiB/s | new / old | turns |")
+    print("| layout | reader | old GiB/s | new GiB/s | new / old | turns, old / new |")
     print("|---|---|---|---|---|---|")
     for (layout, reader), sides in sorted(rates.items()):
         old = statistics.median(sides["old"]) if sides["old"] else float("nan")
         new = statistics.median(sides["new"]) if sides["new"] else float("nan")
         print(f"| {layout} | {reader} | {old:.2f} | {new:.2f} | {new / old:.2f} | "
-              f"{len(sides['old'])}/{len(sides['new'])} |")
+              f"{', '.join(f'{v:.2f}' for v in sides['old'])} / {', '.join(f'{v:.2f}' for v in sides['new'])} |")
     for w in wrong:
         print("NOT EQUAL TO ZARR:", w)
     return 1 if wrong else 0

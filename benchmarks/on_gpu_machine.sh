@@ -2,6 +2,7 @@
 # What ran on the H200 machine for the figures in README.md and benchmarks/README.md.
 # Usage (repo root; wheels from ../shared/gpu/fetch-wheels.sh in .whl, optional .whl-ts with
 # tensorstore and ml_dtypes, and .whl-dask for `scale`):
+#   bash benchmarks/on_gpu_machine.sh setup    # only the wheels installed and the native library built (then run anything)
 #   bash benchmarks/on_gpu_machine.sh tests    # every GPU test but the fuzz suite
 #   bash benchmarks/on_gpu_machine.sh verify   # tests, then fuzz, in one call (~350 s: one call's overhead saved)
 #   bash benchmarks/on_gpu_machine.sh chains   # codec chains beyond one core codec and 64 KiB inner chunks, with peers
@@ -63,6 +64,8 @@ old_tree() {
 bench() { timeout "$1" python3 -m gpu_zarr.bench --device gpu --workdir $WORK --out "$OUT" --no-progress "${@:2}"; }
 
 case "${1:-tests}" in
+setup)
+  ;;
 verify)
   bash "$0" tests
   bash "$0" fuzz
@@ -293,7 +296,7 @@ pack)
   tar czf /tmp/results.tgz -C "$OUT" . && find "$OUT" -type f -delete && mv /tmp/results.tgz "$OUT/"
   ;;
 *)
-  echo "unknown step ${1}: tests, verify, chains, nocache, fuzz, browse, readers, speed, scale, native, remote, dask1, ab, write, nvcomp-size or pack" >&2
+  echo "unknown step ${1}: setup, tests, verify, chains, tiles, nocache, fuzz, browse, readers, speed, scale, native, remote, dask1, ab, write, nvcomp-size or pack" >&2
   exit 2
   ;;
 esac
